@@ -1,0 +1,5 @@
+"""``python -m structinit`` runs the CLI."""
+
+from .app import main
+
+main()

@@ -1,0 +1,1 @@
+"""`structinit apply` (registered on the app when implemented)."""

@@ -1,0 +1,1 @@
+"""`structinit solve` (being written)."""

@@ -1,0 +1,1 @@
+"""`structinit train` (registered on the app when implemented)."""
