@@ -14,7 +14,7 @@ from .common import cli_errors, emit_json
 EXAMPLE = """
 Examples:
 
-  structinit apply vit.pth                              # impulse-3, writes vit.impulse.pth
+  structinit apply vit.pth --heads 3                    (impulse-3; writes vit.impulse.pth)
 
   structinit apply vit.pth --filter 5 --layers 0-5 --target-mass 0.5 --out vit-imp5.pth
 
@@ -46,7 +46,7 @@ def apply(
     method: str = typer.Option("impulse", "--method", help="impulse | mimetic | kaiming | trunc-normal."),
     filter_size: int = typer.Option(3, "--filter", "-f", help="impulse: filter size f."),
     recipe: str = typer.Option("fast", "--recipe", "-r", help="impulse: fast | paper | released | closed-form."),
-    target_mass: Optional[float] = typer.Option(None, "--target-mass", "-m", help="impulse, fast recipe: mean attention on the target token (softness) [default 0.3]."),
+    target_mass: Optional[float] = typer.Option(None, "--target-mass", "-m", help="impulse, fast recipe: mean attention on the target token (softness; default 0.3)."),
     recipe_param: List[str] = typer.Option([], "--recipe-param", help="impulse: another recipe parameter, NAME=VALUE (repeatable), e.g. iters=2000."),
     artifact: Optional[str] = typer.Option(None, "--artifact", help="impulse: use this solved artifact (path or cache key) instead of solving."),
     share: bool = typer.Option(False, "--share", help="impulse: one solve reused for every layer."),
@@ -58,7 +58,7 @@ def apply(
     set_pe: Optional[str] = typer.Option(None, "--set-pe", help="Also write the fixed position embedding: sincos."),
     pe_scale: float = typer.Option(1.0, "--pe-scale", help="Scale of the --set-pe embedding."),
     seed: int = typer.Option(0, "--seed", help="Seed of the offsets and random draws."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output file [default: NAME.METHOD.EXT beside the input]."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output file (default: NAME.METHOD.EXT beside the input)."),
     in_place: bool = typer.Option(False, "--in-place", help="Replace the input atomically, keeping CKPT.bak."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; solve and write nothing."),
     device: str = typer.Option("cpu", "--device", help="impulse: where to solve (auto | cpu | cuda)."),
