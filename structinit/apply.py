@@ -106,8 +106,6 @@ def apply_checkpoint(path: Union[str, os.PathLike], *, method: str = "impulse", 
         target = Path(out) if out is not None else default_output(path, method)
         if _same_file(path, target):
             raise UsageError(f"--out {target} is the input file; use --in-place to replace it (a .bak is kept)")
-        if out is None and target.exists() and not dry_run:
-            raise UsageError(f"{target} already exists; choose another path with --out")
         if not target.parent.is_dir():
             raise UsageError(f"--out {target}: folder {target.parent} does not exist")
 
@@ -126,6 +124,9 @@ def apply_checkpoint(path: Union[str, os.PathLike], *, method: str = "impulse", 
             raise UsageError(f"--heads {heads} does not divide the checkpoint's dim {det.dim}")
     if set_pe is not None and det.pos_key is None:
         raise UsageError(f"--set-pe: the {det.layout.name} checkpoint has no position embedding")
+
+    if not in_place and out is None and target.exists() and not dry_run:
+        raise UsageError(f"{target} already exists; choose another path with --out")
 
     plan = {
         "input": str(path), "output": str(target), "in_place": in_place,

@@ -66,8 +66,6 @@ def _is_safetensors(path: Path) -> bool:
 
 def read_object(path: os.PathLike) -> Tuple[Any, str, Optional[Dict[str, str]]]:
     """``(object, format, safetensors metadata)`` from a file, safely; raises :class:`CheckpointError`."""
-    import torch
-
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such file")
@@ -87,6 +85,8 @@ def read_object(path: os.PathLike) -> Tuple[Any, str, Optional[Dict[str, str]]]:
             return out, "safetensors", meta
         except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
             raise CheckpointError(f"{path}: not a readable safetensors file (truncated or corrupt: {_first_line(exc)})") from None
+    import torch
+
     try:
         with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
             obj = torch.load(path, map_location=None, weights_only=True)
