@@ -177,3 +177,20 @@ def test_describe_checkpoint_reads_the_structure_back(tmp_path):
     assert "timm-vit" in text and "grid 8x8" in text and "1.000" in text
     with pytest.raises(UsageError, match="--heads"):
         describe_checkpoint(src)
+
+
+def test_heads_from_timm_arch_of_a_training_checkpoint(tmp_path):
+    import timm
+
+    from structinit.checkpoints import _timm_arch_heads
+
+    assert _timm_arch_heads("vit_small_patch16_224", 384) == 6
+    assert _timm_arch_heads("vit_small_patch16_224", 64) is None  # another width: no hint
+    assert _timm_arch_heads("no_such_model", 64) is None
+    with torch.device("meta"):
+        shape = {k: v.shape for k, v in timm.create_model("vit_small_patch16_224").state_dict().items()}
+    src = tmp_path / "train.pth"
+    one_block = {k: torch.zeros(s) for k, s in shape.items() if not k.startswith("blocks.") or k.startswith("blocks.0.")}
+    torch.save({"state_dict": one_block, "arch": "vit_small_patch16_224"}, src)
+    plan = apply_checkpoint(src, dry_run=True)
+    assert (plan["heads"], plan["depth"], plan["grid"], plan["hints"]["arch"]) == (6, 1, [14, 14], "vit_small_patch16_224")
