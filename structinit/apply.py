@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 from .checkpoints import describe_state_dict, load_checkpoint, save_checkpoint
 from .errors import UsageError
+from .inject import label
 from .init_methods import get_method, initialize, parse_layers, select_layers, set_pos_embed_state_dict
 from .layouts import AttnSlot, resolve_shape
 
@@ -35,11 +36,10 @@ def default_output(path: Path, method: str) -> Path:
 
 def planned_keys(slot: AttnSlot, method: str, params: Dict[str, Any]) -> List[str]:
     """What ``method`` replaces in one layer (tensor keys with row ranges)."""
-    parts = [slot.q, slot.k, slot.q_bias, slot.k_bias]
-    keys = [f"{p.key}[{p.start}:{p.stop}]" for p in parts if p is not None]
+    keys = [label(p) for p in (slot.q, slot.k, slot.q_bias, slot.k_bias) if p is not None]
     vproj = (method == "mimetic" and params.get("vproj", True)) or (method == "impulse" and params.get("mimetic_vproj"))
     if vproj:
-        keys += [f"{slot.v.key}[{slot.v.start}:{slot.v.stop}]", str(slot.proj)]
+        keys += [label(slot.v), str(slot.proj)]
     return keys
 
 
@@ -114,14 +114,7 @@ def apply_checkpoint(path: Union[str, os.PathLike], *, method: str = "impulse", 
     layer_list = parse_layers(layers, det.depth) if isinstance(layers, str) or layers is None \
         else select_layers(layers, det.depth)
     needs_grid = method == "impulse" or set_pe is not None
-    if needs_grid or det.grid is not None or grid is not None:
-        grid, heads = resolve_shape(det, heads, grid)
-    else:
-        heads = heads or det.heads
-        if heads is None:
-            raise UsageError(f"the {det.layout.name} checkpoint does not tell its number of heads; give it with --heads")
-        if det.dim % heads:
-            raise UsageError(f"--heads {heads} does not divide the checkpoint's dim {det.dim}")
+    grid, heads = resolve_shape(det, heads, grid, need_grid=needs_grid)
     if set_pe is not None and det.pos_key is None:
         raise UsageError(f"--set-pe: the {det.layout.name} checkpoint has no position embedding")
 

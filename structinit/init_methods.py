@@ -83,15 +83,7 @@ class _Target:
             raise StructinitError(f"no attention layers found; keys seen: {', '.join(map(str, keys))}"
                                   + (" ..." if len(self.sd) > 12 else ""))
         self.det = det
-        if need_grid:
-            self.grid, self.heads = resolve_shape(det, heads, grid)
-        else:
-            self.grid = grid or det.grid
-            self.heads = heads or det.heads
-            if self.heads is None:
-                raise UsageError(f"the {det.layout.name} checkpoint does not tell its number of heads; give --heads")
-            if det.dim % self.heads:
-                raise UsageError(f"--heads {self.heads} does not divide the checkpoint's dim {det.dim}")
+        self.grid, self.heads = resolve_shape(det, heads, grid, need_grid)
         self.dim = det.dim
         self.layers = select_layers(layers, det.depth)
 
@@ -199,7 +191,7 @@ def init_trunc_normal(target, *, grid: Optional[Grid] = None, heads: Optional[in
 def _redraw_qk(sd, method, grid, heads, layers, seed, std=0.02) -> Dict[str, Any]:
     import torch
 
-    from .inject import write_part
+    from .inject import label, write_part
 
     t = _Target(sd, grid, heads, layers, need_grid=False)
     gen = _generator(seed)
@@ -215,10 +207,10 @@ def _redraw_qk(sd, method, grid, heads, layers, seed, std=0.02) -> Dict[str, Any
                 val = (torch.randn(t.dim, t.dim, generator=gen) * std).clamp_(-2.0, 2.0)
                 bias = torch.zeros(t.dim)
             write_part(t.sd, w, val)
-            keys.append(f"{w.key}[{w.start}:{w.stop}]")
+            keys.append(label(w))
             if b is not None:
                 write_part(t.sd, b, bias)
-                keys.append(f"{b.key}[{b.start}:{b.stop}]")
+                keys.append(label(b))
         replaced.append({"layer": slot.index, "replaced": keys})
     return {"method": method, "layout": t.det.layout.name, "layers": replaced}
 
@@ -410,23 +402,16 @@ def set_sincos_pos_embed(model, grid: Optional[Grid] = None, scale: float = 1.0)
     ``N`` positions; prefix positions are left alone) and freeze it (``requires_grad=False``)."""
     import torch
 
-    from .pseudo_input import sincos_2d
-
-    grid = grid or model_grid(model)
     pe = getattr(model, "pos_embed", None)
     if not isinstance(pe, torch.Tensor):
         raise UsageError("the model has no pos_embed tensor (create it with a learnable position embedding)")
-    n, dim = grid[0] * grid[1], pe.shape[-1]
-    if pe.dim() != 3 or pe.shape[1] < n:
-        raise UsageError(f"pos_embed of shape {list(pe.shape)} cannot hold a {grid[0]}x{grid[1]} grid")
-    table = torch.from_numpy(sincos_2d(grid, dim)) * float(scale)
-    with torch.no_grad():
-        pe[0, pe.shape[1] - n:].copy_(table.to(pe))
+    set_pos_embed_state_dict({"pos_embed": pe}, "pos_embed", grid or model_grid(model), scale)
     pe.requires_grad_(False)
 
 
 def set_pos_embed_state_dict(sd, key: str, grid: Grid, scale: float = 1.0) -> str:
-    """State-dict form of :func:`set_sincos_pos_embed`: writes the last ``N`` rows of ``sd[key]``."""
+    """Write ``scale * sincos_2d(grid, D)`` into the last ``N`` positions of ``sd[key] [1, prefix + N, D]``
+    (in its own dtype and device); returns what was replaced."""
     import torch
 
     from .pseudo_input import sincos_2d

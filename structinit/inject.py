@@ -57,12 +57,12 @@ def write_qk(sd: MutableMapping, slot: AttnSlot, q: torch.Tensor, k: torch.Tenso
     written = []
     for part, w in ((slot.q, q), (slot.k, k)):
         write_part(sd, part, heads_to_rows(torch.as_tensor(w, dtype=torch.float32)))
-        written.append(_label(part))
+        written.append(label(part))
     if zero_bias:
         for part in (slot.q_bias, slot.k_bias):
             if part is not None:
                 write_part(sd, part, torch.zeros(part.stop - part.start))
-                written.append(_label(part))
+                written.append(label(part))
     return written
 
 
@@ -75,7 +75,7 @@ def write_vproj(sd: MutableMapping, slot: AttnSlot, w_v: torch.Tensor, w_proj: t
         raise StructinitError(f"layer {slot.index}: no output projection found ({slot.block}...)")
     write_part(sd, slot.v, torch.as_tensor(w_v).T)
     write_part(sd, Part(slot.proj, 0, sd[slot.proj].shape[0]), torch.as_tensor(w_proj).T)
-    return [_label(slot.v), slot.proj]
+    return [label(slot.v), slot.proj]
 
 
 def read_vproj(sd: Mapping, slot: AttnSlot):
@@ -85,7 +85,8 @@ def read_vproj(sd: Mapping, slot: AttnSlot):
     return w_v, w_p
 
 
-def _label(part: Part) -> str:
+def label(part: Part) -> str:
+    """``key[start:stop]``: how reports name the rows a write touched."""
     return f"{part.key}[{part.start}:{part.stop}]"
 
 

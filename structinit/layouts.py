@@ -217,9 +217,11 @@ def _grid_from_pos(shape: Tuple[int, ...], prefix: int, dim: int, det: Detected)
     return None
 
 
-def resolve_shape(det: Detected, heads: Optional[int] = None, grid: Optional[Grid] = None) -> Tuple[Grid, int]:
+def resolve_shape(det: Detected, heads: Optional[int] = None, grid: Optional[Grid] = None,
+                  need_grid: bool = True) -> Tuple[Optional[Grid], int]:
     """``(grid, heads)`` from the checkpoint and the caller's values; raises :class:`UsageError` when
-    one is missing or contradicts the checkpoint."""
+    one is missing (the grid only if ``need_grid``; else it may come back ``None``) or contradicts
+    the checkpoint."""
     if grid is not None:
         grid = (int(grid[0]), int(grid[1]))
         if det.grid is not None and det.grid[0] * det.grid[1] != grid[0] * grid[1]:
@@ -227,7 +229,7 @@ def resolve_shape(det: Detected, heads: Optional[int] = None, grid: Optional[Gri
                              f"position embedding has {det.grid[0] * det.grid[1]}")
     else:
         grid = det.grid
-    if grid is None:
+    if grid is None and need_grid:
         raise UsageError(f"the {det.layout.name} checkpoint does not tell its patch grid; give it with --grid HxW")
     if heads is None:
         heads = det.heads

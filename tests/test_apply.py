@@ -14,6 +14,7 @@ from structinit.apply import apply_checkpoint
 from structinit.errors import StructinitError, UsageError
 from structinit.init_methods import set_sincos_pos_embed
 from structinit.targets import impulse_targets
+from test_checkpoints import _CreatesFile  # a pickle whose loading would create a file
 
 DIM, HEADS, DEPTH = 64, 4, 3
 
@@ -202,12 +203,3 @@ def test_cli_apply_json_dry_run_and_refusals(tmp_path, cli):
     assert r.returncode == 2 and r.stderr.strip().startswith("error: layers [7] out of range")
     assert digest(src) == before
 
-
-class _CreatesFile:
-    """Unpickling this would create ``path`` (builtins.open in write mode)."""
-
-    def __init__(self, path):
-        self.path = str(path)
-
-    def __reduce__(self):
-        return (open, (self.path, "w"))
