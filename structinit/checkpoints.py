@@ -252,9 +252,11 @@ def _pe_kind(sd: Mapping, det: Detected, grid) -> Optional[str]:
     """``sincos`` (possibly scaled), ``other`` or ``None`` (no position embedding)."""
     if det.pos_key is None:
         return None
+    import torch
+
     from .pseudo_input import sincos_2d
 
-    pe = sd[det.pos_key].detach().to("cpu", dtype=__import__("torch").float32)[0].numpy()
+    pe = sd[det.pos_key].detach().to("cpu", dtype=torch.float32)[0].numpy()
     n = grid[0] * grid[1]
     table = sincos_2d(grid, det.dim)
     patch = pe[pe.shape[0] - n:]
