@@ -109,6 +109,8 @@ def solve(config: SolveConfig, cache_dir: Optional[os.PathLike] = None, device: 
     Concurrent callers with the same key solve it once (a per-key lock) and every caller gets a
     complete artifact; ``force`` re-solves and replaces the user-cache copy.
     """
+    if device != "auto":
+        resolve_device(device)  # an impossible device is an error even when the cache has the result
     if not force:
         hit = find_cached(config.filename, cache_dir, warn)
         if hit is not None:

@@ -1,0 +1,36 @@
+import numpy as np
+import pytest
+
+from structinit.errors import UsageError
+from structinit.pseudo_input import PSEUDO_INPUTS, layer_norm, pseudo_input, sincos_2d
+
+
+def test_sincos_shape_and_values():
+    pe = sincos_2d((3, 5), 16)
+    assert pe.shape == (15, 16) and pe.dtype == np.float32
+    # token (y=2, x=4) is index 14; first frequency is 1: channels sin(x), cos(x), sin(y), cos(y)
+    assert pe[14, 0] == pytest.approx(np.sin(4.0), abs=1e-6)
+    assert pe[14, 4] == pytest.approx(np.cos(4.0), abs=1e-6)
+    assert pe[14, 8] == pytest.approx(np.sin(2.0), abs=1e-6)
+    assert pe[14, 12] == pytest.approx(np.cos(2.0), abs=1e-6)
+    # each (sin, cos) pair has unit norm, so every row has norm sqrt(dim / 2)
+    np.testing.assert_allclose(np.linalg.norm(pe, axis=1), np.sqrt(8), rtol=1e-5)
+    with pytest.raises(UsageError):
+        sincos_2d((4, 4), 18)
+
+
+@pytest.mark.parametrize("kind", PSEUDO_INPUTS)
+def test_pseudo_inputs_are_layer_normed(kind):
+    x = pseudo_input(kind, (6, 6), 32, seed=1)
+    assert x.shape == (36, 32) and x.dtype == np.float32
+    np.testing.assert_allclose(x.mean(1), 0, atol=1e-5)
+    np.testing.assert_allclose(x.std(1), 1, atol=1e-3)
+
+
+def test_noise_is_seeded_and_pe_is_not_noisy():
+    a = pseudo_input("pe+gaussian", (4, 4), 16, seed=1)
+    assert np.array_equal(a, pseudo_input("pe+gaussian", (4, 4), 16, seed=1))
+    assert not np.array_equal(a, pseudo_input("pe+gaussian", (4, 4), 16, seed=2))
+    assert np.array_equal(pseudo_input("pe", (4, 4), 16, seed=1), layer_norm(sincos_2d((4, 4), 16)))
+    with pytest.raises(UsageError):
+        pseudo_input("laplace", (4, 4), 16)
