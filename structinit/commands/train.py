@@ -97,6 +97,7 @@ def train(
     amp: str = typer.Option("auto", "--amp", help="Mixed precision: auto (bf16/fp16 on GPU, off on CPU) | bf16 | fp16 | off."),
     compile_: bool = typer.Option(False, "--compile", help="torch.compile the model (slow to start; for long GPU runs)."),
     workers: int = typer.Option(4, "--workers", help="DataLoader workers (imagefolder only)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads per process (default: torch's; torchrun sets 1)."),
     json_out: bool = typer.Option(False, "--json", help="Print the final summary as JSON on stdout."),
 ):
     """Train a model of the paper's comparison with the paper's recipe (SPEC 5).
@@ -116,7 +117,7 @@ def train(
         augment=augment, epochs=epochs, batch_size=batch_size, lr=lr, min_lr=min_lr, weight_decay=weight_decay,
         warmup_epochs=warmup_epochs, opt_eps=opt_eps, grad_clip=grad_clip, label_smoothing=label_smoothing,
         randaug_n=randaug_n, randaug_m=randaug_m, seed=seed, device=device, amp=amp, compile=compile_,
-        workers=workers)
+        workers=workers, threads=threads)
     recipe = config.recipe()  # validates before torch is imported
     n_epochs = int(recipe["epochs"])
     rank0 = not launched_by_torchrun() or _env_rank() == 0
