@@ -473,7 +473,7 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
             train_x, train_y = data.train.images.to(dev), data.train.labels.to(dev)
             test_x, test_y = data.test.images.to(dev), data.test.labels.to(dev)
         local_b = gb // ctx.world
-        eval_b = int(config.eval_batch_size or max(gb, 256))
+        eval_b = int(config.eval_batch_size or max(gb, 1024))
         timer = _Timer(device)
         criterion = torch.nn.CrossEntropyLoss(label_smoothing=float(recipe["label_smoothing"]))
         total_steps = epochs * steps
@@ -500,7 +500,7 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
             sums = torch.zeros(3, dtype=torch.float64, device=dev)  # loss sum, correct, count
             n_test = len(data.test)
             lo, hi = n_test * ctx.rank // ctx.world, n_test * (ctx.rank + 1) // ctx.world
-            with torch.no_grad(), autocast():
+            with torch.inference_mode(), autocast():
                 if in_memory:
                     chunks = ((normalize(test_x[i:min(i + eval_b, hi)], info.mean, info.std), test_y[i:min(i + eval_b, hi)])
                               for i in range(lo, hi, eval_b))
