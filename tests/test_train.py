@@ -108,6 +108,23 @@ def test_convmixer_with_frozen_filters_trains_around_them(tmp_path):
         train(TrainConfig(model="convmixer-256", dataset="synthetic", init="impulse", epochs=1))
 
 
+def test_imagefolder_streams_through_a_dataloader(tmp_path):
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for c in range(2):
+            for j in range(8):
+                path = tmp_path / "data" / split / f"c{c}" / f"{j}.png"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                Image.new("RGB", (24, 20), (200 * c, 40 + 10 * j, 90)).save(path)
+    result = train(TrainConfig(model="vit-digits", dataset="imagefolder", data_dir=str(tmp_path / "data"), image_size=16,
+                               patch=4, depth=1, dim=32, heads=2, batch_size=8, epochs=2, workers=0, threads=1,
+                               out=str(tmp_path / "run")))
+    assert result.epochs == 2 and result.params["total"] > 0
+    cfg = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert cfg["resolved"]["dataset"]["num_classes"] == 2 and cfg["resolved"]["model"]["grid"] == [4, 4]
+
+
 def _env(extra=None):
     env = dict(os.environ, **ONE_THREAD)
     env.update(extra or {})
