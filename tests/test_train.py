@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ TINY = dict(model="vit-digits", dataset="digits", patch=2, depth=1, dim=32, head
 TINY_ARGS = ["--model", "vit-digits", "--dataset", "digits", "--patch", "2", "--depth", "1", "--dim", "32",
              "--heads", "2", "--lr", "1e-2", "--warmup-epochs", "0.5", "--batch-size", "32", "--init", "mimetic"]
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -184,10 +186,11 @@ def _free_port():
 def test_torchrun_two_gloo_processes_match_one(tmp_path):
     out = tmp_path / "ddp"
     epochs = 3
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
-           f"--rdzv-endpoint=localhost:{_free_port()}", "--rdzv-backend=c10d", "-m", "structinit", "train",
-           *TINY_ARGS, "--epochs", str(epochs), "--out", str(out), "--json"]
-    r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    # cli/torchrun.sh is `python -m torch.distributed.run ... -m structinit train "$@"`.
+    cmd = [str(REPO / "cli" / "torchrun.sh"), *TINY_ARGS, "--epochs", str(epochs), "--out", str(out), "--json"]
+    env = _env({"NPROC": "2", "NNODES": "1", "MASTER_ADDR": "localhost", "MASTER_PORT": str(_free_port()),
+                "PYTHON": sys.executable})
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout)  # only rank 0 printed
     assert summary["world_size"] == 2

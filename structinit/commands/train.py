@@ -135,10 +135,13 @@ def train(
             def on_step(epoch: int, step: int, steps: int) -> None:
                 bar.update(task, description=f"epoch {epoch}/{n_epochs}", completed=step, total=steps)
 
-            def on_epoch(record: Dict[str, Any]) -> None:
-                bar.console.print(_fmt(record, n_epochs))
+            def say(msg: str) -> None:
+                bar.console.print(msg, markup=False, highlight=False)
 
-            result = run_training(config, on_step=on_step, on_epoch=on_epoch, log=bar.console.print)
+            def on_epoch(record: Dict[str, Any]) -> None:
+                say(_fmt(record, n_epochs))
+
+            result = run_training(config, on_step=on_step, on_epoch=on_epoch, log=say)
     else:
         result = run_training(config, on_epoch=lambda r: log(_fmt(r, n_epochs)), log=log)
     if not rank0:
