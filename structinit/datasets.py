@@ -125,8 +125,12 @@ def load_dataset(name: str, data_dir: Optional[os.PathLike] = None, download: bo
 def _digits(info: DatasetInfo) -> Data:
     import numpy as np
     import torch
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+
+    try:
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+    except ImportError:
+        raise StructinitError("the digits dataset comes with scikit-learn: pip install scikit-learn") from None
 
     d = load_digits()
     idx = np.arange(len(d.target))
@@ -191,6 +195,11 @@ def _torchvision(info: DatasetInfo, root: Path, download: bool) -> Data:
             raise UsageError(_expected_message(name, root, missing))
     import torchvision.datasets as tvd
 
+    if name == "svhn":
+        try:
+            import scipy.io  # noqa: F401  (torchvision reads SVHN's .mat files with it)
+        except ImportError:
+            raise StructinitError("svhn needs scipy to read its .mat files: pip install scipy") from None
     try:
         if name == "svhn":
             tr = tvd.SVHN(str(root), split="train", download=download)
