@@ -134,6 +134,22 @@ class TrainConfig:
         _check_recipe(out)
         return out
 
+    def validate(self) -> Dict[str, Any]:
+        """Check every setting that can be checked without torch or data; return :meth:`recipe`."""
+        recipe = self.recipe()
+        family = self.model_config().family
+        if self.init is None and self.init_params:
+            raise UsageError("--init-param needs --init")
+        if self.init is not None and family != "vit":
+            raise UsageError(f"--init applies to the ViT presets; {self.model} keeps its own init")
+        if self.workers < 0:
+            raise UsageError(f"--workers must not be negative, got {self.workers}")
+        if self.threads is not None and self.threads < 1:
+            raise UsageError(f"--threads must be at least 1, got {self.threads}")
+        if self.resume and not self.out:
+            raise UsageError("--resume needs --out DIR")
+        return recipe
+
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -289,13 +305,9 @@ def _amp_dtype(amp: str, device: str):
     return torch.bfloat16
 
 
-def _init_model(config: TrainConfig, model, family: str) -> Optional[Dict[str, Any]]:
+def _init_model(config: TrainConfig, model) -> Optional[Dict[str, Any]]:
     if config.init is None:
-        if config.init_params:
-            raise UsageError("--init-param needs --init")
         return None
-    if family != "vit":
-        raise UsageError(f"--init applies to the ViT presets; {config.model} keeps its own init")
     from .init_methods import initialize_model
 
     report = initialize_model(model, config.init, seed=config.seed, **config.init_params)
@@ -340,13 +352,9 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
 
     t_start = time.perf_counter()
     info = dataset_info(config.dataset)
-    recipe = config.recipe()
+    recipe = config.validate()
     mcfg = config.model_config()
-    if config.workers < 0:
-        raise UsageError(f"--workers must not be negative, got {config.workers}")
     if config.threads is not None:
-        if config.threads < 1:
-            raise UsageError(f"--threads must be at least 1, got {config.threads}")
         torch.set_num_threads(config.threads)
     out = Path(config.out) if config.out else None
     ctx = dist_.setup(config.device)
@@ -374,8 +382,6 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
                     raise UsageError(f"--resume with settings that differ from the run in {out}: {'; '.join(diff)}")
             if config.resume and has_ck:
                 ck = load_checkpoint(out / "checkpoint.pt")
-        elif config.resume:
-            raise UsageError("--resume needs --out DIR")
 
         epochs = int(recipe["epochs"])
         if ck is not None and int(ck["epoch"]) >= epochs and (out / "final.json").is_file():
@@ -402,7 +408,7 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
         model = build_model(mcfg, num_classes=info.num_classes, image_size=info.image_size, in_chans=info.in_chans,
                             default_patch=info.default_patch, seed=config.seed)
         arch = model.structinit_arch
-        init_report = _init_model(config, model, arch["family"])
+        init_report = _init_model(config, model)
         params = count_parameters(model)
         model.to(dev)
         trainable = [p for p in model.parameters() if p.requires_grad]

@@ -118,7 +118,7 @@ def train(
         warmup_epochs=warmup_epochs, opt_eps=opt_eps, grad_clip=grad_clip, label_smoothing=label_smoothing,
         randaug_n=randaug_n, randaug_m=randaug_m, seed=seed, device=device, amp=amp, compile=compile_,
         workers=workers, threads=threads)
-    recipe = config.recipe()  # validates before torch is imported
+    recipe = config.validate()  # before torch is imported
     n_epochs = int(recipe["epochs"])
     rank0 = not launched_by_torchrun() or _env_rank() == 0
 
