@@ -38,11 +38,15 @@ def bench_solver(
     iters: Optional[int] = typer.Option(None, "--iters", help="Iterations for paper/released [default 10000]."),
     seed: int = typer.Option(0, "--seed"),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads [default: torch's]."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
     """Run solver recipes on one shape in one process: seconds, MSE, hit rate, target mass."""
     from ..bench_solver import run_solver_bench, solver_bench_table
     from ..shapes import parse_grid
+    from ..solve import set_threads
+
+    set_threads(threads)
 
     if tokens is None and grid is None:
         tokens = 256

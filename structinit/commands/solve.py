@@ -56,6 +56,7 @@ def solve(
     offsets: str = typer.Option("random", "--offsets", help="random (a draw per head) | centre (centre first: 4,1,5,3,7,... for f=3)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the offsets, noise and random inits."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads [default: torch's]."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Cache folder [default $STRUCTINIT_CACHE, else $XDG_CACHE_HOME/structinit]."),
     force: bool = typer.Option(False, "--force", help="Solve again even if the cache has it."),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON document instead of the table."),
@@ -76,7 +77,8 @@ def solve(
     warn = lambda msg: typer.echo(f"warning: {msg}", err=True)  # noqa: E731
     slow = config.recipe in ("paper", "released") and not json_out
     with progress(f"solving {config.recipe}", enabled=slow) as update:
-        result = run_solve(config, cache_dir=cache_dir, device=device, force=force, progress=update, warn=warn)
+        result = run_solve(config, cache_dir=cache_dir, device=device, force=force, progress=update, warn=warn,
+                           threads=threads)
     if json_out:
         emit_json(artifact_summary(result))
         return
