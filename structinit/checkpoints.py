@@ -92,6 +92,10 @@ def read_object(path: os.PathLike) -> Tuple[Any, str, Optional[Dict[str, str]]]:
             obj = torch.load(path, map_location=None, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line
         msg = str(exc)
+        if "Unsupported operand" in msg or "invalid load key" in msg:
+            # Not a pickle at all (garbage, text, a truncated stream): nothing to refuse, just unreadable.
+            raise CheckpointError(f"{path}: not a readable checkpoint (not a torch or safetensors file, or "
+                                  "truncated)") from None
         if "Weights only load failed" in msg or "weights_only" in msg:
             m = re.search(r"(?:GLOBAL|global:?)\s+([\w.]+)", msg)
             what = f" (it asks for {m.group(1)})" if m else ""

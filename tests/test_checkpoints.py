@@ -77,6 +77,11 @@ def test_bad_files(tmp_path):
     trunc.write_bytes(good.read_bytes()[:1000])
     with pytest.raises(CheckpointError, match="truncated or corrupt"):
         load_checkpoint(trunc)
+    text = tmp_path / "notes.pt"
+    text.write_text("garbage, not a pickle")
+    with pytest.raises(CheckpointError, match="not a readable checkpoint") as err:
+        load_checkpoint(text)
+    assert "refusing" not in str(err.value)  # not mistaken for a pickle that needs code
     st = tmp_path / "trunc.safetensors"
     st.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":")
     with pytest.raises(CheckpointError, match="not a readable safetensors"):
