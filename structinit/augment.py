@@ -7,7 +7,7 @@ chunk draws its own ops), so no CPU dataloader is needed.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 AUGMENTS = ("randaugment", "crop-flip", "flip", "none")
 RANDAUGMENT_CHUNK = 8

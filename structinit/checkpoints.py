@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from .errors import StructinitError, UsageError
+from .errors import StructinitError
 from .layouts import Detected, detect_layout, resolve_shape
 
 #: Entries of a checkpoint dict that may hold a state dict, in order of preference.

@@ -6,7 +6,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional
 
 from .errors import UsageError
 from .pseudo_input import PSEUDO_INPUTS
@@ -97,7 +97,3 @@ class SolveConfig:
         share = " shared" if self.share else ""
         return (f"{h}x{w} grid, dim {self.dim}, {self.heads} heads, filter {self.filter}, "
                 f"{self.layers} layer(s){share}, recipe {self.recipe}")
-
-
-def grid_tuple(grid: Tuple[int, int]) -> Grid:
-    return int(grid[0]), int(grid[1])

@@ -12,7 +12,7 @@ storage with the model, so writing into it initializes the model.
 
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, MutableMapping, Optional
+from typing import Dict, List, Mapping, MutableMapping
 
 import numpy as np
 import torch

@@ -32,7 +32,7 @@ from typing import Callable, Dict, Tuple
 import torch
 
 from .errors import UsageError
-from .recipes import RECIPE_DEFAULTS, RECIPES, recipe_params  # noqa: F401 (re-exported)
+from .recipes import RECIPES
 from .quality import attention_logits
 
 Solver = Callable[..., Tuple[torch.Tensor, torch.Tensor]]

@@ -478,7 +478,6 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
         if in_memory:
             train_x, train_y = data.train.images.to(dev), data.train.labels.to(dev)
             test_x, test_y = data.test.images.to(dev), data.test.labels.to(dev)
-        local_b = gb // ctx.world
         eval_b = int(config.eval_batch_size or max(gb, 1024))
         timer = _Timer(device)
         criterion = torch.nn.CrossEntropyLoss(label_smoothing=float(recipe["label_smoothing"]))
