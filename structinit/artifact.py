@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -20,6 +19,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 from . import __version__
+from .atomic import atomic_write
 from .config import FORMAT, SolveConfig
 from .errors import ArtifactError
 
@@ -82,16 +82,8 @@ def write_artifact(artifact: Artifact, path: Path) -> Path:
         "checksum": _checksum(tensors),
     }
     data = save(tensors, metadata=meta)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_write(path) as fh:
+        fh.write(data)
     return path
 
 

@@ -205,23 +205,19 @@ def save_checkpoint(ckpt: Checkpoint, path: os.PathLike) -> Path:
     ``os.replace``); on failure nothing is left behind."""
     import torch
 
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-    try:
-        if ckpt.format == "safetensors":
-            from safetensors.torch import save_file
+    from .atomic import atomic_write
 
-            save_file(ckpt.obj, str(tmp), metadata=ckpt.metadata)
-        else:
-            torch.save(ckpt.obj, tmp)
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+    path = Path(path)
+    try:
+        with atomic_write(path) as fh:
+            if ckpt.format == "safetensors":
+                from safetensors.torch import save
+
+                fh.write(save(ckpt.obj, metadata=ckpt.metadata))
+            else:
+                torch.save(ckpt.obj, fh)
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot write ({exc.strerror or exc})") from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
     return path
 
 

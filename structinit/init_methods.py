@@ -79,7 +79,7 @@ class _Target:
             self.sd = target
         det = detect_layout(self.sd)
         if det is None:
-            keys = [k for k in list(self.sd)[:12]]
+            keys = list(self.sd)[:12]
             raise StructinitError(f"no attention layers found; keys seen: {', '.join(map(str, keys))}"
                                   + (" ..." if len(self.sd) > 12 else ""))
         self.det = det
@@ -295,9 +295,7 @@ def impulse_config(grid: Grid, dim: int, heads: int, depth: int, *, seed: int = 
 
     params = dict(recipe_params or {})
     if target_mass is not None:
-        if recipe != "fast":
-            raise UsageError(f"target_mass is a knob of the 'fast' recipe, not of {recipe!r}")
-        params["target_mass"] = target_mass
+        params["target_mass"] = target_mass  # a recipe without this knob rejects it (recipe_params)
     return SolveConfig(grid=grid, dim=dim, heads=heads, filter=filter, layers=depth, share=share, recipe=recipe,
                        params=params, pseudo_input=pseudo_input, pseudo_input_rest=pseudo_input_rest,
                        padding=padding, offset_order=offset_order, seed=seed)
@@ -312,7 +310,7 @@ def check_artifact(artifact, grid: Grid, dim: int, heads: int, layers: Sequence[
         problems.append(f"dim {c.dim} vs {dim}")
     if c.heads != heads:
         problems.append(f"heads {c.heads} vs {heads}")
-    if c.grid[0] * c.grid[1] != grid[0] * grid[1] or tuple(c.grid) != tuple(grid):
+    if tuple(c.grid) != tuple(grid):
         problems.append(f"grid {c.grid[0]}x{c.grid[1]} vs {grid[0]}x{grid[1]}")
     if problems:
         raise UsageError(f"the artifact does not fit the model: {'; '.join(problems)} (artifact vs model)")

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .atomic import atomic_write
+
 # A perceptually ordered colour ramp (dark blue -> teal -> yellow), interpolated to 256 steps.
 _ANCHORS = np.array([[13, 8, 135], [84, 2, 163], [139, 10, 165], [185, 50, 137], [219, 92, 104],
                      [244, 136, 73], [254, 188, 43], [240, 249, 33]], dtype=np.float64)
@@ -32,11 +34,9 @@ def write_png(path: os.PathLike, rgb: np.ndarray) -> Path:
 
     png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
            + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(png)
-    os.replace(tmp, path)
-    return path
+    with atomic_write(path) as fh:
+        fh.write(png)
+    return Path(path)
 
 
 def attention_figure(attn: np.ndarray, grid: tuple, query: int, cell: int = 0) -> np.ndarray:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
+from .atomic import atomic_write
 from .errors import StructinitError, UsageError
 
 CHECKPOINT_FORMAT = "structinit-train/1"
@@ -113,11 +114,11 @@ class TrainConfig:
     eval_batch_size: Optional[int] = None
 
     def model_config(self):
+        """The :class:`~structinit.models.ModelConfig` these (flat, CLI-shaped) fields describe."""
         from .models import ModelConfig
 
-        return ModelConfig(name=self.model, dim=self.dim, heads=self.heads, depth=self.depth, patch=self.patch,
-                           mlp_ratio=self.mlp_ratio, pool=self.pool, pos_embed=self.pos_embed, kernel=self.kernel,
-                           filters=self.filters, drop_path=self.drop_path)
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(ModelConfig) if f.name != "name"}
+        return ModelConfig(name=self.model, **fields)
 
     def recipe(self) -> Dict[str, Any]:
         """The resolved recipe: :data:`RECIPE` < dataset < model family < the fields set here."""
@@ -238,24 +239,17 @@ def shard_batches(n: int, global_batch: int, rank: int, world: int, seed: int, e
 # --------------------------------------------------------------------------- files
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and ``os.replace``."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
+    """Write ``text`` to ``path`` atomically."""
+    with atomic_write(path, "w") as f:
         f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
+    """``torch.save`` to ``path`` atomically."""
     import torch
 
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
+    with atomic_write(path) as f:
         torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def read_metrics(out: os.PathLike) -> List[Dict[str, Any]]:

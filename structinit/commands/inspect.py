@@ -31,8 +31,8 @@ def _is_artifact_file(path: Path) -> bool:
 
         with safe_open(str(path), "np") as fh:
             return (fh.metadata() or {}).get("format", "").startswith("structinit/")
-    except Exception:  # noqa: BLE001 - unreadable: let read_artifact report it precisely
-        return path.name.count("-") >= 4
+    except Exception:  # noqa: BLE001 - unreadable: read_artifact reports what is wrong with it
+        return True
 
 
 @app.command(epilog=EXAMPLE)
@@ -133,14 +133,9 @@ def _show_artifact(path: Path, layer: int, head: int, query: Optional[int], png:
 
 
 def _show_checkpoint(path: Path, heads: Optional[int], grid: Optional[str], json_out: bool) -> None:
+    from ..checkpoints import describe_checkpoint, format_checkpoint_report
     from ..shapes import parse_grid
 
-    try:
-        from ..checkpoints import describe_checkpoint, format_checkpoint_report
-    except ImportError:
-        from ..errors import UsageError
-
-        raise UsageError(f"{path}: not a structinit artifact") from None
     desc = describe_checkpoint(path, heads=heads, grid=parse_grid(grid=grid) if grid else None)
     if json_out:
         emit_json(desc)
