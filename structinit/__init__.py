@@ -1,15 +1,65 @@
-"""structinit: convolutional structure for Vision Transformers through initialization alone.
+"""structinit: convolutional structure for transformers through initialization alone.
 
-The package root stays import-light (no torch, no timm) so that the CLI starts instantly.
-Public entry points live in their own modules:
+The package is organised by stage, in the order data flows (see ``docs/architecture.md``):
 
-- :mod:`structinit.solve`        -- ``solve()``: Q/K for a shape and recipe, cached as safetensors
-- :mod:`structinit.targets`      -- impulse offsets and target attention matrices
-- :mod:`structinit.pseudo_input` -- 2-D sin-cos position embedding and the LayerNorm'd pseudo input
-- :mod:`structinit.quality`      -- attention maps and solution quality measures
-- :mod:`structinit.solvers`      -- the solver recipes (``fast``, ``paper``, ``released``, ``closed-form``)
-- :mod:`structinit.artifact`     -- the safetensors artifact format
-- :mod:`structinit.cache`        -- cache locations, look-up and atomic, concurrent-safe writes
+- :mod:`structinit.geometry` -- token grids (1-D and 2-D), impulse targets, sin-cos embeddings, pseudo inputs
+- :mod:`structinit.solver`   -- ``SolveConfig``, the solver recipes, the artifact format, the cache, ``solve()``
+- :mod:`structinit.analysis` -- quality measures of attention, as text and as figures
+- :mod:`structinit.init`     -- init methods (typed specs), layouts, injection into models and checkpoints
+- :mod:`structinit.training` -- ``TrainConfig``, models, datasets, the training loop and its run directory
+- :mod:`structinit.bench`    -- benchmarks: the solver comparison
+- :mod:`structinit.cli`      -- the ``structinit`` command line, a thin layer over all of the above
+
+The names below are importable from the package root; none of them imports torch until used::
+
+    from structinit import SolveConfig, solve
+    art = solve(SolveConfig(grid=(16, 16), dim=192, heads=3, filter=3)).artifact
 """
 
-__version__ = "0.1.0"
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.2.0"
+
+#: Public name -> the module that defines it (imported on first use).
+_EXPORTS = {
+    "Grid": "structinit.geometry.grid",
+    "parse_grid": "structinit.geometry.grid",
+    "SolveConfig": "structinit.solver.config",
+    "solve": "structinit.solver.run",
+    "compute": "structinit.solver.run",
+    "SolveResult": "structinit.solver.run",
+    "Artifact": "structinit.solver.artifact",
+    "read_artifact": "structinit.solver.artifact",
+    "resolve_artifact": "structinit.solver.cache",
+    "InitSpec": "structinit.init.specs",
+    "init_spec": "structinit.init.specs",
+    "parse_init": "structinit.init.specs",
+    "initialize": "structinit.init.specs",
+    "initialize_model": "structinit.init.specs",
+    "set_sincos_pos_embed": "structinit.init.pos_embed",
+    "apply_checkpoint": "structinit.init.apply",
+    "describe_checkpoint": "structinit.init.checkpoints",
+    "TrainConfig": "structinit.training.config",
+    "train": "structinit.training.loop",
+    "TrainResult": "structinit.training.loop",
+    "StructinitError": "structinit.errors",
+    "UsageError": "structinit.errors",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'structinit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

@@ -1,5 +1,6 @@
 """``python -m structinit`` runs the CLI."""
 
-from .app import main
+from structinit.cli.app import run
 
-main()
+if __name__ == "__main__":
+    run()

@@ -1,10 +1,37 @@
-"""Errors that the CLI turns into one line on stderr and a non-zero exit code."""
+"""Errors that the CLI turns into one line on stderr and a non-zero exit code.
+
+Library messages name the parameter at fault (``dim must be divisible by heads``); the CLI shows
+the same message with its own flag (``--dim must be ...``). A message marks a parameter name with
+:func:`param`, e.g. ``UsageError(f"{param('dim')} must be positive, got {dim}")``; ``str(error)``
+renders the library name, :meth:`StructinitError.render` any other.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Optional
+
+_MARK = "\x1f"
+_MARKED = re.compile(_MARK + r"([A-Za-z0-9_.\-]+)" + _MARK)
+
+
+def param(name: str) -> str:
+    """Mark ``name`` as a parameter name inside an error message (see the module docstring)."""
+    return f"{_MARK}{name}{_MARK}"
 
 
 class StructinitError(Exception):
     """A problem the user can fix; ``exit_code`` is what the CLI exits with."""
 
     exit_code = 1
+
+    def render(self, name_of: Optional[Callable[[str], str]] = None) -> str:
+        """The message with every marked parameter written as ``name_of(name)`` (default: the name)."""
+        text = str(self.args[0]) if self.args else type(self).__name__
+        return _MARKED.sub(lambda m: (name_of or (lambda n: n))(m.group(1)), text)
+
+    def __str__(self) -> str:
+        return self.render()
 
 
 class UsageError(StructinitError, ValueError):

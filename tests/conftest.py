@@ -1,7 +1,12 @@
-"""Shared test fixtures: every test gets its own empty user cache; torch uses the 2 cores."""
+"""Shared test fixtures: every test gets its own empty user cache; the CLI runs in-process (``cli``)
+or as the real console entry point in a subprocess (``cli_process``)."""
 
+import contextlib
+import io
 import os
+import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,16 +26,47 @@ def cache_dir(_isolated_cache):
     return _isolated_cache
 
 
-def run_cli(*args, env=None, cwd=None, timeout=300):
-    """Run ``structinit ARGS`` in a subprocess (the real console entry point)."""
-    import subprocess
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
 
+
+def run_cli_process(*args, env=None, cwd=None, timeout=300) -> CliResult:
+    """Run ``python -m structinit ARGS`` in a subprocess (the real entry point)."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "structinit", *map(str, args)], capture_output=True, text=True,
-                          env=full_env, cwd=cwd, timeout=timeout)
+    r = subprocess.run([sys.executable, "-m", "structinit", *map(str, args)], capture_output=True, text=True,
+                       env=full_env, cwd=cwd, timeout=timeout)
+    return CliResult(r.returncode, r.stdout, r.stderr)
+
+
+def run_cli(*args, env=None, cwd=None) -> CliResult:
+    """Run ``structinit ARGS`` in this process through :func:`structinit.cli.app.main`, with ``env``
+    added to the environment and ``cwd`` as the working folder for the call."""
+    from structinit.cli.app import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    os.environ.update({k: str(v) for k, v in (env or {}).items()})
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(a) for a in args])
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return CliResult(code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture
+def cli_process():
+    return run_cli_process

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from structinit.apply import apply_checkpoint
-from structinit.errors import StructinitError, UsageError
-from structinit.init_methods import set_sincos_pos_embed
-from structinit.targets import impulse_targets
 from test_checkpoints import _CreatesFile  # a pickle whose loading would create a file
+
+from structinit.errors import StructinitError, UsageError
+from structinit.geometry.targets import impulse_targets
+from structinit.init.apply import apply_checkpoint
+from structinit.init.pos_embed import set_sincos_pos_embed
 
 DIM, HEADS, DEPTH = 64, 4, 3
 
@@ -39,7 +39,7 @@ def timm_hits(model, offsets_per_layer, grid):
     for blk, offsets in zip(model.blocks, offsets_per_layer):
         seen = []
         blk.attn.fused_attn = False
-        h = blk.attn.attn_drop.register_forward_hook(lambda m, i, o: seen.append(o.detach()))
+        h = blk.attn.attn_drop.register_forward_hook(lambda m, i, o, seen=seen: seen.append(o.detach()))
         with torch.no_grad():
             blk.attn(blk.norm1(model.pos_embed[:, model.num_prefix_tokens if not model.no_embed_class else 0:]))
         h.remove()
@@ -88,7 +88,8 @@ def test_timm_training_checkpoint_round_trip(tmp_path):
     for name in ("state_dict", "state_dict_ema"):
         for key in qkv:
             assert torch.equal(new[name][key][2 * DIM:], ckpt[name][key][2 * DIM:])  # v rows kept
-        assert torch.equal(new[name]["blocks.1.attn.qkv.weight"][:2 * DIM], new["state_dict"]["blocks.1.attn.qkv.weight"][:2 * DIM])
+        key = "blocks.1.attn.qkv.weight"
+        assert torch.equal(new[name][key][:2 * DIM], new["state_dict"][key][:2 * DIM])
     model = paper_vit(seed=1)
     model.load_state_dict(new["state_dict"], strict=True)
     offsets = [rep["layers"][0]["offsets"], rep["layers"][1]["offsets"]]
@@ -129,7 +130,7 @@ def test_half_precision_dtype_kept_and_mimetic(tmp_path):
     sd = {k: v.half() for k, v in paper_vit().state_dict().items()}
     src = tmp_path / "half.pt"
     torch.save({"model": sd}, src)
-    rep = apply_checkpoint(src, method="mimetic", heads=HEADS, layers="0")
+    rep = apply_checkpoint(src, "mimetic", heads=HEADS, layers="0")
     new = torch.load(rep["output"], weights_only=True)["model"]
     assert all(v.dtype == torch.float16 for v in new.values())
     assert_same(sd, new, skip={"blocks.0.attn.qkv.weight", "blocks.0.attn.qkv.bias", "blocks.0.attn.proj.weight"})
@@ -148,25 +149,25 @@ def test_in_place_keeps_a_backup(tmp_path):
     assert rep["output"] == str(src) and Path(rep["backup"]).read_bytes() == before
     assert src.read_bytes() != before
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["vit.pt", "vit.pt.bak"]
-    with pytest.raises(UsageError, match="--in-place"):
+    with pytest.raises(UsageError, match="use in_place"):
         apply_checkpoint(src, heads=HEADS, out=src)
 
 
 def test_errors_leave_input_untouched_and_write_nothing(tmp_path):
-    from structinit.init_methods import impulse_config
-    from structinit.solve import solve
+    from structinit.init.impulse import ImpulseInit
+    from structinit.solver.run import solve
 
     src = tmp_path / "vit.pt"
     torch.save(paper_vit().state_dict(), src)
     before = digest(src)
-    art = solve(impulse_config((8, 8), 128, HEADS, 1), cache_dir=tmp_path / "c").artifact
+    art = solve(ImpulseInit().solve_config((8, 8), 128, HEADS, 1), cache_dir=tmp_path / "c").artifact
     cases = [
         (dict(heads=HEADS, layers="0-5"), "out of range"),
         (dict(heads=HEADS, artifact=art.path), "dim 128 vs 64"),
         (dict(heads=3), "does not divide"),
-        (dict(), "--heads"),
+        (dict(), "give it with heads"),
         (dict(heads=HEADS, grid=(4, 4)), "16 tokens"),
-        (dict(heads=HEADS, method="xavier"), "unknown init method"),
+        (dict(heads=HEADS, spec="xavier"), "unknown init method"),
     ]
     for kwargs, match in cases:
         with pytest.raises(StructinitError, match=match):
@@ -185,9 +186,9 @@ def test_cli_apply_json_dry_run_and_refusals(tmp_path, cli):
     assert rep["written"] and [x["layer"] for x in rep["layers"]] == [0, 2] and rep["hit_rate"] == 1.0
     assert rep["artifact"]["config"]["filter"] == 5 and Path(rep["output"]).exists()
 
-    from structinit.commands.apply import format_report
+    from structinit.cli.apply import format_report
 
-    plan = apply_checkpoint(src, heads=HEADS, method="mimetic", dry_run=True, out=tmp_path / "m.pth")
+    plan = apply_checkpoint(src, "mimetic", heads=HEADS, dry_run=True, out=tmp_path / "m.pth")
     text = format_report(plan)
     assert "plan (dry run" in text and "blocks.2.attn.proj.weight" in text and not (tmp_path / "m.pth").exists()
 
@@ -200,6 +201,6 @@ def test_cli_apply_json_dry_run_and_refusals(tmp_path, cli):
     assert not marker.exists() and not (tmp_path / "evil.impulse.pth").exists()
 
     r = cli("apply", src, "--heads", HEADS, "--layers", "7")
-    assert r.returncode == 2 and r.stderr.strip().startswith("error: layers [7] out of range")
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: --layers [7] out of range")
     assert digest(src) == before
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from structinit.artifact import read_artifact
-from structinit.cache import find_cached, list_artifacts, resolve_key, shipped_cache_dirs, user_cache_dir
-from structinit.config import SolveConfig
 from structinit.errors import ArtifactError
-from structinit.solve import solve
+from structinit.solver.artifact import read_artifact
+from structinit.solver.cache import find_cached, list_artifacts, resolve_key, shipped_cache_dir, user_cache_dir
+from structinit.solver.config import SolveConfig
+from structinit.solver.run import solve
 
 CFG = SolveConfig(grid=(6, 6), dim=32, heads=4, filter=3, layers=2)
 
@@ -82,7 +82,7 @@ def test_corrupt_artifact_is_reported_and_recomputed(damage):
 
 
 def test_shipped_artifacts_are_valid_and_consulted_read_only(cache_dir):
-    shipped = [p for d in shipped_cache_dirs() for p in d.glob("*.safetensors")]
+    shipped = sorted(shipped_cache_dir().glob("*.safetensors"))
     assert shipped, "the repository ships pre-solved artifacts in cache/"
     assert sum(p.stat().st_size for p in shipped) < 5 * 2**20
     for p in shipped:
@@ -103,8 +103,8 @@ def test_listing_and_key_resolution():
 
 SOLVE_ONE = """
 import json, sys
-from structinit.config import SolveConfig
-from structinit.solve import solve
+from structinit.solver.config import SolveConfig
+from structinit.solver.run import solve
 cfg = SolveConfig(grid=(8, 8), dim=64, heads=4, recipe="paper", params={"iters": 400})
 r = solve(cfg, cache_dir=sys.argv[1])
 print(json.dumps({"cached": r.cached, "key": r.artifact.key}))
@@ -127,8 +127,8 @@ def test_eight_concurrent_solvers_leave_one_valid_artifact(tmp_path):
 
 WRITE_BIG = """
 import sys, numpy as np
-from structinit.artifact import Artifact, write_artifact
-from structinit.config import SolveConfig
+from structinit.solver.artifact import Artifact, write_artifact
+from structinit.solver.config import SolveConfig
 cfg = SolveConfig(grid=(16, 16), dim=768, heads=12, layers=48)
 shape = (48, 12, 768, 64)
 art = Artifact(config=cfg, q=np.ones(shape, np.float32), k=np.ones(shape, np.float32),

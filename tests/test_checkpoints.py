@@ -7,13 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from structinit.apply import apply_checkpoint
-from structinit.checkpoints import (CheckpointError, describe_checkpoint, format_checkpoint_report,
-                                    load_checkpoint)
 from structinit.errors import UsageError
-from structinit.layouts import LAYOUTS, detect_layout
-from structinit.pseudo_input import pseudo_input, sincos_2d
-from structinit.targets import impulse_targets
+from structinit.geometry.embedding import pseudo_input, sincos_2d
+from structinit.geometry.targets import impulse_targets
+from structinit.init.apply import apply_checkpoint
+from structinit.init.checkpoints import CheckpointError, describe_checkpoint, load_checkpoint
+from structinit.init.layouts import LAYOUTS, detect_layout
 
 DIM, HEADS = 64, 4
 
@@ -25,7 +24,7 @@ def digest(path) -> str:
 def small_vit(depth=2, class_token=False):
     import timm
 
-    from structinit.init_methods import set_sincos_pos_embed
+    from structinit.init.pos_embed import set_sincos_pos_embed
 
     torch.manual_seed(0)
     m = timm.create_model("vit_tiny_patch16_224", img_size=16, patch_size=2, embed_dim=DIM, depth=depth,
@@ -55,7 +54,8 @@ def test_detects_timm_shape_and_prefixes():
     assert (det.layout.name, det.model_prefix, det.dim, det.depth, det.prefix_tokens, det.grid) == \
         ("timm-vit", "module.", DIM, 2, 1, (8, 8))
     assert det.heads is None  # a timm state dict does not record heads
-    assert det.slots[1].q.key == "module.blocks.1.attn.qkv.weight" and (det.slots[1].k.start, det.slots[1].k.stop) == (DIM, 2 * DIM)
+    assert det.slots[1].q.key == "module.blocks.1.attn.qkv.weight"
+    assert (det.slots[1].k.start, det.slots[1].k.stop) == (DIM, 2 * DIM)
 
 
 def test_malicious_pickle_is_refused_and_nothing_runs(tmp_path):
@@ -146,9 +146,9 @@ def test_multihead_attention_round_trip(tmp_path):
     src = tmp_path / "mha.pt"
     torch.save(mha.state_dict(), src)
     before = digest(src)
-    with pytest.raises(UsageError, match="--grid"):
+    with pytest.raises(UsageError, match="give it with grid"):
         apply_checkpoint(src, heads=HEADS)
-    with pytest.raises(UsageError, match="--heads"):
+    with pytest.raises(UsageError, match="give it with heads"):
         apply_checkpoint(src, grid=(8, 8))
     assert not (tmp_path / "mha.impulse.pt").exists()
     rep = apply_checkpoint(src, heads=HEADS, grid=(8, 8), offset_order="centre")
@@ -173,21 +173,23 @@ def test_describe_checkpoint_reads_the_structure_back(tmp_path):
     assert plain["layout"] == "timm-vit" and plain["grid"] == [8, 8] and plain["depth"] == 2
     assert plain["pos_embed_kind"] == "sincos"
     assert max(r["hit_rate"] for r in plain["layers"]) < 0.6  # trunc-normal Q/K: no impulse structure
-    rep = apply_checkpoint(src, heads=HEADS, method="impulse", filter=5, target_mass=0.5)
+    rep = apply_checkpoint(src, "impulse", heads=HEADS, filter=5, target_mass=0.5)
     desc = describe_checkpoint(rep["output"], heads=HEADS)
     for got, want in zip(desc["layers"], rep["layers"]):
         assert got["offsets"] == want["offsets"]  # the closest offset found is the solved one
         assert got["hit_rate"] == 1.0 and abs(got["target_mass"] - 0.5) < 1e-3
-    text = format_checkpoint_report(desc)
+    from structinit.analysis.text import checkpoint_report
+
+    text = checkpoint_report(desc)
     assert "timm-vit" in text and "grid 8x8" in text and "1.000" in text
-    with pytest.raises(UsageError, match="--heads"):
+    with pytest.raises(UsageError, match="give it with heads"):
         describe_checkpoint(src)
 
 
 def test_heads_from_timm_arch_of_a_training_checkpoint(tmp_path):
     import timm
 
-    from structinit.checkpoints import _timm_arch_heads
+    from structinit.init.checkpoints import _timm_arch_heads
 
     assert _timm_arch_heads("vit_small_patch16_224", 384) == 6
     assert _timm_arch_heads("vit_small_patch16_224", 64) is None  # another width: no hint
@@ -195,7 +197,9 @@ def test_heads_from_timm_arch_of_a_training_checkpoint(tmp_path):
     with torch.device("meta"):
         shape = {k: v.shape for k, v in timm.create_model("vit_small_patch16_224").state_dict().items()}
     src = tmp_path / "train.pth"
-    one_block = {k: torch.zeros(s) for k, s in shape.items() if not k.startswith("blocks.") or k.startswith("blocks.0.")}
+    one_block = {k: torch.zeros(s) for k, s in shape.items()
+                 if not k.startswith("blocks.") or k.startswith("blocks.0.")}
     torch.save({"state_dict": one_block, "arch": "vit_small_patch16_224"}, src)
     plan = apply_checkpoint(src, dry_run=True)
-    assert (plan["heads"], plan["depth"], plan["grid"], plan["hints"]["arch"]) == (6, 1, [14, 14], "vit_small_patch16_224")
+    got = (plan["heads"], plan["depth"], plan["grid"], plan["hints"]["arch"])
+    assert got == (6, 1, [14, 14], "vit_small_patch16_224")

@@ -1,13 +1,15 @@
-"""The CLI end to end, in real subprocesses: solve, cache hit, inspect, bench solver, bad input."""
+"""The CLI end to end: solve, cache hit, inspect, bench solver, bad input (the first test through the real
+entry point in a subprocess, the others in-process)."""
 
 import json
 
 import pytest
 
-from structinit.artifact import read_artifact
+from structinit.solver.artifact import read_artifact
 
 
-def test_solve_then_cache_hit_then_inspect(cli, cache_dir, tmp_path):
+def test_solve_then_cache_hit_then_inspect(cli_process, cache_dir, tmp_path):
+    cli = cli_process  # the real console entry point, in a subprocess
     args = ["solve", "--tokens", "64", "--dim", "64", "--heads", "4", "--filter", "3", "--layers", "2"]
     first = cli(*args, "--json")
     assert first.returncode == 0, first.stderr
@@ -18,7 +20,8 @@ def test_solve_then_cache_hit_then_inspect(cli, cache_dir, tmp_path):
     assert second.returncode == 0 and "cache hit" in second.stdout and doc["key"] in second.stdout
     assert "(1,1)" in second.stdout or "(0,0)" in second.stdout or "offset" in second.stdout
     listing = cli("inspect", "--json")
-    assert [a["key"] for a in json.loads(listing.stdout)["artifacts"] if a["path"].startswith(str(cache_dir))] == [doc["key"]]
+    listed = json.loads(listing.stdout)["artifacts"]
+    assert [a["key"] for a in listed if a["path"].startswith(str(cache_dir))] == [doc["key"]]
     png = tmp_path / "attn.png"
     shown = cli("inspect", doc["key"], "--layer", "1", "--head", "2", "--query", "27", "--png", png)
     assert shown.returncode == 0, shown.stderr
@@ -36,17 +39,17 @@ def test_help_has_examples(cli):
 @pytest.mark.parametrize("args, message", [
     (["--tokens", "250"], "not a perfect square"),
     (["--dim", "190", "--heads", "5"], "divisible by 4"),
-    (["--dim", "192", "--heads", "5"], "not divisible by --heads"),
+    (["--dim", "192", "--heads", "5"], "--dim 192 is not divisible by --heads 5"),
     (["--tokens", "16", "--filter", "5"], "larger than the 4x4 grid"),
     (["--filter", "0"], "positive"),
     (["--layers", "-1"], "positive"),
-    (["--recipe", "magic"], "unknown recipe"),
-    (["--device", "tpu"], "unknown device"),
+    (["--recipe", "magic"], "unknown --recipe"),
+    (["--device", "tpu"], "unknown --device"),
     (["--device", "cuda"], "no CUDA GPU"),
     (["--grid", "16by16"], "HxW"),
     (["--target-mass", "1.2"], "target"),
     (["--recipe", "paper", "--target-mass", "0.5"], "no parameter"),
-    (["--pseudo-input", "noise"], "unknown pseudo input"),
+    (["--pseudo-input", "noise"], "unknown --pseudo-input"),
 ])
 def test_bad_input_is_one_line_and_exit_2(cli, args, message, cache_dir):
     out = cli("solve", *args)

@@ -4,14 +4,14 @@ import sys
 
 import pytest
 
-from structinit.config import SolveConfig
 from structinit.errors import UsageError
+from structinit.solver.config import SolveConfig
 
 BASE = SolveConfig(grid=(16, 16), dim=192, heads=3, filter=3)
 
 
 def test_key_is_stable_across_processes_and_hash_seeds():
-    code = ("from structinit.config import SolveConfig;"
+    code = ("from structinit.solver.config import SolveConfig;"
             "print(SolveConfig(grid=(16, 16), dim=192, heads=3, filter=3).key)")
     keys = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": str(s), "PATH": ""}).stdout.strip() for s in (1, 2)}
@@ -38,7 +38,7 @@ def test_key_ignores_defaults_spelled_out_and_round_trips():
 
 
 def test_device_and_cache_path_are_not_in_the_key(tmp_path):
-    from structinit.solve import solve
+    from structinit.solver.run import solve
 
     a = solve(BASE, cache_dir=tmp_path / "a", device="cpu").artifact
     b = solve(BASE, cache_dir=tmp_path / "b", device="auto").artifact
@@ -48,7 +48,7 @@ def test_device_and_cache_path_are_not_in_the_key(tmp_path):
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(dim=190, heads=5), "divisible by 4"),
-    (dict(dim=192, heads=5), "not divisible by --heads"),
+    (dict(dim=192, heads=5), "dim 192 is not divisible by heads 5"),
     (dict(dim=192, heads=3, filter=17), "larger than"),
     (dict(dim=192, heads=3, filter=0), "positive"),
     (dict(dim=192, heads=3, layers=0), "positive"),

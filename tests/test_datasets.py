@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from structinit.augment import BatchAugment, hflip, normalize, random_crop
-from structinit.datasets import DATASETS, load_dataset, synthetic_images
 from structinit.errors import UsageError
+from structinit.training.augment import BatchAugment, hflip, normalize, random_crop
+from structinit.training.datasets import DATASETS, load_dataset, synthetic_images
 
 
 def test_digits_fixed_split():
@@ -41,7 +41,7 @@ def test_missing_dataset_dir_says_what_and_where(tmp_path, name, expect):
     with pytest.raises(UsageError) as err:
         load_dataset(name, tmp_path / "nowhere")
     msg = str(err.value)
-    assert expect in msg and str(tmp_path / "nowhere") in msg and "--download" in msg
+    assert expect in msg and str(tmp_path / "nowhere") in msg and "download" in msg and "data_dir" in msg
 
 
 def test_malformed_cifar_is_reported_not_crashed(tmp_path):
@@ -87,7 +87,7 @@ def test_imagefolder_errors(tmp_path):
     _png(tmp_path / "val" / "b" / "0.png", (0, 0, 0))
     with pytest.raises(UsageError, match="different class folders"):
         load_dataset("imagefolder", tmp_path)
-    with pytest.raises(UsageError, match="--download"):
+    with pytest.raises(UsageError, match="download is not available"):
         load_dataset("imagefolder", tmp_path, download=True)
 
 

@@ -7,13 +7,21 @@ import numpy as np
 import pytest
 import torch
 
-from structinit.artifact import Artifact
+from structinit.analysis.quality import measure
 from structinit.errors import StructinitError, UsageError
-from structinit.init_methods import (INIT_METHODS, initialize, initialize_model, mimetic_qk, parse_layers,
-                                     set_sincos_pos_embed)
-from structinit.inject import heads_to_rows, measure, rows_to_heads
-from structinit.pseudo_input import pseudo_input, sincos_2d
-from structinit.targets import impulse_targets
+from structinit.geometry.embedding import pseudo_input, sincos_2d
+from structinit.geometry.targets import impulse_columns, impulse_targets
+from structinit.init.impulse import ImpulseInit
+from structinit.init.inject import heads_to_rows, rows_to_heads
+from structinit.init.mimetic import mimetic_qk
+from structinit.init.pos_embed import set_sincos_pos_embed
+from structinit.init.specs import INIT_METHODS, initialize, initialize_model
+from structinit.init.target import parse_layers
+from structinit.solver.artifact import Artifact
+
+
+def impulse_config(grid, dim, heads, depth, seed=0, **params):
+    return ImpulseInit(**params).solve_config(grid, dim, heads, depth, seed)
 
 DIM, HEADS, DEPTH = 64, 4, 2
 
@@ -36,7 +44,7 @@ def timm_attention(model):
     for blk in model.blocks:
         seen = []
         blk.attn.fused_attn = False
-        hook = blk.attn.attn_drop.register_forward_hook(lambda mod, inp, out: seen.append(out.detach()))
+        hook = blk.attn.attn_drop.register_forward_hook(lambda mod, inp, out, seen=seen: seen.append(out.detach()))
         with torch.no_grad():
             blk.attn(blk.norm1(model.pos_embed))
         hook.remove()
@@ -72,14 +80,14 @@ def test_impulse_gives_timm_attention_the_solved_impulse_structure():
     assert rep["hit_rate"] == 1.0 and abs(rep["target_mass"] - 0.4) < 1e-3
     for l, attn in enumerate(timm_attention(m)):
         offsets = np.array(rep["layers"][l]["offsets"])
-        got = measure(pseudo_input("pe", (8, 8), DIM), *_qk_of(m, l), impulse_targets((8, 8), offsets))
+        got = measure(pseudo_input("pe", (8, 8), DIM), *_qk_of(m, l), impulse_columns((8, 8), offsets))
         targets = torch.from_numpy(impulse_targets((8, 8), offsets))
         has = targets.sum(-1) > 0
         hits = (attn.argmax(-1) == targets.argmax(-1)) | ~has
         assert bool(hits.all()), f"layer {l}: timm's attention misses the impulse"
         mass = (attn * targets).sum(-1)[has].mean()
         assert abs(float(mass) - 0.4) < 0.01
-        assert np.allclose(got["target_mass"], rep["layers"][l]["heads"]["target_mass"], atol=1e-4)
+        assert np.allclose(got.target_mass[0], rep["layers"][l]["heads"]["target_mass"], atol=1e-4)
         # the q/k biases were zeroed so the solved logits are what the model computes
         assert torch.count_nonzero(m.blocks[l].attn.qkv.bias[:2 * DIM]) == 0
 
@@ -109,12 +117,11 @@ def test_misplaced_rows_are_caught():
     q, k = rows_to_heads(w[:DIM], HEADS), rows_to_heads(w[DIM:2 * DIM], HEADS)
     offsets = np.array(rep["layers"][0]["offsets"])
     x = pseudo_input("pe", (8, 8), DIM)
-    right = measure(x, q, k, impulse_targets((8, 8), offsets))
-    wrong = measure(x, q.transpose(-1, -2).reshape(HEADS, DIM, -1), k, impulse_targets((8, 8), offsets))
-    assert np.mean(right["hit_rate"]) == 1.0 and np.mean(wrong["hit_rate"]) < 0.5
+    right = measure(x, q, k, impulse_columns((8, 8), offsets))
+    wrong = measure(x, q.transpose(-1, -2).reshape(HEADS, DIM, -1), k, impulse_columns((8, 8), offsets))
+    assert right.hit_rate.mean() == 1.0 and wrong.hit_rate.mean() < 0.5
     # an artifact whose Q rows do not belong to its offsets is refused by init_impulse's read-back
-    from structinit.solve import solve
-    from structinit.init_methods import impulse_config
+    from structinit.solver.run import solve
 
     art = solve(impulse_config((8, 8), DIM, HEADS, DEPTH, offset_order="centre")).artifact
     assert len({tuple(o) for o in art.offsets[0]}) == HEADS  # centre first: four distinct offsets
@@ -125,8 +132,7 @@ def test_misplaced_rows_are_caught():
 
 
 def test_impulse_from_artifact_and_layer_selection():
-    from structinit.init_methods import impulse_config
-    from structinit.solve import solve
+    from structinit.solver.run import solve
 
     art = solve(impulse_config((8, 8), DIM, HEADS, 1, seed=3)).artifact
     m = paper_vit()

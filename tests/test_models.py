@@ -4,15 +4,25 @@ import pytest
 import torch
 
 from structinit.errors import UsageError
-from structinit.models import (FILTERS, OTHER_PRESETS, PRESETS, VIT_PRESETS, ModelConfig, build_model,
-                               convmixer_depthwise, count_parameters, set_convmixer_filters)
-from structinit.pseudo_input import sincos_2d
+from structinit.geometry.embedding import sincos_2d
+from structinit.training.models import (
+    FILTERS,
+    OTHER_PRESETS,
+    PRESETS,
+    VIT_PRESETS,
+    ModelConfig,
+    build_model,
+    convmixer_depthwise,
+    count_parameters,
+    set_convmixer_filters,
+)
 
 
 def vit_params(depth, dim, mlp_ratio, patch, in_chans, classes, tokens, cls_token):
     """Parameters of a timm ViT (qkv bias, avg-pool fc_norm or final norm, linear head)."""
     hidden = int(dim * mlp_ratio)
-    block = 2 * dim + (3 * dim * dim + 3 * dim) + (dim * dim + dim) + 2 * dim + (dim * hidden + hidden) + (hidden * dim + dim)
+    norms, qkv, proj = 2 * dim + 2 * dim, 3 * dim * dim + 3 * dim, dim * dim + dim
+    block = norms + qkv + proj + (dim * hidden + hidden) + (hidden * dim + dim)
     patch_embed = in_chans * patch * patch * dim + dim
     prefix = 1 if cls_token else 0
     return patch_embed + (tokens + prefix) * dim + prefix * dim + depth * block + 2 * dim + dim * classes + classes
@@ -100,7 +110,8 @@ def test_frozen_convmixer_filters_stay_frozen(filters):
     if filters == "impulse":
         for w in before:
             flat = w.flatten(1)
-            assert torch.equal(flat.sum(1), torch.ones(16)) and torch.equal((flat != 0).sum(1), torch.ones(16, dtype=torch.long))
+            assert torch.equal(flat.sum(1), torch.ones(16))
+            assert torch.equal((flat != 0).sum(1), torch.ones(16, dtype=torch.long))
     assert all(not c.weight.requires_grad and not c.bias.requires_grad for c in convs)
     other = m.blocks[0][1].weight.detach().clone()
     opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.1)
@@ -117,7 +128,7 @@ def test_trained_convmixer_filters_train():
     m = build_model(ModelConfig("convmixer-256", dim=8, depth=1, kernel=3), num_classes=2, image_size=8, in_chans=1,
                     default_patch=1)
     assert all(c.weight.requires_grad for c in convmixer_depthwise(m))
-    with pytest.raises(UsageError, match="unknown --filters"):
+    with pytest.raises(UsageError, match="unknown filters"):
         set_convmixer_filters(m, "gabor")
 
 
@@ -125,7 +136,7 @@ def test_trained_convmixer_filters_train():
     (dict(name="vit-x"), "unknown model"),
     (dict(name="vit-t", kernel=3), "ConvMixer presets only"),
     (dict(name="convmixer-256", pool="token"), "ViT presets only"),
-    (dict(name="vit-t", pool="max"), "unknown --pool"),
+    (dict(name="vit-t", pool="max"), "unknown pool"),
     (dict(name="vit-t", dim=0), "must be positive"),
 ])
 def test_bad_model_settings(kwargs, match):
@@ -134,7 +145,7 @@ def test_bad_model_settings(kwargs, match):
 
 
 def test_bad_shapes_are_usage_errors():
-    with pytest.raises(UsageError, match="not divisible by --heads"):
+    with pytest.raises(UsageError, match="not divisible by heads"):
         build_model(ModelConfig("vit-t", heads=5), num_classes=10, image_size=32, in_chans=3, default_patch=2)
     with pytest.raises(UsageError, match="not divisible by patch"):
         build_model(ModelConfig("vit-digits", patch=3), num_classes=10, image_size=8, in_chans=1)

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from structinit.errors import UsageError
-from structinit.pseudo_input import PSEUDO_INPUTS, layer_norm, pseudo_input, sincos_2d
+from structinit.geometry.embedding import PSEUDO_INPUTS, layer_norm, pseudo_input, sincos_2d
 
 
 def test_sincos_shape_and_values():

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from structinit.config import SolveConfig
+from structinit.analysis.quality import attention_quality, measure, targets_to_columns
 from structinit.errors import UsageError
-from structinit.quality import attention_quality, solution_quality
-from structinit.solve import compute
+from structinit.solver.config import SolveConfig
+from structinit.solver.run import compute
 
 SMALL = dict(grid=(6, 6), dim=32, heads=4, filter=3)
 
@@ -61,13 +61,12 @@ def test_solutions_are_batched_consistently_and_deterministic():
     assert np.array_equal(a.q, b.q) and np.array_equal(a.k, b.k)  # bit-identical on the same device
     assert a.q.shape == (3, 4, 32, 8) and a.offsets.shape == (3, 4, 2)
     # the stored stats are what the stored tensors produce
-    from structinit.targets import impulse_targets
+    from structinit.geometry.targets import impulse_columns
 
     x = torch.from_numpy(a.pseudo_input).expand(3, -1, -1)
-    t = torch.from_numpy(impulse_targets(cfg.grid, a.offsets))
-    q = solution_quality(x, torch.from_numpy(a.q), torch.from_numpy(a.k), t)
-    assert float(q["hit_rate"].min()) == 1.0
-    assert float(q["target_mass"][1, 2]) == pytest.approx(a.stats["layers"][1][2]["target_mass"], abs=1e-5)
+    q = measure(x, torch.from_numpy(a.q), torch.from_numpy(a.k), impulse_columns(cfg.grid, a.offsets))
+    assert float(q.hit_rate.min()) == 1.0
+    assert float(q.target_mass[1, 2]) == pytest.approx(a.stats["layers"][1][2]["target_mass"], abs=1e-5)
 
 
 def test_share_reuses_one_solve_and_rest_input_gets_its_own():
@@ -83,7 +82,7 @@ def test_quality_measures_on_a_known_map():
     targets[0, 0, 1] = 1
     targets[0, 1, 2] = 1  # row 2 has no target (zero padding)
     attn = torch.tensor([[[0.2, 0.7, 0.1], [0.5, 0.3, 0.2], [1 / 3, 1 / 3, 1 / 3]]])
-    q = attention_quality(attn, targets)
+    q = attention_quality(attn, targets_to_columns(targets))
     assert float(q["hit_rate"]) == pytest.approx(0.5)
     assert float(q["target_mass"]) == pytest.approx((0.7 + 0.2) / 2)
     assert float(q["mse"]) == pytest.approx(float(((attn - targets) ** 2).mean()))

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from structinit.errors import UsageError
-from structinit.targets import centre_first_order, draw_offsets, impulse_matrix, impulse_targets, kernel_offset
+from structinit.geometry.targets import centre_first_order, draw_offsets, impulse_matrix, impulse_targets, kernel_offset
 
 
 def shifted(img, dy, dx, circular=False):

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from structinit.commands.train import parse_init_params
 from structinit.errors import UsageError
-from structinit.training import TrainConfig, epoch_permutation, lr_at, read_metrics, shard_batches, train
+from structinit.init.specs import parse_assignments as parse_init_params
+from structinit.training.config import TrainConfig
+from structinit.training.loop import epoch_permutation, lr_at, shard_batches, train
+from structinit.training.rundir import RunDir
 
 # A ViT small enough for seconds per run on 2 cores: digits at patch 2 (4x4 tokens), one block.
 TINY = dict(model="vit-digits", dataset="digits", patch=2, depth=1, dim=32, heads=2, lr=1e-2, warmup_epochs=0.5,
@@ -62,15 +64,17 @@ def test_digits_run_learns_and_writes_its_files(tmp_path):
     result = train(TrainConfig(epochs=4, out=str(out), **TINY))
     assert result.best_acc > 60.0  # chance is 10%
     assert result.params["trainable"] < result.params["total"]  # the frozen sin-cos PE
-    rows = read_metrics(out)
+    rows = RunDir(out).read_metrics()
     assert [r["epoch"] for r in rows] == [1, 2, 3, 4]
     assert {"train_loss", "train_acc", "test_loss", "test_acc", "lr", "images_per_s"} <= set(rows[0])
     assert rows[-1]["train_loss"] < rows[0]["train_loss"]
     final = json.loads((out / "final.json").read_text())
-    assert final["best_acc"] == pytest.approx(result.best_acc) and final["last_acc"] == rows[-1]["test_acc"]
+    assert final["best_epoch"]["test_acc"] == pytest.approx(result.best_acc)
+    assert final["final_acc"] == rows[-1]["test_acc"] == result.final_acc
+    assert final["best_epoch"]["selected_on"] == "test"  # no validation split in this run
     assert final["params"] == result.params and final["wall_seconds"] > 0
     cfg = json.loads((out / "config.json").read_text())
-    assert cfg["resolved"]["recipe"]["opt_eps"] == 1e-8 and cfg["resolved"]["model"]["grid"] == [4, 4]
+    assert cfg["resolved"]["hparams"]["opt_eps"] == 1e-8 and cfg["resolved"]["model"]["grid"] == [4, 4]
     assert cfg["config"]["init_params"] == {} and cfg["init_report"]["method"] == "mimetic"
     # checkpoint.pt is a timm-style training checkpoint.
     ck = torch.load(out / "checkpoint.pt", weights_only=True)
@@ -80,7 +84,7 @@ def test_digits_run_learns_and_writes_its_files(tmp_path):
     with pytest.raises(UsageError, match="already holds a run"):
         train(TrainConfig(epochs=4, out=str(out), **TINY))
     again = train(TrainConfig(epochs=4, out=str(out), resume=True, **TINY))
-    assert again.best_acc == result.best_acc and len(read_metrics(out)) == 4
+    assert again.best_acc == result.best_acc and len(RunDir(out).read_metrics()) == 4
 
 
 def test_impulse_init_parameters_reach_the_init_library(tmp_path):
@@ -94,7 +98,7 @@ def test_impulse_init_parameters_reach_the_init_library(tmp_path):
 
 
 def test_convmixer_with_frozen_filters_trains_around_them(tmp_path):
-    from structinit.models import ModelConfig, build_model, convmixer_depthwise
+    from structinit.training.models import ModelConfig, build_model, convmixer_depthwise
 
     out = tmp_path / "cm"
     cfg = TrainConfig(model="convmixer-256", dataset="synthetic", dim=16, depth=2, kernel=3, filters="box",
@@ -106,7 +110,7 @@ def test_convmixer_with_frozen_filters_trains_around_them(tmp_path):
     for i, conv in enumerate(convmixer_depthwise(fresh)):
         assert torch.equal(sd[f"blocks.{i}.0.fn.0.weight"], conv.weight)  # frozen: unchanged by training
     assert not torch.equal(sd["blocks.0.1.weight"], fresh.blocks[0][1].weight)  # the pointwise convs trained
-    with pytest.raises(UsageError, match="--init applies to the ViT presets"):
+    with pytest.raises(UsageError, match="init applies to the ViT presets"):
         train(TrainConfig(model="convmixer-256", dataset="synthetic", init="impulse", epochs=1))
 
 
@@ -119,9 +123,9 @@ def test_imagefolder_streams_through_a_dataloader(tmp_path):
                 path = tmp_path / "data" / split / f"c{c}" / f"{j}.png"
                 path.parent.mkdir(parents=True, exist_ok=True)
                 Image.new("RGB", (24, 20), (200 * c, 40 + 10 * j, 90)).save(path)
-    result = train(TrainConfig(model="vit-digits", dataset="imagefolder", data_dir=str(tmp_path / "data"), image_size=16,
-                               patch=4, depth=1, dim=32, heads=2, batch_size=8, epochs=2, workers=0, threads=1,
-                               out=str(tmp_path / "run")))
+    result = train(TrainConfig(model="vit-digits", dataset="imagefolder", data_dir=str(tmp_path / "data"),
+                               image_size=16, patch=4, depth=1, dim=32, heads=2, batch_size=8, epochs=2, workers=0,
+                               threads=1, out=str(tmp_path / "run")))
     assert result.epochs == 2 and result.params["total"] > 0
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())
     assert cfg["resolved"]["dataset"]["num_classes"] == 2 and cfg["resolved"]["model"]["grid"] == [4, 4]
@@ -141,19 +145,19 @@ def test_resume_after_sigkill_repeats_and_skips_nothing(tmp_path, cli):
                             stderr=subprocess.PIPE)
     deadline = time.monotonic() + 240
     try:
-        while len(read_metrics(out)) < 2:
+        while len(RunDir(out).read_metrics()) < 2:
             assert proc.poll() is None, proc.stderr.read().decode()
             assert time.monotonic() < deadline, "the run did not finish two epochs"
             time.sleep(0.05)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    done = len(read_metrics(out))
+    done = len(RunDir(out).read_metrics())
     assert 2 <= done < epochs and not (out / "final.json").exists()
     r = cli(*args, "--resume", "--json", env=ONE_THREAD)
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
-    rows = read_metrics(out)
+    rows = RunDir(out).read_metrics()
     assert [row["epoch"] for row in rows] == list(range(1, epochs + 1))
     # metrics.jsonl is appended before the checkpoint is replaced: a kill in between leaves one
     # epoch more in the log than in the checkpoint, and the resume drops and redoes it.
@@ -194,21 +198,21 @@ def test_torchrun_two_gloo_processes_match_one(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout)  # only rank 0 printed
     assert summary["world_size"] == 2
-    rows = read_metrics(out)
+    rows = RunDir(out).read_metrics()
     assert [row["epoch"] for row in rows] == [1, 2, 3]  # only rank 0 wrote
     assert json.loads((out / "config.json").read_text())["resolved"]["world_size"] == 2
     ref = train(TrainConfig(epochs=epochs, **TINY))
     # Same global batch of 32 (16 per process): the same optimization up to float summation order.
     assert ref.metrics[0]["train_loss"] == pytest.approx(rows[0]["train_loss"], rel=1e-3)
-    assert abs(ref.last_acc - summary["last_acc"]) <= 2.0
-    assert summary["last_acc"] > 50.0
+    assert abs(ref.final_acc - summary["final_acc"]) <= 2.0
+    assert summary["final_acc"] > 50.0
 
 
 def test_cli_usage_errors(cli, tmp_path):
     r = cli("train", "--model", "convmixer-256", "--pool", "avg", "--epochs", "1")
     assert r.returncode == 2 and r.stderr.strip() == "error: --pool and --pos-embed apply to ViT presets only"
     r = cli("train", "--epochs", "0")
-    assert r.returncode == 2 and "--epochs must be at least 1" in r.stderr
+    assert r.returncode == 2 and "--epochs must be a positive integer" in r.stderr
     r = cli("train", "--init-param", "filter=3", "--epochs", "1", env=ONE_THREAD)
     assert r.returncode == 2 and "--init-param needs --init" in r.stderr and "Traceback" not in r.stderr
     r = cli("train", "--help")

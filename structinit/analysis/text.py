@@ -1,0 +1,86 @@
+"""Plain-text renderings: the per-head quality table, a checkpoint's report, attention heat maps.
+
+Everything here returns strings (no printing) so the CLI, logs and tests share one rendering.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence
+
+import numpy as np
+
+from structinit.analysis.quality import Quality
+
+SHADES = " .:-=+*#%@"
+
+
+def quality_table(quality: Quality, offsets: np.ndarray) -> str:
+    """One line per layer and head (offset ``(dy, dx)`` from ``offsets [L, H, 2]``, MSE, hit rate,
+    target mass, Q/K column norms), then the means."""
+    lines = [f"{'layer':>5} {'head':>4} {'offset':>8} {'mse':>10} {'hit':>6} {'mass':>6} {'|q|':>7} {'|k|':>7}"]
+
+    def row(first: str, second: str, third: str, c: Dict[str, float]) -> str:
+        return (f"{first:>5} {second:>4} {third:>8} {c['mse']:>10.3e} {c['hit_rate']:>6.3f} "
+                f"{c['target_mass']:>6.3f} {c['q_norm']:>7.3f} {c['k_norm']:>7.3f}")
+
+    for layer in range(quality.layers):
+        for head in range(quality.mse.shape[1]):
+            dy, dx = (int(v) for v in offsets[layer, head])
+            lines.append(row(str(layer), str(head), f"({dy},{dx})", quality.cell(layer, head)))
+    lines.append(row("mean", "", "", quality.summary()))
+    return "\n".join(lines)
+
+
+def checkpoint_report(desc: Dict[str, Any]) -> str:
+    """Terminal text for :func:`structinit.init.checkpoints.describe_checkpoint`'s result."""
+    g = "x".join(str(s) for s in desc["grid"])
+    lines = [
+        f"{desc.get('path', 'checkpoint')}: {desc['description']} [{desc['layout']}]",
+        f"  format {desc.get('format', '?')}; state dicts: {', '.join(desc.get('state_dicts', ['(top level)']))}",
+        f"  grid {g} ({desc['tokens']} tokens), dim {desc['dim']}, heads {desc['heads']}, depth {desc['depth']}, "
+        f"prefix tokens {desc['prefix_tokens']}, position embedding: {desc.get('pos_embed_kind') or 'none'}",
+        "  attention on the LayerNorm'd sin-cos pseudo input, against each head's closest impulse offset:",
+        f"  {'layer':>5}  {'hit rate':>8}  {'target mass':>11}  {'mse':>9}  offsets (dy,dx) per head",
+    ]
+    for row in desc["layers"]:
+        offs = " ".join(f"({dy:+d},{dx:+d})" for dy, dx in row["offsets"])
+        lines.append(f"  {row['layer']:>5}  {row['hit_rate']:>8.3f}  {row['target_mass']:>11.3f}  "
+                     f"{row['mse']:>9.2e}  {offs}")
+    return "\n".join(lines)
+
+
+def heatmap(values: np.ndarray, marks: Sequence[tuple] = ()) -> List[str]:
+    """Render ``values: [H, W]`` (>= 0) as text rows, two characters a cell, scaled to the max.
+
+    ``marks`` is ``[(y, x, char)]``: a cell drawn as ``char`` plus its shade (e.g. the query).
+    """
+    h, w = values.shape
+    top = float(values.max()) or 1.0
+    marked = {(y, x): c for y, x, c in marks}
+    rows = []
+    for y in range(h):
+        cells = []
+        for x in range(w):
+            shade = SHADES[min(len(SHADES) - 1, int(round(values[y, x] / top * (len(SHADES) - 1))))]
+            cells.append(marked[(y, x)] + shade if (y, x) in marked else shade * 2)
+        rows.append("".join(cells))
+    return rows
+
+
+def query_attention_text(artifact, layer: int, head: int, query: int) -> str:
+    """The attention of one query token of one head of an artifact, as a heat map over the grid."""
+    from structinit.analysis.quality import artifact_attention
+
+    gh, gw = artifact.config.grid.hw
+    attn = artifact_attention(artifact, layer)[head, query].reshape(gh, gw)
+    qy, qx = divmod(query, gw)
+    dy, dx = (int(v) for v in artifact.offsets[layer, head])
+    ty, tx = qy + dy, qx + dx
+    inside = 0 <= ty < gh and 0 <= tx < gw
+    if artifact.config.padding == "circular":
+        ty, tx, inside = ty % gh, tx % gw, True
+    head_line = (f"layer {layer} head {head} query token {query} (y={qy}, x={qx}), offset ({dy},{dx}) -> "
+                 + (f"target (y={ty}, x={tx}) gets {attn[ty, tx]:.3f}" if inside else "target outside the grid"))
+    rows = heatmap(attn, [(qy, qx, "Q")])
+    scale = f"shades '{SHADES}' from 0 to max {attn.max():.3f}; Q marks the query"
+    return "\n".join([head_line, *rows, scale])

@@ -1,0 +1,1 @@
+"""Benchmarks: the solver recipes side by side."""

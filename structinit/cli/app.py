@@ -1,0 +1,75 @@
+"""The ``structinit`` command line: builds the Typer app from the command modules (which know
+nothing of it) and runs it with one error convention: a problem with the input is one ``error:``
+line on stderr and exit code 2, any other failure one line and exit code 1, Ctrl-C exit code 130.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import typer
+
+from structinit import __version__
+from structinit.cli import apply, bench, inspect, solve, train
+from structinit.cli.common import handle_errors
+
+HELP = ("Convolutional structure for transformers through initialization alone: solve Q/K so that each "
+        "attention head starts as an impulse filter, inject it into models and checkpoints, train and compare.\n\n"
+        "Example: structinit solve --tokens 256 --dim 192 --heads 3 --filter 3")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"structinit {__version__}")
+        raise typer.Exit()
+
+
+def build_app() -> typer.Typer:
+    """The Typer app with every command registered."""
+    app = typer.Typer(name="structinit", help=HELP, no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+                      pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]})
+
+    @app.callback()
+    def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                           help="Print the version and exit.")):
+        """Convolutional structure for transformers through initialization alone."""
+
+    app.command("solve", epilog=solve.EXAMPLES)(handle_errors(solve.solve, solve.ALIASES))
+    app.command("inspect", epilog=inspect.EXAMPLES)(handle_errors(inspect.inspect))
+    app.command("apply", epilog=apply.EXAMPLES)(handle_errors(apply.apply))
+    app.command("train", epilog=train.EXAMPLES)(handle_errors(train.train))
+    bench_app = typer.Typer(help="Benchmarks: the solver recipes side by side.", no_args_is_help=True,
+                            rich_markup_mode=None)
+    bench_app.command("solver", epilog=bench.SOLVER_EXAMPLES)(handle_errors(bench.bench_solver, solve.ALIASES))
+    app.add_typer(bench_app, name="bench")
+    return app
+
+
+app = build_app()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the CLI on ``argv`` (default ``sys.argv[1:]``) and return the exit code. Usage errors that
+    the parser finds (an unknown flag, a missing value) are one ``error:`` line too, with a hint."""
+    try:
+        result = app(args=argv, prog_name="structinit", standalone_mode=False)
+        return result if isinstance(result, int) else 0
+    except typer.Abort:
+        typer.echo("error: interrupted", err=True)
+        return 130
+    except Exception as exc:  # the parser's own errors (Click's, vendored by newer Typer releases)
+        if not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
+            raise
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            typer.echo(exc.format_message())
+            return 2
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        typer.echo(f"error: {exc.format_message()}{hint}", err=True)
+        return int(exc.exit_code)
+
+
+def run() -> None:
+    """The console-script entry point."""
+    sys.exit(main())

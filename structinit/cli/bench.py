@@ -1,0 +1,72 @@
+"""``structinit bench``: benchmarks; ``bench solver`` runs the solver recipes side by side on one shape."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+from typing_extensions import Annotated
+
+from structinit.cli.common import (
+    Depth,
+    Device,
+    Dim,
+    Filter,
+    GridOpt,
+    Heads,
+    JsonOut,
+    Progress,
+    Seed,
+    Threads,
+    Tokens,
+    emit_json,
+    examples,
+)
+
+SOLVER_EXAMPLES = examples(
+    'structinit bench solver                          # ViT-T shape: 256 tokens, dim 192, 3 heads, f=3',
+    'structinit bench solver --tokens 64 --dim 64 --heads 4 --recipes fast,paper --iters 200 --json',
+    'structinit bench solver --grid 14x14 --dim 768 --heads 12 --depth 12 --recipes fast',
+)
+
+
+ALL_RECIPES = "paper,released,closed-form,fast"
+
+
+def bench_solver(
+    tokens: Tokens = None,
+    grid: GridOpt = None,
+    dim: Dim = 192,
+    heads: Heads = 3,
+    filter_size: Filter = 3,
+    layers: Depth = 1,
+    recipes: Annotated[str, typer.Option("--recipes", help="Comma-separated recipes.")] = ALL_RECIPES,
+    match: Annotated[Optional[str], typer.Option("--match", help="Ask fast for the target mass this recipe reached, "
+                                                 "when both run ('none': use --target-mass).")] = "paper",
+    target_mass: Annotated[Optional[float], typer.Option("--target-mass", help="fast's target mass when not "
+                                                         "matching.", show_default="0.3")] = None,
+    iters: Annotated[Optional[int], typer.Option("--iters", help="Iterations of paper/released.",
+                                                 show_default="10000")] = None,
+    seed: Seed = 0,
+    device: Device = "auto",
+    threads: Threads = None,
+    json_out: JsonOut = False,
+):
+    """Run solver recipes on one shape in one process: seconds, MSE, hit rate, target mass."""
+    from structinit.bench.solver import run_solver_bench, solver_bench_table
+    from structinit.geometry.grid import parse_grid
+    from structinit.runtime import set_threads
+
+    set_threads(threads)
+    if tokens is None and grid is None:
+        tokens = 256
+    names: List[str] = [r.strip() for r in recipes.split(",") if r.strip()]
+    match = None if (match or "").lower() in ("", "none") else match
+    with Progress("bench solver", enabled=not json_out) as bar:
+        result = run_solver_bench(parse_grid(tokens, grid), dim, heads, filter_size, layers, names, match=match,
+                                  target_mass=target_mass, iters=iters, seed=seed, device=device, progress=bar,
+                                  on_recipe=lambda name, i, n: bar.log(f"recipe {i + 1}/{n}: {name}"))
+    if json_out:
+        emit_json(result)
+    else:
+        typer.echo(solver_bench_table(result))

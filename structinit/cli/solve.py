@@ -1,0 +1,106 @@
+"""``structinit solve``: Q/K for a shape and recipe, stored in (or read from) the cache."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from typing_extensions import Annotated
+
+from structinit.cli.common import (
+    CacheDir,
+    Depth,
+    Device,
+    Dim,
+    Filter,
+    GridOpt,
+    Heads,
+    JsonOut,
+    Offsets,
+    Padding,
+    Progress,
+    Recipe,
+    Seed,
+    Share,
+    TargetMass,
+    Threads,
+    Tokens,
+    emit_json,
+    examples,
+)
+
+EXAMPLES = examples(
+    'structinit solve --tokens 256 --dim 192 --heads 3 --filter 3',
+    'structinit solve --grid 14x14 --dim 768 --heads 12 --depth 12 --target-mass 0.5 --json',
+    'structinit solve --tokens 64 --dim 64 --heads 4 --recipe released --share --depth 4 --iters 500',
+)
+
+#: Library parameter -> flag, where the two differ.
+ALIASES = {"layers": "--depth"}
+
+
+def artifact_summary(result) -> dict:
+    """The JSON that ``solve --json`` prints: path, key, cache status, config and quality."""
+    art = result.artifact
+    return {"path": str(art.path), "key": art.key, "cached": result.cached, "config": art.config.to_dict(),
+            "offsets": art.offsets.tolist(), "stats": art.stats}
+
+
+def solve(
+    tokens: Tokens = None,
+    grid: GridOpt = None,
+    dim: Dim = 192,
+    heads: Heads = 3,
+    filter_size: Filter = 3,
+    layers: Depth = 1,
+    share: Share = False,
+    recipe: Recipe = "fast",
+    target_mass: TargetMass = None,
+    ridge: Annotated[Optional[float], typer.Option("--ridge", help="fast recipe: ridge strength, relative to "
+                                                   "s_max^4.", show_default="1e-5")] = None,
+    iters: Annotated[Optional[int], typer.Option("--iters", help="paper/released recipes: Adam iterations.",
+                                                 show_default="10000")] = None,
+    lr: Annotated[Optional[float], typer.Option("--lr", help="paper/released recipes: Adam learning rate.",
+                                                show_default="1e-4")] = None,
+    norm_every: Annotated[Optional[int], typer.Option("--norm-every", help="released recipe: column-norm reset "
+                                                      "period.", show_default="100")] = None,
+    pseudo_input: Annotated[str, typer.Option("--pseudo-input", help="pe, uniform, gaussian, pe+uniform or "
+                                              "pe+gaussian (the paper's Table 6).")] = "pe",
+    pseudo_input_rest: Annotated[Optional[str], typer.Option("--pseudo-input-rest", help="Pseudo input of the layers "
+                                                             "after the first.", show_default="same")] = None,
+    padding: Padding = "zero",
+    offsets: Offsets = "random",
+    seed: Seed = 0,
+    device: Device = "auto",
+    threads: Threads = None,
+    cache_dir: CacheDir = None,
+    force: Annotated[bool, typer.Option("--force", help="Solve again even if the cache has it.")] = False,
+    json_out: JsonOut = False,
+):
+    """Solve Q/K so that each head's attention is an impulse filter, and cache the result."""
+    from structinit.analysis.text import quality_table
+    from structinit.geometry.grid import parse_grid
+    from structinit.solver.config import SolveConfig
+    from structinit.solver.run import solve as run_solve
+
+    if tokens is None and grid is None:
+        tokens = 256
+    overrides = {"target_mass": target_mass, "ridge": ridge, "iters": iters, "lr": lr, "norm_every": norm_every}
+    config = SolveConfig(grid=parse_grid(tokens, grid), dim=dim, heads=heads, filter=filter_size, layers=layers,
+                         share=share, recipe=recipe, params={k: v for k, v in overrides.items() if v is not None},
+                         pseudo_input=pseudo_input, pseudo_input_rest=pseudo_input_rest, padding=padding,
+                         offset_order=offsets, seed=seed)
+    with Progress(f"solving {config.recipe}", enabled=not json_out) as bar:
+        result = run_solve(config, cache_dir=cache_dir, device=device, force=force, progress=bar,
+                           warn=lambda msg: bar.log(f"warning: {msg}"), threads=threads)
+    if json_out:
+        emit_json(artifact_summary(result))
+        return
+    art = result.artifact
+    how = "cache hit" if result.cached else f"solved in {art.stats['seconds']:.3f} s on {art.stats['device']}"
+    params = ", ".join(f"{k}={v}" for k, v in art.config.params.items())
+    typer.echo(f"artifact  {art.path}")
+    typer.echo(f"key       {art.key}  ({how})")
+    typer.echo(f"config    {art.config.describe()} ({params}), pseudo input {art.config.pseudo_input}, "
+               f"{art.config.padding} padding, seed {art.config.seed}")
+    typer.echo(quality_table(art.quality, art.offsets))

@@ -1,0 +1,1 @@
+"""Package data: pre-solved artifacts for standard shapes (``cache/``), read with importlib.resources."""

@@ -1,0 +1,115 @@
+"""The two baseline inits of the comparison: PyTorch's default (``kaiming``) and timm's (``trunc-normal``).
+
+On a model they reset every ``Linear`` (and, for ``kaiming``, every ``Conv2d``) as the training
+baselines do; on a state dict they re-draw only the Q/K rows (and biases) of the selected layers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict
+
+from structinit.init.base import InitSpec
+
+
+def generator(seed: int):
+    """A CPU ``torch.Generator`` seeded with ``seed`` (draws are device independent)."""
+    import torch
+
+    return torch.Generator().manual_seed(int(seed))
+
+
+def redraw_qk(t, method: str, seed: int, std: float = 0.02) -> Dict[str, Any]:
+    """Re-draw the Q/K rows and biases of ``t``'s selected layers: ``kaiming`` with the bound of a
+    ``[D, D]`` Linear, ``trunc-normal`` with ``std`` (biases zero)."""
+    import torch
+
+    from structinit.init.inject import label, write_part
+
+    gen = generator(seed)
+    replaced = []
+    bound = 1.0 / math.sqrt(t.dim)
+    for slot in t.slots:
+        keys = []
+        for w, b in ((slot.q, slot.q_bias), (slot.k, slot.k_bias)):
+            if method == "kaiming":
+                val = (torch.rand(t.dim, t.dim, generator=gen) * 2 - 1) * bound
+                bias = (torch.rand(t.dim, generator=gen) * 2 - 1) * bound
+            else:
+                val = (torch.randn(t.dim, t.dim, generator=gen) * std).clamp_(-2.0, 2.0)
+                bias = torch.zeros(t.dim)
+            write_part(t.sd, w, val)
+            keys.append(label(w))
+            if b is not None:
+                write_part(t.sd, b, bias)
+                keys.append(label(b))
+        replaced.append({"layer": slot.index, "replaced": keys})
+    return {"method": method, "layout": t.layout, "layers": replaced}
+
+
+@dataclass(frozen=True)
+class KaimingInit(InitSpec):
+    """PyTorch's default init: ``kaiming_uniform_(a=sqrt(5))`` weights, biases ``U(+-1/sqrt(fan_in))``.
+
+    Model: ``reset_parameters()`` of every ``Linear`` and ``Conv2d``. State dict: the Q/K rows
+    (and biases) of the selected layers, drawn with the bound of a ``[D, D]`` Linear.
+    """
+
+    method = "kaiming"
+    writes = "model: every Linear and Conv2d; state dict: Q/K rows and biases"
+
+    def apply(self, target, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
+        import torch
+
+        if target.model is None:
+            return redraw_qk(target, "kaiming", seed)
+        n = 0
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            for m in target.model.modules():
+                if isinstance(m, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d)):
+                    m.reset_parameters()
+                    n += 1
+        return {"method": "kaiming", "modules_reset": n}
+
+
+@dataclass(frozen=True)
+class TruncNormalInit(InitSpec):
+    """timm's default ViT init: Linear weights ``trunc_normal_(std)``, biases zero; a learnable
+    ``pos_embed`` trunc-normal ``std`` (a frozen one is left alone), ``cls_token`` normal std 1e-6.
+
+    State dict: the Q/K rows of the selected layers, biases zero.
+    """
+
+    method = "trunc-normal"
+    writes = "model: every Linear, a learnable pos_embed, cls_token; state dict: Q/K rows and biases"
+    std: float = 0.02
+
+    def validate(self) -> None:
+        self.check_positive("std")
+
+    def apply(self, target, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
+        import torch
+
+        if target.model is None:
+            return redraw_qk(target, "trunc-normal", seed, std=self.std)
+        from timm.layers import trunc_normal_
+
+        model = target.model
+        n = 0
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(seed)
+            pe = getattr(model, "pos_embed", None)
+            if isinstance(pe, torch.nn.Parameter) and pe.requires_grad:
+                trunc_normal_(pe, std=self.std)
+            cls = getattr(model, "cls_token", None)
+            if isinstance(cls, torch.nn.Parameter):
+                torch.nn.init.normal_(cls, std=1e-6)
+            for m in model.modules():
+                if isinstance(m, torch.nn.Linear):
+                    trunc_normal_(m.weight, std=self.std)
+                    if m.bias is not None:
+                        torch.nn.init.zeros_(m.bias)
+                    n += 1
+        return {"method": "trunc-normal", "std": self.std, "linear_reset": n}

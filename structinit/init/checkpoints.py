@@ -1,0 +1,263 @@
+"""Checkpoint files: safe loading, finding the state dicts inside, atomic saving, and a report of
+the attention structure a checkpoint's weights have.
+
+Files: ``.safetensors`` (read with safetensors, metadata kept) and anything else as a torch pickle
+(``.pt``, ``.pth``, ``.bin``...), read with ``torch.load(weights_only=True)``: only tensors and
+plain containers unpickle (plus ``argparse.Namespace``, which timm's train script stores under
+``args``); a pickle that needs any other code is refused and nothing of it runs.
+
+State dicts are found in the loaded object by :data:`CONTAINER_KEYS`: the object itself when it
+holds the attention tensors (a bare state dict), and every entry named there that does
+(``state_dict`` and ``state_dict_ema`` of timm's training checkpoints, ``{'model': ...}``...).
+Their layout comes from the table in :mod:`structinit.layouts`. Everything else in the file is
+kept as loaded and written back unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from structinit.errors import StructinitError
+from structinit.init.layouts import Detected, detect_layout, resolve_shape
+
+#: Entries of a checkpoint dict that may hold a state dict, in order of preference.
+CONTAINER_KEYS = ("state_dict", "state_dict_ema", "model", "model_ema", "module")
+
+#: Non-tensor classes the safe unpickler may build: data only, no code.
+SAFE_GLOBALS = (argparse.Namespace,)
+
+
+class CheckpointError(StructinitError):
+    """A checkpoint that is missing, unreadable, unsafe or of an unknown layout."""
+
+    exit_code = 1
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint. ``state_dicts`` are ``(where, state_dict)`` with ``where`` the
+    container path (``()`` for a bare state dict, ``('state_dict',)`` ...); ``detected`` is the
+    layout of the first."""
+
+    path: Path
+    format: str  # "torch" or "safetensors"
+    obj: Any
+    state_dicts: List[Tuple[Tuple[str, ...], Any]]
+    detected: Detected
+    metadata: Optional[Dict[str, str]] = None
+    extra: Dict[str, Any] = field(default_factory=dict)  # hints: arch, HF config
+
+    @property
+    def where(self) -> List[str]:
+        return [".".join(w) or "(top level)" for w, _ in self.state_dicts]
+
+
+def _is_safetensors(path: Path) -> bool:
+    return path.suffix.lower() == ".safetensors"
+
+
+def read_object(path: os.PathLike) -> Tuple[Any, str, Optional[Dict[str, str]]]:
+    """``(object, format, safetensors metadata)`` from a file, safely; raises :class:`CheckpointError`."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such file")
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a folder; give the checkpoint file inside it")
+    if not os.access(path, os.R_OK):
+        raise CheckpointError(f"{path}: cannot read (permission denied)")
+    if _is_safetensors(path):
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            out = {}
+            with safe_open(str(path), framework="pt") as fh:
+                meta = fh.metadata()
+                for key in fh.keys():
+                    out[key] = fh.get_tensor(key)
+            return out, "safetensors", meta
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(f"{path}: not a readable safetensors file (truncated or corrupt: "
+                                  f"{_first_line(exc)})") from None
+    import torch
+
+    try:
+        with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
+            obj = torch.load(path, map_location=None, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line
+        msg = str(exc)
+        if "Unsupported operand" in msg or "invalid load key" in msg:
+            # Not a pickle at all (garbage, text, a truncated stream): nothing to refuse, just unreadable.
+            raise CheckpointError(f"{path}: not a readable checkpoint (not a torch or safetensors file, or "
+                                  "truncated)") from None
+        if "Weights only load failed" in msg or "weights_only" in msg:
+            m = re.search(r"(?:GLOBAL|global:?)\s+([\w.]+)", msg)
+            what = f" (it asks for {m.group(1)})" if m else ""
+            raise CheckpointError(f"{path}: refusing to load: the pickle needs code beyond tensors and plain "
+                                  f"containers to unpickle{what}; nothing of it was run. Re-save it as a "
+                                  "plain state dict (or .safetensors) from a trusted environment") from None
+        if "CUDA" in msg and "deserialize" in msg:
+            raise CheckpointError(f"{path}: holds CUDA tensors but no CUDA device is available") from None
+        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt: {_first_line(exc)})") from None
+    return obj, "torch", None
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
+
+
+def _keys_seen(obj: Any, limit: int = 12) -> str:
+    if not isinstance(obj, Mapping):
+        return f"a {type(obj).__name__}, not a dict"
+    parts = []
+    for k, v in obj.items():
+        if isinstance(v, Mapping) and k in CONTAINER_KEYS:
+            inner = list(v)[:limit]
+            parts.append(f"{k}: {{{', '.join(map(str, inner))}{', ...' if len(v) > limit else ''}}}")
+        else:
+            parts.append(str(k))
+        if len(parts) >= limit:
+            parts.append("...")
+            break
+    return ", ".join(parts) if parts else "(empty)"
+
+
+def find_state_dicts(obj: Any) -> List[Tuple[Tuple[str, ...], Any, Detected]]:
+    """Every state dict in ``obj`` (see :data:`CONTAINER_KEYS`) with its detected layout."""
+    found = []
+    if isinstance(obj, Mapping):
+        det = detect_layout(obj)
+        if det is not None:
+            found.append(((), obj, det))
+        for key in CONTAINER_KEYS:
+            inner = obj.get(key)
+            if isinstance(inner, Mapping):
+                det = detect_layout(inner)
+                if det is not None:
+                    found.append(((key,), inner, det))
+    return found
+
+
+def load_checkpoint(path: os.PathLike) -> Checkpoint:
+    """Load ``path`` safely and detect its layout; raises :class:`CheckpointError` (unknown layouts
+    list the keys seen)."""
+    path = Path(path)
+    obj, fmt, meta = read_object(path)
+    found = find_state_dicts(obj)
+    if not found:
+        raise CheckpointError(f"{path}: unknown checkpoint layout (no timm, Hugging Face ViT or "
+                              f"nn.MultiheadAttention attention weights); keys seen: {_keys_seen(obj)}")
+    first = found[0][2]
+    for where, _, det in found[1:]:
+        if (det.layout.name, det.dim, det.depth) != (first.layout.name, first.dim, first.depth):
+            raise CheckpointError(f"{path}: the state dicts in the file disagree ({'.'.join(where)} is a "
+                                  f"{det.layout.name} of dim {det.dim}, depth {det.depth})")
+    ckpt = Checkpoint(path=path, format=fmt, obj=obj, state_dicts=[(w, sd) for w, sd, _ in found],
+                      detected=first, metadata=meta)
+    _shape_hints(ckpt)
+    return ckpt
+
+
+def _shape_hints(ckpt: Checkpoint) -> None:
+    """Heads from what the file or its folder tells: a Hugging Face ``config.json`` beside it, or
+    the ``arch`` of a timm training checkpoint (looked up in timm's registry, no weights)."""
+    det = ckpt.detected
+    if det.layout.name.startswith("hf-"):
+        cfg_path = ckpt.path.parent / "config.json"
+        try:
+            cfg = json.loads(cfg_path.read_text())
+        except (OSError, ValueError):
+            cfg = None
+        heads = cfg.get("num_attention_heads") if isinstance(cfg, dict) else None
+        if isinstance(heads, int) and cfg.get("hidden_size") == det.dim:
+            det.heads = cfg["num_attention_heads"]
+            ckpt.extra["config.json"] = str(cfg_path)
+    arch = ckpt.obj.get("arch") if isinstance(ckpt.obj, Mapping) else None
+    if det.layout.name == "timm-vit" and isinstance(arch, str):
+        heads = _timm_arch_heads(arch, det.dim)
+        if heads:
+            det.heads = heads
+            ckpt.extra["arch"] = arch
+
+
+def _timm_arch_heads(arch: str, dim: int) -> Optional[int]:
+    try:
+        import timm
+        import torch
+
+        with torch.device("meta"):
+            model = timm.create_model(arch, pretrained=False)
+        if getattr(model, "embed_dim", None) == dim:
+            return int(model.blocks[0].attn.num_heads)
+    except Exception:  # noqa: BLE001 - an unknown arch is simply no hint
+        return None
+    return None
+
+
+def save_checkpoint(ckpt: Checkpoint, path: os.PathLike) -> Path:
+    """Write ``ckpt.obj`` to ``path`` in its own format, atomically (temp file beside it, fsync,
+    ``os.replace``); on failure nothing is left behind."""
+    import torch
+
+    from structinit.atomic import atomic_write
+
+    path = Path(path)
+    try:
+        with atomic_write(path) as fh:
+            if ckpt.format == "safetensors":
+                from safetensors.torch import save
+
+                fh.write(save(ckpt.obj, metadata=ckpt.metadata))
+            else:
+                torch.save(ckpt.obj, fh)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot write ({exc.strerror or exc})") from None
+    return path
+
+
+# --------------------------------------------------------------------------- describe
+
+def describe_state_dict(sd: Mapping, det: Detected, heads: Optional[int] = None, grid=None,
+                        offsets: Optional[np.ndarray] = None) -> Dict[str, Any]:
+    """Attention quality of every layer of ``sd``, from its weights, on the LayerNorm'd sin-cos
+    pseudo input of the grid, against the impulse offset each head follows most (or ``offsets``
+    ``[layers, heads, 2]`` when known). JSON-able."""
+    from structinit.analysis.quality import closest_offsets, measure
+    from structinit.geometry.embedding import layer_norm, sincos
+    from structinit.geometry.targets import impulse_columns
+    from structinit.init.inject import read_qk
+    from structinit.init.pos_embed import pe_kind
+
+    grid, heads = resolve_shape(det, heads, grid)
+    x = layer_norm(sincos(grid, det.dim))
+    layers = []
+    for slot in det.slots:
+        q, k = read_qk(sd, slot, heads)
+        offs = offsets[slot.index] if offsets is not None else closest_offsets(x, q, k, grid)
+        got = measure(x, q, k, impulse_columns(grid, offs))
+        layers.append({"layer": slot.index, "offsets": np.asarray(offs).tolist(), **got.layer_row(),
+                       "q_norm": float(got.q_norm.mean()), "k_norm": float(got.k_norm.mean())})
+    out = det.summary()
+    out.update(grid=list(grid), heads=heads, tokens=grid.tokens, layers=layers,
+               pos_embed_kind=pe_kind(sd[det.pos_key], grid) if det.pos_key else None)
+    return out
+
+
+def describe_checkpoint(path: os.PathLike, heads: Optional[int] = None, grid=None) -> Dict[str, Any]:
+    """Layout, shape (grid, dim, heads, depth) and per-layer attention quality of a checkpoint file.
+
+    ``heads``/``grid`` are needed only where the file does not tell. Per-layer ``hit_rate``,
+    ``target_mass``, ``mse`` are computed from the written weights (see :func:`describe_state_dict`).
+    """
+    ckpt = load_checkpoint(path)
+    desc = describe_state_dict(ckpt.state_dicts[0][1], ckpt.detected, heads, grid)
+    desc.update(path=str(ckpt.path), format=ckpt.format, state_dicts=ckpt.where, hints=ckpt.extra)
+    return desc

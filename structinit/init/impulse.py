@@ -1,0 +1,172 @@
+"""Impulse initialization ("Structured Initialization for Attention in Vision Transformers"): Q/K
+of every selected layer from a solved artifact, so that each head's attention starts as an
+impulse filter (one offset in an ``f x f`` window).
+
+The artifact is given (an :class:`~structinit.solver.artifact.Artifact`, a path or a cache key) or
+solved now (and cached) for the target's shape with the spec's settings (:meth:`ImpulseInit.solve_config`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from structinit.errors import StructinitError, UsageError, param
+from structinit.geometry.embedding import PSEUDO_INPUTS
+from structinit.geometry.grid import Grid
+from structinit.geometry.targets import OFFSET_ORDERS, PADDINGS, check_choice
+from structinit.init.base import InitSpec
+from structinit.init.baselines import generator
+from structinit.init.mimetic import mimetic_v_proj, vproj_keys
+from structinit.solver.recipes import check_recipe
+
+
+def check_artifact(artifact, grid: Grid, dim: int, heads: int, layers: Sequence[int]) -> None:
+    """Raise :class:`UsageError` unless ``artifact`` fits a model of this shape and these layers
+    (an artifact of one layer is reused for every layer)."""
+    c = artifact.config
+    problems = []
+    if c.dim != dim:
+        problems.append(f"dim {c.dim} vs {dim}")
+    if c.heads != heads:
+        problems.append(f"heads {c.heads} vs {heads}")
+    if tuple(c.grid) != tuple(grid):
+        problems.append(f"grid {c.grid.describe()} vs {Grid(grid).describe()}")
+    if problems:
+        raise UsageError(f"the {param('artifact')} does not fit the model: {'; '.join(problems)} (artifact vs model)")
+    if c.layers != 1 and max(layers) >= c.layers:
+        raise UsageError(f"the {param('artifact')} has {c.layers} layers but layer {max(layers)} was asked for")
+
+
+@dataclass(frozen=True)
+class ImpulseInit(InitSpec):
+    """Impulse init's parameters.
+
+    Solve settings (see :class:`~structinit.solver.config.SolveConfig`): ``filter``, ``recipe``,
+    ``target_mass`` (the ``fast`` recipe's softness: mean attention on the target token),
+    ``recipe_params`` (any other recipe parameter, e.g. ``{"iters": 2000}``), ``share``,
+    ``offset_order``, ``padding``, ``pseudo_input``, ``pseudo_input_rest``; or ``artifact`` (a path
+    or cache key) to use a solved one. ``mimetic_vproj`` also sets V/proj as mimetic init does
+    (``alpha2``, ``beta2``). ``pe_scale`` (models only) writes the sin-cos position embedding times
+    it. ``tolerance``: the largest difference between the solver's and the written weights' hit rate
+    or target mass before the write is reported as misplaced.
+    """
+
+    method = "impulse"
+    writes = "Q/K rows and biases; V and output projection (mimetic_vproj); pos_embed (pe_scale)"
+    needs_grid = True
+    filter: int = 3
+    recipe: str = "fast"
+    target_mass: Optional[float] = None
+    recipe_params: Dict[str, Any] = field(default_factory=dict)
+    share: bool = False
+    offset_order: str = "random"
+    padding: str = "zero"
+    pseudo_input: str = "pe"
+    pseudo_input_rest: Optional[str] = None
+    artifact: Optional[Any] = None
+    mimetic_vproj: bool = False
+    alpha2: float = 0.4
+    beta2: float = 0.4
+    pe_scale: Optional[float] = None
+    tolerance: float = 0.02
+
+    def validate(self) -> None:
+        from structinit.solver.artifact import Artifact
+
+        self.check_positive("filter", "pe_scale")
+        self.check_positive("tolerance", allow_zero=True)
+        check_recipe(self.recipe)
+        check_choice("offset_order", self.offset_order, OFFSET_ORDERS)
+        check_choice("padding", self.padding, PADDINGS)
+        check_choice("pseudo_input", self.pseudo_input, PSEUDO_INPUTS)
+        if self.pseudo_input_rest is not None:
+            check_choice("pseudo_input_rest", self.pseudo_input_rest, PSEUDO_INPUTS)
+        if self.artifact is not None and not isinstance(self.artifact, (str, Artifact)):
+            object.__setattr__(self, "artifact", str(self.artifact))
+        if self.target_mass is not None and self.recipe != "fast":
+            raise UsageError(f"impulse parameter {param('target_mass')} is the fast recipe's; recipe "
+                             f"{self.recipe!r} has no softness knob")
+
+    def params(self) -> Dict[str, Any]:
+        out = super().params()
+        if hasattr(self.artifact, "config"):
+            out["artifact"] = str(self.artifact.path) if self.artifact.path else self.artifact.key
+        return out
+
+    def planned(self, slot) -> List[str]:
+        return super().planned(slot) + (vproj_keys(slot) if self.mimetic_vproj else [])
+
+    def solve_config(self, grid, dim: int, heads: int, depth: int, seed: int = 0):
+        """The :class:`~structinit.solver.config.SolveConfig` for a model of this shape."""
+        from structinit.solver.config import SolveConfig
+
+        params = dict(self.recipe_params)
+        if self.target_mass is not None:
+            params["target_mass"] = self.target_mass
+        return SolveConfig(grid=grid, dim=dim, heads=heads, filter=self.filter, layers=depth, share=self.share,
+                           recipe=self.recipe, params=params, pseudo_input=self.pseudo_input,
+                           pseudo_input_rest=self.pseudo_input_rest, padding=self.padding,
+                           offset_order=self.offset_order, seed=seed)
+
+    def artifact_for(self, t, seed: int = 0, cache_dir=None, device: str = "cpu"):
+        """``(artifact, cached)`` for target ``t``: the given one (``cached`` ``None``) or solved."""
+        from structinit.solver.cache import resolve_artifact
+        from structinit.solver.run import solve
+
+        if self.artifact is not None:
+            return resolve_artifact(self.artifact, cache_dir), None
+        result = solve(self.solve_config(t.grid, t.dim, t.heads, t.depth, seed), cache_dir=cache_dir, device=device)
+        return result.artifact, result.cached
+
+    def apply(self, target, *, seed: int = 0, cache_dir=None, device: str = "cpu", artifact=None,
+              cached: Optional[bool] = None) -> Dict[str, Any]:
+        """Write the artifact's Q/K (``artifact`` if given, else :meth:`artifact_for`) into
+        ``target``; the report's per-layer ``hit_rate``/``target_mass``/``mse`` are measured from
+        the written weights on the artifact's pseudo input."""
+        import torch
+
+        from structinit.analysis.quality import measure
+        from structinit.geometry.targets import impulse_columns
+        from structinit.init.inject import read_qk, write_qk, write_vproj
+        from structinit.init.pos_embed import set_sincos_pos_embed
+
+        t = target
+        if artifact is None:
+            artifact, cached = self.artifact_for(t, seed, cache_dir, device)
+        art = artifact
+        check_artifact(art, t.grid, t.dim, t.heads, t.layers)
+        if self.pe_scale is not None:
+            if t.model is None:
+                raise UsageError(f"impulse parameter {param('pe_scale')} needs a model; on a checkpoint write the "
+                                 "embedding with set_pe")
+            set_sincos_pos_embed(t.model, t.grid, scale=self.pe_scale)
+        gen = generator(seed + 1)
+        solved = art.stats.get("layers", [])
+        rows = []
+        for slot in t.slots:
+            src = 0 if art.config.layers == 1 else slot.index
+            keys = write_qk(t.sd, slot, torch.from_numpy(art.q[src]), torch.from_numpy(art.k[src]))
+            if self.mimetic_vproj:
+                w_v, w_p, _ = mimetic_v_proj(t.dim, self.alpha2, self.beta2, gen)
+                keys += write_vproj(t.sd, slot, w_v, w_p)
+            rq, rk = read_qk(t.sd, slot, t.heads)
+            got = measure(art.layer_input(src), rq, rk, impulse_columns(art.config.grid, art.offsets[src],
+                                                                         art.config.padding))
+            row = {"layer": slot.index, "replaced": keys, "offsets": art.offsets[src].tolist(), **got.layer_row()}
+            if src < len(solved):
+                for name in ("hit_rate", "target_mass"):
+                    want = float(np.mean([h[name] for h in solved[src]]))
+                    if abs(want - row[name]) > self.tolerance:
+                        raise StructinitError(
+                            f"layer {slot.index}: the written weights give {name} {row[name]:.3f} but the solve has "
+                            f"{want:.3f}; the Q/K rows were not placed as the layout expects")
+            rows.append(row)
+        return {"method": "impulse", "layout": t.layout, "grid": list(t.grid), "dim": t.dim, "heads": t.heads,
+                "artifact": {"key": art.key, "path": str(art.path) if art.path else None, "cached": cached,
+                             "config": art.config.to_dict()},
+                "mimetic_vproj": self.mimetic_vproj, "pe_scale": self.pe_scale, "layers": rows,
+                "hit_rate": float(np.mean([r["hit_rate"] for r in rows])),
+                "target_mass": float(np.mean([r["target_mass"] for r in rows]))}

@@ -1,0 +1,243 @@
+"""Where the attention weights of a ViT live in a state dict: one small table of layouts.
+
+Every layout names, relative to one attention layer's key prefix, the tensors that hold its query,
+key and value projections (``nn.Linear`` weights ``[out, in]``: fused ``[3D, D]`` with rows
+``q, k, v``, or three separate ``[D, D]``), their biases, the output projection, and, relative to
+the model's prefix, the position embedding and the prefix (class/register) tokens.
+
+- ``timm-vit`` (timm VisionTransformer): ``{model}blocks.{i}.attn.qkv.weight``, fused q/k/v;
+  position embedding ``{model}pos_embed [1, prefix + N, D]``.
+- ``hf-vit`` (Hugging Face ViT/DeiT on disk): ``{model}encoder.layer.{i}.attention.attention.query.weight``,
+  separate q/k/v; position embedding ``{model}embeddings.position_embeddings``.
+- ``hf-vit-v5`` (transformers 5, in memory): ``{model}layers.{i}.attention.q_proj.weight``, separate q/k/v;
+  position embedding ``{model}embeddings.position_embeddings``.
+- ``torch-mha`` (``nn.MultiheadAttention``): ``{layer}in_proj_weight``, fused q/k/v; no position
+  embedding (pass ``grid``).
+
+``{model}`` is any key prefix (``module.``, ``vit.``, ``model.``...), found by the anchor; a
+state dict holding several models (several distinct prefixes) is refused. ``hf-vit`` is the
+layout transformers writes to disk (DeiT included); ``hf-vit-v5`` is how transformers 5 names the
+same tensors in memory. Row ``h*d:(h+1)*d`` of a projection weight is head ``h`` in all layouts
+(those rows of the q block are ``Q_h^T``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Tuple
+
+from structinit.errors import StructinitError, UsageError, param
+from structinit.geometry.grid import Grid
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One row of the layout table (see the module docstring)."""
+
+    name: str
+    description: str
+    anchor: str  # regex with groups ``block`` (the layer's key prefix), ``model`` and ``layer`` (optional)
+    q: str  # key templates relative to ``{block}``; a fused layout uses the same key for q, k, v
+    k: str
+    v: str
+    q_bias: str
+    k_bias: str
+    v_bias: str
+    proj: str
+    pos_embed: Optional[str] = None  # relative to ``{model}``
+    prefix_tokens: Tuple[str, ...] = ()  # keys relative to ``{model}``: each adds ``shape[1]`` tokens
+
+    @property
+    def fused(self) -> bool:
+        return self.q == self.k == self.v
+
+
+_HF_PREFIX = ("embeddings.cls_token", "embeddings.distillation_token")
+
+LAYOUTS: Tuple[Layout, ...] = (
+    Layout("timm-vit", "timm VisionTransformer (fused qkv)",
+           r"^(?P<block>(?P<model>(?:.*\.)?)blocks\.(?P<layer>\d+)\.)attn\.qkv\.weight$",
+           "attn.qkv.weight", "attn.qkv.weight", "attn.qkv.weight",
+           "attn.qkv.bias", "attn.qkv.bias", "attn.qkv.bias", "attn.proj.weight",
+           pos_embed="pos_embed", prefix_tokens=("cls_token", "reg_token")),
+    Layout("hf-vit", "Hugging Face transformers ViT/DeiT (separate query/key/value)",
+           r"^(?P<block>(?P<model>(?:.*\.)?)encoder\.layer\.(?P<layer>\d+)\.)attention\.attention\.query\.weight$",
+           "attention.attention.query.weight", "attention.attention.key.weight", "attention.attention.value.weight",
+           "attention.attention.query.bias", "attention.attention.key.bias", "attention.attention.value.bias",
+           "attention.output.dense.weight",
+           pos_embed="embeddings.position_embeddings", prefix_tokens=_HF_PREFIX),
+    Layout("hf-vit-v5", "Hugging Face transformers 5 ViT, in-memory names (q_proj/k_proj/v_proj)",
+           r"^(?P<block>(?P<model>(?:.*\.)?)layers\.(?P<layer>\d+)\.)attention\.q_proj\.weight$",
+           "attention.q_proj.weight", "attention.k_proj.weight", "attention.v_proj.weight",
+           "attention.q_proj.bias", "attention.k_proj.bias", "attention.v_proj.bias", "attention.o_proj.weight",
+           pos_embed="embeddings.position_embeddings", prefix_tokens=_HF_PREFIX),
+    Layout("torch-mha", "torch.nn.MultiheadAttention (in_proj_weight)",
+           r"^(?P<block>(?P<model>)(?:.*\.)?)in_proj_weight$",
+           "in_proj_weight", "in_proj_weight", "in_proj_weight",
+           "in_proj_bias", "in_proj_bias", "in_proj_bias", "out_proj.weight"),
+)
+
+
+@dataclass(frozen=True)
+class Part:
+    """Rows ``start:stop`` of the tensor at ``key`` (a weight ``[out, in]`` or a bias ``[out]``)."""
+
+    key: str
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class AttnSlot:
+    """The tensors of one attention layer; ``q, k, v`` are ``[D, D]`` row blocks, biases may be ``None``."""
+
+    index: int
+    block: str
+    q: Part
+    k: Part
+    v: Part
+    q_bias: Optional[Part]
+    k_bias: Optional[Part]
+    v_bias: Optional[Part]
+    proj: Optional[str]
+
+
+@dataclass
+class Detected:
+    """A layout found in a state dict, with the shape it implies.
+
+    ``grid``/``heads`` are ``None`` when the state dict does not tell (the caller must supply them).
+    """
+
+    layout: Layout
+    model_prefix: str
+    slots: List[AttnSlot]
+    dim: int
+    pos_key: Optional[str] = None
+    prefix_tokens: int = 0
+    grid: Optional[Grid] = None
+    heads: Optional[int] = None
+
+    @property
+    def depth(self) -> int:
+        return len(self.slots)
+
+    def summary(self) -> Dict:
+        return {"layout": self.layout.name, "description": self.layout.description, "prefix": self.model_prefix,
+                "dim": self.dim, "heads": self.heads, "depth": self.depth,
+                "grid": list(self.grid) if self.grid else None, "prefix_tokens": self.prefix_tokens,
+                "pos_embed": self.pos_key}
+
+
+def _natural(key: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", key)]
+
+
+def _shape(t) -> Tuple[int, ...]:
+    return tuple(getattr(t, "shape", ()))
+
+
+def _part(sd: Mapping, key: str, row: int, dim: int, fused: bool, what: str) -> Optional[Part]:
+    if key not in sd:
+        return None
+    start = row * dim if fused else 0
+    shape = _shape(sd[key])
+    rows_needed = 3 * dim if fused else dim
+    if not shape or shape[0] != rows_needed:
+        raise StructinitError(f"{key}: shape {list(shape)} does not fit dim {dim} ({what})")
+    return Part(key, start, start + dim)
+
+
+def detect_layout(sd: Mapping) -> Optional[Detected]:
+    """The first layout of :data:`LAYOUTS` whose anchor matches keys of ``sd``, or ``None``.
+
+    Raises :class:`StructinitError` when tensors are missing or inconsistent, or when the state
+    dict holds several models.
+    """
+    keys = [k for k in sd if isinstance(k, str)]
+    for layout in LAYOUTS:
+        rx = re.compile(layout.anchor)
+        hits = [(m, k) for k in keys for m in [rx.match(k)] if m]
+        if not hits:
+            continue
+        models = sorted({m.group("model") for m, _ in hits})
+        if len(models) > 1:
+            raise StructinitError(f"the checkpoint holds several {layout.name} models (key prefixes {models}); "
+                                  "extract one state dict first")
+        model = models[0]
+        if layout.name != "torch-mha":
+            hits.sort(key=lambda mk: int(mk[0].group("layer")))
+            layers = [int(m.group("layer")) for m, _ in hits]
+            if layers != list(range(len(layers))):
+                raise StructinitError(f"{layout.name}: attention layers {layers} are not numbered 0..{len(layers) - 1}")
+        else:
+            hits.sort(key=lambda mk: _natural(mk[1]))
+        first = _shape(sd[hits[0][1]])
+        if len(first) != 2:
+            raise StructinitError(f"{hits[0][1]}: expected a 2-D weight, got shape {list(first)}")
+        dim = first[1]
+        slots = []
+        for i, (m, _) in enumerate(hits):
+            b = m.group("block")
+            parts = {}
+            for j, role in enumerate(("q", "k", "v")):
+                key = b + getattr(layout, role)
+                if key not in sd:
+                    raise StructinitError(f"{layout.name}: missing tensor {key}")
+                parts[role] = _part(sd, key, j, dim, layout.fused, role)
+                if len(_shape(sd[key])) != 2 or _shape(sd[key])[1] != dim:
+                    raise StructinitError(f"{key}: shape {list(_shape(sd[key]))} does not fit dim {dim}")
+                bias_key = b + getattr(layout, role + "_bias")
+                parts[role + "_bias"] = _part(sd, bias_key, j, dim, layout.fused, role + " bias")
+            proj = b + layout.proj
+            slots.append(AttnSlot(index=i, block=b, proj=proj if proj in sd else None, **parts))
+        det = Detected(layout=layout, model_prefix=model, slots=slots, dim=dim)
+        if layout.pos_embed and model + layout.pos_embed in sd:
+            det.pos_key = model + layout.pos_embed
+            det.prefix_tokens = sum(_shape(sd[model + t])[1] for t in layout.prefix_tokens
+                                    if model + t in sd and len(_shape(sd[model + t])) == 3)
+            det.grid = _grid_from_pos(_shape(sd[det.pos_key]), det.prefix_tokens, dim, det)
+        return det
+    return None
+
+
+def _grid_from_pos(shape: Tuple[int, ...], prefix: int, dim: int, det: Detected) -> Optional[Grid]:
+    """A square grid from ``pos_embed [1, prefix + N, D]`` (or ``[1, N, D]`` when prefix tokens carry no PE)."""
+    if len(shape) != 3 or shape[-1] != dim:
+        return None
+    for n in (shape[1] - prefix, shape[1]):
+        side = math.isqrt(max(n, 0))
+        if n > 0 and side * side == n:
+            if n == shape[1] and prefix:
+                det.prefix_tokens = 0  # prefix tokens without a position embedding (timm no_embed_class)
+            return Grid((side, side))
+    return None
+
+
+def resolve_shape(det: Detected, heads: Optional[int] = None, grid: Optional[Grid] = None,
+                  need_grid: bool = True) -> Tuple[Optional[Grid], int]:
+    """``(grid, heads)`` from the checkpoint and the caller's values; raises :class:`UsageError` when
+    one is missing (the grid only if ``need_grid``; else it may come back ``None``) or contradicts
+    the checkpoint."""
+    if grid is not None:
+        grid = Grid(grid)
+        if det.grid is not None and det.grid.tokens != grid.tokens:
+            raise UsageError(f"{param('grid')} {grid.describe()} has {grid.tokens} tokens but the checkpoint's "
+                             f"position embedding has {det.grid.tokens}")
+    else:
+        grid = det.grid
+    if grid is None and need_grid:
+        raise UsageError(f"the {det.layout.name} checkpoint does not tell its token grid; give it with "
+                         f"{param('grid')} (HxW, or L for a sequence)")
+    if heads is None:
+        heads = det.heads
+    if heads is None:
+        raise UsageError(f"the {det.layout.name} checkpoint does not tell its number of heads; give it with "
+                         f"{param('heads')} (it must divide dim {det.dim})")
+    if det.heads is not None and heads != det.heads:
+        raise UsageError(f"{param('heads')} {heads} contradicts the checkpoint, which has {det.heads} heads")
+    if heads < 1 or det.dim % heads:
+        raise UsageError(f"{param('heads')} {heads} does not divide the checkpoint's dim {det.dim}")
+    return grid, heads

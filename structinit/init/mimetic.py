@@ -1,0 +1,94 @@
+"""Mimetic initialization (Trockman & Kolter, "Mimetic Initialization of Self-Attention Layers").
+
+Per head ``W_Q W_K^T ~ alpha1 Z1 + beta1 I`` (rank ``d``), per layer ``W_V W_proj ~ alpha2 Z2 -
+beta2 I`` (full rank), ``Z ~ N(0, I/D)`` fresh per head and per layer, factored by SVD. The paper's
+own equation labels swap the two pairs; the intent is as written here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, List
+
+from structinit.init.base import InitSpec
+from structinit.init.baselines import generator
+
+
+def mimetic_qk(dim: int, heads: int, alpha: float, beta: float, gen):
+    """Per head ``A_h = alpha Z + beta I`` (``Z ~ N(0, I/D)``, fresh per head), factored by reduced
+    SVD ``A = U S V^T``: ``Q_h = U[:, :d] S[:d]^1/2``, ``K_h = V[:, :d] S[:d]^1/2``.
+
+    Returns ``(q, k, a)``: ``q, k: [H, D, d]`` and the targets ``a: [H, D, D]``.
+    """
+    import torch
+
+    d = dim // heads
+    z = torch.randn(heads, dim, dim, generator=gen, dtype=torch.float64) / math.sqrt(dim)
+    a = alpha * z + beta * torch.eye(dim, dtype=torch.float64)
+    u, s, vh = torch.linalg.svd(a)
+    root = s[:, :d].sqrt().unsqueeze(-2)
+    q = u[:, :, :d] * root
+    k = vh.transpose(-1, -2)[:, :, :d] * root
+    return q.float(), k.float(), a.float()
+
+
+def mimetic_v_proj(dim: int, alpha: float, beta: float, gen):
+    """``A = alpha Z - beta I`` (``Z ~ N(0, I/D)``) factored at full rank: ``W_V = U S^1/2``,
+    ``W_proj = S^1/2 V^T`` (``x @ W`` convention, so ``W_V W_proj = A``). Returns ``(w_v, w_proj, a)``."""
+    import torch
+
+    z = torch.randn(dim, dim, generator=gen, dtype=torch.float64) / math.sqrt(dim)
+    a = alpha * z - beta * torch.eye(dim, dtype=torch.float64)
+    u, s, vh = torch.linalg.svd(a)
+    root = s.sqrt()
+    return (u * root).float(), (root.unsqueeze(-1) * vh).float(), a.float()
+
+
+def vproj_keys(slot) -> List[str]:
+    from structinit.init.inject import label
+
+    return [label(slot.v), str(slot.proj)]
+
+
+@dataclass(frozen=True)
+class MimeticInit(InitSpec):
+    """Mimetic init: Q/K per head and (with ``vproj``) V/proj per layer, see the module docstring.
+    Q/K biases are zeroed; V/proj biases kept.
+
+    Report per layer: ``qk_diag_mean`` (mean diagonal of ``Q_h K_h^T`` over heads) and
+    ``vproj_diag_mean`` (of ``W_V W_proj``), read back from the written weights.
+    """
+
+    method = "mimetic"
+    writes = "Q/K rows and biases; V and output projection (vproj)"
+    alpha1: float = 0.7
+    beta1: float = 0.7
+    alpha2: float = 0.4
+    beta2: float = 0.4
+    vproj: bool = True
+
+    def planned(self, slot) -> List[str]:
+        return super().planned(slot) + (vproj_keys(slot) if self.vproj else [])
+
+    def apply(self, target, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
+        from structinit.init.inject import read_qk, read_vproj, write_qk, write_vproj
+
+        t = target
+        gen = generator(seed)
+        rows = []
+        for slot in t.slots:
+            q, k, _ = mimetic_qk(t.dim, t.heads, self.alpha1, self.beta1, gen)
+            keys = write_qk(t.sd, slot, q, k)
+            if self.vproj:
+                w_v, w_p, _ = mimetic_v_proj(t.dim, self.alpha2, self.beta2, gen)
+                keys += write_vproj(t.sd, slot, w_v, w_p)
+            rq, rk = read_qk(t.sd, slot, t.heads)
+            row = {"layer": slot.index, "replaced": keys,
+                   "qk_diag_mean": float((rq @ rk.transpose(-1, -2)).diagonal(dim1=-2, dim2=-1).mean())}
+            if self.vproj:
+                rv, rp = read_vproj(t.sd, slot)
+                row["vproj_diag_mean"] = float((rv @ rp).diagonal().mean())
+            rows.append(row)
+        return {"method": "mimetic", "layout": t.layout, "dim": t.dim, "heads": t.heads, "params": self.params(),
+                "layers": rows}

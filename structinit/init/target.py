@@ -1,0 +1,120 @@
+"""What an init method writes into: a model or a state dict, seen as its attention layers.
+
+:class:`AttentionTarget` wraps a ``torch.nn.Module`` (its ``state_dict()`` shares storage with it,
+so writing into it initializes the model) or a bare state dict of any layout in
+:mod:`structinit.init.layouts`, with the shape it has: token grid, dim, heads, depth, and the
+layers selected.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Union
+
+from structinit.errors import StructinitError, UsageError, param
+from structinit.geometry.grid import Grid
+
+
+def is_module(target) -> bool:
+    import torch
+
+    return isinstance(target, torch.nn.Module)
+
+
+def model_grid(model) -> Grid:
+    """Token grid of a timm-style model (``patch_embed.grid_size``)."""
+    try:
+        return Grid(tuple(int(g) for g in model.patch_embed.grid_size))
+    except (AttributeError, TypeError):
+        raise UsageError(f"the model has no patch_embed.grid_size; pass {param('grid')}") from None
+
+
+def model_heads(model) -> int:
+    """Heads of a timm-style model's first block (``blocks[0].attn.num_heads``)."""
+    try:
+        return int(model.blocks[0].attn.num_heads)
+    except (AttributeError, IndexError, TypeError):
+        raise UsageError(f"the model has no blocks[0].attn.num_heads; pass {param('heads')}") from None
+
+
+def select_layers(layers: Optional[Sequence[int]], depth: int) -> List[int]:
+    """Validated, sorted layer indices (``None``: all ``depth`` layers)."""
+    if layers is None:
+        return list(range(depth))
+    out = sorted({int(l) for l in layers})
+    if not out:
+        raise UsageError(f"no {param('layers')} selected")
+    bad = [l for l in out if not 0 <= l < depth]
+    if bad:
+        raise UsageError(f"{param('layers')} {bad} out of range: the model has {depth} attention layers "
+                         f"(0..{depth - 1})")
+    return out
+
+
+def parse_layers(spec: Optional[str], depth: int) -> List[int]:
+    """``all``, or comma-separated 0-based indices and inclusive ranges (``0-3``, ``5``, ``8-``)."""
+    text = "all" if spec is None else str(spec).strip()
+    if text == "all":
+        return list(range(depth))
+    out: List[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            if not part:
+                raise ValueError
+            if "-" in part:
+                a, b = part.split("-", 1)
+                lo = int(a) if a.strip() else 0
+                hi = int(b) if b.strip() else depth - 1
+                if hi < lo or lo < 0:
+                    raise ValueError
+                out.extend(range(lo, hi + 1))
+            else:
+                out.append(int(part))
+        except ValueError:
+            raise UsageError(f"{param('layers')} must be 'all' or 0-based indices and ranges like 0-3,5; "
+                             f"got {spec!r}") from None
+    return select_layers(out, depth)
+
+
+class AttentionTarget:
+    """A model or state dict with its detected layout, shape and selected layers.
+
+    ``grid``/``heads`` come from the model or the state dict where they tell, else from the caller;
+    ``need_grid=False`` lets the grid stay ``None`` (methods that do not use it).
+    """
+
+    def __init__(self, target, grid=None, heads: Optional[int] = None,
+                 layers: Union[None, str, Sequence[int]] = None, need_grid: bool = True):
+        from structinit.init.layouts import detect_layout, resolve_shape
+
+        if is_module(target):
+            self.model = target
+            self.sd = target.state_dict()
+            grid = grid or model_grid(target)
+            heads = heads or model_heads(target)
+        else:
+            self.model = None
+            self.sd = target
+        det = detect_layout(self.sd)
+        if det is None:
+            keys = list(self.sd)[:12]
+            raise StructinitError(f"no attention layers found; keys seen: {', '.join(map(str, keys))}"
+                                  + (" ..." if len(self.sd) > 12 else ""))
+        self.det = det
+        grid, self.heads = resolve_shape(det, heads, Grid(grid) if grid is not None else None, need_grid)
+        self.grid: Optional[Grid] = Grid(grid) if grid is not None else None
+        self.dim = det.dim
+        self.depth = det.depth
+        if isinstance(layers, str):
+            self.layers = parse_layers(layers, det.depth)
+        else:
+            self.layers = select_layers(layers, det.depth)
+
+    @property
+    def layout(self) -> str:
+        return self.det.layout.name
+
+    @property
+    def slots(self):
+        """The :class:`~structinit.init.layouts.AttnSlot` of every selected layer."""
+        return [self.det.slots[i] for i in self.layers]

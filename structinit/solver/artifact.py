@@ -1,0 +1,143 @@
+"""The safetensors artifact of one solve and its validation.
+
+Tensors: ``q``, ``k`` float32 ``[layers, heads, D, d]``; ``offsets`` int32 ``[layers, heads, 2]``
+as ``(dy, dx)``; ``pseudo_input`` float32 ``[N, D]`` (first layer) and, when the following layers
+use another one, ``pseudo_input_rest`` float32 ``[N, D]``.
+Metadata (strings): ``format`` (``structinit/1``), ``config`` (canonical JSON), ``key``,
+``stats`` (JSON), ``version``, and ``checksum`` (SHA-256 of the tensor bytes, so that a flipped
+byte is caught, not only a truncated file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from structinit import __version__
+from structinit.atomic import atomic_write
+from structinit.errors import ArtifactError
+from structinit.solver.config import FORMAT, SolveConfig
+
+
+@dataclass
+class Artifact:
+    """A solved Q/K set. Arrays are NumPy; ``q, k: [layers, heads, D, d]``."""
+
+    config: SolveConfig
+    q: np.ndarray
+    k: np.ndarray
+    offsets: np.ndarray
+    pseudo_input: np.ndarray
+    stats: Dict[str, Any]
+    pseudo_input_rest: Optional[np.ndarray] = None
+    path: Optional[Path] = None
+    version: str = __version__
+
+    @property
+    def key(self) -> str:
+        return self.config.key
+
+    def tensors(self) -> Dict[str, np.ndarray]:
+        out = {"q": self.q, "k": self.k, "offsets": self.offsets, "pseudo_input": self.pseudo_input}
+        if self.pseudo_input_rest is not None:
+            out["pseudo_input_rest"] = self.pseudo_input_rest
+        return {name: np.ascontiguousarray(t) for name, t in out.items()}
+
+    @property
+    def quality(self):
+        """The solver's :class:`~structinit.analysis.quality.Quality` record (from ``stats``)."""
+        from structinit.analysis.quality import Quality
+
+        return Quality.from_stats(self.stats["layers"])
+
+    def layer_input(self, layer: int) -> np.ndarray:
+        """The pseudo input ``[N, D]`` that layer ``layer`` was solved on."""
+        if layer > 0 and self.pseudo_input_rest is not None:
+            return self.pseudo_input_rest
+        return self.pseudo_input
+
+
+def _checksum(tensors: Dict[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name]
+        h.update(f"{name}:{t.dtype.str}:{list(t.shape)};".encode())
+        h.update(t.tobytes())
+    return h.hexdigest()
+
+
+def write_artifact(artifact: Artifact, path: Path) -> Path:
+    """Write ``artifact`` to ``path`` atomically (temp file in the same folder, fsync, ``os.replace``)."""
+    from safetensors.numpy import save
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = artifact.tensors()
+    meta = {
+        "format": FORMAT,
+        "config": artifact.config.canonical_json(),
+        "key": artifact.config.key,
+        "stats": json.dumps(artifact.stats, sort_keys=True),
+        "version": artifact.version,
+        "checksum": _checksum(tensors),
+    }
+    data = save(tensors, metadata=meta)
+    with atomic_write(path) as fh:
+        fh.write(data)
+    return path
+
+
+def read_artifact(path: Path) -> Artifact:
+    """Load and fully validate an artifact; raises :class:`ArtifactError` saying what is wrong."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load
+
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ArtifactError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise ArtifactError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        tensors = load(raw)
+        meta = _metadata(raw)
+    except (SafetensorError, ValueError, OverflowError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"{path}: not a readable safetensors file (truncated or corrupt: {exc})") from None
+    if meta.get("format") != FORMAT:
+        raise ArtifactError(f"{path}: not a structinit artifact (format {meta.get('format')!r}, expected {FORMAT!r})")
+    try:
+        config = SolveConfig.from_dict(json.loads(meta["config"]))
+        stats = json.loads(meta["stats"])
+    except Exception as exc:  # noqa: BLE001 - any malformed metadata is a corrupt artifact
+        raise ArtifactError(f"{path}: corrupt metadata ({exc})") from None
+    if meta.get("key") != config.key:
+        raise ArtifactError(f"{path}: key {meta.get('key')!r} does not match its config (expected {config.key})")
+    if meta.get("checksum") != _checksum(tensors):
+        raise ArtifactError(f"{path}: checksum mismatch (the tensor data is corrupt)")
+    missing = [n for n in ("q", "k", "offsets", "pseudo_input") if n not in tensors]
+    if missing:
+        raise ArtifactError(f"{path}: missing tensors {missing}")
+    L, H, D, d = config.layers, config.heads, config.dim, config.head_dim
+    expect = {"q": (L, H, D, d), "k": (L, H, D, d), "offsets": (L, H, 2), "pseudo_input": (config.tokens, D)}
+    for name, shape in expect.items():
+        if tuple(tensors[name].shape) != shape:
+            raise ArtifactError(f"{path}: tensor {name} has shape {tuple(tensors[name].shape)}, expected {shape}")
+    return Artifact(config=config, q=tensors["q"], k=tensors["k"], offsets=tensors["offsets"],
+                    pseudo_input=tensors["pseudo_input"], pseudo_input_rest=tensors.get("pseudo_input_rest"),
+                    stats=stats, path=path, version=meta.get("version", "?"))
+
+
+def _metadata(raw: bytes) -> Dict[str, str]:
+    """The ``__metadata__`` map of a safetensors byte string."""
+    if len(raw) < 8:
+        raise ValueError("file shorter than the safetensors header")
+    n = int.from_bytes(raw[:8], "little")
+    if n > len(raw) - 8:
+        raise ValueError("header longer than the file")
+    return json.loads(raw[8:8 + n].decode("utf-8")).get("__metadata__", {}) or {}

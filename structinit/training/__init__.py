@@ -1,0 +1,1 @@
+"""Training: ``TrainConfig`` and its run key, model presets, datasets, augmentation, distributed plumbing, the loop."""

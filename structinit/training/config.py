@@ -1,0 +1,216 @@
+"""``TrainConfig``: every setting of a training run, its resolved hyperparameters and its run key.
+
+Hyperparameters default to the structured-initialization paper's recipe for CIFAR-sized data
+(:data:`HPARAMS`: AdamW lr 1e-3, weight decay 0.01, batch 512, 200 epochs, cosine to 1e-6 after 10
+warm-up epochs, eps 1e-3, grad clip 3.0, RandAugment), changed per dataset and model family
+(:data:`DATASET_HPARAMS`, :data:`MODEL_HPARAMS`); every field left ``None`` takes that default and
+every one can be set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from structinit.errors import UsageError, param
+
+#: The paper's recipe (and its released README) for 32x32 images.
+HPARAMS: Dict[str, Any] = dict(epochs=200, batch_size=512, lr=1e-3, min_lr=1e-6, weight_decay=0.01, warmup_epochs=10,
+                               opt_eps=1e-3, grad_clip=3.0, label_smoothing=0.0, randaug_n=2, randaug_m=9)
+#: Per-dataset changes to :data:`HPARAMS`. digits: 1437 images want small batches, and with only
+#: ~900 steps Adam's eps 1e-3 damps the small early gradients so much that the loss sits at ln(10)
+#: for epochs; eps 1e-8 trains.
+DATASET_HPARAMS: Dict[str, Dict[str, Any]] = {
+    "digits": dict(epochs=40, batch_size=64, warmup_epochs=2, opt_eps=1e-8),
+    "synthetic": dict(epochs=10, batch_size=64, warmup_epochs=1, opt_eps=1e-8),
+    "imagefolder": dict(epochs=300, batch_size=256, weight_decay=0.05, warmup_epochs=20),
+}
+#: Per-model-family changes (the paper's Table 4: ConvMixer at lr 0.01 for 100 epochs).
+MODEL_HPARAMS: Dict[str, Dict[str, Any]] = {"convmixer": dict(lr=0.01, epochs=100)}
+
+AMP_MODES = ("auto", "bf16", "fp16", "off")
+#: Settings that do not change what is computed: they may differ when a run is resumed, and they
+#: are not part of the run key.
+EXECUTION_FIELDS = ("out", "resume", "device", "workers", "threads", "compile", "data_dir", "download", "amp",
+                    "eval_batch_size")
+KEY_LENGTH = 12
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run depends on. ``None`` means the default (see the module docstring).
+
+    Model: ``model`` (a preset of :mod:`structinit.training.models`) and its overrides ``dim``,
+    ``heads``, ``depth``, ``patch``, ``mlp_ratio``, ``pool``, ``pos_embed``, ``kernel``, ``filters``,
+    ``drop_path``. Init: ``init`` (a method of :mod:`structinit.init.specs`; ``None``: the model's
+    own init, timm's trunc normal for ViTs) with ``init_params``. Data: ``dataset``, ``data_dir``,
+    ``download``, ``image_size`` (imagefolder), ``augment`` (``randaugment``, ``crop-flip``,
+    ``flip``, ``none``), ``train_size`` (a stratified subset of the training split, drawn with
+    ``data_seed``, default ``seed``), ``val_size`` (training images held out for validation,
+    stratified, the same for every seed). ``batch_size`` is the global batch (split over
+    processes); ``eval_every``: epochs between evaluations (``None``: about 50 per run; the last
+    epoch is always evaluated). ``threads``: torch CPU threads of each process.
+    """
+
+    model: str = "vit-digits"
+    dataset: str = "digits"
+    out: Optional[str] = None
+    resume: bool = False
+    # model
+    dim: Optional[int] = None
+    heads: Optional[int] = None
+    depth: Optional[int] = None
+    patch: Optional[int] = None
+    mlp_ratio: Optional[float] = None
+    pool: Optional[str] = None
+    pos_embed: Optional[str] = None
+    kernel: Optional[int] = None
+    filters: str = "trained"
+    drop_path: float = 0.0
+    # init
+    init: Optional[str] = None
+    init_params: Dict[str, Any] = field(default_factory=dict)
+    # data
+    data_dir: Optional[str] = None
+    download: bool = False
+    image_size: Optional[int] = None
+    augment: Optional[str] = None
+    train_size: Optional[int] = None
+    val_size: int = 0
+    data_seed: Optional[int] = None
+    # hyperparameters
+    epochs: Optional[int] = None
+    batch_size: Optional[int] = None
+    lr: Optional[float] = None
+    min_lr: Optional[float] = None
+    weight_decay: Optional[float] = None
+    warmup_epochs: Optional[float] = None
+    opt_eps: Optional[float] = None
+    grad_clip: Optional[float] = None
+    label_smoothing: Optional[float] = None
+    randaug_n: Optional[int] = None
+    randaug_m: Optional[int] = None
+    eval_every: Optional[int] = None
+    # execution
+    seed: int = 0
+    device: str = "auto"
+    amp: str = "auto"
+    compile: bool = False
+    workers: int = 4
+    threads: Optional[int] = None
+    eval_batch_size: Optional[int] = None
+
+    def model_config(self):
+        """The :class:`~structinit.training.models.ModelConfig` these (flat, CLI-shaped) fields describe."""
+        from structinit.training.models import ModelConfig
+
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(ModelConfig) if f.name != "name"}
+        return ModelConfig(name=self.model, **fields)
+
+    def init_spec(self):
+        """The typed :class:`~structinit.init.base.InitSpec` of ``init`` and ``init_params`` (``None``
+        when ``init`` is ``None``)."""
+        if self.init is None:
+            return None
+        from structinit.init.specs import init_spec
+
+        return init_spec(self.init, **self.init_params)
+
+    def hparams(self) -> Dict[str, Any]:
+        """The resolved hyperparameters: :data:`HPARAMS` < dataset < model family < the fields set here."""
+        from structinit.training.datasets import dataset_info
+
+        info = dataset_info(self.dataset)
+        out = dict(HPARAMS)
+        out.update(DATASET_HPARAMS.get(self.dataset, {}))
+        out.update(MODEL_HPARAMS.get(self.model_config().family, {}))
+        for key in HPARAMS:
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        out["augment"] = self.augment or info.augment
+        out["eval_every"] = self.eval_every or max(1, int(out["epochs"]) // 50)
+        _check_hparams(out)
+        return out
+
+    def validate(self) -> Dict[str, Any]:
+        """Check every setting that can be checked without torch or data; return :meth:`hparams`."""
+        hp = self.hparams()
+        family = self.model_config().family
+        if self.init is None and self.init_params:
+            raise UsageError(f"{param('init_params')} needs {param('init')}")
+        if self.init is not None and family != "vit":
+            raise UsageError(f"{param('init')} applies to the ViT presets; {self.model} keeps its own init")
+        self.init_spec()
+        from structinit.runtime import check_device, check_threads
+
+        check_device(self.device)
+        check_threads(self.threads)
+        if self.amp not in AMP_MODES:
+            raise UsageError(f"unknown {param('amp')} {self.amp!r}; choose one of {', '.join(AMP_MODES)}")
+        if self.workers < 0:
+            raise UsageError(f"{param('workers')} must not be negative, got {self.workers}")
+        if self.resume and not self.out:
+            raise UsageError(f"{param('resume')} needs {param('out')} DIR")
+        for name, lowest in (("train_size", 1), ("data_seed", 0)):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < lowest):
+                raise UsageError(f"{param(name)} must be an integer of at least {lowest}, got {value!r}")
+        if not isinstance(self.val_size, int) or isinstance(self.val_size, bool) or self.val_size < 0:
+            raise UsageError(f"{param('val_size')} must be a non-negative integer, got {self.val_size!r}")
+        return hp
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "TrainConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise UsageError(f"unknown training setting(s) {', '.join(param(u) for u in unknown)}")
+        return cls(**d)
+
+    def computed_settings(self) -> Dict[str, Any]:
+        """What determines the computation: every field but :data:`EXECUTION_FIELDS`, with the
+        hyperparameters resolved and the init as its spec's canonical form (so ``epochs=None`` on
+        digits and ``epochs=40`` are the same run)."""
+        d = {k: v for k, v in self.to_dict().items() if k not in EXECUTION_FIELDS}
+        d.update(self.hparams())
+        spec = self.init_spec()
+        d["init"] = spec.to_dict() if spec is not None else None
+        d.pop("init_params")
+        d["data_seed"] = self.seed if self.data_seed is None else self.data_seed
+        return d
+
+    @property
+    def key(self) -> str:
+        """Short hash (12 hex digits of SHA-256) of :meth:`computed_settings` as canonical JSON."""
+        text = json.dumps(self.computed_settings(), sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:KEY_LENGTH]
+
+
+def _check_hparams(r: Dict[str, Any]) -> None:
+    from structinit.training.augment import AUGMENTS
+
+    for key in ("epochs", "batch_size", "eval_every"):
+        if not isinstance(r[key], int) or isinstance(r[key], bool) or r[key] < 1:
+            raise UsageError(f"{param(key)} must be a positive integer, got {r[key]!r}")
+    for key in ("lr", "min_lr", "weight_decay", "warmup_epochs", "opt_eps", "grad_clip", "label_smoothing"):
+        if not isinstance(r[key], (int, float)) or isinstance(r[key], bool) or not math.isfinite(r[key]):
+            raise UsageError(f"{param(key)} must be a finite number, got {r[key]!r}")
+    for key in ("lr", "opt_eps"):
+        if not r[key] > 0:
+            raise UsageError(f"{param(key)} must be positive, got {r[key]}")
+    for key in ("min_lr", "weight_decay", "warmup_epochs", "grad_clip", "randaug_n", "randaug_m"):
+        if r[key] < 0:
+            raise UsageError(f"{param(key)} must not be negative, got {r[key]}")
+    if r["min_lr"] > r["lr"]:
+        raise UsageError(f"{param('min_lr')} {r['min_lr']} is above {param('lr')} {r['lr']}")
+    if not 0 <= r["label_smoothing"] < 1:
+        raise UsageError(f"{param('label_smoothing')} must be in [0, 1), got {r['label_smoothing']}")
+    if r["augment"] not in AUGMENTS:
+        raise UsageError(f"unknown {param('augment')} {r['augment']!r}; choose one of {', '.join(AUGMENTS)}")

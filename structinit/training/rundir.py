@@ -1,0 +1,148 @@
+"""A training run's directory and its files.
+
+=================  =============================================================================
+``config.json``    the settings as given and as resolved, the run key, the init report
+``metrics.jsonl``  one JSON record per finished epoch
+``checkpoint.pt``  everything needed to resume (timm's ``{'state_dict', 'epoch', 'arch', 'args'}``
+                   layout plus optimizer, RNG and metrics), written atomically after every epoch
+``best.pt``        the weights of the best epoch on the validation split (on the test split when
+                   there is none; labelled so in ``final.json``)
+``final.json``     the result: final-epoch accuracy first, the best epoch labelled as such
+=================  =============================================================================
+
+A run is *fresh* (no checkpoint), *resumable* (a checkpoint, no ``final.json``) or *finished*.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from structinit.atomic import atomic_write
+from structinit.errors import StructinitError, UsageError, param
+
+CHECKPOINT_FORMAT = "structinit-train/1"
+STATES = ("fresh", "resumable", "finished")
+
+
+class RunDir:
+    """The run directory at ``path`` (it need not exist yet)."""
+
+    CONFIG, METRICS, CHECKPOINT, BEST, FINAL = "config.json", "metrics.jsonl", "checkpoint.pt", "best.pt", "final.json"
+
+    def __init__(self, path: os.PathLike):
+        self.path = Path(path)
+        if self.path.exists() and not self.path.is_dir():
+            raise UsageError(f"{param('out')} {self.path} exists and is not a directory")
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def state(self) -> str:
+        """``fresh``, ``resumable`` or ``finished`` (see the module docstring)."""
+        if self.file(self.FINAL).is_file():
+            return "finished"
+        return "resumable" if self.file(self.CHECKPOINT).is_file() else "fresh"
+
+    def holds_run(self) -> bool:
+        """Whether anything of a run is here (a checkpoint, metrics or a result)."""
+        return any(self.file(n).is_file() for n in (self.CHECKPOINT, self.FINAL, self.METRICS))
+
+    def create(self) -> None:
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StructinitError(f"cannot create run folder {self.path}: {exc.strerror or exc}") from None
+
+    # ---- JSON files
+    def _write_text(self, name: str, text: str) -> None:
+        try:
+            with atomic_write(self.file(name), "w") as f:
+                f.write(text)
+        except OSError as exc:
+            raise StructinitError(f"cannot write {self.file(name)}: {exc.strerror or exc}") from None
+
+    def _read_json(self, name: str) -> Optional[Dict[str, Any]]:
+        path = self.file(name)
+        if not path.is_file():
+            return None
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise StructinitError(f"{path} is unreadable ({exc})") from None
+
+    def write_config(self, doc: Dict[str, Any]) -> None:
+        self._write_text(self.CONFIG, json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
+
+    def read_config(self) -> Optional[Dict[str, Any]]:
+        return self._read_json(self.CONFIG)
+
+    def write_final(self, summary: Dict[str, Any]) -> None:
+        self._write_text(self.FINAL, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+
+    def read_final(self) -> Optional[Dict[str, Any]]:
+        return self._read_json(self.FINAL)
+
+    def clear_final(self) -> None:
+        self.file(self.FINAL).unlink(missing_ok=True)
+
+    # ---- metrics
+    def read_metrics(self) -> List[Dict[str, Any]]:
+        """The epoch records of ``metrics.jsonl`` (a torn last line is ignored)."""
+        path = self.file(self.METRICS)
+        rows = []
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass
+        return rows
+
+    def write_metrics(self, rows: List[Dict[str, Any]]) -> None:
+        self._write_text(self.METRICS, "".join(json.dumps(m, sort_keys=True) + "\n" for m in rows))
+
+    def append_metrics(self, record: Dict[str, Any]) -> None:
+        try:
+            with open(self.file(self.METRICS), "a") as f:
+                f.write(json.dumps(record, sort_keys=True) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            raise StructinitError(f"cannot write {self.file(self.METRICS)}: {exc.strerror or exc}") from None
+
+    # ---- checkpoints
+    def _save(self, obj: Any, name: str) -> None:
+        import torch
+
+        try:
+            with atomic_write(self.file(name)) as f:
+                torch.save(obj, f)
+        except OSError as exc:
+            raise StructinitError(f"cannot write {self.file(name)}: {exc.strerror or exc}") from None
+
+    def save_checkpoint(self, state: Dict[str, Any]) -> None:
+        self._save(dict(state, format=CHECKPOINT_FORMAT), self.CHECKPOINT)
+
+    def save_best(self, state: Dict[str, Any]) -> None:
+        self._save(state, self.BEST)
+
+    def load_checkpoint(self, map_location="cpu") -> Dict[str, Any]:
+        """``checkpoint.pt`` (read with ``weights_only=True``)."""
+        return load_train_checkpoint(self.file(self.CHECKPOINT), map_location)
+
+
+def load_train_checkpoint(path: os.PathLike, map_location="cpu") -> Dict[str, Any]:
+    """A ``checkpoint.pt`` written by :func:`structinit.train` (read with ``weights_only=True``)."""
+    import torch
+
+    try:
+        ck = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line
+        raise StructinitError(f"cannot read checkpoint {path}: {type(exc).__name__}: {exc}") from None
+    if not isinstance(ck, dict) or ck.get("format") != CHECKPOINT_FORMAT:
+        raise StructinitError(f"{path} is not a structinit training checkpoint")
+    return ck

@@ -1,0 +1,108 @@
+"""The command line as a whole: one error convention, flags that mean one thing, help that shows
+defaults and copyable examples, and an import path free of torch."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import typer.main
+
+from structinit.cli.app import app, main
+from structinit.cli.common import SHORT_FLAGS
+from structinit.errors import UsageError, param
+
+
+def _commands(group=None, path=()):
+    group = group or typer.main.get_command(app)
+    for name, cmd in getattr(group, "commands", {}).items():
+        if getattr(cmd, "commands", None):
+            yield from _commands(cmd, path + (name,))
+        else:
+            yield path + (name,), cmd
+
+
+def test_every_short_flag_means_one_long_flag_everywhere():
+    seen = {}
+    for path, cmd in _commands():
+        for p in cmd.params:
+            if p.param_type_name != "option":
+                continue
+            shorts = [o for o in p.opts if not o.startswith("--")]
+            longs = [o for o in p.opts if o.startswith("--")]
+            for s in shorts:
+                seen.setdefault(s, set()).add(longs[0])
+                assert s in SHORT_FLAGS and SHORT_FLAGS[s] == longs[0], (path, s, longs)
+    assert all(len(v) == 1 for v in seen.values()), seen
+
+
+def test_every_command_has_help_with_examples_and_visible_defaults(cli):
+    for path, _ in _commands():
+        r = cli(*path, "--help")
+        assert r.returncode == 0, (path, r.stderr)
+        assert "Examples:" in r.stdout and "structinit " in r.stdout.split("Examples:")[1], path
+        assert "<bool>" not in r.stdout, path
+        assert not [line for line in r.stdout.splitlines() if re.search(r"\s\.\s*$", line)], path  # a lost default
+    solve_help = cli("solve", "--help").stdout
+    assert "[default: (0.3)]" in solve_help and "[default: 192]" in solve_help
+
+
+def test_examples_are_never_wrapped_mid_command(cli):
+    for path, _ in _commands():
+        text = cli(*path, "--help").stdout.split("Examples:")[1]
+        for line in text.strip().splitlines():
+            assert line.strip().startswith(("structinit ", "torchrun ")), (path, line)
+
+
+def test_parser_errors_are_one_line_with_exit_2(cli):
+    r = cli("solve", "--dimm", "3")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: No such option: --dimm")
+    r = cli("nonsense")
+    assert r.returncode == 2 and r.stderr.startswith("error:") and r.stderr.count("\n") == 1
+
+
+def test_library_errors_name_parameters_and_the_cli_names_flags(cli):
+    from structinit import SolveConfig
+
+    with pytest.raises(UsageError) as exc:
+        SolveConfig(grid=(16, 16), dim=192, heads=5)
+    assert str(exc.value) == "dim 192 is not divisible by heads 5"
+    assert exc.value.render(lambda n: f"<{n}>") == "<dim> 192 is not divisible by <heads> 5"
+    r = cli("solve", "--dim", "192", "--heads", "5")
+    assert r.returncode == 2 and r.stderr == "error: --dim 192 is not divisible by --heads 5\n"
+    # a parameter the command spells differently (solve's --depth is SolveConfig's layers)
+    r = cli("solve", "--depth", "0")
+    assert r.returncode == 2 and "--depth must be a positive integer" in r.stderr
+    assert str(UsageError(f"{param('x')} bad")) == "x bad"
+
+
+def test_version_and_json_are_for_scripts(cli):
+    r = cli("--version")
+    assert r.returncode == 0 and r.stdout.startswith("structinit ")
+    r = cli("inspect", "--json")
+    assert r.returncode == 0 and "artifacts" in json.loads(r.stdout)
+
+
+def test_import_and_help_do_not_import_torch():
+    code = ("import sys, structinit; from structinit import solve, SolveConfig, initialize_model, apply_checkpoint, "
+            "train, TrainConfig; from structinit.cli.app import main; main(['--help']); main(['solve', '--help']); "
+            "print('TORCH' if 'torch' in sys.modules or 'timm' in sys.modules else 'LIGHT')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("LIGHT")
+
+
+def test_lazy_exports_resolve_to_the_library():
+    import structinit
+    from structinit.solver.run import solve
+
+    assert structinit.solve is solve
+    with pytest.raises(AttributeError):
+        structinit.no_such_name  # noqa: B018
+
+
+def test_main_returns_the_exit_code_of_a_library_failure(tmp_path, capsys):
+    code = main(["inspect", str(tmp_path / "missing.pt")])
+    assert code == 2 and capsys.readouterr().err.startswith("error: ")
