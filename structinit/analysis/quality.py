@@ -110,20 +110,66 @@ class Quality:
         return Quality(**{m: getattr(self, m)[index] for m in MEASURES})
 
 
+#: Attention maps larger than this (float32 bytes, all layers and heads together) are measured
+#: head by head in row chunks instead of at once.
+DENSE_BYTES = 128 * 2 ** 20
+CHUNK_BYTES = 32 * 2 ** 20
+
+
+def _row_chunks(n: int, budget: int = CHUNK_BYTES):
+    step = max(1, min(n, budget // (4 * 3 * max(n, 1))))
+    return [(i, min(i + step, n)) for i in range(0, n, step)]
+
+
+def _head_quality(x, q, k, cols) -> Dict[str, float]:
+    """``mse``, ``hit_rate``, ``target_mass`` of one head (``x: [N, D]``, ``q, k: [D, d]``,
+    ``cols: [N]``), row chunk by row chunk: never more than a chunk of the ``N x N`` map at once."""
+    import torch
+
+    n = x.shape[0]
+    xq, xk = x @ q, x @ k
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    has = cols >= 0
+    sq = on = hits = 0.0
+    for a, b in _row_chunks(n):
+        attn = torch.softmax((xq[a:b] @ xk.transpose(0, 1)) * scale, dim=-1)
+        c = cols[a:b]
+        on_t = attn.gather(-1, c.clamp(min=0).unsqueeze(-1)).squeeze(-1) * has[a:b]
+        sq += float((attn.double() ** 2).sum())
+        on += float(on_t.double().sum())
+        hits += float(((attn.argmax(-1) == c) & has[a:b]).sum())
+    rows = max(int(has.sum()), 1)
+    return {"mse": (sq - 2 * on + int(has.sum())) / (n * n), "hit_rate": hits / rows, "target_mass": on / rows}
+
+
 def measure(x, q, k, columns) -> Quality:
     """:class:`Quality` of ``q, k: [L, H, D, d]`` on inputs ``x: [L, N, D]`` against target columns
     ``[L, H, N]``. NumPy arrays or torch tensors; one layer may be given as ``x: [N, D]``,
-    ``q, k: [H, D, d]``, ``columns: [H, N]``."""
+    ``q, k: [H, D, d]``, ``columns: [H, N]``. Small maps are measured at once; large ones (over
+    :data:`DENSE_BYTES`) head by head in row chunks, so memory stays ``O(N)`` per row."""
     import torch
 
     x, q, k = (torch.as_tensor(np.asarray(t) if not isinstance(t, torch.Tensor) else t) for t in (x, q, k))
     cols = torch.as_tensor(np.asarray(columns) if not isinstance(columns, torch.Tensor) else columns)
     if q.dim() == 3:
         x, q, k, cols = x.unsqueeze(0), q.unsqueeze(0), k.unsqueeze(0), cols.unsqueeze(0)
-    attn = attention_maps(x.unsqueeze(1).to(q.device), q, k)
-    got = attention_quality(attn, cols.to(attn.device))
-    got["q_norm"], got["k_norm"] = column_norms(q), column_norms(k)
-    return Quality(**{m: got[m].detach().double().cpu().numpy() for m in MEASURES})
+    L, H, n = q.shape[0], q.shape[1], x.shape[-2]
+    if L * H * n * n * 4 <= DENSE_BYTES:
+        attn = attention_maps(x.unsqueeze(1).to(q.device), q, k)
+        got = attention_quality(attn, cols.to(attn.device))
+        got = {m: v.detach().double().cpu().numpy() for m, v in got.items()}
+    else:
+        got = {m: np.zeros((L, H)) for m in ("mse", "hit_rate", "target_mass")}
+        xs = x.float().to(q.device)
+        for l in range(L):
+            for h in range(H):
+                cell = _head_quality(xs[l if xs.shape[0] > 1 else 0], q[l, h].float(), k[l, h].float(),
+                                     cols[l, h].to(q.device))
+                for m, v in cell.items():
+                    got[m][l, h] = v
+    got["q_norm"] = column_norms(q).detach().double().cpu().numpy()
+    got["k_norm"] = column_norms(k).detach().double().cpu().numpy()
+    return Quality(**{m: np.asarray(got[m], dtype=np.float64) for m in MEASURES})
 
 
 def closest_offsets(x, q, k, grid) -> np.ndarray:
@@ -135,7 +181,12 @@ def closest_offsets(x, q, k, grid) -> np.ndarray:
     from structinit.geometry.grid import Grid
 
     x, q, k = (torch.as_tensor(np.asarray(t, np.float32) if not isinstance(t, torch.Tensor) else t) for t in (x, q, k))
-    arg = attention_logits(x.float(), q.float(), k.float()).argmax(-1).cpu().numpy()  # [H, N]
+    x, q, k = x.float(), q.float(), k.float()
+    xq, xk = x @ q, x @ k  # [H, N, d]
+    n, heads = x.shape[0], q.shape[0]
+    step = max(1, CHUNK_BYTES // (4 * n * heads))
+    arg = np.concatenate([(xq[:, a:a + step] @ xk.transpose(-1, -2)).argmax(-1).cpu().numpy()
+                          for a in range(0, n, step)], axis=1)  # [H, N]
     h, w = Grid(grid).hw
     qy, qx = np.divmod(np.arange(h * w), w)
     out = np.zeros((arg.shape[0], 2), dtype=np.int32)

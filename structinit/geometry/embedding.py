@@ -64,10 +64,11 @@ def layer_norm(x: np.ndarray, eps: float = LAYER_NORM_EPS) -> np.ndarray:
     return ((x - mu) / np.sqrt(var + eps)).astype(np.float32)
 
 
-def pseudo_input(kind: str, grid: Grid, dim: int, seed: int = 0) -> np.ndarray:
+def pseudo_input(kind: str, grid: Grid, dim: int, seed: int = 0, embedding=None) -> np.ndarray:
     """The pseudo input ``X``: float32 ``[N, dim]``, LayerNorm'd.
 
-    ``pe``: the sin-cos embedding (:func:`sincos`); ``uniform``: U(-1, 1) noise; ``gaussian``: N(0, 1/2) noise
+    ``pe``: the sin-cos embedding (:func:`sincos`), or ``embedding [N, dim]`` when given (a model's
+    own position embedding); ``uniform``: U(-1, 1) noise; ``gaussian``: N(0, 1/2) noise
     truncated at 2 std; ``pe+uniform`` / ``pe+gaussian``: the embedding plus that noise. Noise is
     drawn from a NumPy generator seeded with ``seed`` (device independent).
     """
@@ -77,7 +78,14 @@ def pseudo_input(kind: str, grid: Grid, dim: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     x = np.zeros((n, dim), dtype=np.float64)
     if kind.startswith("pe"):
-        x += sincos(grid, dim)
+        if embedding is None:
+            x += sincos(grid, dim)
+        else:
+            embedding = np.asarray(embedding, dtype=np.float32)
+            if embedding.shape != (n, dim):
+                raise UsageError(f"the position {param('embedding')} has shape {list(embedding.shape)}, expected "
+                                 f"[{n}, {dim}] for a {Grid(grid).describe()} grid")
+            x += embedding
     if kind.endswith("uniform"):
         x += rng.uniform(-1.0, 1.0, size=(n, dim))
     elif kind.endswith("gaussian"):

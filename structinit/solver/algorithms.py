@@ -1,28 +1,36 @@
 """Solvers: Q/K whose attention on the pseudo input approximates impulse targets.
 
-Every solver is batched over layers x heads (one set of batched matrix products) and has the
-signature ``solver(x, targets, head_dim, heads, generator, **params) -> (q, k)`` with
+Every solver is batched over layers x heads and has the signature
+``solver(x, columns, head_dim, heads, generator, progress=None, **params) -> (q, k)`` with
 
 - ``x: [L, N, D]`` the pseudo input of each layer,
-- ``targets: [L, H, N, N]`` the impulse targets (rows with no impulse are all zero),
+- ``columns: [L, H, N]`` int64, the impulse target of every query row: the column of its one
+  target token, ``-1`` for a row without one (zero padding at the border); the dense ``N x N``
+  target of a head is the 0/1 matrix with those ones (:func:`dense_targets`),
 - ``q, k: [L, H, D, d]`` so that head ``h`` of layer ``l`` attends with
-  ``softmax(x q (x k)^T / sqrt(d))``.
+  ``softmax(x q (x k)^T / sqrt(d))``,
+- ``progress(done, total)`` called as the work advances.
 
 Recipes (``RECIPES``):
 
 - ``fast`` (default): closed-form, ridge-regularized rank-``d`` fit of impulse logits (the gap
   that gives ``target_mass`` on the target token) in the pseudo input's column space, then a
-  per-head temperature calibrated by bisection so that the mean
-  attention mass on the target token equals ``target_mass``. Softness is an explicit knob, not
-  an accident of iteration counts.
+  per-head temperature calibrated so that the mean attention mass on the target token equals
+  ``target_mass``. Softness is an explicit knob, not an accident of iteration counts. It never
+  forms an ``N x N`` target: an impulse target is a shift, so its projection ``U^T T U`` onto the
+  input's column space is a row gather of ``U`` (``O(N r^2)`` for rank ``r``); heads of the same
+  input and offset share one solve; the temperature is calibrated on row chunks of the logits.
+  Time ``O(N D^2 + G (N r^2 + r^3 + N^2 d))`` for ``G`` distinct (input, offset) pairs (at most
+  ``f^2`` per distinct pseudo input), memory ``O(N D + r^2)`` plus a bounded logit chunk.
 - ``paper``: Algorithm 1 of the structured-initialization paper as written (uniform init, Adam
-  lr 1e-4, 10,000 iterations, MSE loss, scale 1/sqrt(d)).
+  lr 1e-4, 10,000 iterations, MSE loss, scale 1/sqrt(d)). Dense: ``O(L H N^2)`` memory.
 - ``released``: the authors' released code: as ``paper`` but every ``norm_every`` iterations
   (from iteration 0) Q's columns and K's rows are rescaled to the mean initial column norm of Q,
   which keeps the attention soft (target mass ~0.2 on the ViT-T shape).
 - ``closed-form``: the authors' later construction: target logits (``logit`` on impulse entries,
   truncated-normal noise elsewhere) through the pseudo-inverse of ``x``, rank-``d`` SVD, each
-  factor normalized to unit Frobenius norm and scaled by ``qk_scale``.
+  factor normalized to unit Frobenius norm and scaled by ``qk_scale``. Dense (the noise is
+  ``N x N``).
 """
 
 from __future__ import annotations
@@ -38,6 +46,19 @@ from structinit.solver.recipes import RECIPES
 
 Solver = Callable[..., Tuple[torch.Tensor, torch.Tensor]]
 
+#: Bytes of float64 logits the fast recipe keeps per head while calibrating; larger heads are
+#: recomputed in row chunks of about :data:`CHUNK_BYTES` on every step instead.
+CACHE_BYTES = 256 * 2 ** 20
+CHUNK_BYTES = 32 * 2 ** 20
+
+
+def dense_targets(columns: torch.Tensor, n: int, dtype=torch.float32) -> torch.Tensor:
+    """The 0/1 targets ``[..., N, N]`` of target columns ``[..., N]`` (``-1``: an empty row)."""
+    out = torch.zeros(columns.shape + (n,), dtype=dtype, device=columns.device)
+    has = columns >= 0
+    out.scatter_(-1, columns.clamp(min=0).unsqueeze(-1), has.unsqueeze(-1).to(dtype))
+    return out
+
 
 def _uniform_init(shape, head_dim: int, heads: int, generator: torch.Generator, device) -> torch.Tensor:
     """Uniform in +-sqrt(1 / (d * heads)), drawn on the CPU generator (device independent)."""
@@ -46,9 +67,10 @@ def _uniform_init(shape, head_dim: int, heads: int, generator: torch.Generator, 
     return w.to(device)
 
 
-def _adam_mse(x, targets, head_dim, heads, generator, iters, lr, norm_every=0, progress=None):
+def _adam_mse(x, columns, head_dim, heads, generator, iters, lr, norm_every=0, progress=None):
     """Adam on the per-head MSE (summed over heads, so each head sees its own Algorithm 1)."""
-    L, H, N, _ = targets.shape
+    L, H, N = columns.shape
+    targets = dense_targets(columns, N)
     D = x.shape[-1]
     q = _uniform_init((L, H, D, head_dim), head_dim, heads, generator, x.device).requires_grad_(True)
     k = _uniform_init((L, H, D, head_dim), head_dim, heads, generator, x.device).requires_grad_(True)
@@ -66,19 +88,36 @@ def _adam_mse(x, targets, head_dim, heads, generator, iters, lr, norm_every=0, p
         loss = ((attn - targets) ** 2).mean(dim=(-1, -2)).sum()
         loss.backward()
         opt.step()
-        if progress is not None and (i + 1) % 100 == 0:
+        if progress is not None and ((i + 1) % 100 == 0 or i + 1 == iters):
             progress(i + 1, iters)
     return q.detach(), k.detach()
 
 
-def solve_paper(x, targets, head_dim, heads, generator, iters=10000, lr=1e-4, progress=None):
+def solve_paper(x, columns, head_dim, heads, generator, iters=10000, lr=1e-4, progress=None):
     """Algorithm 1 as the paper states it. See the module docstring for shapes."""
-    return _adam_mse(x, targets, head_dim, heads, generator, iters, lr, 0, progress)
+    return _adam_mse(x, columns, head_dim, heads, generator, iters, lr, 0, progress)
 
 
-def solve_released(x, targets, head_dim, heads, generator, iters=10000, lr=1e-4, norm_every=100, progress=None):
+def solve_released(x, columns, head_dim, heads, generator, iters=10000, lr=1e-4, norm_every=100, progress=None):
     """Algorithm 1 with the released code's periodic norm reset. See the module docstring."""
-    return _adam_mse(x, targets, head_dim, heads, generator, iters, lr, norm_every, progress)
+    return _adam_mse(x, columns, head_dim, heads, generator, iters, lr, norm_every, progress)
+
+
+def _factor(b: torch.Tensor, s: torch.Tensor, v: torch.Tensor, head_dim: int, ridge: float,
+            rcond: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Rank-``d`` factors of logits ``b [..., r, r]`` given in the whitened column space of ``x``
+    (singular values ``s [..., r]``, right singular vectors ``v [..., D, r]``): ridge shrink,
+    SVD, map back with ``V S^-1``. See :func:`lowrank_logit_fit`."""
+    if ridge > 0:
+        w = s.unsqueeze(-1) ** 2 * s.unsqueeze(-2) ** 2
+        b = b * (w / (w + ridge * s[..., :1, None] ** 4))
+    p, sig, rh = torch.linalg.svd(b)
+    root = (sig[..., :head_dim].sqrt() * head_dim ** 0.25).unsqueeze(-2)
+    s_inv = torch.where(s > rcond * s[..., :1], 1.0 / s, torch.zeros_like(s))
+    back = v * s_inv.unsqueeze(-2)  # whitened coordinates -> input space: [..., D, r]
+    q = back @ (p[..., :head_dim] * root)
+    k = back @ (rh.transpose(-1, -2)[..., :head_dim] * root)
+    return q, k
 
 
 def lowrank_logit_fit(x: torch.Tensor, logits: torch.Tensor, head_dim: int, ridge: float = 0.0,
@@ -97,16 +136,18 @@ def lowrank_logit_fit(x: torch.Tensor, logits: torch.Tensor, head_dim: int, ridg
     u, s, vh = torch.linalg.svd(x.double(), full_matrices=False)
     u, s, v = u.unsqueeze(1), s.unsqueeze(1), vh.transpose(-1, -2).unsqueeze(1)
     b = u.transpose(-1, -2) @ logits.double() @ u  # logits in x's column space, [L, H, r, r]
-    if ridge > 0:
-        w = s.unsqueeze(-1) ** 2 * s.unsqueeze(-2) ** 2
-        b = b * (w / (w + ridge * s[..., :1, None] ** 4))
-    p, sig, rh = torch.linalg.svd(b)
-    root = (sig[..., :head_dim].sqrt() * head_dim ** 0.25).unsqueeze(-2)
-    s_inv = torch.where(s > rcond * s[..., :1], 1.0 / s, torch.zeros_like(s))
-    back = v * s_inv.unsqueeze(-2)  # whitened coordinates -> input space: [L, 1, D, r]
-    q = back @ (p[..., :head_dim] * root)
-    k = back @ (rh.transpose(-1, -2)[..., :head_dim] * root)
-    return q, k
+    return _factor(b, s, v, head_dim, ridge, rcond)
+
+
+def impulse_projection(u: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """``U^T C U`` for the centred impulse target ``C = T - rowmean(T)`` of target columns
+    ``[N]``, with ``u: [N, r]`` (float64), in ``O(N r^2)`` and without forming ``T``: ``T U`` is
+    the rows of ``U`` at the target columns (zero rows where there is none), and the row means of
+    ``T`` are ``1/N`` on rows with a target."""
+    n = u.shape[0]
+    has = (columns >= 0).to(u.dtype)
+    tu = u.index_select(0, columns.clamp(min=0)) * has.unsqueeze(-1)
+    return u.transpose(-1, -2) @ tu - torch.outer(u.transpose(-1, -2) @ has / n, u.sum(0))
 
 
 def mass_logit_gap(target_mass: float, n: int) -> float:
@@ -114,51 +155,131 @@ def mass_logit_gap(target_mass: float, n: int) -> float:
     return math.log(target_mass * (n - 1) / (1 - target_mass))
 
 
-def calibrate_temperature(x, q, k, targets, target_mass: float, steps: int = 50):
-    """Scale each head's ``q, k`` by one scalar so its mean target mass equals ``target_mass``.
-
-    Bisection on ``log`` of the logit scale, batched over all heads; returns the scaled q, k.
-    """
-    xb = x.unsqueeze(1).to(q.dtype)
-    base = attention_logits(xb, q, k)  # [L, H, N, N]
-    has = targets.sum(-1) > 0
-    tcol = targets.argmax(-1, keepdim=True)
-    rows = has.sum(-1).clamp(min=1)
-
-    def mass(log_scale):
-        p = torch.softmax(base * log_scale.exp()[..., None, None], dim=-1)
-        return (p.gather(-1, tcol).squeeze(-1) * has).sum(-1) / rows
-
-    lo = torch.full(base.shape[:2], -12.0, dtype=base.dtype, device=base.device)
-    hi = torch.full_like(lo, 12.0)
-    for _ in range(steps):
-        mid = (lo + hi) / 2
-        above = mass(mid) > target_mass
-        hi = torch.where(above, mid, hi)
-        lo = torch.where(above, lo, mid)
-    root = ((lo + hi) / 2).exp().sqrt()[..., None, None]
-    return q * root, k * root
+def _row_chunks(n: int, budget: int = CHUNK_BYTES):
+    step = max(1, min(n, budget // (8 * 3 * max(n, 1))))
+    return [(i, min(i + step, n)) for i in range(0, n, step)]
 
 
-def solve_fast(x, targets, head_dim, heads, generator, target_mass=0.3, ridge=1e-5, progress=None):
-    """Closed-form low-rank logit fit + per-head temperature calibration. See the module docstring."""
-    n = targets.shape[-1]
+def calibrate_head(xq: torch.Tensor, xk: torch.Tensor, columns: torch.Tensor, target_mass: float,
+                   tol: float = 1e-13, max_steps: int = 200) -> float:
+    """The log-scale ``t`` in ``[-12, 12]`` at which the mean attention on the target token of one
+    head, ``softmax(e^t xq xk^T / sqrt(d))`` over the rows that have a target, equals ``target_mass``.
+
+    ``xq, xk: [N, d]`` float64 (the projected input), ``columns: [N]``. Newton steps on ``t``
+    inside a bisection bracket (a step that leaves the bracket is replaced by the midpoint), so it
+    converges to the root the plain bisection converges to, in a handful of passes over the
+    logits; the logits are kept when they fit in :data:`CACHE_BYTES`, else recomputed in row
+    chunks on every pass."""
+    n, d = xq.shape
+    has = columns >= 0
+    rows = max(int(has.sum()), 1)
+    chunks = _row_chunks(n)
+    cached = [None] * len(chunks) if n * n * 8 <= CACHE_BYTES else None
+    scale = 1.0 / math.sqrt(d)
+
+    def logits(i, a, b):
+        if cached is not None and cached[i] is not None:
+            return cached[i]
+        out = (xq[a:b] @ xk.transpose(0, 1)) * scale
+        if cached is not None:
+            cached[i] = out
+        return out
+
+    def mass_and_slope(t: float):
+        s = math.exp(t)
+        m = dm = 0.0
+        for i, (a, b) in enumerate(chunks):
+            z = logits(i, a, b) * s
+            z.sub_(z.amax(-1, keepdim=True))  # shifted by the row max (nothing below depends on the shift)
+            e = torch.exp(z)
+            total = e.sum(-1)
+            mean_z = torch.einsum("ij,ij->i", e, z) / total
+            col = columns[a:b].clamp(min=0).unsqueeze(-1)
+            keep = has[a:b]
+            p_t = e.gather(-1, col).squeeze(-1) / total * keep
+            m += float(p_t.sum())
+            dm += float((p_t * (z.gather(-1, col).squeeze(-1) - mean_z)).sum())
+        return m / rows, dm / rows
+
+    lo, hi, t = -12.0, 12.0, 0.0
+    for _ in range(max_steps):
+        m, dm = mass_and_slope(t)
+        if m > target_mass:
+            hi = t
+        else:
+            lo = t
+        if abs(m - target_mass) <= tol or hi - lo <= tol:
+            break
+        step = t - (m - target_mass) / dm if dm > 0 else float("nan")
+        t = step if lo < step < hi else (lo + hi) / 2
+    return t
+
+
+def distinct_heads(x: torch.Tensor, columns: torch.Tensor):
+    """Heads that pose the same problem (the same pseudo input and target).
+
+    ``x: [L, N, D]``, ``columns: [L, H, N]`` -> ``(inputs, first, inverse)``: ``inputs [L]`` the
+    first layer with the same pseudo input as each layer, ``first [G, 2]`` one ``(layer, head)`` of
+    each distinct pair (in order of first appearance) and ``inverse [L, H]`` the pair of every head."""
+    L, H, N = columns.shape
+    inputs = list(range(L))
+
+    def same(a, b):
+        return a.data_ptr() == b.data_ptr() and a.stride() == b.stride() or torch.equal(a, b)
+
+    for l in range(1, L):
+        inputs[l] = next((m for m in range(l) if inputs[m] == m and same(x[l], x[m])), l)
+    rows = torch.cat([torch.tensor(inputs).view(L, 1, 1).expand(L, H, 1), columns.cpu()], -1).reshape(L * H, -1)
+    _, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    order: Dict[int, int] = {}
+    for i, u in enumerate(inverse.tolist()):
+        order.setdefault(u, i)
+    relabel = torch.empty(len(order), dtype=torch.long)
+    for new, u in enumerate(order):
+        relabel[u] = new
+    first = torch.tensor([[i // H, i % H] for i in order.values()], dtype=torch.long).view(-1, 2)
+    return torch.tensor(inputs), first, relabel[inverse].view(L, H)
+
+
+def solve_fast(x, columns, head_dim, heads, generator, target_mass=0.3, ridge=1e-5, progress=None):
+    """Closed-form low-rank logit fit + per-head temperature calibration, once per distinct
+    (pseudo input, offset) pair. See the module docstring."""
+    L, H, n = columns.shape
     if not (1.0 / n < target_mass < 1.0):
         raise UsageError(f"{param('target_mass')} must lie in (1/N, 1) = ({1.0 / n:.4g}, 1), got {target_mass}")
     gap = mass_logit_gap(min(target_mass, 0.999), n)
-    centred = targets.double() - targets.double().mean(-1, keepdim=True)
-    q, k = lowrank_logit_fit(x, gap * centred, head_dim, ridge=ridge)
-    q, k = calibrate_temperature(x.double(), q, k, targets, target_mass)
-    return q.float(), k.float()
+    inputs, first, inverse = distinct_heads(x, columns)
+    qs, ks = [None] * len(first), [None] * len(first)
+    done = 0
+    for src in sorted(set(inputs.tolist())):  # one input's SVD in memory at a time
+        xl = x[src].double()
+        u, s, vh = torch.linalg.svd(xl, full_matrices=False)
+        v = vh.transpose(-1, -2)
+        for g, (l, h) in enumerate(first.tolist()):
+            if int(inputs[l]) != src:
+                continue
+            q, k = _factor(gap * impulse_projection(u, columns[l, h]), s, v, head_dim, ridge, 1e-6)
+            t = calibrate_head(xl @ q, xl @ k, columns[l, h], target_mass)
+            qs[g], ks[g] = q * math.exp(t / 2), k * math.exp(t / 2)
+            done += 1
+            if progress is not None:
+                progress(done, len(first))
+        del u, s, v, xl
+    return torch.stack(qs)[inverse].float(), torch.stack(ks)[inverse].float()
 
 
-def solve_closed_form(x, targets, head_dim, heads, generator, logit=10.0, noise_std=1.0, qk_scale=7.0, progress=None):
+def solve_closed_form(x, columns, head_dim, heads, generator, logit=10.0, noise_std=1.0, qk_scale=7.0, progress=None):
     """The authors' later pseudo-inverse + SVD construction. See the module docstring."""
-    noise = torch.randn(targets.shape, generator=generator, dtype=torch.float64).clamp_(-2, 2) * noise_std
-    logits = torch.where(targets.cpu() > 0, torch.full_like(noise, logit), noise).to(x.device)
+    n = columns.shape[-1]
+    noise = torch.randn(columns.shape + (n,), generator=generator, dtype=torch.float64).clamp_(-2, 2) * noise_std
+    targets = dense_targets(columns.cpu(), n)
+    logits = torch.where(targets > 0, torch.full_like(noise, logit), noise).to(x.device)
+    del targets
     q, k = lowrank_logit_fit(x, logits, head_dim)
     q = q / q.norm(dim=(-2, -1), keepdim=True) * qk_scale
     k = k / k.norm(dim=(-2, -1), keepdim=True) * qk_scale
+    if progress is not None:
+        progress(1, 1)
     return q.float(), k.float()
 
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
+
+import numpy as np
 
 from structinit.errors import UsageError, param
 from structinit.geometry.embedding import PSEUDO_INPUTS
@@ -27,7 +30,12 @@ class SolveConfig:
     result for every layer (the released code's default); ``pseudo_input_rest`` is the pseudo input
     of layers after the first (``None``: same as first); ``offset_order`` is ``random`` (a uniform
     draw per head and layer) or ``centre``; ``params`` the recipe's parameters
-    (:func:`~structinit.solver.recipes.recipe_params` fills in the defaults).
+    (:func:`~structinit.solver.recipes.recipe_params` fills in the defaults); ``pos_embed`` is
+    ``None`` for the fixed sin-cos table in a ``pe`` pseudo input, or the
+    :func:`embedding_digest` of another position embedding ``[N, D]`` that takes its place (a
+    model's own, e.g. a learned one; the solve is then given the array, and the artifact stores
+    the pseudo input made from it). ``pos_embed`` is left out of the canonical JSON when ``None``,
+    so the keys of sin-cos solves do not depend on it.
     """
 
     grid: Grid
@@ -43,6 +51,7 @@ class SolveConfig:
     padding: str = "zero"
     offset_order: str = "random"
     seed: int = 0
+    pos_embed: Optional[str] = None
 
     def __post_init__(self):
         object.__setattr__(self, "grid", Grid(self.grid))
@@ -58,6 +67,13 @@ class SolveConfig:
         check_choice("offset_order", self.offset_order, OFFSET_ORDERS)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise UsageError(f"{param('seed')} must be a non-negative integer, got {self.seed!r}")
+        if self.pos_embed is not None:
+            if not (isinstance(self.pos_embed, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", self.pos_embed)):
+                raise UsageError(f"{param('pos_embed')} must be an embedding digest 'sha256:<64 hex digits>' "
+                                 f"(see embedding_digest), got {self.pos_embed!r}")
+            if not any(kind.startswith("pe") for kind in (self.pseudo_input, self.pseudo_input_rest) if kind):
+                raise UsageError(f"{param('pos_embed')} replaces the sin-cos table of a 'pe' pseudo input, but "
+                                 f"{param('pseudo_input')} {self.pseudo_input!r} uses no position embedding")
 
     @property
     def tokens(self) -> int:
@@ -69,6 +85,8 @@ class SolveConfig:
 
     def to_dict(self) -> Dict[str, Any]:
         d = dataclasses.asdict(self)
+        if d["pos_embed"] is None:
+            del d["pos_embed"]  # sin-cos solves keep the keys they had before the field existed
         d["grid"] = list(self.grid)
         d["format"] = FORMAT
         return d
@@ -95,5 +113,15 @@ class SolveConfig:
 
     def describe(self) -> str:
         share = " shared" if self.share else ""
+        pe = f", fitted to position embedding {self.pos_embed[7:19]}" if self.pos_embed else ""
         return (f"{self.grid.describe()} grid, dim {self.dim}, {self.heads} heads, filter {self.filter}, "
-                f"{self.layers} layer(s){share}, recipe {self.recipe}")
+                f"{self.layers} layer(s){share}, recipe {self.recipe}{pe}")
+
+
+def embedding_digest(embedding) -> str:
+    """``sha256:<hex>`` of a position embedding ``[N, D]`` as float32 (shape included): the value of
+    :attr:`SolveConfig.pos_embed` for a solve on it."""
+    arr = np.ascontiguousarray(np.asarray(embedding, dtype=np.float32))
+    h = hashlib.sha256(f"{list(arr.shape)}:".encode())
+    h.update(arr.tobytes())
+    return "sha256:" + h.hexdigest()

@@ -16,13 +16,13 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from structinit.errors import UsageError, param
+from structinit.errors import StructinitError, UsageError, param
 from structinit.geometry.embedding import pseudo_input
-from structinit.geometry.targets import draw_offsets, impulse_targets
+from structinit.geometry.targets import draw_offsets, impulse_columns
 from structinit.runtime import check_device, check_threads, resolve_device, set_threads
 from structinit.solver.artifact import Artifact, write_artifact
 from structinit.solver.cache import check_cache_dir, find_cached, key_lock, user_cache_dir
-from structinit.solver.config import SolveConfig
+from structinit.solver.config import SolveConfig, embedding_digest
 
 
 @dataclass
@@ -33,43 +33,158 @@ class SolveResult:
     cached: bool
 
 
-def layer_inputs(config: SolveConfig) -> tuple:
-    """``(first, rest)`` pseudo inputs ``[N, D]``; ``rest`` is ``None`` when it equals ``first``."""
-    first = pseudo_input(config.pseudo_input, config.grid, config.dim, seed=config.seed)
+def layer_inputs(config: SolveConfig, embedding=None) -> tuple:
+    """``(first, rest)`` pseudo inputs ``[N, D]``; ``rest`` is ``None`` when it equals ``first``.
+    ``embedding [N, D]`` is the position embedding of ``config.pos_embed`` (required when set)."""
+    if config.pos_embed is not None and embedding is None:
+        raise UsageError(f"the solve config has {param('pos_embed')} {config.pos_embed[:19]}...; pass the "
+                         f"{param('embedding')} it was made from")
+    if embedding is not None:
+        check_embedding(config, embedding)
+    first = pseudo_input(config.pseudo_input, config.grid, config.dim, seed=config.seed, embedding=embedding)
     rest = None
     if config.pseudo_input_rest is not None:
-        rest = pseudo_input(config.pseudo_input_rest, config.grid, config.dim, seed=config.seed + 1)
+        rest = pseudo_input(config.pseudo_input_rest, config.grid, config.dim, seed=config.seed + 1,
+                            embedding=embedding)
     return first, rest
 
 
+def check_embedding(config: SolveConfig, embedding) -> None:
+    """Raise :class:`UsageError` unless ``embedding`` is the one ``config.pos_embed`` names."""
+    if config.pos_embed is None:
+        raise UsageError(f"an {param('embedding')} was given but the config has no {param('pos_embed')} digest "
+                         "(set it with embedding_digest)")
+    if embedding_digest(embedding) != config.pos_embed:
+        raise UsageError(f"the {param('embedding')} given is not the one the config's {param('pos_embed')} "
+                         "digest names")
+
+
+def solved_layers(config: SolveConfig) -> list:
+    """The layers that get their own solve: all of them, or (shared) the first and, when the
+    following layers have another pseudo input, one more for all of them."""
+    if not config.share:
+        return list(range(config.layers))
+    return [0, 1] if config.pseudo_input_rest is not None and config.layers > 1 else [0]
+
+
+def estimate_memory(config: SolveConfig) -> int:
+    """Bytes a solve of ``config`` needs at its peak, roughly (within a factor of about 1.5; the
+    Python interpreter and torch themselves not counted). The ``fast`` recipe is ``O(N D)``;
+    ``paper``, ``released`` and ``closed-form`` hold ``N x N`` maps for every head."""
+    from structinit.analysis.quality import CHUNK_BYTES, DENSE_BYTES
+    from structinit.solver import algorithms
+
+    n, dim, d = config.tokens, config.dim, config.head_dim
+    ls, heads = len(solved_layers(config)), config.heads
+    r = min(n, dim)
+    inputs = 8 * 8 * n * dim + 2 * 4 * ls * n * dim  # pseudo inputs (float64 work) and the stacked x
+    weights = 4 * 4 * config.layers * heads * dim * d  # q, k and their copies
+    maps = ls * heads * n * n
+    if config.recipe == "fast":
+        groups = min(ls * heads, config.filter ** 2 * (2 if config.pseudo_input_rest else 1))
+        svd = 8 * (3 * n * r + 2 * r * r + r * dim)  # x in float64, U, the LAPACK work, V
+        per_group = 8 * (n * r + 8 * r * r + 4 * n * d)  # T U, B and its SVD, x q / x k
+        calibrate = min(8 * n * n, algorithms.CACHE_BYTES) + 4 * algorithms.CHUNK_BYTES
+        work = svd + per_group + calibrate + 8 * 2 * groups * dim * d + 4 * CHUNK_BYTES
+    elif config.recipe == "closed-form":
+        work = 8 * 4 * maps + 8 * ls * heads * r * n + min(4 * maps, DENSE_BYTES)
+    else:  # paper, released: Adam through dense attention (forward and backward)
+        work = 4 * 8 * maps + min(4 * maps, DENSE_BYTES)
+    return int(inputs + weights + work)
+
+
+def available_memory(device: str) -> Optional[int]:
+    """Bytes free for a solve on ``device``: the GPU's free memory, or on a CPU the kernel's
+    ``MemAvailable`` (capped by an address-space limit, if any); ``None`` when unknown."""
+    if device.startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    free = None
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    free = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            free = soft if free is None else min(free, soft)
+    except (ImportError, ValueError, OSError):
+        pass
+    return free
+
+
+def check_memory(config: SolveConfig, device: str) -> int:
+    """The :func:`estimate_memory` of ``config``; raises :class:`StructinitError` with the estimate
+    when it exceeds what ``device`` has free (so a solve that cannot finish does not start)."""
+    need = estimate_memory(config)
+    free = available_memory(device)
+    if free is not None and need > free:
+        hint = ("the fast recipe needs no N x N maps" if config.recipe != "fast"
+                else "fewer tokens, a smaller dim, or a device with more memory")
+        raise StructinitError(f"solving {config.describe()} needs about {_gib(need)} of memory on {device}, and "
+                              f"only {_gib(free)} is free; try {hint}")
+    return need
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2 ** 30:.1f} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.0f} MiB"
+
+
+def _quality(x, q, k, columns, inputs):
+    """:class:`~structinit.analysis.quality.Quality` of every solved head, measuring each distinct
+    (pseudo input, target, q, k) once (heads of the fast recipe that share an offset are one)."""
+    from structinit.analysis.quality import MEASURES, Quality, measure
+
+    L, H = q.shape[:2]
+    seen, cells = {}, {}
+    for l in range(L):
+        for h in range(H):
+            key = (int(inputs[l]), columns[l, h].cpu().numpy().tobytes(), q[l, h].cpu().numpy().tobytes(),
+                   k[l, h].cpu().numpy().tobytes())
+            if key not in seen:
+                seen[key] = measure(x[l], q[l, h:h + 1], k[l, h:h + 1], columns[l, h:h + 1]).cell(0, 0)
+            cells[l, h] = seen[key]
+    return Quality(**{m: np.array([[cells[l, h][m] for h in range(H)] for l in range(L)]) for m in MEASURES})
+
+
 def compute(config: SolveConfig, device: str = "auto", progress: Optional[Callable[[int, int], None]] = None,
-            threads: Optional[int] = None) -> Artifact:
-    """Solve ``config`` now (no cache), batched over all solved layers x heads on ``device``."""
+            threads: Optional[int] = None, embedding=None) -> Artifact:
+    """Solve ``config`` now (no cache) on ``device``, batched over the solved layers x heads.
+
+    ``embedding [N, D]``: the position embedding whose digest is ``config.pos_embed`` (only then).
+    Refuses (:func:`check_memory`) a solve that does not fit in the device's free memory.
+    """
     import torch
 
     set_threads(threads)
-    from structinit.analysis.quality import measure, targets_to_columns
-    from structinit.solver.algorithms import SOLVERS
+    from structinit.solver.algorithms import SOLVERS, distinct_heads
 
     dev = resolve_device(device)
+    check_memory(config, dev)
     L, H = config.layers, config.heads
-    first, rest = layer_inputs(config)
-    # Layers that get their own solve: all of them, or (shared) the first and, if its pseudo input
-    # differs, one more for every following layer (the released code's behaviour).
-    solved = list(range(L)) if not config.share else ([0, 1] if rest is not None and L > 1 else [0])
+    first, rest = layer_inputs(config, embedding)
+    solved = solved_layers(config)
     offsets_solved = draw_offsets(config.filter, H, len(solved), config.seed, config.offset_order)
-    x_np = np.stack([rest if (i > 0 and rest is not None) else first for i in solved])
-    x = torch.from_numpy(x_np).to(dev)
-    targets = torch.from_numpy(impulse_targets(config.grid, offsets_solved, config.padding)).to(dev)
+    if rest is None:  # one input for every solved layer: a view, not copies
+        x = torch.from_numpy(first).to(dev).unsqueeze(0).expand(len(solved), -1, -1)
+    else:
+        x = torch.from_numpy(np.stack([rest if i > 0 else first for i in solved])).to(dev)
+    columns = torch.from_numpy(impulse_columns(config.grid, offsets_solved, config.padding)).to(dev)
     gen = torch.Generator().manual_seed(config.seed)
     t0 = time.perf_counter()
-    q, k = SOLVERS[config.recipe](x, targets, config.head_dim, H, gen, progress=progress, **config.params)
+    q, k = SOLVERS[config.recipe](x, columns, config.head_dim, H, gen, progress=progress, **config.params)
     if dev.startswith("cuda"):
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     # Shared solves: layer 0 uses the first solve, every following layer the last one.
     index = np.array([min(i, len(solved) - 1) for i in range(L)]) if config.share else np.arange(L)
-    quality = measure(x, q, k, targets_to_columns(targets)).select(index)
+    quality = _quality(x, q, k, columns, distinct_heads(x, columns)[0]).select(index)
     q, k = q.cpu().numpy(), k.cpu().numpy()
     stats = {"layers": quality.to_stats(), "summary": quality.summary(), "seconds": seconds,
              "device": torch.cuda.get_device_name(dev) if dev.startswith("cuda") else "cpu"}
@@ -79,11 +194,14 @@ def compute(config: SolveConfig, device: str = "auto", progress: Optional[Callab
 
 def solve(config: SolveConfig, cache_dir: Optional[os.PathLike] = None, device: str = "auto", force: bool = False,
           progress: Optional[Callable[[int, int], None]] = None, warn: Optional[Callable[[str], None]] = None,
-          threads: Optional[int] = None) -> SolveResult:
+          threads: Optional[int] = None, embedding=None) -> SolveResult:
     """The artifact for ``config``: from the cache if present and valid, else solved and stored.
 
     Concurrent callers with the same key solve it once (a per-key lock) and every caller gets a
-    complete artifact; ``force`` re-solves and replaces the user-cache copy.
+    complete artifact; ``force`` re-solves and replaces the user-cache copy. ``embedding``: the
+    position embedding of ``config.pos_embed`` (see :func:`compute`). A cache folder that cannot
+    be created, locked or written is a :class:`StructinitError` (before solving where it can be
+    told), and nothing partial is left in it.
     """
     check_threads(threads)
     check_cache_dir(cache_dir)
@@ -93,16 +211,23 @@ def solve(config: SolveConfig, cache_dir: Optional[os.PathLike] = None, device: 
         hit = find_cached(config.filename, cache_dir, warn)
         if hit is not None:
             return SolveResult(hit, cached=True)
+    if embedding is not None:
+        check_embedding(config, embedding)
     folder = user_cache_dir(cache_dir)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"cannot create the {param('cache_dir')} folder {folder}: {exc.strerror}") from None
+        raise StructinitError(f"cannot create the {param('cache_dir')} folder {folder}: "
+                              f"{exc.strerror or exc}") from None
     with key_lock(folder, config.filename):
         if not force:  # another process may have finished it while we waited for the lock
             hit = find_cached(config.filename, cache_dir, warn)
             if hit is not None:
                 return SolveResult(hit, cached=True)
-        artifact = compute(config, device, progress, threads)
-        artifact.path = write_artifact(artifact, folder / config.filename)
+        artifact = compute(config, device, progress, threads, embedding)
+        try:
+            artifact.path = write_artifact(artifact, folder / config.filename)
+        except OSError as exc:
+            raise StructinitError(f"solved, but cannot write the artifact into the {param('cache_dir')} "
+                                  f"{folder}: {exc.strerror or exc}; nothing was stored") from None
     return SolveResult(artifact, cached=False)
