@@ -1,18 +1,33 @@
-"""Atomic file writes: a reader sees the old file or the whole new one, never a partial one."""
+"""Atomic file writes: a reader sees the old file or the whole new one, never a partial one; and
+an output that must not replace anything is created exclusively (of two writers, one wins and the
+other is told)."""
 
 from __future__ import annotations
 
+import errno
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Iterator, Optional
+
+
+class OutputExists(FileExistsError):
+    """``atomic_write(..., exclusive=True)`` found its path taken (another writer got there first)."""
 
 
 @contextmanager
-def atomic_write(path: os.PathLike, mode: str = "wb") -> Iterator[IO]:
-    """Open a hidden temp file beside ``path``; on a clean exit flush, fsync and ``os.replace`` it
-    onto ``path``. On an exception (or a killed process) ``path`` is untouched and the temp file
-    is removed (a killed process leaves only ``.NAME.PID.RAND.tmp``, which nothing loads)."""
+def atomic_write(path: os.PathLike, mode: str = "wb", exclusive: bool = False,
+                 file_mode: Optional[int] = None) -> Iterator[IO]:
+    """Open a hidden temp file beside ``path``; on a clean exit flush, fsync and move it onto
+    ``path``. On an exception (or a killed process) ``path`` is untouched and the temp file is
+    removed (a killed process leaves only ``.NAME.PID.RAND.tmp``, which nothing loads).
+
+    ``exclusive``: never replace an existing ``path``: the finished file is hard-linked to it, which
+    fails if the name is taken, so of concurrent writers exactly one succeeds and the others get
+    :class:`OutputExists` (where the file system has no hard links, the name is claimed with
+    ``O_CREAT | O_EXCL`` and then replaced). ``file_mode``: the permission bits of the result
+    (e.g. the input's, for a file derived from it); default: the umask's.
+    """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
@@ -20,7 +35,55 @@ def atomic_write(path: os.PathLike, mode: str = "wb") -> Iterator[IO]:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        if file_mode is not None:
+            os.chmod(tmp, file_mode & 0o7777)
+        if exclusive:
+            _link_exclusive(tmp, path)
+        else:
+            os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _link_exclusive(tmp: Path, path: Path) -> None:
+    try:
+        os.link(tmp, path)
+        return
+    except FileExistsError:
+        raise OutputExists(errno.EEXIST, "already exists", str(path)) from None
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+    try:  # no hard links here: claim the name, then replace the (empty) claim
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        raise OutputExists(errno.EEXIST, "already exists", str(path)) from None
+    os.replace(tmp, path)
+
+
+def claim_backup(path: os.PathLike) -> Path:
+    """A new, never-used backup name for ``path`` holding its current content: ``PATH.bak``, else
+    ``PATH.bak.1``, ``PATH.bak.2``, ... An existing backup is never touched. The backup is a hard
+    link to ``path``'s file (so replacing ``path`` afterwards leaves it the old content), or an
+    exclusive copy where links are not possible."""
+    import shutil
+
+    path = Path(path)
+    for i in range(10000):
+        backup = path.with_name(path.name + (".bak" if i == 0 else f".bak.{i}"))
+        try:
+            os.link(path, backup)
+            return backup
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+                raise
+        try:
+            with atomic_write(backup, exclusive=True, file_mode=path.stat().st_mode) as dst, open(path, "rb") as src:
+                shutil.copyfileobj(src, dst)
+            return backup
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free backup name", str(path))

@@ -34,17 +34,21 @@ def check_output(path: os.PathLike, force: bool = False, name: str = "png") -> P
     return path
 
 
-def save_png(fig, path: os.PathLike, dpi: int = 110) -> Path:
-    """Write ``fig`` as a PNG at ``path`` atomically (a temp file beside it, then ``os.replace``)."""
+def save_png(fig, path: os.PathLike, dpi: int = 110, force: bool = False) -> Path:
+    """Write ``fig`` as a PNG at ``path`` atomically (a temp file beside it, then moved into place):
+    created exclusively, so an existing file (say, one another process wrote meanwhile) is never
+    replaced unless ``force``. Nothing is left behind on failure (a full or read-only disk)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from structinit.atomic import atomic_write
+    from structinit.atomic import OutputExists, atomic_write
 
     path = Path(path)
     FigureCanvasAgg(fig)
     try:
-        with atomic_write(path) as fh:
+        with atomic_write(path, exclusive=not force) as fh:
             fig.savefig(fh, format="png", dpi=dpi, bbox_inches="tight")
+    except OutputExists:
+        raise StructinitError(f"{path} appeared while the figure was drawn (another process?); not replaced") from None
     except OSError as exc:
         raise StructinitError(f"cannot write {path}: {exc.strerror or exc}") from None
     return path

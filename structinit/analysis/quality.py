@@ -200,10 +200,13 @@ def closest_offsets(x, q, k, grid) -> np.ndarray:
     return out
 
 
-def artifact_attention(artifact, layer: int) -> np.ndarray:
-    """Attention of every head of ``layer`` of an artifact on its pseudo input: ``[heads, N, N]`` (NumPy)."""
+def artifact_attention(artifact, layer: int, query=None) -> np.ndarray:
+    """Attention of every head of ``layer`` of an artifact on its pseudo input: ``[heads, N, N]``
+    (NumPy), or only the rows of ``query`` (an int or a list of token indices): ``[heads, Q, N]``."""
     import torch
 
     x = torch.from_numpy(artifact.layer_input(layer))
     q, k = torch.from_numpy(artifact.q[layer]), torch.from_numpy(artifact.k[layer])
-    return attention_maps(x.unsqueeze(0), q, k).numpy()
+    rows = x if query is None else x[torch.as_tensor(np.atleast_1d(query))]
+    logits = (rows @ q) @ (x @ k).transpose(-1, -2) / math.sqrt(q.shape[-1])
+    return torch.softmax(logits.float(), dim=-1).numpy()

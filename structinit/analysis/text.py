@@ -39,7 +39,8 @@ def checkpoint_report(desc: Dict[str, Any]) -> str:
         f"  format {desc.get('format', '?')}; state dicts: {', '.join(desc.get('state_dicts', ['(top level)']))}",
         f"  grid {g} ({desc['tokens']} tokens), dim {desc['dim']}, heads {desc['heads']}, depth {desc['depth']}, "
         f"prefix tokens {desc['prefix_tokens']}, position embedding: {desc.get('pos_embed_kind') or 'none'}",
-        "  attention on the LayerNorm'd sin-cos pseudo input, against each head's closest impulse offset:",
+        f"  attention on {desc.get('measured_on', 'the LayerNorm sin-cos table')}, against each head's closest "
+        "impulse offset:",
         f"  {'layer':>5}  {'hit rate':>8}  {'target mass':>11}  {'mse':>9}  offsets (dy,dx) per head",
     ]
     for row in desc["layers"]:
@@ -72,7 +73,7 @@ def query_attention_text(artifact, layer: int, head: int, query: int) -> str:
     from structinit.analysis.quality import artifact_attention
 
     gh, gw = artifact.config.grid.hw
-    attn = artifact_attention(artifact, layer)[head, query].reshape(gh, gw)
+    attn = artifact_attention(artifact, layer, query)[head, 0].reshape(gh, gw)
     qy, qx = divmod(query, gw)
     dy, dx = (int(v) for v in artifact.offsets[layer, head])
     ty, tx = qy + dy, qx + dx

@@ -9,19 +9,20 @@ from typing import List, Optional
 import typer
 from typing_extensions import Annotated
 
-from structinit.cli.common import CacheDir, Device, GridOpt, JsonOut, Out, emit_json, examples
+from structinit.cli.common import CacheDir, Device, GridOpt, JsonOut, Progress, Threads, emit_json, examples
 
 EXAMPLES = examples(
     'structinit apply vit.pth --heads 3                  # impulse-3: writes vit.impulse.pth',
     'structinit apply vit.pth --heads 3 --filter 5 --layers 0-5 --target-mass 0.5 --out vit-imp5.pth',
     'structinit apply vit.pth --heads 3 --method mimetic --dry-run',
+    'structinit apply learned.pth --heads 3 --fit-pe     # solve for its learned position embedding',
     'structinit apply mha.pt --heads 4 --grid 8x8 --in-place --json',
 )
 
 #: Flags that only the impulse method takes: flag -> init parameter.
 IMPULSE_FLAGS = {"--filter": "filter", "--recipe": "recipe", "--target-mass": "target_mass",
                  "--recipe-param": "recipe_params", "--artifact": "artifact", "--share": "share",
-                 "--offsets": "offset_order", "--mimetic-vproj": "mimetic_vproj"}
+                 "--offsets": "offset_order", "--mimetic-vproj": "mimetic_vproj", "--fit-pe": "fit_pe"}
 
 
 def apply(
@@ -46,20 +47,27 @@ def apply(
                                                    show_default="random")] = None,
     mimetic_vproj: Annotated[Optional[bool], typer.Option("--mimetic-vproj", help="impulse: also set V/proj as "
                                                           "mimetic init does.", show_default=False)] = None,
+    fit_pe: Annotated[Optional[bool], typer.Option("--fit-pe", help="impulse: solve Q/K for the position embedding "
+                                                   "the checkpoint has (e.g. a learned one) instead of the sin-cos "
+                                                   "table.", show_default=False)] = None,
     layers: Annotated[str, typer.Option("--layers", help="Layers to initialize: all, or 0-based indices and ranges "
-                                        "such as 0-3,6.")] = "all",
+                                        "such as 0-3,6 or 6- (from 6 on).")] = "all",
     heads: Annotated[Optional[int], typer.Option("--heads", help="Heads per layer, when the checkpoint does not "
                                                  "tell.")] = None,
     grid: GridOpt = None,
     set_pe: Annotated[Optional[str], typer.Option("--set-pe", help="Also write the fixed position embedding: "
                                                   "sincos.")] = None,
-    pe_scale: Annotated[float, typer.Option("--pe-scale", help="Scale of the --set-pe embedding.")] = 1.0,
+    pe_scale: Annotated[Optional[float], typer.Option("--pe-scale", help="Scale of the --set-pe embedding (positive).",
+                                                      show_default="1")] = None,
     seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the offsets and random draws.")] = 0,
-    out: Out = None,
-    in_place: Annotated[bool, typer.Option("--in-place", help="Replace the input atomically, keeping "
-                                           "CKPT.bak.")] = False,
+    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Output file; its name sets the format "
+                                               "(.safetensors, else torch).", show_default="CKPT.METHOD.EXT")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out.")] = False,
+    in_place: Annotated[bool, typer.Option("--in-place", help="Replace the input atomically, keeping CKPT.bak (or "
+                                           "CKPT.bak.1, ...: a backup is never overwritten).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; solve and write nothing.")] = False,
     device: Device = "cpu",
+    threads: Threads = None,
     cache_dir: CacheDir = None,
     json_out: JsonOut = False,
 ):
@@ -68,27 +76,33 @@ def apply(
     Only the Q/K rows and biases of the chosen layers change (plus V/proj for mimetic or
     --mimetic-vproj, and the position embedding with --set-pe); everything else is kept bit for
     bit. Reports, per layer, what was replaced and the attention's hit rate and target mass,
-    measured from the written weights on the sin-cos pseudo input.
+    measured from the written weights on the checkpoint's own LayerNorm'd position embedding. A
+    learned position embedding needs --set-pe sincos or --fit-pe for the impulse method.
     """
     from structinit.errors import UsageError
     from structinit.geometry.grid import parse_grid
     from structinit.init.apply import apply_checkpoint
     from structinit.init.specs import parse_assignments, parse_init
+    from structinit.runtime import use_threads
 
+    use_threads(threads)
     given = {"--filter": filter_size, "--recipe": recipe, "--target-mass": target_mass,
              "--recipe-param": parse_assignments(recipe_param, "recipe_params") or None, "--artifact": artifact,
-             "--share": share, "--offsets": offsets, "--mimetic-vproj": mimetic_vproj}
+             "--share": share, "--offsets": offsets, "--mimetic-vproj": mimetic_vproj, "--fit-pe": fit_pe}
     given = {flag: value for flag, value in given.items() if value is not None}
     if given and method != "impulse":
-        raise UsageError(f"{', '.join(given)} apply to --method impulse, not {method}")
+        flags = ", ".join(given)
+        raise UsageError(f"{flags} {'applies' if len(given) == 1 else 'apply'} to --method impulse, not {method}")
     spec = parse_init(method, init_param)
     if given:
         from structinit.init.specs import init_spec
 
         spec = init_spec(spec, **{IMPULSE_FLAGS[flag]: value for flag, value in given.items()})
-    report = apply_checkpoint(ckpt, spec, out=out, in_place=in_place, dry_run=dry_run, layers=layers, heads=heads,
-                              grid=parse_grid(grid=grid) if grid else None, set_pe=set_pe, pe_scale=pe_scale,
-                              seed=seed, cache_dir=cache_dir, device=device)
+    with Progress(f"apply {method}", enabled=not json_out) as bar:
+        report = apply_checkpoint(ckpt, spec, out=out, in_place=in_place, dry_run=dry_run, force=force,
+                                  layers=layers, heads=heads, grid=parse_grid(grid=grid) if grid else None,
+                                  set_pe=set_pe, pe_scale=pe_scale, seed=seed, cache_dir=cache_dir, device=device,
+                                  progress=bar, log=lambda msg: bar.stage(f"apply {method}: {msg}"))
     if json_out:
         emit_json(report)
         return
@@ -111,11 +125,16 @@ def format_report(r: dict) -> str:
         lines.append(f"  artifact {a.get('path')} (key {a.get('key')}{', cached' if a.get('cached') else ''})")
     if r.get("set_pe"):
         lines.append(f"  position embedding {r['pos_embed_replaced']} <- {r['set_pe']} x{r['pe_scale']}")
+    elif r.get("pos_embed"):
+        lines.append(f"  position embedding {r['pos_embed']}: {r.get('pos_embed_kind')}")
+    if r.get("measured_on"):
+        lines.append(f"  hit rate and target mass measured on {r['measured_on']}")
     for row in r["layers"]:
         q = ""
         if "hit_rate" in row:
             q = f"  hit rate {row['hit_rate']:.3f}  target mass {row['target_mass']:.3f}"
         lines.append(f"  layer {row['layer']:>3}{q}  replaced: {', '.join(row['replaced'])}")
     backup = f" (backup {r['backup']})" if r.get("backup") and not r.get("dry_run") else ""
-    lines.append(f"{head}: {r['output']}{backup}")
+    fmt = f" ({r['output_format']})" if r.get("output_format") and r.get("output_format") != r.get("format") else ""
+    lines.append(f"{head}: {r['output']}{fmt}{backup}")
     return "\n".join(lines)

@@ -55,9 +55,9 @@ def bench_solver(
     """Run solver recipes on one shape in one process: seconds, MSE, hit rate, target mass."""
     from structinit.bench.solver import run_solver_bench, solver_bench_table
     from structinit.geometry.grid import parse_grid
-    from structinit.runtime import set_threads
+    from structinit.runtime import use_threads
 
-    set_threads(threads)
+    use_threads(threads)
     if tokens is None and grid is None:
         tokens = 256
     names: List[str] = [r.strip() for r in recipes.split(",") if r.strip()]

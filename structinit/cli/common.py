@@ -24,8 +24,8 @@ SHORT_FLAGS = {"-o": "--out", "-n": "--tokens", "-f": "--filter", "-r": "--recip
 
 JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout (for scripts).")]
 Threads = Annotated[Optional[int], typer.Option(
-    "--threads", min=1, help="torch CPU threads. On a small or busy machine 1 is often fastest.",
-    show_default="torch's default")]
+    "--threads", min=1, help="torch CPU threads. The default takes $OMP_NUM_THREADS, else the idle cores of "
+    "this machine less one (at least 1), shared among torchrun's processes.", show_default="auto")]
 Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
 CacheDir = Annotated[Optional[Path], typer.Option(
     "--cache-dir", help="Artifact cache folder.", show_default="$STRUCTINIT_CACHE, else $XDG_CACHE_HOME/structinit")]
@@ -178,6 +178,17 @@ class Progress:
         if tenth != self._last_tenth or now - self._last_time >= self.every:
             print(f"{self.label}: {done}/{total} ({now - self._start:.1f}s)", file=sys.stderr, flush=True)
             self._last_tenth, self._last_time = tenth, now
+
+    def stage(self, label: str) -> None:
+        """A new stage of the work: the bar's label on a terminal, one plain line elsewhere."""
+        if not self.enabled:
+            return
+        self.label = label
+        if self._bar is not None:
+            self._bar.update(self._task, description=label)
+        else:
+            print(f"{label} ({time.monotonic() - self._start:.1f}s)", file=sys.stderr, flush=True)
+            self._last_time = time.monotonic()
 
     def log(self, message: str) -> None:
         if not self.enabled:

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from typing_extensions import Annotated
 
-from structinit.cli.common import CacheDir, Force, GridOpt, JsonOut, emit_json, examples
+from structinit.cli.common import CacheDir, Force, GridOpt, JsonOut, Threads, emit_json, examples
 
 EXAMPLES = examples(
     'structinit inspect                                     # list the cache',
@@ -33,26 +33,39 @@ def _is_artifact_file(path: Path) -> bool:
 def inspect(
     target: Annotated[Optional[str], typer.Argument(help="Artifact path or key, or a checkpoint file; omit to list "
                                                     "the cache.")] = None,
-    layer: Annotated[int, typer.Option("--layer", help="Artifact: layer whose attention is drawn.")] = 0,
-    head: Annotated[int, typer.Option("--head", help="Artifact: head whose attention is drawn in the terminal.")] = 0,
+    layer: Annotated[Optional[int], typer.Option("--layer", help="Artifact: layer whose attention is drawn.",
+                                                 show_default="0")] = None,
+    head: Annotated[Optional[int], typer.Option("--head", help="Artifact: head whose attention is drawn in the "
+                                                "terminal.", show_default="0")] = None,
     query: Annotated[Optional[int], typer.Option("--query", help="Artifact: query token.",
                                                  show_default="the grid centre")] = None,
-    png: Annotated[Optional[Path], typer.Option("--png", help="Artifact: write the layer's attention (all heads) as a "
-                                                "PNG figure.")] = None,
+    png: Annotated[Optional[str], typer.Option("--png", help="Artifact: write the layer's attention (all heads) as a "
+                                               "PNG figure (an existing file only with --force).")] = None,
     force: Force = False,
     heads: Annotated[Optional[int], typer.Option("--heads", help="Checkpoint: heads, when the checkpoint does not "
                                                  "say.")] = None,
     grid: GridOpt = None,
     cache_dir: CacheDir = None,
+    threads: Threads = None,
     json_out: JsonOut = False,
 ):
     """Show an artifact's config, quality and attention, a checkpoint's layout and attention
     quality, or (no argument) list the cache."""
     from structinit.errors import UsageError
+    from structinit.runtime import use_threads
     from structinit.solver.cache import check_cache_dir, resolve_key
 
+    use_threads(threads)
     check_cache_dir(cache_dir)
+    if cache_dir is not None and not cache_dir.expanduser().is_dir():
+        raise UsageError(f"--cache-dir {cache_dir} does not exist")
+    artifact_only = {"--layer": layer, "--head": head, "--query": query, "--png": png, "--force": force or None}
+    checkpoint_only = {"--heads": heads, "--grid": grid}
     if target is None:
+        given = [f for f, v in {**artifact_only, **checkpoint_only}.items() if v is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} need(s) an artifact or checkpoint to inspect; listing the cache "
+                             "takes none")
         return _list(cache_dir, json_out)
     path = Path(target).expanduser()
     if not path.exists():
@@ -64,7 +77,15 @@ def inspect(
     if path.is_dir():
         raise UsageError(f"{path} is a folder; give an artifact or checkpoint file")
     if _is_artifact_file(path):
-        return _show_artifact(path, layer, head, query, png, force, json_out)
+        given = [f for f, v in checkpoint_only.items() if v is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} apply to a checkpoint; {path.name} is an artifact (its shape is "
+                             "in its config)")
+        return _show_artifact(path, layer or 0, head or 0, query, png, force, json_out)
+    given = [f for f, v in artifact_only.items() if v is not None]
+    if given:
+        raise UsageError(f"{', '.join(given)} apply to an artifact; {path.name} is a checkpoint (inspect shows its "
+                         "layout and per-layer quality; draw an artifact's attention instead)")
     return _show_checkpoint(path, heads, grid, json_out)
 
 
@@ -95,7 +116,7 @@ def _list(cache_dir, json_out: bool) -> None:
             typer.echo(f"{'CORRUPT':<12}  {e['error']}")
 
 
-def _show_artifact(path: Path, layer: int, head: int, query: Optional[int], png: Optional[Path], force: bool,
+def _show_artifact(path: Path, layer: int, head: int, query: Optional[int], png: Optional[str], force: bool,
                    json_out: bool) -> None:
     from structinit.analysis.text import quality_table, query_attention_text
     from structinit.errors import UsageError
@@ -117,10 +138,11 @@ def _show_artifact(path: Path, layer: int, head: int, query: Optional[int], png:
         from structinit.analysis.quality import artifact_attention
 
         target = check_output(png, force)
+        png = str(target)
         title = (f"structinit artifact {art.key}: layer {layer} of {cfg.layers}, {cfg.grid.describe()} grid, "
                  f"dim {cfg.dim}, {cfg.heads} heads, recipe {cfg.recipe}")
         save_png(attention_figure(artifact_attention(art, layer), cfg.grid, query, art.offsets[layer], title,
-                                  cfg.padding), target)
+                                  cfg.padding), target, force=force)
     if json_out:
         emit_json({"path": str(path), "key": art.key, "config": cfg.to_dict(), "version": art.version,
                    "offsets": art.offsets.tolist(), "stats": art.stats, "png": str(png) if png else None})

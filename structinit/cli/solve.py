@@ -80,9 +80,11 @@ def solve(
     """Solve Q/K so that each head's attention is an impulse filter, and cache the result."""
     from structinit.analysis.text import quality_table
     from structinit.geometry.grid import parse_grid
+    from structinit.runtime import use_threads
     from structinit.solver.config import SolveConfig
     from structinit.solver.run import solve as run_solve
 
+    threads = use_threads(threads)
     if tokens is None and grid is None:
         tokens = 256
     overrides = {"target_mass": target_mass, "ridge": ridge, "iters": iters, "lr": lr, "norm_every": norm_every}

@@ -22,6 +22,27 @@ EXAMPLES = examples(
 Opt = typer.Option
 
 
+#: TrainConfig fields whose command-line parameter has another name.
+_PARAM_OF = {"compile": "compile_", "init_params": "init_param"}
+
+
+def _with_run_settings(ctx: typer.Context, fields: Dict[str, Any], out: Path) -> Dict[str, Any]:
+    """On --resume, every setting not given on the command line is the run's own (from its
+    config.json), so `train --out DIR --resume` continues the run as it was started."""
+    from structinit.training.rundir import RunDir
+
+    stored = (RunDir(out).read_config() or {}).get("config")
+    if not isinstance(stored, dict):
+        return fields
+    merged = dict(fields)
+    for name in fields:
+        source = ctx.get_parameter_source(_PARAM_OF.get(name, name))
+        # compared by name: newer Typer releases vendor their own copy of click's ParameterSource
+        if getattr(source, "name", "DEFAULT") == "DEFAULT" and name in stored and name not in ("out", "resume"):
+            merged[name] = stored[name]
+    return merged
+
+
 def _fmt(record: Dict[str, Any], epochs: int) -> str:
     text = (f"epoch {record['epoch']}/{epochs}  loss {record['train_loss']:.4f}  train {record['train_acc']:.2f}%")
     if "val_acc" in record:
@@ -32,6 +53,7 @@ def _fmt(record: Dict[str, Any], epochs: int) -> str:
 
 
 def train(
+    ctx: typer.Context,
     model: Annotated[str, Opt("--model", help="Preset: vit-t, vit-t-h8, vit-s, vit-s-h16, vit-d8, vit-digits, "
                               "vit-t-cls, vit-t-learned-pe, vit-t-cls-learned-pe, convit, convmixer-256, "
                               "convmixer-512.")] = "vit-digits",
@@ -108,11 +130,12 @@ def train(
     under torchrun (DDP; NCCL on GPUs, gloo on CPU); only rank 0 writes and prints.
     """
     from structinit.init.specs import parse_assignments
+    from structinit.runtime import use_threads
     from structinit.training.config import TrainConfig
     from structinit.training.distributed import launched_by_torchrun
     from structinit.training.loop import train as run_training
 
-    config = TrainConfig(
+    fields = dict(
         model=model, dataset=dataset, out=str(out) if out is not None else None, resume=resume, dim=dim, heads=heads,
         depth=depth, patch=patch, mlp_ratio=mlp_ratio, pool=pool, pos_embed=pos_embed, kernel=kernel, filters=filters,
         drop_path=drop_path, init=init, init_params=parse_assignments(init_param),
@@ -122,7 +145,11 @@ def train(
         opt_eps=opt_eps, grad_clip=grad_clip, label_smoothing=label_smoothing, randaug_n=randaug_n,
         randaug_m=randaug_m, eval_every=eval_every, seed=seed, device=device, amp=amp, compile=compile_,
         workers=workers, threads=threads)
+    if resume and out is not None:
+        fields = _with_run_settings(ctx, fields, out)
+    config = TrainConfig(**fields)
     n_epochs = int(config.validate()["epochs"])  # before torch is imported
+    use_threads(threads)
     rank0 = not launched_by_torchrun() or os.environ.get("RANK", "0") == "0"
     with Progress("training", enabled=rank0, plain=False) as bar:
         result = run_training(config, on_step=lambda e, s, n: bar.update(s, n, f"epoch {e}/{n_epochs}"),

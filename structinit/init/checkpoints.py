@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from structinit.errors import StructinitError
+from structinit.errors import StructinitError, UsageError
 from structinit.init.layouts import Detected, detect_layout, resolve_shape
 
 #: Entries of a checkpoint dict that may hold a state dict, in order of preference.
@@ -60,20 +60,40 @@ class Checkpoint:
         return [".".join(w) or "(top level)" for w, _ in self.state_dicts]
 
 
-def _is_safetensors(path: Path) -> bool:
-    return path.suffix.lower() == ".safetensors"
+def output_format(path: os.PathLike) -> str:
+    """The format a checkpoint is written in: ``safetensors`` for a ``.safetensors`` name, else
+    ``torch`` (a ``torch.save`` zip)."""
+    return "safetensors" if Path(path).suffix.lower() == ".safetensors" else "torch"
+
+
+def sniff_format(path: os.PathLike) -> Optional[str]:
+    """What a file holds, from its first bytes: ``torch`` (a ``torch.save`` zip, or a legacy
+    pickle), ``safetensors`` (a length-prefixed JSON header), or ``None`` (neither)."""
+    with open(path, "rb") as fh:
+        head = fh.read(9)
+    if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80":
+        return "torch"
+    if len(head) == 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") <= os.path.getsize(path):
+        return "safetensors"
+    return None
 
 
 def read_object(path: os.PathLike) -> Tuple[Any, str, Optional[Dict[str, str]]]:
-    """``(object, format, safetensors metadata)`` from a file, safely; raises :class:`CheckpointError`."""
+    """``(object, format, safetensors metadata)`` from a file, safely; raises :class:`CheckpointError`.
+    The format is told by the file's content, not its name."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such file")
     if path.is_dir():
         raise CheckpointError(f"{path}: is a folder; give the checkpoint file inside it")
-    if not os.access(path, os.R_OK):
-        raise CheckpointError(f"{path}: cannot read (permission denied)")
-    if _is_safetensors(path):
+    try:
+        kind = sniff_format(path)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if kind is None:
+        raise CheckpointError(f"{path}: not a checkpoint (neither a torch.save file nor safetensors"
+                              f"{'; the file is empty' if path.stat().st_size == 0 else ''})")
+    if kind == "safetensors":
         from safetensors import SafetensorError, safe_open
 
         try:
@@ -86,23 +106,26 @@ def read_object(path: os.PathLike) -> Tuple[Any, str, Optional[Dict[str, str]]]:
         except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
             raise CheckpointError(f"{path}: not a readable safetensors file (truncated or corrupt: "
                                   f"{_first_line(exc)})") from None
+    import warnings
+
     import torch
 
     try:
-        with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
+        with warnings.catch_warnings(), torch.serialization.safe_globals(list(SAFE_GLOBALS)):
+            warnings.simplefilter("ignore")  # torch's advice about weights_only; the error below says it all
             obj = torch.load(path, map_location=None, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line
         msg = str(exc)
         if "Unsupported operand" in msg or "invalid load key" in msg:
-            # Not a pickle at all (garbage, text, a truncated stream): nothing to refuse, just unreadable.
+            # Not a pickle at all (garbage, a truncated stream): nothing to refuse, just unreadable.
             raise CheckpointError(f"{path}: not a readable checkpoint (not a torch or safetensors file, or "
                                   "truncated)") from None
         if "Weights only load failed" in msg or "weights_only" in msg:
             m = re.search(r"(?:GLOBAL|global:?)\s+([\w.]+)", msg)
-            what = f" (it asks for {m.group(1)})" if m else ""
-            raise CheckpointError(f"{path}: refusing to load: the pickle needs code beyond tensors and plain "
-                                  f"containers to unpickle{what}; nothing of it was run. Re-save it as a "
-                                  "plain state dict (or .safetensors) from a trusted environment") from None
+            what = f": it asks for {m.group(1)}" if m else ""
+            raise CheckpointError(f"{path}: refusing to load a pickle that asks to run code{what} (only tensors "
+                                  "and plain containers are loaded; nothing of it was run). Re-save it as a plain "
+                                  "state dict (or .safetensors) from a trusted environment") from None
         if "CUDA" in msg and "deserialize" in msg:
             raise CheckpointError(f"{path}: holds CUDA tensors but no CUDA device is available") from None
         raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt: {_first_line(exc)})") from None
@@ -202,24 +225,50 @@ def _timm_arch_heads(arch: str, dim: int) -> Optional[int]:
     return None
 
 
-def save_checkpoint(ckpt: Checkpoint, path: os.PathLike) -> Path:
-    """Write ``ckpt.obj`` to ``path`` in its own format, atomically (temp file beside it, fsync,
-    ``os.replace``); on failure nothing is left behind."""
+def safetensors_dict(ckpt: Checkpoint, path: os.PathLike) -> Dict[str, Any]:
+    """``ckpt.obj`` as safetensors can hold it (a flat map of names to tensors), or an error naming
+    what does not fit."""
     import torch
 
-    from structinit.atomic import atomic_write
+    obj = ckpt.obj
+    if not isinstance(obj, Mapping):
+        raise UsageError(f"{path}: a .safetensors file holds a flat map of tensors; the checkpoint is a "
+                              f"{type(obj).__name__}. Choose a .pt/.pth output name")
+    other = [str(k) for k, v in obj.items() if not (isinstance(k, str) and isinstance(v, torch.Tensor))]
+    if other:
+        raise UsageError(f"{path}: a .safetensors file holds a flat map of tensors, and this checkpoint also "
+                              f"holds {', '.join(other[:6])}{' ...' if len(other) > 6 else ''}; choose a .pt/.pth "
+                              "output name (or extract the state dict first)")
+    return {k: v.detach().to("cpu").contiguous().clone() for k, v in obj.items()}
+
+
+def save_checkpoint(ckpt: Checkpoint, path: os.PathLike, *, exclusive: bool = False,
+                    file_mode: Optional[int] = None) -> Path:
+    """Write ``ckpt.obj`` to ``path`` in the format its name says (:func:`output_format`),
+    atomically (temp file beside it, fsync, then moved into place); on failure nothing is left
+    behind. ``exclusive``: fail with :class:`CheckpointError` if ``path`` exists by then (another
+    process wrote it), never replacing it. ``file_mode``: the permission bits to give it."""
+    import torch
+
+    from structinit.atomic import OutputExists, atomic_write
 
     path = Path(path)
-    try:
-        with atomic_write(path) as fh:
-            if ckpt.format == "safetensors":
-                from safetensors.torch import save
+    fmt = output_format(path)
+    if fmt == "safetensors":
+        from safetensors.torch import save
 
-                fh.write(save(ckpt.obj, metadata=ckpt.metadata))
+        data = save(safetensors_dict(ckpt, path), metadata=ckpt.metadata if ckpt.format == "safetensors" else None)
+    try:
+        with atomic_write(path, exclusive=exclusive, file_mode=file_mode) as fh:
+            if fmt == "safetensors":
+                fh.write(data)
             else:
                 torch.save(ckpt.obj, fh)
+    except OutputExists:
+        raise CheckpointError(f"{path} appeared while this was being written (another process?); it was not "
+                              "replaced, and nothing was written") from None
     except OSError as exc:
-        raise CheckpointError(f"{path}: cannot write ({exc.strerror or exc})") from None
+        raise CheckpointError(f"{path}: cannot write ({exc.strerror or exc}); nothing was written") from None
     return path
 
 
@@ -227,17 +276,24 @@ def save_checkpoint(ckpt: Checkpoint, path: os.PathLike) -> Path:
 
 def describe_state_dict(sd: Mapping, det: Detected, heads: Optional[int] = None, grid=None,
                         offsets: Optional[np.ndarray] = None) -> Dict[str, Any]:
-    """Attention quality of every layer of ``sd``, from its weights, on the LayerNorm'd sin-cos
-    pseudo input of the grid, against the impulse offset each head follows most (or ``offsets``
-    ``[layers, heads, 2]`` when known). JSON-able."""
+    """Attention quality of every layer of ``sd``, from its weights, against the impulse offset each
+    head follows most (or ``offsets [layers, heads, 2]`` when known), on what its first layer sees
+    on position alone: its own position embedding, LayerNorm'd (prefix-token rows dropped), or the
+    LayerNorm'd sin-cos table when it has none; ``measured_on`` says which. JSON-able."""
     from structinit.analysis.quality import closest_offsets, measure
     from structinit.geometry.embedding import layer_norm, sincos
     from structinit.geometry.targets import impulse_columns
     from structinit.init.inject import read_qk
-    from structinit.init.pos_embed import pe_kind
+    from structinit.init.target import AttentionTarget
 
     grid, heads = resolve_shape(det, heads, grid)
-    x = layer_norm(sincos(grid, det.dim))
+    view = AttentionTarget(sd, grid, heads)
+    own = view.own_input()
+    kind = view.pos_embed_kind()
+    if own is not None:
+        x, measured_on = own, f"{det.pos_key} ({kind}), LayerNorm'd"
+    else:
+        x, measured_on = layer_norm(sincos(grid, det.dim)), "the LayerNorm'd sin-cos table (no position embedding)"
     layers = []
     for slot in det.slots:
         q, k = read_qk(sd, slot, heads)
@@ -246,8 +302,8 @@ def describe_state_dict(sd: Mapping, det: Detected, heads: Optional[int] = None,
         layers.append({"layer": slot.index, "offsets": np.asarray(offs).tolist(), **got.layer_row(),
                        "q_norm": float(got.q_norm.mean()), "k_norm": float(got.k_norm.mean())})
     out = det.summary()
-    out.update(grid=list(grid), heads=heads, tokens=grid.tokens, layers=layers,
-               pos_embed_kind=pe_kind(sd[det.pos_key], grid) if det.pos_key else None)
+    out.update(grid=list(grid), heads=heads, tokens=grid.tokens, layers=layers, pos_embed_kind=kind,
+               measured_on=measured_on)
     return out
 
 

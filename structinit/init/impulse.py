@@ -50,8 +50,18 @@ class ImpulseInit(InitSpec):
     ``offset_order``, ``padding``, ``pseudo_input``, ``pseudo_input_rest``; or ``artifact`` (a path
     or cache key) to use a solved one. ``mimetic_vproj`` also sets V/proj as mimetic init does
     (``alpha2``, ``beta2``). ``pe_scale`` (models only) writes the sin-cos position embedding times
-    it. ``tolerance``: the largest difference between the solver's and the written weights' hit rate
-    or target mass before the write is reported as misplaced.
+    it (a learned embedding stays learnable, starting from the table). ``fit_pe`` solves Q/K for
+    the position embedding the model or checkpoint has (LayerNorm'd, prefix-token rows dropped; a
+    learned one, say) instead of the sin-cos table. ``tolerance``: the largest difference between
+    the solver's and the written weights' hit rate or target mass before the write is reported as
+    misplaced.
+
+    The solve assumes the target's first layer sees the LayerNorm'd sin-cos table on position
+    alone. A target whose position embedding is something else (a learned one) is refused unless
+    ``fit_pe`` or ``pe_scale`` (or, for checkpoints, writing the table with ``set_pe``) says what to
+    do: a sin-cos solve would not give impulse attention on it. The report's hit rate and target
+    mass are measured on the target's own LayerNorm'd position embedding (where it has one), after
+    the write.
     """
 
     method = "impulse"
@@ -71,6 +81,7 @@ class ImpulseInit(InitSpec):
     alpha2: float = 0.4
     beta2: float = 0.4
     pe_scale: Optional[float] = None
+    fit_pe: bool = False
     tolerance: float = 0.02
 
     def validate(self) -> None:
@@ -89,6 +100,16 @@ class ImpulseInit(InitSpec):
         if self.target_mass is not None and self.recipe != "fast":
             raise UsageError(f"impulse parameter {param('target_mass')} is the fast recipe's; recipe "
                              f"{self.recipe!r} has no softness knob")
+        if self.fit_pe:
+            if self.artifact is not None:
+                raise UsageError(f"impulse parameters {param('fit_pe')} and {param('artifact')} exclude each other: "
+                                 "fit_pe solves for the target's own position embedding")
+            if self.pe_scale is not None:
+                raise UsageError(f"impulse parameters {param('fit_pe')} and {param('pe_scale')} exclude each other: "
+                                 "pe_scale writes the sin-cos table, fit_pe fits the embedding the target has")
+            if not any(k.startswith("pe") for k in (self.pseudo_input, self.pseudo_input_rest) if k):
+                raise UsageError(f"impulse parameter {param('fit_pe')} needs a 'pe' {param('pseudo_input')}, got "
+                                 f"{self.pseudo_input!r}")
 
     def params(self) -> Dict[str, Any]:
         out = super().params()
@@ -99,9 +120,10 @@ class ImpulseInit(InitSpec):
     def planned(self, slot) -> List[str]:
         return super().planned(slot) + (vproj_keys(slot) if self.mimetic_vproj else [])
 
-    def solve_config(self, grid, dim: int, heads: int, depth: int, seed: int = 0):
-        """The :class:`~structinit.solver.config.SolveConfig` for a model of this shape."""
-        from structinit.solver.config import SolveConfig
+    def solve_config(self, grid, dim: int, heads: int, depth: int, seed: int = 0, embedding=None):
+        """The :class:`~structinit.solver.config.SolveConfig` for a model of this shape (fitted to
+        position ``embedding [N, D]`` when given)."""
+        from structinit.solver.config import SolveConfig, embedding_digest
 
         params = dict(self.recipe_params)
         if self.target_mass is not None:
@@ -109,23 +131,63 @@ class ImpulseInit(InitSpec):
         return SolveConfig(grid=grid, dim=dim, heads=heads, filter=self.filter, layers=depth, share=self.share,
                            recipe=self.recipe, params=params, pseudo_input=self.pseudo_input,
                            pseudo_input_rest=self.pseudo_input_rest, padding=self.padding,
-                           offset_order=self.offset_order, seed=seed)
+                           offset_order=self.offset_order, seed=seed,
+                           pos_embed=embedding_digest(embedding) if embedding is not None else None)
 
-    def artifact_for(self, t, seed: int = 0, cache_dir=None, device: str = "cpu"):
-        """``(artifact, cached)`` for target ``t``: the given one (``cached`` ``None``) or solved."""
+    def artifact_for(self, t, seed: int = 0, cache_dir=None, device: str = "cpu", progress=None):
+        """``(artifact, cached)`` for target ``t``: the given one (``cached`` ``None``) or solved
+        (for ``t``'s own position embedding with ``fit_pe``). Raises :class:`UsageError` when the
+        artifact was solved for another position embedding than the one ``t`` has (see the class
+        docstring)."""
         from structinit.solver.cache import resolve_artifact
         from structinit.solver.run import solve
 
         if self.artifact is not None:
-            return resolve_artifact(self.artifact, cache_dir), None
-        result = solve(self.solve_config(t.grid, t.dim, t.heads, t.depth, seed), cache_dir=cache_dir, device=device)
-        return result.artifact, result.cached
+            art, cached = resolve_artifact(self.artifact, cache_dir), None
+        else:
+            embedding = None
+            if self.fit_pe:
+                embedding = t.pos_embed()
+                if embedding is None:
+                    raise UsageError(f"impulse parameter {param('fit_pe')}: the {t.layout} target has no position "
+                                     "embedding to fit")
+            else:
+                self.check_embedding(t)
+            config = self.solve_config(t.grid, t.dim, t.heads, t.depth, seed, embedding)
+            result = solve(config, cache_dir=cache_dir, device=device, progress=progress, embedding=embedding)
+            art, cached = result.artifact, result.cached
+        self.check_embedding(t, art)
+        return art, cached
+
+    def check_embedding(self, t, art=None) -> None:
+        """Raise :class:`UsageError` when target ``t``'s position embedding is not the one the
+        solve is for: ``art``'s (a fitted one must be ``t``'s own), or the sin-cos table."""
+        from structinit.solver.config import embedding_digest
+
+        kind = t.pos_embed_kind()
+        if kind is None or (art is None and (self.fit_pe or self.artifact is not None)):
+            return
+        fitted = art.config.pos_embed if art is not None else None
+        if fitted is not None:
+            if embedding_digest(t.pos_embed()) != fitted:
+                raise UsageError(f"the {param('artifact')} was solved for another position embedding than the "
+                                 f"target's {t.pos_key}; solve again with {param('fit_pe')}")
+            return
+        uses_pe = (art.config.pseudo_input if art is not None else self.pseudo_input).startswith("pe")
+        if kind == "other" and uses_pe:
+            raise UsageError(
+                f"the target's position embedding {t.pos_key} is not the sin-cos table the impulse solve assumes "
+                f"(a learned one?), so Q/K solved on the table would not give impulse attention on it; give "
+                f"{param('fit_pe')} to solve for the embedding it has, or write the sin-cos table first "
+                f"({param('set_pe')} sincos for a checkpoint, {param('pe_scale')} for a model)")
 
     def apply(self, target, *, seed: int = 0, cache_dir=None, device: str = "cpu", artifact=None,
-              cached: Optional[bool] = None) -> Dict[str, Any]:
+              cached: Optional[bool] = None, progress=None) -> Dict[str, Any]:
         """Write the artifact's Q/K (``artifact`` if given, else :meth:`artifact_for`) into
-        ``target``; the report's per-layer ``hit_rate``/``target_mass``/``mse`` are measured from
-        the written weights on the artifact's pseudo input."""
+        ``target``. The report's per-layer ``hit_rate``/``target_mass``/``mse`` are measured from
+        the written weights on the target's own LayerNorm'd position embedding (``measured_on``
+        says which input), ``solved`` on the artifact's pseudo input (where the write is checked
+        against the solve). ``progress(done, total)`` follows the solve."""
         import torch
 
         from structinit.analysis.quality import measure
@@ -134,15 +196,23 @@ class ImpulseInit(InitSpec):
         from structinit.init.pos_embed import set_sincos_pos_embed
 
         t = target
-        if artifact is None:
-            artifact, cached = self.artifact_for(t, seed, cache_dir, device)
-        art = artifact
-        check_artifact(art, t.grid, t.dim, t.heads, t.layers)
         if self.pe_scale is not None:
             if t.model is None:
                 raise UsageError(f"impulse parameter {param('pe_scale')} needs a model; on a checkpoint write the "
                                  "embedding with set_pe")
+            learned = bool(getattr(t.model.pos_embed, "requires_grad", False))
             set_sincos_pos_embed(t.model, t.grid, scale=self.pe_scale)
+            t.model.pos_embed.requires_grad_(learned)  # a learned embedding stays learnable
+        if artifact is None:
+            artifact, cached = self.artifact_for(t, seed, cache_dir, device, progress)
+        else:
+            self.check_embedding(t, artifact)
+        art = artifact
+        check_artifact(art, t.grid, t.dim, t.heads, t.layers)
+        own = t.own_input()
+        measured_on = (f"{t.pos_key} ({t.pos_embed_kind()}), LayerNorm'd" if own is not None
+                       else f"the artifact's pseudo input ({art.config.pseudo_input}; the target has no position "
+                            "embedding)")
         gen = generator(seed + 1)
         solved = art.stats.get("layers", [])
         rows = []
@@ -153,20 +223,25 @@ class ImpulseInit(InitSpec):
                 w_v, w_p, _ = mimetic_v_proj(t.dim, self.alpha2, self.beta2, gen)
                 keys += write_vproj(t.sd, slot, w_v, w_p)
             rq, rk = read_qk(t.sd, slot, t.heads)
-            got = measure(art.layer_input(src), rq, rk, impulse_columns(art.config.grid, art.offsets[src],
-                                                                         art.config.padding))
-            row = {"layer": slot.index, "replaced": keys, "offsets": art.offsets[src].tolist(), **got.layer_row()}
+            cols = impulse_columns(art.config.grid, art.offsets[src], art.config.padding)
+            placed = measure(art.layer_input(src), rq, rk, cols)
             if src < len(solved):
                 for name in ("hit_rate", "target_mass"):
                     want = float(np.mean([h[name] for h in solved[src]]))
-                    if abs(want - row[name]) > self.tolerance:
+                    got = float(getattr(placed, name).mean())
+                    if abs(want - got) > self.tolerance:
                         raise StructinitError(
-                            f"layer {slot.index}: the written weights give {name} {row[name]:.3f} but the solve has "
+                            f"layer {slot.index}: the written weights give {name} {got:.3f} but the solve has "
                             f"{want:.3f}; the Q/K rows were not placed as the layout expects")
+            same = own is None or np.allclose(own, art.layer_input(src), atol=1e-5)
+            got = placed if same else measure(own, rq, rk, cols)
+            row = {"layer": slot.index, "replaced": keys, "offsets": art.offsets[src].tolist(), **got.layer_row(),
+                   "solved": {m: float(getattr(placed, m).mean()) for m in ("hit_rate", "target_mass")}}
             rows.append(row)
         return {"method": "impulse", "layout": t.layout, "grid": list(t.grid), "dim": t.dim, "heads": t.heads,
                 "artifact": {"key": art.key, "path": str(art.path) if art.path else None, "cached": cached,
                              "config": art.config.to_dict()},
-                "mimetic_vproj": self.mimetic_vproj, "pe_scale": self.pe_scale, "layers": rows,
+                "mimetic_vproj": self.mimetic_vproj, "pe_scale": self.pe_scale, "fit_pe": self.fit_pe,
+                "measured_on": measured_on, "layers": rows,
                 "hit_rate": float(np.mean([r["hit_rate"] for r in rows])),
                 "target_mass": float(np.mean([r["target_mass"] for r in rows]))}

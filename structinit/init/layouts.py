@@ -119,6 +119,8 @@ class Detected:
     prefix_tokens: int = 0
     grid: Optional[Grid] = None
     heads: Optional[int] = None
+    pos_rows: Optional[int] = None  # rows of the position embedding (prefix rows included)
+    grid_note: Optional[str] = None  # why the grid could not be told, when it could not
 
     @property
     def depth(self) -> int:
@@ -198,38 +200,55 @@ def detect_layout(sd: Mapping) -> Optional[Detected]:
             det.pos_key = model + layout.pos_embed
             det.prefix_tokens = sum(_shape(sd[model + t])[1] for t in layout.prefix_tokens
                                     if model + t in sd and len(_shape(sd[model + t])) == 3)
-            det.grid = _grid_from_pos(_shape(sd[det.pos_key]), det.prefix_tokens, dim, det)
+            _grid_from_pos(_shape(sd[det.pos_key]), dim, det)
         return det
     return None
 
 
-def _grid_from_pos(shape: Tuple[int, ...], prefix: int, dim: int, det: Detected) -> Optional[Grid]:
-    """A square grid from ``pos_embed [1, prefix + N, D]`` (or ``[1, N, D]`` when prefix tokens carry no PE)."""
+def _grid_from_pos(shape: Tuple[int, ...], dim: int, det: Detected) -> None:
+    """Set ``det.grid`` from ``pos_embed [1, rows, D]`` when it can be told for sure: ``rows`` minus
+    the prefix (class/register/distillation) tokens is a perfect square and ``rows`` itself is not
+    (a square grid whose prefix tokens have positions). Otherwise leave it ``None`` and say why in
+    ``det.grid_note``: with prefix tokens a square ``rows`` may also be a grid whose prefix tokens
+    have no position (timm's ``no_embed_class``) or a non-square grid, so only ``grid`` can tell."""
     if len(shape) != 3 or shape[-1] != dim:
-        return None
-    for n in (shape[1] - prefix, shape[1]):
-        side = math.isqrt(max(n, 0))
-        if n > 0 and side * side == n:
-            if n == shape[1] and prefix:
-                det.prefix_tokens = 0  # prefix tokens without a position embedding (timm no_embed_class)
-            return Grid((side, side))
-    return None
+        det.grid_note = f"its position embedding has shape {list(shape)}"
+        return
+    rows, prefix = shape[1], det.prefix_tokens
+    det.pos_rows = rows
+    n = rows - prefix
+    square = [m for m in dict.fromkeys((n, rows)) if m > 0 and math.isqrt(m) ** 2 == m]
+    if square == [n]:
+        det.grid = Grid((math.isqrt(n),) * 2)
+    elif not prefix:
+        det.grid_note = f"its position embedding has {rows} rows, which is not a square grid"
+    elif not square:
+        det.grid_note = (f"its position embedding has {rows} rows for {prefix} prefix token(s) and a grid, "
+                         "which is not square")
+    else:
+        det.grid_note = (f"its position embedding has {rows} rows and it has {prefix} prefix token(s): "
+                         f"a {'x'.join([str(math.isqrt(rows))] * 2)} grid whose prefix tokens have no position "
+                         f"(timm's no_embed_class), or {n} tokens after the prefix rows (e.g. a non-square grid)")
 
 
 def resolve_shape(det: Detected, heads: Optional[int] = None, grid: Optional[Grid] = None,
                   need_grid: bool = True) -> Tuple[Optional[Grid], int]:
     """``(grid, heads)`` from the checkpoint and the caller's values; raises :class:`UsageError` when
     one is missing (the grid only if ``need_grid``; else it may come back ``None``) or contradicts
-    the checkpoint."""
+    the checkpoint. A given grid must account for the position embedding's rows: all of them, or all
+    but the prefix tokens' rows."""
     if grid is not None:
         grid = Grid(grid)
-        if det.grid is not None and det.grid.tokens != grid.tokens:
+        fits = (det.pos_rows - det.prefix_tokens, det.pos_rows) if det.pos_rows is not None else None
+        if fits is not None and grid.tokens not in fits:
+            pre = f" ({det.prefix_tokens} of them prefix tokens)" if det.prefix_tokens else ""
             raise UsageError(f"{param('grid')} {grid.describe()} has {grid.tokens} tokens but the checkpoint's "
-                             f"position embedding has {det.grid.tokens}")
+                             f"position embedding has {det.pos_rows} rows{pre}")
     else:
         grid = det.grid
     if grid is None and need_grid:
-        raise UsageError(f"the {det.layout.name} checkpoint does not tell its token grid; give it with "
+        why = f" ({det.grid_note})" if det.grid_note else ""
+        raise UsageError(f"the {det.layout.name} checkpoint does not tell its token grid{why}; give it with "
                          f"{param('grid')} (HxW, or L for a sequence)")
     if heads is None:
         heads = det.heads

@@ -8,7 +8,7 @@ layers selected.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Union
+from typing import Callable, List, Optional, Sequence, Union
 
 from structinit.errors import StructinitError, UsageError, param
 from structinit.geometry.grid import Grid
@@ -51,13 +51,17 @@ def select_layers(layers: Optional[Sequence[int]], depth: int) -> List[int]:
 
 
 def parse_layers(spec: Optional[str], depth: int) -> List[int]:
-    """``all``, or comma-separated 0-based indices and inclusive ranges (``0-3``, ``5``, ``8-``)."""
+    """``all``, or comma-separated 0-based indices and inclusive ranges (``0-3``, ``5``, ``8-``).
+    Negative indices are refused (``-1`` would read as the range ``0-1``), as is an empty selection."""
     text = "all" if spec is None else str(spec).strip()
     if text == "all":
         return list(range(depth))
     out: List[int] = []
     for part in text.split(","):
         part = part.strip()
+        if part.startswith("-"):
+            raise UsageError(f"{param('layers')} takes 0-based indices, not negative ones like {part!r}: the layers "
+                             f"are 0..{depth - 1}, and 'N-' selects from layer N to the last")
         try:
             if not part:
                 raise ValueError
@@ -76,15 +80,30 @@ def parse_layers(spec: Optional[str], depth: int) -> List[int]:
     return select_layers(out, depth)
 
 
+class _Reported(list):
+    """A list whose iteration calls ``report(done, total)`` after each item has been handled."""
+
+    def __init__(self, items, report):
+        super().__init__(items)
+        self._report = report
+
+    def __iter__(self):
+        for i, item in enumerate(list.__iter__(self)):
+            yield item
+            self._report(i + 1, len(self))
+
+
 class AttentionTarget:
     """A model or state dict with its detected layout, shape and selected layers.
 
     ``grid``/``heads`` come from the model or the state dict where they tell, else from the caller;
-    ``need_grid=False`` lets the grid stay ``None`` (methods that do not use it).
+    ``need_grid=False`` lets the grid stay ``None`` (methods that do not use it). ``progress(done,
+    total)`` is called as a method finishes each selected layer.
     """
 
     def __init__(self, target, grid=None, heads: Optional[int] = None,
-                 layers: Union[None, str, Sequence[int]] = None, need_grid: bool = True):
+                 layers: Union[None, str, Sequence[int]] = None, need_grid: bool = True,
+                 progress: Optional[Callable[[int, int], None]] = None):
         from structinit.init.layouts import detect_layout, resolve_shape
 
         if is_module(target):
@@ -109,6 +128,7 @@ class AttentionTarget:
             self.layers = parse_layers(layers, det.depth)
         else:
             self.layers = select_layers(layers, det.depth)
+        self.progress = progress
 
     @property
     def layout(self) -> str:
@@ -116,5 +136,37 @@ class AttentionTarget:
 
     @property
     def slots(self):
-        """The :class:`~structinit.init.layouts.AttnSlot` of every selected layer."""
-        return [self.det.slots[i] for i in self.layers]
+        """The :class:`~structinit.init.layouts.AttnSlot` of every selected layer (iterating them
+        reports progress, see the class docstring)."""
+        chosen = [self.det.slots[i] for i in self.layers]
+        return _Reported(chosen, self.progress) if self.progress is not None else chosen
+
+    @property
+    def pos_key(self) -> Optional[str]:
+        """The key of the position embedding in :attr:`sd`, or ``None`` when there is none."""
+        return self.det.pos_key
+
+    def pos_embed(self):
+        """The position embedding of the grid's tokens: float32 ``[N, D]`` (its last ``N`` rows, so
+        the prefix tokens' rows are dropped), or ``None`` when the target has none."""
+        if self.det.pos_key is None or self.grid is None:
+            return None
+        pe = self.sd[self.det.pos_key].detach().to("cpu")
+        return pe.float().reshape(-1, pe.shape[-1])[-self.grid.tokens:].numpy().copy()
+
+    def pos_embed_kind(self) -> Optional[str]:
+        """``sincos``, ``sincos xS`` or ``other`` (see :func:`~structinit.init.pos_embed.pe_kind`), or
+        ``None`` when the target has no position embedding."""
+        from structinit.init.pos_embed import pe_kind
+
+        if self.det.pos_key is None or self.grid is None:
+            return None
+        return pe_kind(self.sd[self.det.pos_key], self.grid)
+
+    def own_input(self):
+        """The LayerNorm'd position embedding ``[N, D]`` of the target (what its first layer sees on
+        position alone), or ``None`` when it has none."""
+        from structinit.geometry.embedding import layer_norm
+
+        pe = self.pos_embed()
+        return None if pe is None else layer_norm(pe)

@@ -36,7 +36,7 @@ Recipes (``RECIPES``):
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -50,6 +50,8 @@ Solver = Callable[..., Tuple[torch.Tensor, torch.Tensor]]
 #: recomputed in row chunks of about :data:`CHUNK_BYTES` on every step instead.
 CACHE_BYTES = 256 * 2 ** 20
 CHUNK_BYTES = 32 * 2 ** 20
+#: Passes over the logits a head's calibration typically takes (for progress only).
+PASSES = 6
 
 
 def dense_targets(columns: torch.Tensor, n: int, dtype=torch.float32) -> torch.Tensor:
@@ -161,7 +163,7 @@ def _row_chunks(n: int, budget: int = CHUNK_BYTES):
 
 
 def calibrate_head(xq: torch.Tensor, xk: torch.Tensor, columns: torch.Tensor, target_mass: float,
-                   tol: float = 1e-13, max_steps: int = 200) -> float:
+                   tol: float = 1e-13, max_steps: int = 200, on_chunk: Optional[Callable[[], None]] = None) -> float:
     """The log-scale ``t`` in ``[-12, 12]`` at which the mean attention on the target token of one
     head, ``softmax(e^t xq xk^T / sqrt(d))`` over the rows that have a target, equals ``target_mass``.
 
@@ -199,6 +201,8 @@ def calibrate_head(xq: torch.Tensor, xk: torch.Tensor, columns: torch.Tensor, ta
             p_t = e.gather(-1, col).squeeze(-1) / total * keep
             m += float(p_t.sum())
             dm += float((p_t * (z.gather(-1, col).squeeze(-1) - mean_z)).sum())
+            if on_chunk is not None:
+                on_chunk()
         return m / rows, dm / rows
 
     lo, hi, t = -12.0, 12.0, 0.0
@@ -250,7 +254,15 @@ def solve_fast(x, columns, head_dim, heads, generator, target_mass=0.3, ridge=1e
     gap = mass_logit_gap(min(target_mass, 0.999), n)
     inputs, first, inverse = distinct_heads(x, columns)
     qs, ks = [None] * len(first), [None] * len(first)
-    done = 0
+    # Progress in row-chunk passes of the calibration (about PASSES per head), the part that grows as N^2.
+    per_head = PASSES * len(_row_chunks(n))
+    done = [0, 0]  # heads finished, chunks of the current head
+
+    def tick():
+        done[1] += 1
+        if progress is not None:
+            progress(done[0] * per_head + min(done[1], per_head - 1), len(first) * per_head)
+
     for src in sorted(set(inputs.tolist())):  # one input's SVD in memory at a time
         xl = x[src].double()
         u, s, vh = torch.linalg.svd(xl, full_matrices=False)
@@ -259,11 +271,11 @@ def solve_fast(x, columns, head_dim, heads, generator, target_mass=0.3, ridge=1e
             if int(inputs[l]) != src:
                 continue
             q, k = _factor(gap * impulse_projection(u, columns[l, h]), s, v, head_dim, ridge, 1e-6)
-            t = calibrate_head(xl @ q, xl @ k, columns[l, h], target_mass)
+            t = calibrate_head(xl @ q, xl @ k, columns[l, h], target_mass, on_chunk=tick)
             qs[g], ks[g] = q * math.exp(t / 2), k * math.exp(t / 2)
-            done += 1
+            done[0], done[1] = done[0] + 1, 0
             if progress is not None:
-                progress(done, len(first))
+                progress(done[0] * per_head, len(first) * per_head)
         del u, s, v, xl
     return torch.stack(qs)[inverse].float(), torch.stack(ks)[inverse].float()
 

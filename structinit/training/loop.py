@@ -193,7 +193,7 @@ def evaluate(model, chunks: Iterable[Tuple[Any, Any]], autocast: Callable[[], An
 
 def _differences(old: TrainConfig, new: TrainConfig) -> List[str]:
     a, b = old.computed_settings(), new.computed_settings()
-    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    return [f"{k} {a.get(k)!r} in the run, {b.get(k)!r} now" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
 def _result_from_checkpoint(ck: Dict[str, Any], run: RunDir, ctx, key: str) -> TrainResult:
@@ -452,6 +452,10 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
         if run is not None and ctx.main:
             run.write_final(result.summary())
         return result
+    except BaseException:
+        if run is not None and ctx.main and run.opened:
+            run.discard_unstarted()  # a run that failed before its first checkpoint leaves nothing behind
+        raise
     finally:
         dist_.teardown(ctx)
 

@@ -33,9 +33,13 @@ class RunDir:
     CONFIG, METRICS, CHECKPOINT, BEST, FINAL = "config.json", "metrics.jsonl", "checkpoint.pt", "best.pt", "final.json"
 
     def __init__(self, path: os.PathLike):
+        if str(path).strip() == "":
+            raise UsageError(f"{param('out')} needs a folder name")
         self.path = Path(path)
         if self.path.exists() and not self.path.is_dir():
             raise UsageError(f"{param('out')} {self.path} exists and is not a directory")
+        self.created: List[Path] = []  # folders this run made, outermost first
+        self.opened = False  # create() was called: the files here are this run's
 
     def file(self, name: str) -> Path:
         return self.path / name
@@ -52,10 +56,30 @@ class RunDir:
         return any(self.file(n).is_file() for n in (self.CHECKPOINT, self.FINAL, self.METRICS))
 
     def create(self) -> None:
+        missing = [p for p in [self.path, *self.path.parents] if not p.exists()][::-1]
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StructinitError(f"cannot create run folder {self.path}: {exc.strerror or exc}") from None
+        self.created, self.opened = missing, True
+
+    def discard_unstarted(self) -> None:
+        """After a failure before the first checkpoint: remove what this run wrote (``config.json``,
+        ``metrics.jsonl``) and the folders it created, so no half-made run is left behind. A folder
+        holding anything else is kept."""
+        if not self.opened or self.file(self.CHECKPOINT).exists():
+            return
+        for name in (self.CONFIG, self.METRICS):
+            try:
+                self.file(name).unlink(missing_ok=True)
+            except OSError:
+                pass
+        for folder in reversed(self.created):
+            try:
+                folder.rmdir()  # only if empty
+            except OSError:
+                break
+        self.created = []
 
     # ---- JSON files
     def _write_text(self, name: str, text: str) -> None:
