@@ -1,6 +1,30 @@
 """``python -m structinit`` runs the CLI."""
 
-from structinit.cli.app import run
+import os
+import sys
+
+
+def _real_package() -> None:
+    """Run from a folder that holds a folder named ``structinit`` (a clone of the repository, say),
+    ``import structinit`` finds that folder first as a namespace package when the real one is
+    installed in editable mode, and nothing of ``structinit/__init__.py`` runs. Put the package
+    this file belongs to in its place."""
+    import importlib.util
+
+    pkg = sys.modules.get("structinit")
+    if pkg is None or getattr(pkg, "__file__", None) is not None:
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location("structinit", os.path.join(here, "__init__.py"),
+                                                  submodule_search_locations=[here])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["structinit"] = module
+    spec.loader.exec_module(module)
+
+
+_real_package()
+
+from structinit.cli.app import run  # noqa: E402
 
 if __name__ == "__main__":
     run()

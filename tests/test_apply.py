@@ -77,7 +77,7 @@ def test_timm_training_checkpoint_round_trip(tmp_path):
     torch.save(ckpt, src)
     before = digest(src)
     rep = apply_checkpoint(src, heads=HEADS, layers="1-2", target_mass=0.35)
-    assert digest(src) == before and rep["output"] == str(tmp_path / "train.pth.impulse.tar")
+    assert digest(src) == before and rep["output"] == str(tmp_path / "train.impulse.pth.tar")
     assert rep["state_dicts"] == ["state_dict", "state_dict_ema"]
     assert [r["layer"] for r in rep["layers"]] == [1, 2] and all(r["hit_rate"] == 1.0 for r in rep["layers"])
     assert rep["layers"][0]["replaced"] == ["blocks.1.attn.qkv.weight[0:64]", "blocks.1.attn.qkv.weight[64:128]",
@@ -200,7 +200,7 @@ def test_cli_apply_json_dry_run_and_refusals(tmp_path, cli):
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not marker.exists() and not (tmp_path / "evil.impulse.pth").exists()
 
-    r = cli("apply", src, "--heads", HEADS, "--layers", "7")
+    r = cli("apply", src, "--heads", HEADS, "--layers", "7", "--out", tmp_path / "l7.pth")
     assert r.returncode == 2 and r.stderr.strip().startswith("error: --layers [7] out of range")
     assert digest(src) == before
 

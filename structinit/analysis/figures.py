@@ -26,6 +26,8 @@ def check_output(path: os.PathLike, force: bool = False, name: str = "png") -> P
     path = Path(path).expanduser()
     if path.is_dir():
         raise UsageError(f"{param(name)} {path} is a folder; give a file name")
+    if path.suffix.lower() != ".png":
+        raise UsageError(f"{param(name)} {path}: give a file name ending in .png (a PNG is what is written)")
     if not path.parent.is_dir():
         raise UsageError(f"{param(name)}: folder {path.parent} does not exist")
     if path.exists() and (not force or not path.is_file()):

@@ -24,13 +24,34 @@ from structinit.cli.common import (
 )
 
 SOLVER_EXAMPLES = examples(
-    'structinit bench solver                          # ViT-T shape: 256 tokens, dim 192, 3 heads, f=3',
+    'structinit bench solver --tokens 64 --dim 64 --heads 4 --iters 300      # all four recipes, paper shortened',
     'structinit bench solver --tokens 64 --dim 64 --heads 4 --recipes fast,paper --iters 200 --json',
     'structinit bench solver --grid 14x14 --dim 768 --heads 12 --depth 12 --recipes fast',
 )
 
 
 ALL_RECIPES = "paper,released,closed-form,fast"
+
+
+def _effective_match(match: Optional[str], names: List[str], target_mass: Optional[float],
+                     iters: Optional[int]) -> Optional[str]:
+    """The recipe fast matches (``None``: none), refusing options that would have no effect."""
+    from structinit.errors import UsageError
+
+    if match is None:
+        match = "paper" if "paper" in names and "fast" in names else None
+    elif match.strip().lower() == "none":
+        match = None
+    elif match not in names or "fast" not in names:
+        raise UsageError(f"--match {match} compares fast with {match}; both must be in --recipes "
+                         f"(got {','.join(names) or 'none'})")
+    if target_mass is not None and "fast" not in names:
+        raise UsageError("--target-mass is the fast recipe's, which is not in --recipes")
+    if target_mass is not None and match is not None:
+        raise UsageError(f"--target-mass has no effect while fast matches {match}'s mass; add --match none to set it")
+    if iters is not None and not {"paper", "released"} & set(names):
+        raise UsageError("--iters is for the paper and released recipes, and neither is in --recipes")
+    return match
 
 
 def bench_solver(
@@ -41,8 +62,9 @@ def bench_solver(
     filter_size: Filter = 3,
     layers: Depth = 1,
     recipes: Annotated[str, typer.Option("--recipes", help="Comma-separated recipes.")] = ALL_RECIPES,
-    match: Annotated[Optional[str], typer.Option("--match", help="Ask fast for the target mass this recipe reached, "
-                                                 "when both run ('none': use --target-mass).")] = "paper",
+    match: Annotated[Optional[str], typer.Option("--match", help="Ask fast for the target mass this recipe reached "
+                                                 "('none': use --target-mass).",
+                                                 show_default="paper, when paper and fast both run")] = None,
     target_mass: Annotated[Optional[float], typer.Option("--target-mass", help="fast's target mass when not "
                                                          "matching.", show_default="0.3")] = None,
     iters: Annotated[Optional[int], typer.Option("--iters", help="Iterations of paper/released.",
@@ -61,7 +83,7 @@ def bench_solver(
     if tokens is None and grid is None:
         tokens = 256
     names: List[str] = [r.strip() for r in recipes.split(",") if r.strip()]
-    match = None if (match or "").lower() in ("", "none") else match
+    match = _effective_match(match, names, target_mass, iters)
     with Progress("bench solver", enabled=not json_out) as bar:
         result = run_solver_bench(parse_grid(tokens, grid), dim, heads, filter_size, layers, names, match=match,
                                   target_mass=target_mass, iters=iters, seed=seed, device=device, progress=bar,

@@ -12,9 +12,9 @@ from structinit.cli.common import CacheDir, Force, GridOpt, JsonOut, Threads, em
 
 EXAMPLES = examples(
     'structinit inspect                                     # list the cache',
-    'structinit inspect 6095a9c75beb --layer 0 --head 1 --query 27',
+    'structinit inspect 6095a9c75beb --layer 2 --head 1 --query 27',
     'structinit inspect 6095a9c75beb --png attention.png',
-    'structinit inspect model.pt --heads 3                  # a checkpoint: layout and attention quality',
+    'structinit inspect vit.pth --heads 3                   # a checkpoint: layout and attention quality',
 )
 
 

@@ -12,11 +12,12 @@ from typing_extensions import Annotated
 from structinit.cli.common import Device, JsonOut, Out, Progress, Threads, emit_json, examples
 
 EXAMPLES = examples(
-    'structinit train --model vit-digits --dataset digits --init impulse --epochs 40 --out runs/digits-imp',
-    'structinit train --dataset digits --train-size 250 --val-size 300 --init mimetic --out runs/d250',
-    'structinit train --model vit-t --dataset cifar10 --data-dir ~/data --init impulse -p filter=5 --out runs/c10',
-    'structinit train --model convmixer-256 --kernel 8 --filters box --dataset cifar10 --data-dir ~/data --out runs/cm',
-    'torchrun --nproc_per_node=4 -m structinit train --model vit-s --dataset cifar100 --data-dir ~/data --out runs/s',
+    'structinit train --dataset digits --init impulse --epochs 2 --out runs/digits-imp',
+    'structinit train --out runs/digits-imp --resume          # continue a run (its own settings) or say it is done',
+    'structinit train --dataset digits --train-size 250 --val-size 300 --init mimetic --epochs 2 --json',
+    'structinit train --dataset digits --init impulse -p filter=5 -p target_mass=0.5 -p mimetic_vproj=true --epochs 2',
+    'structinit train --model convmixer-256 --kernel 3 --filters box --dataset synthetic --epochs 1 --dim 64',
+    'torchrun --standalone --nproc_per_node=2 -m structinit train --dataset synthetic --epochs 1 --out runs/ddp',
 )
 
 Opt = typer.Option

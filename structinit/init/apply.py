@@ -172,6 +172,8 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
     for i, view in enumerate(views):
         say(f"writing {plan['state_dicts'][i]}" + (f" ({i + 1}/{len(views)})" if len(views) > 1 else ""))
         view.progress = progress
+        if spec.method == "impulse" and i > 0:
+            extra["check_pe"] = False  # a copy (an EMA) gets the weights solved for the first state dict
         reports.append(spec.apply(view, seed=seed, cache_dir=cache_dir, device=device, **extra))
 
     report = reports[0]

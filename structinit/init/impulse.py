@@ -182,12 +182,14 @@ class ImpulseInit(InitSpec):
                 f"({param('set_pe')} sincos for a checkpoint, {param('pe_scale')} for a model)")
 
     def apply(self, target, *, seed: int = 0, cache_dir=None, device: str = "cpu", artifact=None,
-              cached: Optional[bool] = None, progress=None) -> Dict[str, Any]:
+              cached: Optional[bool] = None, progress=None, check_pe: bool = True) -> Dict[str, Any]:
         """Write the artifact's Q/K (``artifact`` if given, else :meth:`artifact_for`) into
         ``target``. The report's per-layer ``hit_rate``/``target_mass``/``mse`` are measured from
         the written weights on the target's own LayerNorm'd position embedding (``measured_on``
         says which input), ``solved`` on the artifact's pseudo input (where the write is checked
-        against the solve). ``progress(done, total)`` follows the solve."""
+        against the solve). ``progress(done, total)`` follows the solve. ``check_pe=False`` skips
+        :meth:`check_embedding` (for a copy of a model already checked, e.g. an EMA state dict,
+        which gets the same weights)."""
         import torch
 
         from structinit.analysis.quality import measure
@@ -205,7 +207,7 @@ class ImpulseInit(InitSpec):
             t.model.pos_embed.requires_grad_(learned)  # a learned embedding stays learnable
         if artifact is None:
             artifact, cached = self.artifact_for(t, seed, cache_dir, device, progress)
-        else:
+        elif check_pe:
             self.check_embedding(t, artifact)
         art = artifact
         check_artifact(art, t.grid, t.dim, t.heads, t.layers)

@@ -155,6 +155,12 @@ class TrainConfig:
             raise UsageError(f"{param('workers')} must not be negative, got {self.workers}")
         if self.resume and not self.out:
             raise UsageError(f"{param('resume')} needs {param('out')} DIR")
+        if self.image_size is not None and self.dataset != "imagefolder":
+            raise UsageError(f"{param('image_size')} applies to the imagefolder dataset; {self.dataset} has a fixed "
+                             "image size")
+        if self.dataset in ("digits", "synthetic") and (self.data_dir is not None or self.download):
+            raise UsageError(f"{param('data_dir')} and {param('download')} do not apply to the {self.dataset} dataset, "
+                             "which needs no files")
         for name, lowest in (("train_size", 1), ("data_seed", 0)):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < lowest):

@@ -76,8 +76,8 @@ class ModelConfig:
             value = getattr(self, field)
             if value is not None and value < 1:
                 raise UsageError(f"{param(field)} must be positive, got {value}")
-        if self.mlp_ratio is not None and self.mlp_ratio <= 0:
-            raise UsageError(f"{param('mlp_ratio')} must be positive, got {self.mlp_ratio}")
+        if self.mlp_ratio is not None and not 0 < self.mlp_ratio < float("inf"):
+            raise UsageError(f"{param('mlp_ratio')} must be a positive finite number, got {self.mlp_ratio}")
         if self.pool is not None and self.pool not in POOLS:
             raise UsageError(f"unknown {param('pool')} {self.pool!r}; choose one of {', '.join(POOLS)}")
         if self.pos_embed is not None and self.pos_embed not in POS_EMBEDS:
