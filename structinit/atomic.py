@@ -46,6 +46,24 @@ def atomic_write(path: os.PathLike, mode: str = "wb", exclusive: bool = False,
             tmp.unlink()
 
 
+def save_torch(obj, path: os.PathLike, **options) -> None:
+    """``torch.save(obj)`` through :func:`atomic_write` (``options`` are its keywords). A write that
+    fails (a full disk) raises the ``OSError`` itself: torch's zip writer otherwise hides it behind
+    a ``RuntimeError`` raised while it cleans up."""
+    import torch
+
+    try:
+        with atomic_write(path, **options) as fh:
+            torch.save(obj, fh)
+    except RuntimeError as exc:
+        cause = exc.__context__ or exc.__cause__
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__context__ or cause.__cause__
+        if cause is None:
+            raise
+        raise cause from None
+
+
 def _link_exclusive(tmp: Path, path: Path) -> None:
     try:
         os.link(tmp, path)

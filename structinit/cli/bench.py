@@ -87,7 +87,7 @@ def bench_solver(
     with Progress("bench solver", enabled=not json_out) as bar:
         result = run_solver_bench(parse_grid(tokens, grid), dim, heads, filter_size, layers, names, match=match,
                                   target_mass=target_mass, iters=iters, seed=seed, device=device, progress=bar,
-                                  on_recipe=lambda name, i, n: bar.log(f"recipe {i + 1}/{n}: {name}"))
+                                  on_recipe=lambda name, i, n: bar.stage(f"recipe {i + 1}/{n}: {name}"))
     if json_out:
         emit_json(result)
     else:

@@ -18,6 +18,16 @@ from typing_extensions import Annotated
 from structinit.errors import StructinitError
 
 # --------------------------------------------------------------------------- shared options
+
+def path_arg(text) -> Path:
+    """A path option's value: an empty one is an error, not the current folder (``Path("")`` is ``.``)."""
+    if isinstance(text, Path):
+        return text
+    if not str(text).strip():
+        raise typer.BadParameter("needs a name (an empty value would mean the current folder)")
+    return Path(text)
+
+
 # Short flags: each letter stands for one long option in every command that has it.
 SHORT_FLAGS = {"-o": "--out", "-n": "--tokens", "-f": "--filter", "-r": "--recipe", "-e": "--epochs",
                "-b": "--batch-size", "-p": "--init-param", "-h": "--help"}
@@ -28,7 +38,8 @@ Threads = Annotated[Optional[int], typer.Option(
     "this machine less one (at least 1), shared among torchrun's processes.", show_default="auto")]
 Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
 CacheDir = Annotated[Optional[Path], typer.Option(
-    "--cache-dir", help="Artifact cache folder.", show_default="$STRUCTINIT_CACHE, else $XDG_CACHE_HOME/structinit")]
+    "--cache-dir", help="Artifact cache folder.", show_default="$STRUCTINIT_CACHE, else $XDG_CACHE_HOME/structinit",
+    parser=path_arg, metavar="DIR")]
 Seed = Annotated[int, typer.Option("--seed", min=0, help="Seed of offsets, noise and random draws.")]
 Tokens = Annotated[Optional[int], typer.Option("--tokens", "-n", help="Tokens N of a square grid (a perfect square).",
                                                show_default="256 when --grid is not given")]
@@ -47,7 +58,7 @@ Offsets = Annotated[str, typer.Option("--offsets", help="Offset order: random (a
 Padding = Annotated[str, typer.Option("--padding", help="zero (the paper's) or circular (wrap-around).")]
 Share = Annotated[bool, typer.Option("--share", help="Solve once and reuse it for every layer (the released code's "
                                                      "default).")]
-Out = Annotated[Optional[Path], typer.Option("--out", "-o", help="Where to write.")]
+Out = Annotated[Optional[Path], typer.Option("--out", "-o", help="Where to write.", parser=path_arg, metavar="PATH")]
 Force = Annotated[bool, typer.Option("--force", help="Overwrite an existing output.")]
 
 def examples(*lines: str) -> str:
@@ -133,16 +144,20 @@ def is_tty() -> bool:
 
 class Progress:
     """Progress of long work on stderr: a rich bar on a terminal; elsewhere (cluster logs) a plain
-    line every 10% of the work or every ``every`` seconds, whichever comes first.
+    line every 10% of the work or every ``every`` seconds, whichever comes first, once the work has
+    taken ``quiet`` seconds (so quick commands print their result alone, and a quick failure its
+    one ``error:`` line).
 
-    Use as a context manager; :meth:`update` takes ``(done, total)`` (and a new label), :meth:`log`
-    prints a line above the bar. ``enabled=False`` makes every call a no-op; ``plain=False`` keeps
-    :meth:`update` silent off a terminal (where :meth:`log` lines already tell the progress).
+    Use as a context manager; :meth:`update` takes ``(done, total)`` (and a new label), :meth:`stage`
+    names a new stage, :meth:`log` prints a line above the bar. ``enabled=False`` makes every call a
+    no-op; ``plain=False`` keeps :meth:`update` silent off a terminal (where :meth:`log` lines
+    already tell the progress).
     """
 
     def __init__(self, label: str, enabled: bool = True, every: float = 30.0, transient: bool = True,
-                 plain: bool = True):
+                 plain: bool = True, quiet: float = 2.0):
         self.label, self.enabled, self.every, self.transient, self.plain = label, enabled, every, transient, plain
+        self.quiet = quiet
         self._bar = self._task = None
         self._start = self._last_time = time.monotonic()
         self._last_tenth = -1
@@ -174,6 +189,8 @@ class Progress:
         if not self.plain:
             return
         now = time.monotonic()
+        if now - self._start < self.quiet:
+            return
         tenth = int(10 * done / max(total, 1))
         if tenth != self._last_tenth or now - self._last_time >= self.every:
             print(f"{self.label}: {done}/{total} ({now - self._start:.1f}s)", file=sys.stderr, flush=True)
@@ -186,7 +203,7 @@ class Progress:
         self.label = label
         if self._bar is not None:
             self._bar.update(self._task, description=label)
-        else:
+        elif self.plain and time.monotonic() - self._start >= self.quiet:
             print(f"{label} ({time.monotonic() - self._start:.1f}s)", file=sys.stderr, flush=True)
             self._last_time = time.monotonic()
 

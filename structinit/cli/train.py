@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 import typer
 from typing_extensions import Annotated
 
-from structinit.cli.common import Device, JsonOut, Out, Progress, Threads, emit_json, examples
+from structinit.cli.common import Device, JsonOut, Out, Progress, Threads, emit_json, examples, path_arg
 
 EXAMPLES = examples(
     'structinit train --dataset digits --init impulse --epochs 2 --out runs/digits-imp',
@@ -68,7 +68,8 @@ def train(
     init_param: Annotated[List[str], Opt("--init-param", "-p", help="Init parameter NAME=VALUE (repeatable), e.g. "
                                          "filter=5, target_mass=0.3, mimetic_vproj=true.")] = [],  # noqa: B006
     data_dir: Annotated[Optional[Path], Opt("--data-dir", help="Dataset folder (torchvision's files; imagefolder: "
-                                            "train/ and val/).", show_default="$STRUCTINIT_DATA, else ./data")] = None,
+                                            "train/ and val/).", show_default="$STRUCTINIT_DATA, else ./data",
+                                            parser=path_arg, metavar="DIR")] = None,
     download: Annotated[bool, Opt("--download", help="Download cifar10/cifar100/svhn into --data-dir first (needs "
                                   "network).")] = False,
     image_size: Annotated[Optional[int], Opt("--image-size", help="imagefolder: image side.",

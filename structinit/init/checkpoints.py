@@ -248,9 +248,7 @@ def save_checkpoint(ckpt: Checkpoint, path: os.PathLike, *, exclusive: bool = Fa
     atomically (temp file beside it, fsync, then moved into place); on failure nothing is left
     behind. ``exclusive``: fail with :class:`CheckpointError` if ``path`` exists by then (another
     process wrote it), never replacing it. ``file_mode``: the permission bits to give it."""
-    import torch
-
-    from structinit.atomic import OutputExists, atomic_write
+    from structinit.atomic import OutputExists, atomic_write, save_torch
 
     path = Path(path)
     fmt = output_format(path)
@@ -259,11 +257,11 @@ def save_checkpoint(ckpt: Checkpoint, path: os.PathLike, *, exclusive: bool = Fa
 
         data = save(safetensors_dict(ckpt, path), metadata=ckpt.metadata if ckpt.format == "safetensors" else None)
     try:
-        with atomic_write(path, exclusive=exclusive, file_mode=file_mode) as fh:
-            if fmt == "safetensors":
+        if fmt == "safetensors":
+            with atomic_write(path, exclusive=exclusive, file_mode=file_mode) as fh:
                 fh.write(data)
-            else:
-                torch.save(ckpt.obj, fh)
+        else:
+            save_torch(ckpt.obj, path, exclusive=exclusive, file_mode=file_mode)
     except OutputExists:
         raise CheckpointError(f"{path} appeared while this was being written (another process?); it was not "
                               "replaced, and nothing was written") from None

@@ -20,7 +20,7 @@ from structinit.geometry.targets import OFFSET_ORDERS, PADDINGS, check_choice
 from structinit.init.base import InitSpec
 from structinit.init.baselines import generator
 from structinit.init.mimetic import mimetic_v_proj, vproj_keys
-from structinit.solver.recipes import check_recipe
+from structinit.solver.recipes import check_recipe, recipe_params
 
 
 def check_artifact(artifact, grid: Grid, dim: int, heads: int, layers: Sequence[int]) -> None:
@@ -90,6 +90,8 @@ class ImpulseInit(InitSpec):
         self.check_positive("filter", "pe_scale")
         self.check_positive("tolerance", allow_zero=True)
         check_recipe(self.recipe)
+        recipe_params(self.recipe, {**self.recipe_params, "target_mass": self.target_mass}
+                      if self.target_mass is not None else self.recipe_params)  # refuse bad values now
         check_choice("offset_order", self.offset_order, OFFSET_ORDERS)
         check_choice("padding", self.padding, PADDINGS)
         check_choice("pseudo_input", self.pseudo_input, PSEUDO_INPUTS)

@@ -140,11 +140,10 @@ class RunDir:
 
     # ---- checkpoints
     def _save(self, obj: Any, name: str) -> None:
-        import torch
+        from structinit.atomic import save_torch
 
         try:
-            with atomic_write(self.file(name)) as f:
-                torch.save(obj, f)
+            save_torch(obj, self.file(name))
         except OSError as exc:
             raise StructinitError(f"cannot write {self.file(name)}: {exc.strerror or exc}") from None
 
