@@ -84,15 +84,18 @@ def made(tmp_path_factory):
 
 @pytest.fixture
 def work(made, tmp_path, cli):
-    """A folder with copies of the checkpoints, and ``run(*args)``: the CLI run inside it."""
+    """A folder with copies of the checkpoints, and ``run(*args)``: the CLI run inside it (the user
+    cache is a sibling folder)."""
+    folder = tmp_path / "work"
+    folder.mkdir()
     for p in made.iterdir():
         if p.is_file():
-            shutil.copy2(p, tmp_path / p.name)
+            shutil.copy2(p, folder / p.name)
 
     def run(*args, env=None):
-        return cli(*args, env=env, cwd=tmp_path)
+        return cli(*args, env=env, cwd=folder)
 
-    run.path = tmp_path
+    run.path = folder
     return run
 
 

@@ -95,3 +95,73 @@ def test_bad_recipe_parameters():
         SolveConfig(**SMALL, params={"target_mass": 1.5})
     with pytest.raises(UsageError):
         SolveConfig(**SMALL, recipe="magic")
+
+
+def _dense_fast_reference(x, columns, head_dim, target_mass, ridge=1e-5):
+    """The fast recipe as it was first written: dense N x N targets, batched bisection (the
+    reference the scalable implementation must reproduce)."""
+    from structinit.analysis.quality import attention_logits
+    from structinit.solver.algorithms import dense_targets, lowrank_logit_fit, mass_logit_gap
+
+    n = columns.shape[-1]
+    targets = dense_targets(columns, n).double()
+    centred = targets - targets.mean(-1, keepdim=True)
+    q, k = lowrank_logit_fit(x, mass_logit_gap(target_mass, n) * centred, head_dim, ridge=ridge)
+    base = attention_logits(x.double().unsqueeze(1), q, k)
+    has, tcol = targets.sum(-1) > 0, targets.argmax(-1, keepdim=True)
+    lo, hi = torch.full(base.shape[:2], -12.0, dtype=torch.float64), torch.full(base.shape[:2], 12.0,
+                                                                                  dtype=torch.float64)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        p = torch.softmax(base * mid.exp()[..., None, None], -1)
+        above = (p.gather(-1, tcol).squeeze(-1) * has).sum(-1) / has.sum(-1) > target_mass
+        hi, lo = torch.where(above, mid, hi), torch.where(above, lo, mid)
+    root = ((lo + hi) / 2).exp().sqrt()[..., None, None]
+    return q * root, k * root
+
+
+@pytest.mark.parametrize("grid, dim, heads, padding", [((6, 6), 32, 4, "zero"), ((5, 7), 48, 3, "circular"),
+                                                        ((16, 16), 192, 3, "zero")])
+def test_fast_without_dense_targets_matches_the_dense_reference(grid, dim, heads, padding):
+    from structinit.geometry.embedding import pseudo_input
+    from structinit.geometry.targets import draw_offsets, impulse_columns
+    from structinit.solver.algorithms import solve_fast
+
+    x = torch.from_numpy(pseudo_input("pe", grid, dim)).unsqueeze(0).expand(2, -1, -1)
+    columns = torch.from_numpy(impulse_columns(grid, draw_offsets(3, heads, 2, seed=1), padding))
+    q, k = solve_fast(x, columns, dim // heads, heads, None, target_mass=0.4)
+    rq, rk = _dense_fast_reference(x, columns, dim // heads, 0.4)
+    w, rw = q.double() @ k.double().transpose(-1, -2), rq @ rk.transpose(-1, -2)
+    assert float((w - rw).abs().max() / rw.abs().max()) < 1e-5  # Q K^T: only the gauge of Q, K is free
+
+
+@pytest.mark.slow
+def test_fast_never_builds_an_n_by_n_target():
+    """A 6,400-token solve: a dense float32 target would be 164 MB per head (and the dense recipe
+    held float64 copies); the whole process must stay far below that."""
+    import subprocess
+    import sys
+
+    code = ("import resource, torch; torch.set_num_threads(1);"
+            "from structinit.solver.config import SolveConfig; from structinit.solver.run import compute;"
+            "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
+            "a = compute(SolveConfig(grid=(80, 80), dim=16, heads=2), device='cpu');"
+            "grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024;"
+            "print(grew, a.stats['summary']['target_mass'])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    grew_mib, mass = map(float, r.stdout.split())
+    assert grew_mib < 120 and mass == pytest.approx(0.3, abs=1e-4)
+
+
+def test_memory_estimate_refuses_what_cannot_fit(monkeypatch):
+    from structinit.errors import StructinitError
+    from structinit.solver import run
+
+    small, big = SolveConfig(grid=(8, 8), dim=64, heads=4), SolveConfig(grid=(100, 100), dim=64, heads=4)
+    assert run.estimate_memory(big) < 20 * run.estimate_memory(small) * (100 * 100 / 64)  # about linear in N
+    dense = SolveConfig(grid=(100, 100), dim=64, heads=4, recipe="paper")
+    assert run.estimate_memory(dense) > 4 * 10000 ** 2 * 4  # N^2 per head, forward and backward
+    monkeypatch.setattr(run, "available_memory", lambda device: 2 ** 30)
+    with pytest.raises(StructinitError, match=r"needs about \d+\.\d GiB of memory on cpu, and only 1\.0 GiB"):
+        run.compute(dense, device="cpu")
