@@ -539,6 +539,14 @@ def test_read_only_disk(work, made, tmp_path_factory):
 
 # --------------------------------------------------------------------------- minor cases
 
+def test_a_half_precision_sin_cos_table_is_still_the_table(work):
+    sd = {k: v.half() for k, v in timm_vit().state_dict().items()}
+    torch.save(sd, work.path / "half.pt")
+    r = work("apply", "half.pt", "--heads", HEADS, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["measured_on"] == "pos_embed (sincos), LayerNorm'd"
+
+
 def test_default_names_modes_and_json(work):
     shutil.copy2(work.path / "vit.pth", work.path / "run.pth.tar")
     r = work("apply", "run.pth.tar", "--heads", HEADS, "--dry-run", "--json")
@@ -564,6 +572,16 @@ def test_python_m_structinit_beside_a_folder_named_structinit(tmp_path):
     r = subprocess.run([sys.executable, "-c", code, str(finder)], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("structinit "), r.stderr
+
+
+def test_train_never_writes_over_files_a_run_would_write(work):
+    (work.path / "proj").mkdir()
+    (work.path / "proj" / "config.json").write_text('{"mine": true}')
+    before = files(work.path)
+    one_error(work("train", "--dataset", "synthetic", "--epochs", "1", "--out", "proj"), 2, "config.json", "--resume")
+    one_error(work("train", "--dataset", "synthetic", "--epochs", "1", "--out", "proj", "--resume"), 1,
+              "config.json", quick=False)
+    assert files(work.path) == before
 
 
 def test_resume_takes_the_runs_settings_and_names_real_differences(work):

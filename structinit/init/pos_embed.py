@@ -63,10 +63,11 @@ def pe_kind(pe, grid) -> str:
     from structinit.geometry.embedding import sincos
 
     grid = Grid(grid)
+    eps = torch.finfo(pe.dtype).eps if pe.is_floating_point() else 0.0  # a table stored in half precision
     rows = pe.detach().to("cpu", dtype=torch.float32).reshape(-1, pe.shape[-1]).numpy()
     patch = rows[rows.shape[0] - grid.tokens:]
     table = sincos(grid, rows.shape[-1])
     scale = float((patch * table).sum() / max(float((table * table).sum()), 1e-12))
-    if scale > 0 and np.allclose(patch, scale * table, atol=1e-4 * max(1.0, abs(scale))):
+    if scale > 0 and np.allclose(patch, scale * table, atol=max(1e-4, 4 * eps) * max(1.0, abs(scale))):
         return "sincos" if abs(scale - 1) < 1e-4 else f"sincos x{scale:.4g}"
     return "other"

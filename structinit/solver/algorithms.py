@@ -52,6 +52,8 @@ CACHE_BYTES = 256 * 2 ** 20
 CHUNK_BYTES = 32 * 2 ** 20
 #: Passes over the logits a head's calibration typically takes (for progress only).
 PASSES = 6
+#: Singular values of the pseudo input below ``RCOND`` times the largest are cut off (a pseudo-inverse).
+RCOND = 1e-6
 
 
 def dense_targets(columns: torch.Tensor, n: int, dtype=torch.float32) -> torch.Tensor:
@@ -163,7 +165,8 @@ def _row_chunks(n: int, budget: int = CHUNK_BYTES):
 
 
 def calibrate_head(xq: torch.Tensor, xk: torch.Tensor, columns: torch.Tensor, target_mass: float,
-                   tol: float = 1e-13, max_steps: int = 200, on_chunk: Optional[Callable[[], None]] = None) -> float:
+                   tol: float = 1e-13, max_steps: int = 200, on_chunk: Optional[Callable[[], None]] = None,
+                   start: float = 0.0) -> float:
     """The log-scale ``t`` in ``[-12, 12]`` at which the mean attention on the target token of one
     head, ``softmax(e^t xq xk^T / sqrt(d))`` over the rows that have a target, equals ``target_mass``.
 
@@ -205,7 +208,7 @@ def calibrate_head(xq: torch.Tensor, xk: torch.Tensor, columns: torch.Tensor, ta
                 on_chunk()
         return m / rows, dm / rows
 
-    lo, hi, t = -12.0, 12.0, 0.0
+    lo, hi, t = -12.0, 12.0, min(max(start, -11.0), 11.0)
     for _ in range(max_steps):
         m, dm = mass_and_slope(t)
         if m > target_mass:
@@ -257,6 +260,7 @@ def solve_fast(x, columns, head_dim, heads, generator, target_mass=0.3, ridge=1e
     # Progress in row-chunk passes of the calibration (about PASSES per head), the part that grows as N^2.
     per_head = PASSES * len(_row_chunks(n))
     done = [0, 0]  # heads finished, chunks of the current head
+    t = 0.0  # each head's calibration starts from the last one's answer
 
     def tick():
         done[1] += 1
@@ -266,12 +270,18 @@ def solve_fast(x, columns, head_dim, heads, generator, target_mass=0.3, ridge=1e
     for src in sorted(set(inputs.tolist())):  # one input's SVD in memory at a time
         xl = x[src].double()
         u, s, vh = torch.linalg.svd(xl, full_matrices=False)
-        v = vh.transpose(-1, -2)
+        # Directions below the pseudo-inverse cut-off contribute nothing to Q, K (they are mapped back
+        # with weight 0): drop them before the fit. A LayerNorm'd sin-cos table keeps ~35 of 768 on a
+        # 28x28 grid, so the r x r fit below is tiny.
+        keep = s > RCOND * s[0]
+        u, s, v = u[:, keep], s[keep], vh.transpose(-1, -2)[:, keep]
         for g, (l, h) in enumerate(first.tolist()):
             if int(inputs[l]) != src:
                 continue
-            q, k = _factor(gap * impulse_projection(u, columns[l, h]), s, v, head_dim, ridge, 1e-6)
-            t = calibrate_head(xl @ q, xl @ k, columns[l, h], target_mass, on_chunk=tick)
+            q, k = _factor(gap * impulse_projection(u, columns[l, h]), s, v, head_dim, ridge, RCOND)
+            if q.shape[-1] < head_dim:  # a pseudo input of lower rank than d: the other columns are zero
+                q, k = (torch.nn.functional.pad(w, (0, head_dim - w.shape[-1])) for w in (q, k))
+            t = calibrate_head(xl @ q, xl @ k, columns[l, h], target_mass, on_chunk=tick, start=t)
             qs[g], ks[g] = q * math.exp(t / 2), k * math.exp(t / 2)
             done[0], done[1] = done[0] + 1, 0
             if progress is not None:

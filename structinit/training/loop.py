@@ -243,8 +243,10 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
         ck = None
         if run is not None:
             if not config.resume and run.holds_run():
-                raise UsageError(f"{run.path} already holds a run; pass {param('resume')} to continue it or choose "
-                                 f"another {param('out')}")
+                names = (run.CONFIG, run.CHECKPOINT, run.BEST, run.FINAL, run.METRICS)
+                found = [n for n in names if run.file(n).exists()]
+                raise UsageError(f"{run.path} already holds a run ({', '.join(found)}); pass {param('resume')} to "
+                                 f"continue it or choose another {param('out')}")
             old = run.read_config() if config.resume else None
             if old is not None:
                 try:

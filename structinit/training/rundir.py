@@ -52,8 +52,9 @@ class RunDir:
         return "resumable" if self.file(self.CHECKPOINT).is_file() else "fresh"
 
     def holds_run(self) -> bool:
-        """Whether anything of a run is here (a checkpoint, metrics or a result)."""
-        return any(self.file(n).is_file() for n in (self.CHECKPOINT, self.FINAL, self.METRICS))
+        """Whether anything a run writes is here (its config, a checkpoint, metrics or a result):
+        a fresh run never replaces such a file, whoever wrote it."""
+        return any(self.file(n).exists() for n in (self.CONFIG, self.CHECKPOINT, self.BEST, self.FINAL, self.METRICS))
 
     def create(self) -> None:
         missing = [p for p in [self.path, *self.path.parents] if not p.exists()][::-1]
