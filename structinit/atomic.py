@@ -24,3 +24,16 @@ def atomic_write(path: os.PathLike, mode: str = "wb") -> Iterator[IO]:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def write_failure(exc: BaseException) -> str:
+    """Why a write failed, in a few words: the ``OSError`` behind ``exc`` (``No space left on
+    device``), also when a writer such as ``torch.save`` wraps it in a ``RuntimeError``; else the
+    first line of ``exc``."""
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen.strerror or str(seen)
+        seen = seen.__cause__ or seen.__context__
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__

@@ -413,3 +413,30 @@ def test_attention_target_shape_and_layer_selection():
         initialize_model(torch.nn.Linear(2, 2), "impulse")
     with pytest.raises(UsageError, match="needs an nn.Module"):
         initialize_model(m.state_dict(), "mimetic")
+
+
+def test_a_checkpoint_that_cannot_be_written_is_one_error_and_no_file(tmp_path):
+    """A full disk (a file-size limit standing in) while writing the output: a CheckpointError
+    naming the cause, the input untouched, and no output or temp file."""
+    import resource
+    import signal
+
+    from structinit.init.checkpoints import CheckpointError
+
+    src = tmp_path / "vit.pt"
+    torch.save(tiny_vit().state_dict(), src)
+    before = src.read_bytes()
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    try:
+        # torch.save reports a failure inside a record as an OSError and one at a record's end as a
+        # RuntimeError (after the OSError): limits across the file meet both
+        for limit in range(1000, 6000, 500):
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+            with pytest.raises(CheckpointError, match=r"vit\.mimetic\.pt: cannot write \(File too large\)$"):
+                apply_checkpoint(src, "mimetic", heads=HEADS)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert src.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["vit.pt"]

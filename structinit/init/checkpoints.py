@@ -207,7 +207,7 @@ def save_checkpoint(ckpt: Checkpoint, path: os.PathLike) -> Path:
     ``os.replace``); on failure nothing is left behind."""
     import torch
 
-    from structinit.atomic import atomic_write
+    from structinit.atomic import atomic_write, write_failure
 
     path = Path(path)
     try:
@@ -218,8 +218,8 @@ def save_checkpoint(ckpt: Checkpoint, path: os.PathLike) -> Path:
                 fh.write(save(ckpt.obj, metadata=ckpt.metadata))
             else:
                 torch.save(ckpt.obj, fh)
-    except OSError as exc:
-        raise CheckpointError(f"{path}: cannot write ({exc.strerror or exc})") from None
+    except (OSError, RuntimeError) as exc:  # torch.save reports a failed write as a RuntimeError
+        raise CheckpointError(f"{path}: cannot write ({write_failure(exc)})") from None
     return path
 
 

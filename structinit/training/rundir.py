@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from structinit.atomic import atomic_write
+from structinit.atomic import atomic_write, write_failure
 from structinit.errors import StructinitError, UsageError, param
 
 CHECKPOINT_FORMAT = "structinit-train/1"
@@ -121,8 +121,8 @@ class RunDir:
         try:
             with atomic_write(self.file(name)) as f:
                 torch.save(obj, f)
-        except OSError as exc:
-            raise StructinitError(f"cannot write {self.file(name)}: {exc.strerror or exc}") from None
+        except (OSError, RuntimeError) as exc:  # torch.save reports a failed write as a RuntimeError
+            raise StructinitError(f"cannot write {self.file(name)}: {write_failure(exc)}") from None
 
     def save_checkpoint(self, state: Dict[str, Any]) -> None:
         self._save(dict(state, format=CHECKPOINT_FORMAT), self.CHECKPOINT)
