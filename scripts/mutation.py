@@ -195,8 +195,8 @@ def cmd_stop(args) -> int:
     if pid is None:
         print("no mutation run is going")
         return 0
-    os.killpg(os.getpgid(pid), signal.SIGINT)  # mutmut saves what it has on an interrupt
-    print(f"sent SIGINT to the run (pid {pid})")
+    os.killpg(os.getpgid(pid), signal.SIGTERM)  # mutmut saves every result as it comes: nothing done is lost
+    print(f"stopped the run (pid {pid}); the mutant in flight stays 'not run'")
     return 0
 
 
@@ -312,7 +312,7 @@ def main(argv=None) -> int:
     r.add_argument("--wait", action="store_true", help="run in the foreground")
     r.set_defaults(fn=cmd_run)
     sub.add_parser("status", help="is a run going, and its last progress line").set_defaults(fn=cmd_status)
-    sub.add_parser("stop", help="interrupt the run (results so far are kept)").set_defaults(fn=cmd_stop)
+    sub.add_parser("stop", help="stop the run (results so far are kept)").set_defaults(fn=cmd_stop)
     s = sub.add_parser("summary", help="per-module mutants, killed, survived, equivalent, score")
     s.add_argument("modules", nargs="*")
     s.add_argument("--markdown", action="store_true")
