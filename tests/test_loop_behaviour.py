@@ -101,9 +101,11 @@ def test_gradients_are_clipped_to_grad_clip():
 
 
 def test_an_interrupted_run_resumed_is_the_uninterrupted_run(tmp_path):
-    ref = train(TrainConfig(epochs=4, seed=3, init="mimetic", **QUICK))
+    # random crops draw from torch's generator: the resume must restore it, not only the weights
+    settings = dict(QUICK, seed=3, init="mimetic", augment="crop-flip")
+    ref = train(TrainConfig(epochs=4, **settings))
     out = tmp_path / "run"
-    cfg = TrainConfig(epochs=4, out=str(out), seed=3, init="mimetic", **QUICK)
+    cfg = TrainConfig(epochs=4, out=str(out), **settings)
 
     def stop_after_two(record):
         if record["epoch"] == 2:
@@ -114,8 +116,11 @@ def test_an_interrupted_run_resumed_is_the_uninterrupted_run(tmp_path):
     assert RunDir(out).state == "resumable" and len(RunDir(out).read_metrics()) == 2
     # a kill between the metrics append and the checkpoint leaves one more line in the log
     RunDir(out).append_metrics({"epoch": 3, "train_loss": 123.0})
-    logs = []
-    resumed = train(TrainConfig(epochs=4, out=str(out), resume=True, seed=3, init="mimetic", **QUICK), log=logs.append)
+    RunDir(out).write_final({"stale": True})  # a result that does not belong to the checkpoint
+    logs, states = [], []
+    resumed = train(TrainConfig(epochs=4, out=str(out), resume=True, **settings), log=logs.append,
+                    on_epoch=lambda r: states.append(RunDir(out).state))
+    assert states == ["resumable", "resumable"]  # not "finished" while it trains
     assert resumed.resumed_from == 2 and any(f"resuming {out} after epoch 2/4" in m for m in logs)
     rows = RunDir(out).read_metrics()
     assert [r["epoch"] for r in rows] == [1, 2, 3, 4] and rows[2]["train_loss"] != 123.0
@@ -125,11 +130,78 @@ def test_an_interrupted_run_resumed_is_the_uninterrupted_run(tmp_path):
     assert resumed.final_acc == pytest.approx(ref.final_acc) and resumed.best_epoch == ref.best_epoch
     assert resumed.metrics == rows
     final = json.loads((out / "final.json").read_text())
-    assert final["resumed_from"] == 2 and final["epochs"] == 4
+    assert final["resumed_from"] == 2 and final["epochs"] == 4 and "stale" not in final
+    assert final["wall_seconds"] >= load_train_checkpoint(out / "checkpoint.pt")["elapsed"] - 1e-3
     # resuming a finished run returns its result without training
-    again = train(TrainConfig(epochs=4, out=str(out), resume=True, seed=3, init="mimetic", **QUICK), log=logs.append)
+    again = train(TrainConfig(epochs=4, out=str(out), resume=True, **settings), log=logs.append)
     assert again.resumed_from == 4 and again.final_acc == final["final_acc"] and again.best_acc == resumed.best_acc
     assert again.metrics == rows and again.key == cfg.key and any("finished all 4 epochs" in m for m in logs)
+    assert again.best_epoch == resumed.best_epoch and again.best_on == "test" and again.epochs == 4
+    assert again.final_val_acc is None and again.out == str(out) and again.params == resumed.params
+
+
+def test_the_run_line_and_the_evaluation_match_the_weights(tmp_path):
+    from structinit.training.augment import normalize
+    from structinit.training.datasets import DATASETS, load_dataset
+    from structinit.training.models import build_model
+
+    out = tmp_path / "run"
+    logs = []
+    result = train(TrainConfig(epochs=2, out=str(out), val_size=50, init="kaiming", **QUICK), log=logs.append)
+    trainable = result.params["trainable"]
+    assert logs[0] == (f"vit-digits ({trainable:,} trainable params) on digits (320 train / 50 val / 360 test), "
+                       "2 epochs x 10 steps of 32, 1 process(es) on cpu, init kaiming")
+    plain = []
+    train(TrainConfig(epochs=1, **QUICK), log=plain.append)
+    assert plain[0].endswith("(320 train / 360 test), 1 epochs x 10 steps of 32, 1 process(es) on cpu, init default")
+    # the last record's test accuracy and loss are what the checkpointed weights give on the test split
+    ck = load_train_checkpoint(out / "checkpoint.pt")
+    model = build_model(TrainConfig(**QUICK).model_config(), num_classes=10, image_size=8, in_chans=1,
+                        default_patch=1)
+    model.load_state_dict(ck["state_dict"])
+    model.eval()
+    test = load_dataset("digits").test
+    info = DATASETS["digits"]
+    with torch.no_grad():
+        logits = model(normalize(test.images, info.mean, info.std))
+    last = result.metrics[-1]
+    assert last["test_acc"] == pytest.approx(100.0 * float((logits.argmax(-1) == test.labels).float().mean()))
+    assert last["test_loss"] == pytest.approx(float(torch.nn.functional.cross_entropy(logits, test.labels)), rel=1e-5)
+    assert last["images_per_s"] > 0 and last["epoch_seconds"] > 0 and 0 <= last["train_acc"] <= 100
+    assert result.world_size == 1 and result.device == "cpu" and result.wall_seconds > 0
+    assert result.summary()["last"] == last and result.last_acc == result.final_acc == last["test_acc"]
+    assert result.init_report["method"] == "kaiming"
+
+
+def test_amp_modes_and_the_optimizer():
+    from structinit.training.loop import amp_dtype
+
+    assert [amp_dtype(m, "cpu") for m in ("auto", "off", "bf16", "fp16")] == [None, None, torch.bfloat16, torch.float16]
+    assert amp_dtype("off", "cuda") is None and amp_dtype("fp16", "cuda") is torch.float16
+    assert amp_dtype("auto", "cuda") is (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
+    net[1].weight.requires_grad_(False)
+    opt, trainable = build_optimizer(net, {"lr": 0.3, "opt_eps": 1e-7, "weight_decay": 0.2})
+    assert [p.shape for p in trainable] == [(4, 3), (4,), (4,)]  # the frozen LayerNorm weight is left out
+    assert [len(g["params"]) for g in opt.param_groups] == [1, 2]
+    assert all(g["lr"] == 0.3 and g["eps"] == 1e-7 for g in opt.param_groups)
+    assert isinstance(opt, torch.optim.AdamW)
+
+
+def test_batches_are_a_seeded_permutation_split_over_processes():
+    from structinit.training.loop import epoch_permutation, shard_batches
+
+    perm = epoch_permutation(50, seed=2, epoch=1)
+    assert sorted(perm.tolist()) == list(range(50)) and torch.equal(perm, epoch_permutation(50, 2, 1))
+    assert not torch.equal(perm, epoch_permutation(50, 2, 0)) and not torch.equal(perm, epoch_permutation(50, 3, 1))
+    assert not torch.equal(epoch_permutation(50, 0, 1), epoch_permutation(50, 1, 0))
+    one = list(shard_batches(50, 8, rank=0, world=1, seed=2, epoch=1))
+    assert len(one) == 6 and all(len(b) == 8 for b in one)  # 50 // 8, the last 2 dropped
+    assert torch.equal(torch.cat(one), perm[:48])
+    parts = [list(shard_batches(50, 8, rank=r, world=4, seed=2, epoch=1)) for r in range(4)]
+    for s in range(6):
+        assert torch.equal(torch.cat([parts[r][s] for r in range(4)]), one[s])
+        assert all(len(parts[r][s]) == 2 for r in range(4))
 
 
 def test_best_epoch_is_chosen_on_validation_and_written_to_best_pt(tmp_path):
