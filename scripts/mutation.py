@@ -41,6 +41,7 @@ LOGS = REPO / "mutation-logs"
 PIDFILE = LOGS / "run.pid"
 EQUIVALENTS = REPO / "tests" / "mutation_equivalents.toml"
 DOCS = REPO / "docs" / "testing.md"
+SLOW_RESULTS = LOGS / "slow-results.json"
 DOCS_BEGIN, DOCS_END = "<!-- mutation-summary:begin -->", "<!-- mutation-summary:end -->"
 
 #: mutmut's exit codes -> our categories. Timeouts and crashes (a mutant that loops or blows up
@@ -110,6 +111,24 @@ def load_equivalents() -> Tuple[List[dict], Dict[str, str]]:
     doc = tomllib.loads(EQUIVALENTS.read_text())
     notes = {normalize_module(m): v.get("note", "") for m, v in doc.get("modules", {}).items()}
     return doc.get("equivalent", []), notes
+
+
+def load_slow_kills() -> Dict[str, str]:
+    """Survivors of the fast tier that a slow test killed (``slow`` command): mutant -> killing tests.
+
+    Like a judgement, a record holds only while the mutant's changed lines are the same."""
+    if not SLOW_RESULTS.exists():
+        return {}
+    records = json.loads(SLOW_RESULTS.read_text())
+    out = {}
+    for m, r in records.items():
+        if r.get("killed") and (REPO / "mutants").exists():
+            try:
+                if change_of(mutant_diff(m)) == r["change"]:
+                    out[m] = r["tests"]
+            except Exception:  # noqa: BLE001 - a mutant that no longer exists
+                continue
+    return out
 
 
 def judged(survivors: Iterable[str], judgements: List[dict]) -> Dict[str, dict]:
@@ -203,6 +222,7 @@ def cmd_stop(args) -> int:
 def summarize(modules: Optional[List[str]] = None) -> Tuple[List[dict], Dict[str, dict], Dict[str, str]]:
     results = load_results()
     judgements, notes = load_equivalents()
+    slow = load_slow_kills()
     by_module: Dict[str, Counter] = {}
     survivors: List[str] = []
     for name, code in results.items():
@@ -210,6 +230,8 @@ def summarize(modules: Optional[List[str]] = None) -> Tuple[List[dict], Dict[str
         if modules and mod not in modules:
             continue
         s = status(code)
+        if s in ("survived", "no tests", "suspicious") and name in slow:
+            s = "killed slow"
         by_module.setdefault(mod, Counter())[s] += 1
         if s in ("survived", "no tests", "suspicious"):
             survivors.append(name)
@@ -219,17 +241,18 @@ def summarize(modules: Optional[List[str]] = None) -> Tuple[List[dict], Dict[str
         c = by_module[mod]
         n_eq = sum(1 for m in eq if module_of(m) == mod)
         total = sum(c.values())
-        killed = c["killed"] + c["timeout"] + c["crash"]
+        killed = c["killed"] + c["timeout"] + c["crash"] + c["killed slow"]
         live = c["survived"] + c["no tests"] + c["suspicious"]
         denom = total - n_eq - c["not run"]
-        rows.append({"module": mod, "mutants": total, "killed": killed, "timeout/crash": c["timeout"] + c["crash"],
-                     "survived": live, "equivalent": n_eq, "unjudged": live - n_eq, "not run": c["not run"],
+        rows.append({"module": mod, "mutants": total, "killed": killed, "killed slow": c["killed slow"],
+                     "timeout/crash": c["timeout"] + c["crash"], "survived": live, "equivalent": n_eq,
+                     "unjudged": live - n_eq, "not run": c["not run"],
                      "score": (killed / denom) if denom and not c["not run"] else None, "note": notes.get(mod, "")})
     return rows, eq, notes
 
 
 def table(rows: List[dict], markdown: bool) -> str:
-    head = ["module", "mutants", "killed", "survived", "equivalent", "unjudged", "not run", "score"]
+    head = ["module", "mutants", "killed", "killed slow", "survived", "equivalent", "unjudged", "not run", "score"]
     def cell(r, k):
         if k == "score":
             return "-" if r[k] is None else f"{100 * r[k]:.1f}% ({r['killed']}/{r['mutants'] - r['equivalent']})"
@@ -302,6 +325,38 @@ def cmd_survivors(args) -> int:
     return 0
 
 
+def cmd_slow(args) -> int:
+    """Run the fast tier's unjudged survivors against slow tests (each mutant in turn, in the
+    foreground): tests that spawn processes see the mutant too (PYTHONPATH and MUTANT_UNDER_TEST
+    are inherited)."""
+    modules = [normalize_module(m) for m in args.modules] or None
+    results = load_results()
+    judgements, _ = load_equivalents()
+    live = sorted(m for m, c in results.items() if status(c) in ("survived", "no tests", "suspicious")
+                  and (modules is None or module_of(m) in modules))
+    if args.functions:
+        live = [m for m in live if function_of(m).rpartition(".")[2] in args.functions]
+    eq = judged(live, judgements)
+    records = json.loads(SLOW_RESULTS.read_text()) if SLOW_RESULTS.exists() else {}
+    todo = [m for m in live if m not in eq and not (m in records and records[m]["change"] == change_of(mutant_diff(m)))]
+    LOGS.mkdir(exist_ok=True)
+    mutants_dir = REPO / "mutants"
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(mutants_dir))
+    print(f"{len(todo)} survivors to run against: {' '.join(args.tests)}")
+    for i, m in enumerate(todo, 1):
+        env["MUTANT_UNDER_TEST"] = m
+        r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--rootdir=.",
+                            *args.tests], cwd=mutants_dir, env=env, capture_output=True, text=True)
+        killed = r.returncode == 1
+        if r.returncode not in (0, 1):
+            print(f"  {m}: pytest exit {r.returncode} (not counted)\n{r.stdout[-800:]}")
+            continue
+        records[m] = {"change": change_of(mutant_diff(m)), "killed": killed, "tests": " ".join(args.tests)}
+        SLOW_RESULTS.write_text(json.dumps(records, indent=1, sort_keys=True))
+        print(f"[{i}/{len(todo)}] {'killed  ' if killed else 'survived'} {m}", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -325,6 +380,11 @@ def main(argv=None) -> int:
     v.add_argument("--toml", action="store_true", help="print them as stubs for tests/mutation_equivalents.toml")
     v.add_argument("--all", action="store_true", help="include the ones judged equivalent")
     v.set_defaults(fn=cmd_survivors)
+    w = sub.add_parser("slow", help="run the fast tier's survivors against slow tests (foreground)")
+    w.add_argument("modules", nargs="*")
+    w.add_argument("--tests", nargs="+", required=True, help="pytest node ids, relative to the repository")
+    w.add_argument("--functions", nargs="*", help="only mutants of these functions (e.g. x_train)")
+    w.set_defaults(fn=cmd_slow)
     args = p.parse_args(argv)
     os.chdir(REPO)
     return args.fn(args)
