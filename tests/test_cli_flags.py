@@ -194,6 +194,7 @@ def test_apply_recipe_flags_and_an_existing_artifact(cli, tmp_path, cache_dir):
     assert art.config.recipe == "closed-form" and art.config.params["qk_scale"] == 9.0
     assert art.path.parent == tmp_path / "c" and rep["artifact"]["cached"] is False
     assert np.allclose(np.linalg.norm(art.q.reshape(2, HEADS, -1), axis=-1), 9.0, rtol=1e-4)
+    assert np.allclose(np.linalg.norm(art.k.reshape(2, HEADS, -1), axis=-1), 9.0, rtol=1e-4)
     for layer in (0, 1):
         assert torch.equal(qk_of(written(tmp_path / "cf.pth"), layer)[0], torch.from_numpy(art.q[layer]))
     before = sorted(p.name for p in cache_dir.glob("*"))

@@ -259,6 +259,9 @@ def test_mimetic_writes_one_fresh_draw_per_layer_in_order(vproj):
             v_rows = f"blocks.{l}.attn.qkv.weight"
             assert torch.equal(sd[v_rows][2 * DIM:], before[v_rows][2 * DIM:])
             assert torch.equal(sd[f"blocks.{l}.attn.proj.weight"], before[f"blocks.{l}.attn.proj.weight"])
+    for l in range(DEPTH):  # Q/K biases zeroed, V and proj biases kept
+        assert torch.equal(sd[f"blocks.{l}.attn.qkv.bias"][2 * DIM:], before[f"blocks.{l}.attn.qkv.bias"][2 * DIM:])
+        assert torch.equal(sd[f"blocks.{l}.attn.proj.bias"], before[f"blocks.{l}.attn.proj.bias"])
     assert not torch.equal(timm_qk(sd, 0)[0], timm_qk(sd, 1)[0])
     assert rep["params"] == {"alpha1": 0.5, "beta1": 0.9, "alpha2": 0.2, "beta2": 0.6, "vproj": vproj}
     assert (rep["method"], rep["dim"], rep["heads"], rep["layout"]) == ("mimetic", DIM, HEADS, "timm-vit")
@@ -326,7 +329,7 @@ def test_baselines_on_a_model_reset_what_they_document():
     assert abs(float(learned.blocks[1].mlp.fc1.weight.detach().std()) - 0.03) < 0.003
     cls = tiny_vit(class_token=True)
     initialize_model(cls, "trunc-normal", seed=0)
-    assert 0 < float(cls.cls_token.abs().max()) < 1e-5  # normal, std 1e-6
+    assert 0 < float(cls.cls_token.detach().abs().max()) < 1e-5  # normal, std 1e-6
     assert pe_kind(cls.pos_embed, GRID) == "sincos"  # frozen: kept
 
 
@@ -342,6 +345,7 @@ def test_write_qk_touches_only_its_rows_and_reads_back():
     assert torch.equal(sd["blocks.0.attn.qkv.bias"], bias)
     rq, rk = read_qk(sd, slot, HEADS)
     assert torch.equal(rq, q) and torch.equal(rk, k)
+    rq.zero_()  # a copy: the state dict keeps its rows
     assert torch.equal(heads_to_rows(q), sd["blocks.0.attn.qkv.weight"][:DIM])
     w_v, w_p = torch.randn(DIM, DIM), torch.randn(DIM, DIM)
     assert write_vproj(sd, slot, w_v, w_p) == ["blocks.0.attn.qkv.weight[64:96]", "blocks.0.attn.proj.weight"]
@@ -384,6 +388,10 @@ def test_write_sincos_on_model_and_state_dict_alike(tmp_path):
     assert pe_kind(torch.from_numpy(sincos(GRID, DIM)), GRID) == "sincos"
     assert pe_kind(-torch.from_numpy(sincos(GRID, DIM)), GRID) == "other"
     assert pe_kind(torch.randn(17, DIM), GRID) == "other"
+    half = torch.zeros(1, 17, DIM, dtype=torch.float16)
+    assert write_sincos(half, GRID, scale=3.0, name="pe") == "pe[0, 1:17]"
+    assert half.dtype == torch.float16 and torch.allclose(half[0, 1:].float(), 3.0 * table, atol=2e-3)
+    assert torch.count_nonzero(half[0, 0]) == 0
     with pytest.raises(UsageError, match="pe_scale must be finite"):
         write_sincos(torch.zeros(1, 16, DIM), GRID, scale=float("inf"))
     with pytest.raises(UsageError, match=r"pos_embed of shape \[1, 15, 32\] cannot hold a 4x4 grid"):
