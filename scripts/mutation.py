@@ -15,8 +15,8 @@ Usage (from the repository root)::
     python scripts/mutation.py run --survivors structinit.solver.config   # rerun what survived there
     python scripts/mutation.py status                                     # running? last progress line
     python scripts/mutation.py summary [--markdown] [--write-docs]        # per-module table
-    python scripts/mutation.py survivors structinit.solver.config         # unjudged survivors with diffs,
-                                                                          # as TOML stubs to judge
+    python scripts/mutation.py survivors structinit.solver.config         # unjudged survivors with diffs
+    python scripts/mutation.py judge MUTANT... --reason why no test can tell  # record an equivalent one
 
 One run at a time (a pid file in mutation-logs/ says which), one mutmut worker, one torch thread:
 the pass is CPU-heavy and meant to run beside other work. Not part of CI.
@@ -325,6 +325,27 @@ def cmd_survivors(args) -> int:
     return 0
 
 
+def cmd_judge(args) -> int:
+    """Append a judgement (this survivor is equivalent, because REASON) to the equivalents file."""
+    reason = " ".join(args.reason).strip()
+    if not reason or '"' in reason or "\n" in reason:
+        print("error: give a one-line reason without double quotes", file=sys.stderr)
+        return 2
+    results = load_results()
+    entries = []
+    for m in args.mutants:
+        if status(results.get(m)) not in ("survived", "no tests", "suspicious"):
+            print(f"error: {m} is not a survivor ({status(results.get(m))})", file=sys.stderr)
+            return 2
+        change = change_of(mutant_diff(m))
+        entries.append(f'\n[[equivalent]]\nmutant = "{m}"\nfunction = "{function_of(m)}"\n'
+                       f'change = """\n{change}\n"""\nreason = "{reason}"\n')
+    with open(EQUIVALENTS, "a") as fh:
+        fh.write("".join(entries))
+    print(f"judged {len(entries)} mutant(s) equivalent in {EQUIVALENTS.relative_to(REPO)}")
+    return 0
+
+
 def cmd_slow(args) -> int:
     """Run the fast tier's unjudged survivors against slow tests (each mutant in turn, in the
     foreground): tests that spawn processes see the mutant too (PYTHONPATH and MUTANT_UNDER_TEST
@@ -380,6 +401,10 @@ def main(argv=None) -> int:
     v.add_argument("--toml", action="store_true", help="print them as stubs for tests/mutation_equivalents.toml")
     v.add_argument("--all", action="store_true", help="include the ones judged equivalent")
     v.set_defaults(fn=cmd_survivors)
+    j = sub.add_parser("judge", help="record survivors as equivalent, with a one-line reason")
+    j.add_argument("mutants", nargs="+")
+    j.add_argument("--reason", nargs="+", required=True)
+    j.set_defaults(fn=cmd_judge)
     w = sub.add_parser("slow", help="run the fast tier's survivors against slow tests (foreground)")
     w.add_argument("modules", nargs="*")
     w.add_argument("--tests", nargs="+", required=True, help="pytest node ids, relative to the repository")

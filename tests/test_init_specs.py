@@ -221,3 +221,21 @@ def test_initialize_model_passes_grid_and_seed_on():
     assert rep["grid"] == [2, 8] and rep["artifact"]["config"]["grid"] == [2, 8]
     assert rendered(initialize_model, {"a": 1}, "mimetic") == ("initialize_model needs an nn.Module; use initialize() "
                                                                "for a state dict")
+
+
+def test_params_copy_list_and_dict_parameters():
+    from dataclasses import field
+    from typing import List
+
+    @dataclasses.dataclass(frozen=True)
+    class WithContainers(InitSpec):
+        method = "with-containers"
+        layers: List[int] = field(default_factory=lambda: [1, 2])
+        extra: Dict[str, int] = field(default_factory=dict)
+
+    spec = WithContainers(layers=[3], extra={"a": 1})
+    p = spec.params()
+    assert p == {"layers": [3], "extra": {"a": 1}}
+    p["layers"].append(4)
+    p["extra"]["b"] = 2
+    assert spec.layers == [3] and spec.extra == {"a": 1}
