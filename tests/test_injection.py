@@ -253,7 +253,9 @@ def test_mimetic_writes_one_fresh_draw_per_layer_in_order(vproj):
             w_v, w_p, _ = mimetic_v_proj(DIM, 0.2, 0.6, gen)
             assert torch.allclose(sd[f"blocks.{l}.attn.qkv.weight"][2 * DIM:].T, w_v)
             assert row["vproj_diag_mean"] == pytest.approx(float((w_v @ w_p).diagonal().mean()), rel=1e-5)
-            assert row["replaced"][-1] == f"blocks.{l}.attn.proj.weight"
+            assert row["replaced"] == [f"blocks.{l}.attn.qkv.weight[0:32]", f"blocks.{l}.attn.qkv.weight[32:64]",
+                                       f"blocks.{l}.attn.qkv.bias[0:32]", f"blocks.{l}.attn.qkv.bias[32:64]",
+                                       f"blocks.{l}.attn.qkv.weight[64:96]", f"blocks.{l}.attn.proj.weight"]
         else:
             assert "vproj_diag_mean" not in row
             v_rows = f"blocks.{l}.attn.qkv.weight"
@@ -298,10 +300,14 @@ def test_baselines_on_a_state_dict_redraw_only_qk_rows():
             b = sd[f"blocks.{l}.attn.qkv.bias"]
             q, k = w[:DIM], w[DIM:2 * DIM]
             assert not torch.equal(q, k)
+            assert len(torch.unique(q)) == DIM * DIM  # every entry its own draw (no repeated rows)
             if check == "uniform":
                 assert float(w[:2 * DIM].abs().max()) <= bound
                 assert abs(float(q.std()) - bound / math.sqrt(3)) < 0.15 * bound
-                assert float(b[:2 * DIM].abs().max()) <= bound and torch.count_nonzero(b[:2 * DIM]) == 2 * DIM
+                qb = b[:2 * DIM]
+                assert float(qb.abs().max()) <= bound and torch.count_nonzero(qb) == 2 * DIM
+                assert float(qb.min()) < -bound / 4 and float(qb.max()) > bound / 4  # U(-bound, bound)
+                assert abs(float(qb.std()) - bound / math.sqrt(3)) < 0.3 * bound
             else:
                 assert abs(float(w[:2 * DIM].std()) - 0.05) < 0.005
                 assert torch.count_nonzero(b[:2 * DIM]) == 0
@@ -311,7 +317,19 @@ def test_baselines_on_a_state_dict_redraw_only_qk_rows():
         assert torch.equal(sd["blocks.1.attn.qkv.weight"], before["blocks.1.attn.qkv.weight"])
         again = {k: v.clone() for k, v in before.items()}
         initialize(again, method, heads=HEADS, layers=[0, 2], seed=1, **params)
-        assert torch.equal(again["blocks.2.attn.qkv.weight"], sd["blocks.2.attn.qkv.weight"])  # seeded
+        for key in ("blocks.2.attn.qkv.weight", "blocks.2.attn.qkv.bias"):
+            assert torch.equal(again[key], sd[key])  # seeded, biases included
+        other = {k: v.clone() for k, v in before.items()}
+        initialize(other, method, heads=HEADS, layers=[0, 2], seed=2, **params)
+        assert not torch.equal(other["blocks.2.attn.qkv.weight"], sd["blocks.2.attn.qkv.weight"])
+
+
+def test_trunc_normal_on_a_state_dict_truncates_at_two():
+    sd = {k: v.clone() for k, v in tiny_vit(depth=1).state_dict().items()}
+    initialize(sd, "trunc-normal", heads=HEADS, std=1.5, seed=0)
+    q = sd["blocks.0.attn.qkv.weight"][:2 * DIM]
+    assert float(q.max()) == 2.0 and float(q.min()) == -2.0  # timm's trunc_normal_ bounds, a=-2, b=2
+    assert abs(float(q.std()) - 1.2) < 0.15  # std 1.5 cut at +-2
 
 
 def test_baselines_on_a_model_reset_what_they_document():
@@ -328,9 +346,32 @@ def test_baselines_on_a_model_reset_what_they_document():
     assert abs(float(learned.pos_embed.detach().std()) - 0.03) < 0.005  # a learnable PE is redrawn
     assert abs(float(learned.blocks[1].mlp.fc1.weight.detach().std()) - 0.03) < 0.003
     cls = tiny_vit(class_token=True)
+    with torch.no_grad():
+        cls.cls_token.fill_(1.0)
+        for mod in cls.modules():
+            if isinstance(mod, torch.nn.Linear):
+                mod.bias.fill_(1.0)
     initialize_model(cls, "trunc-normal", seed=0)
     assert 0 < float(cls.cls_token.detach().abs().max()) < 1e-5  # normal, std 1e-6
+    assert all(torch.count_nonzero(mod.bias) == 0 for mod in cls.modules() if isinstance(mod, torch.nn.Linear))
     assert pe_kind(cls.pos_embed, GRID) == "sincos"  # frozen: kept
+
+
+def test_methods_that_need_no_grid_work_on_any_attention_module():
+    """nn.MultiheadAttention has no patch grid: mimetic and the baselines do not need one."""
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(DIM, HEADS)
+    before = mha.in_proj_weight.detach().clone()
+    rep = initialize(mha, "mimetic", heads=HEADS, seed=1)
+    assert rep["layout"] == "torch-mha" and rep["layers"][0]["replaced"] == [
+        "in_proj_weight[0:32]", "in_proj_weight[32:64]", "in_proj_bias[0:32]", "in_proj_bias[32:64]",
+        "in_proj_weight[64:96]", "out_proj.weight"]
+    assert not torch.equal(mha.in_proj_weight.detach()[:DIM], before[:DIM])
+    assert initialize(mha, "trunc-normal", heads=HEADS) == {"method": "trunc-normal", "std": 0.02, "linear_reset": 1}
+    assert torch.count_nonzero(mha.out_proj.bias) == 0
+    assert initialize(mha, "kaiming", heads=HEADS)["modules_reset"] == 1
+    with pytest.raises(UsageError, match="no patch_embed.grid_size; pass grid"):
+        initialize(mha, "impulse", heads=HEADS)  # impulse does
 
 
 # --------------------------------------------------------------------------- inject and pos_embed helpers
@@ -448,3 +489,13 @@ def test_a_checkpoint_that_cannot_be_written_is_one_error_and_no_file(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         signal.signal(signal.SIGXFSZ, old_handler)
     assert src.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["vit.pt"]
+
+
+def test_seeded_draws_are_the_same_across_versions():
+    """Golden values: a run's key assumes an init depends only on its settings, so the numbers a
+    seed draws must not drift between versions (mimetic in float64, then float32)."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, a = mimetic_qk(8, 2, 0.7, 0.7, gen)
+    w_v, w_p, av = mimetic_v_proj(8, 0.4, 0.4, gen)
+    got = [float(a[0, 0, 0]), float(a[1, 2, 3]), float(q[0].abs().sum()), float(av[0, 1]), float(w_v.abs().sum())]
+    assert got == pytest.approx([0.1282022446, 0.0975414589, 10.00126457, 0.0018989356, 13.16102791], rel=1e-5)
