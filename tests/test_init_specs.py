@@ -239,3 +239,17 @@ def test_params_copy_list_and_dict_parameters():
     p["layers"].append(4)
     p["extra"]["b"] = 2
     assert spec.layers == [3] and spec.extra == {"a": 1}
+
+
+@pytest.mark.parametrize("spec", [KaimingInit(), TruncNormalInit(), MimeticInit()])
+def test_spec_apply_defaults_to_seed_zero_like_initialize(spec):
+    from structinit.init.target import AttentionTarget
+
+    a, b = _vit().state_dict(), _vit().state_dict()
+    spec.apply(AttentionTarget(a, heads=4))
+    initialize(b, spec, heads=4, seed=0)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    m1, m2 = _vit(), _vit()
+    spec.apply(AttentionTarget(m1))
+    initialize_model(m2, spec, seed=0)
+    assert all(torch.equal(x, y) for x, y in zip(m1.state_dict().values(), m2.state_dict().values()))
