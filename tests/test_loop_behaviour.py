@@ -317,21 +317,59 @@ def test_run_files_and_their_errors(tmp_path):
     torch.save({"epoch": 1}, run.file(run.BEST))
     with pytest.raises(StructinitError, match="is not a structinit training checkpoint"):
         load_train_checkpoint(run.file(run.BEST))
-    run.file(run.CHECKPOINT).write_bytes(b"garbage")
-    with pytest.raises(StructinitError, match=r"cannot read checkpoint .*checkpoint\.pt: "):
+    assert run.load_checkpoint(map_location="meta")["epoch"] == 2  # map_location is passed on
+    run.save_checkpoint({"w": torch.ones(2)})
+    assert run.load_checkpoint(map_location="meta")["w"].device.type == "meta"
+    assert load_train_checkpoint(run.file(run.CHECKPOINT), "meta")["w"].device.type == "meta"
+    good = run.file(run.CHECKPOINT).read_bytes()
+    for damaged in (b"garbage", b"", good[: len(good) // 2]):
+        run.file(run.CHECKPOINT).write_bytes(damaged)
+        with pytest.raises(StructinitError) as exc:
+            run.load_checkpoint()
+        ckpt = run.file(run.CHECKPOINT)
+        assert str(exc.value) == f"cannot read checkpoint {ckpt}: not a torch checkpoint, or truncated"
+    from test_checkpoints import _CreatesFile
+
+    marker = tmp_path / "pwned.txt"
+    torch.save({"format": CHECKPOINT_FORMAT, "x": _CreatesFile(marker)}, run.file(run.CHECKPOINT))
+    with pytest.raises(StructinitError) as exc:
         run.load_checkpoint()
+    assert str(exc.value).endswith(": it needs code beyond tensors and plain containers to unpickle; nothing of it "
+                                   "was run") and not marker.exists()
     (tmp_path / "file").write_text("x")
     with pytest.raises(UsageError, match=r"out .*file exists and is not a directory"):
         RunDir(tmp_path / "file")
-    with pytest.raises(StructinitError, match="cannot create run folder"):
+    with pytest.raises(StructinitError) as exc:
         RunDir(tmp_path / "file" / "sub").create()
+    assert str(exc.value) == f"cannot create run folder {tmp_path / 'file' / 'sub'}: Not a directory"
     blocked = RunDir(tmp_path / "blocked")
     blocked.create()
-    (blocked.path / "metrics.jsonl").mkdir()
-    with pytest.raises(StructinitError, match=r"cannot write .*metrics\.jsonl"):
-        blocked.append_metrics({"epoch": 1})
-    with pytest.raises(StructinitError, match=r"cannot write .*metrics\.jsonl"):
-        blocked.write_metrics([])
+    metrics = blocked.file(blocked.METRICS)
+    metrics.mkdir()
+    for write in (lambda: blocked.append_metrics({"epoch": 1}), lambda: blocked.write_metrics([])):
+        with pytest.raises(StructinitError) as exc:
+            write()
+        assert str(exc.value) == f"cannot write {metrics}: Is a directory"
+
+
+def test_run_files_are_sorted_readable_json(tmp_path):
+    """config.json and final.json indented with sorted keys (two runs diff line by line), one
+    sorted-key record per line in metrics.jsonl; values JSON cannot hold are written as text."""
+    run = RunDir(tmp_path / "a" / "b")  # parents are created
+    run.create()
+    run.write_config({"b": 1, "a": {"z": [1, 2], "y": tmp_path}})
+    assert run.file(run.CONFIG).read_text() == (
+        '{\n  "a": {\n    "y": "' + str(tmp_path) + '",\n    "z": [\n      1,\n      2\n    ]\n  },\n  "b": 1\n}\n')
+    run.write_final({"z": 1, "a": 2})
+    assert run.file(run.FINAL).read_text() == '{\n  "a": 2,\n  "z": 1\n}\n'
+    run.write_metrics([{"b": 1, "a": 2}])
+    run.append_metrics({"d": 1, "c": 2})
+    assert run.file(run.METRICS).read_text() == '{"a": 2, "b": 1}\n{"c": 2, "d": 1}\n'
+    (run.path / "final.json").unlink()
+    (run.path / "final.json").mkdir()
+    with pytest.raises(StructinitError) as exc:
+        run.write_final({})
+    assert str(exc.value) == f"cannot write {run.file(run.FINAL)}: Is a directory"
 
 
 def test_settings_that_cannot_run_are_refused_before_training(tmp_path):
@@ -357,3 +395,12 @@ def test_lr_schedule_shape():
     mid = lr_at(55, 100, 10, lr, low)
     assert mid == pytest.approx(low + 0.5 * (lr - low) * (1 + math.cos(math.pi * 0.5)))
     assert lr_at(5, 5, 5, lr, low) == pytest.approx(lr)  # warm-up as long as the run: the span is at least 1
+
+
+def test_resuming_from_a_corrupt_checkpoint_is_one_error_line(tmp_path, cli):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "checkpoint.pt").write_bytes(b"\x80\x02garbage")
+    r = cli("train", "--epochs", "1", "--out", out, "--resume", "--threads", "1")
+    assert r.returncode == 1 and r.stderr == (f"error: cannot read checkpoint {out / 'checkpoint.pt'}: not a torch "
+                                              "checkpoint, or truncated\n")
