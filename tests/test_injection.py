@@ -499,3 +499,38 @@ def test_seeded_draws_are_the_same_across_versions():
     w_v, w_p, av = mimetic_v_proj(8, 0.4, 0.4, gen)
     got = [float(a[0, 0, 0]), float(a[1, 2, 3]), float(q[0].abs().sum()), float(av[0, 1]), float(w_v.abs().sum())]
     assert got == pytest.approx([0.1282022446, 0.0975414589, 10.00126457, 0.0018989356, 13.16102791], rel=1e-5)
+
+
+@pytest.mark.parametrize("spec, want", [
+    (None, [0, 1, 2, 3]), ("all", [0, 1, 2, 3]), (" all ", [0, 1, 2, 3]), ("2", [2]), ("2-2", [2]), ("-1", [0, 1]),
+    ("2-", [2, 3]), ("3,0-1", [0, 1, 3]), (" 1 , 1 ", [1]), ("0-3", [0, 1, 2, 3]),
+])
+def test_layer_specs(spec, want):
+    from structinit.init.target import parse_layers
+
+    assert parse_layers(spec, 4) == want
+
+
+@pytest.mark.parametrize("spec", ["3-1", "x", "", "1,,2", "1-2-3", "one"])
+def test_bad_layer_specs_name_the_parameter(spec):
+    from structinit.init.target import parse_layers
+
+    with pytest.raises(UsageError) as exc:
+        parse_layers(spec, 4)
+    assert exc.value.render(lambda n: f"<{n}>") == (f"<layers> must be 'all' or 0-based indices and ranges like "
+                                                     f"0-3,5; got {spec!r}")
+
+
+def test_shape_hints_and_their_refusals():
+    from structinit.init.target import model_heads
+
+    with pytest.raises(UsageError) as exc:
+        model_heads(torch.nn.Linear(2, 2))
+    assert exc.value.render(lambda n: f"<{n}>") == "the model has no blocks[0].attn.num_heads; pass <heads>"
+    mha = torch.nn.MultiheadAttention(DIM, HEADS).state_dict()
+    with pytest.raises(UsageError, match="grid"):
+        AttentionTarget(mha, heads=HEADS)  # the grid is needed unless a method says otherwise
+    assert AttentionTarget(mha, heads=HEADS, need_grid=False).grid is None
+    with pytest.raises(StructinitError) as exc:
+        AttentionTarget({f"k{i}": torch.zeros(1) for i in range(12)})
+    assert str(exc.value).endswith("k10, k11")  # twelve keys: all shown, no ellipsis

@@ -61,3 +61,32 @@ def test_recipe_errors_mark_the_parameter_for_the_cli():
     with pytest.raises(UsageError) as exc:
         check_recipe("x")
     assert exc.value.render(lambda n: f"<{n}>").startswith("unknown <recipe>")
+
+
+def test_solve_config_checks_and_normalizes_its_settings():
+    from structinit.solver.config import SolveConfig
+
+    base = dict(grid=(4, 4), dim=16, heads=2)
+    cfg = SolveConfig(**base, pseudo_input="gaussian", pseudo_input_rest="gaussian")
+    assert cfg.pseudo_input_rest is None and cfg == SolveConfig(**base, pseudo_input="gaussian")
+    assert (cfg.tokens, cfg.head_dim, cfg.grid.label) == (16, 8, "n16")
+    assert SolveConfig(grid=[4, 4], dim=16, heads=2).grid == (4, 4)
+    for name, value in (("pseudo_input", "noise"), ("pseudo_input_rest", "noise"), ("padding", "reflect"),
+                        ("offset_order", "spiral")):
+        assert rendered(SolveConfig, **base, **{name: value}).startswith(f"unknown <{name}> {value!r}; choose one of")
+    for seed in (-1, 1.5, True, "0"):
+        assert rendered(SolveConfig, **base, seed=seed) == f"<seed> must be a non-negative integer, got {seed!r}"
+    assert rendered(SolveConfig, **base, recipe="magic").startswith("unknown <recipe> 'magic'")
+    d = SolveConfig(grid=(12,), dim=8, heads=2, seed=3).to_dict()
+    assert d["grid"] == [12] and d["format"] == "structinit/1" and d["params"] == {"target_mass": 0.3, "ridge": 1e-5}
+    assert SolveConfig.from_dict(d) == SolveConfig(grid=(12,), dim=8, heads=2, seed=3)
+    assert SolveConfig(grid=(12,), dim=8, heads=2).filename.startswith("s12-d8-h2-f3-")
+    assert SolveConfig(**base, layers=3, share=True, recipe="paper").describe() == (
+        "4x4 grid, dim 16, 2 heads, filter 3, 3 layer(s) shared, recipe paper")
+    assert SolveConfig(**base).describe() == "4x4 grid, dim 16, 2 heads, filter 3, 1 layer(s), recipe fast"
+
+
+def rendered(fn, *args, **kwargs):
+    with pytest.raises(UsageError) as exc:
+        fn(*args, **kwargs)
+    return exc.value.render(lambda n: f"<{n}>")
