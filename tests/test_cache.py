@@ -48,6 +48,12 @@ def test_user_cache_dir_order(monkeypatch, tmp_path):
     assert shipped_cache_dir() == Path(cache_mod.__file__).parents[1] / "data" / "cache"
 
 
+def test_an_install_without_shipped_artifacts_searches_the_user_cache_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(cache_mod, "shipped_cache_dir", lambda: None)
+    assert search_dirs(tmp_path) == [tmp_path]
+    assert list(list_artifacts(tmp_path)) == [] and find_cached(CFG.filename, tmp_path) is None
+
+
 def test_check_cache_dir(tmp_path):
     check_cache_dir(None)
     check_cache_dir(tmp_path / "missing")  # created when written

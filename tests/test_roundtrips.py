@@ -273,3 +273,14 @@ def test_write_failure_is_an_artifact_error_and_leaves_nothing(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         signal.signal(signal.SIGXFSZ, old_handler)
     assert list(out.parent.iterdir()) == []
+
+
+def test_metadata_layout_and_files_from_other_writers(tmp_path, artifact_file):
+    art = read_artifact(artifact_file)
+    with safe_open(str(artifact_file), "np") as fh:
+        meta = fh.metadata()
+    assert meta["stats"] == json.dumps(art.stats, sort_keys=True)  # sorted: the same stats, the same bytes
+    nested = write_artifact(art, tmp_path / "new" / "deeper" / "x.safetensors")  # folders are created
+    assert read_artifact(nested).key == art.key
+    _rewrite(artifact_file, meta={"version": None})  # written by a tool that does not record its version
+    assert read_artifact(artifact_file).version == "?"
