@@ -111,6 +111,7 @@ print(json.dumps({"cached": r.cached, "key": r.artifact.key}))
 """
 
 
+@pytest.mark.slow
 def test_eight_concurrent_solvers_leave_one_valid_artifact(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, "-c", SOLVE_ONE, str(tmp_path)], stdout=subprocess.PIPE,
@@ -138,6 +139,7 @@ write_artifact(art, sys.argv[1])
 """
 
 
+@pytest.mark.slow
 def test_writer_killed_mid_write_leaves_nothing_that_loads(tmp_path):
     cfg = SolveConfig(grid=(16, 16), dim=768, heads=12, layers=48)
     target = tmp_path / cfg.filename

@@ -92,6 +92,7 @@ def test_bad_files(tmp_path):
         load_checkpoint(other)
 
 
+@pytest.mark.slow
 def test_hugging_face_vit_round_trip(tmp_path):
     from transformers import ViTConfig, ViTModel
 

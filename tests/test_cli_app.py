@@ -85,6 +85,7 @@ def test_version_and_json_are_for_scripts(cli):
     assert r.returncode == 0 and "artifacts" in json.loads(r.stdout)
 
 
+@pytest.mark.slow
 def test_import_and_help_do_not_import_torch():
     code = ("import sys, structinit; from structinit import solve, SolveConfig, initialize_model, apply_checkpoint, "
             "train, TrainConfig; from structinit.cli.app import main; main(['--help']); main(['solve', '--help']); "

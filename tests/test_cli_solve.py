@@ -8,6 +8,7 @@ import pytest
 from structinit.solver.artifact import read_artifact
 
 
+@pytest.mark.slow
 def test_solve_then_cache_hit_then_inspect(cli_process, cache_dir, tmp_path):
     cli = cli_process  # the real console entry point, in a subprocess
     args = ["solve", "--tokens", "64", "--dim", "64", "--heads", "4", "--filter", "3", "--layers", "2"]

@@ -10,6 +10,7 @@ from structinit.solver.config import SolveConfig
 BASE = SolveConfig(grid=(16, 16), dim=192, heads=3, filter=3)
 
 
+@pytest.mark.slow
 def test_key_is_stable_across_processes_and_hash_seeds():
     code = ("from structinit.solver.config import SolveConfig;"
             "print(SolveConfig(grid=(16, 16), dim=192, heads=3, filter=3).key)")

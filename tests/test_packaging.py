@@ -8,9 +8,11 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
 from conftest import REPO
 
 
+@pytest.mark.slow
 def test_wheel_ships_artifacts_and_an_installed_copy_finds_them(tmp_path):
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),

@@ -137,6 +137,7 @@ def _env(extra=None):
     return env
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_repeats_and_skips_nothing(tmp_path, cli):
     out = tmp_path / "killed"
     epochs = 8
@@ -187,6 +188,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_torchrun_two_gloo_processes_match_one(tmp_path):
     out = tmp_path / "ddp"
     epochs = 3

@@ -123,7 +123,7 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
     if set_pe is not None and set_pe not in PE_KINDS:
         raise UsageError(f"{param('set_pe')} must be one of {', '.join(PE_KINDS)}, got {set_pe!r}")
     _check_pe_scale(pe_scale, set_pe)
-    target = _output_path(path, spec.method, out, in_place, force)
+    target = _output_path(path, spec.method, out, in_place, force or dry_run)  # a dry run writes nothing
     say = log or (lambda message: None)
 
     try:

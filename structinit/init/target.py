@@ -109,7 +109,8 @@ class AttentionTarget:
         if is_module(target):
             self.model = target
             self.sd = target.state_dict()
-            grid = grid or model_grid(target)
+            if grid is None and (need_grid or hasattr(target, "patch_embed")):
+                grid = model_grid(target)
             heads = heads or model_heads(target)
         else:
             self.model = None

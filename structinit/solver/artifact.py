@@ -72,11 +72,13 @@ def _checksum(tensors: Dict[str, np.ndarray]) -> str:
 
 
 def write_artifact(artifact: Artifact, path: Path) -> Path:
-    """Write ``artifact`` to ``path`` atomically (temp file in the same folder, fsync, ``os.replace``)."""
+    """Write ``artifact`` to ``path`` atomically (temp file in the same folder, fsync, ``os.replace``).
+
+    A failed write (a full disk, a missing permission) raises :class:`ArtifactError` and leaves
+    neither ``path`` nor a temp file behind."""
     from safetensors.numpy import save
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tensors = artifact.tensors()
     meta = {
         "format": FORMAT,
@@ -87,8 +89,12 @@ def write_artifact(artifact: Artifact, path: Path) -> Path:
         "checksum": _checksum(tensors),
     }
     data = save(tensors, metadata=meta)
-    with atomic_write(path) as fh:
-        fh.write(data)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_write(path) as fh:
+            fh.write(data)
+    except OSError as exc:
+        raise ArtifactError(f"{path}: cannot write ({exc.strerror or exc})") from None
     return path
 
 

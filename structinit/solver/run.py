@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from structinit.errors import StructinitError, UsageError, param
+from structinit.errors import ArtifactError, StructinitError, UsageError, param
 from structinit.geometry.embedding import pseudo_input
 from structinit.geometry.targets import draw_offsets, impulse_columns
 from structinit.runtime import check_device, check_threads, resolve_device, set_threads
@@ -227,7 +227,9 @@ def solve(config: SolveConfig, cache_dir: Optional[os.PathLike] = None, device: 
         artifact = compute(config, device, progress, threads, embedding)
         try:
             artifact.path = write_artifact(artifact, folder / config.filename)
-        except OSError as exc:
+        except (OSError, ArtifactError) as exc:
+            cause = exc if isinstance(exc, OSError) else exc.__context__
+            reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else exc
             raise StructinitError(f"solved, but cannot write the artifact into the {param('cache_dir')} "
-                                  f"{folder}: {exc.strerror or exc}; nothing was stored") from None
+                                  f"{folder}: {reason}; nothing was stored") from None
     return SolveResult(artifact, cached=False)

@@ -132,7 +132,7 @@ class TrainConfig:
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         out["augment"] = self.augment or info.augment
-        out["eval_every"] = self.eval_every or max(1, int(out["epochs"]) // 50)
+        out["eval_every"] = self.eval_every if self.eval_every is not None else max(1, int(out["epochs"]) // 50)
         _check_hparams(out)
         return out
 

@@ -66,11 +66,11 @@ class RunDir:
 
     def discard_unstarted(self) -> None:
         """After a failure before the first checkpoint: remove what this run wrote (``config.json``,
-        ``metrics.jsonl``) and the folders it created, so no half-made run is left behind. A folder
-        holding anything else is kept."""
+        ``metrics.jsonl``, ``best.pt``) and the folders it created, so no half-made run is left
+        behind. A folder holding anything else is kept."""
         if not self.opened or self.file(self.CHECKPOINT).exists():
             return
-        for name in (self.CONFIG, self.METRICS):
+        for name in (self.CONFIG, self.METRICS, self.BEST):
             try:
                 self.file(name).unlink(missing_ok=True)
             except OSError:
@@ -166,7 +166,20 @@ def load_train_checkpoint(path: os.PathLike, map_location="cpu") -> Dict[str, An
     try:
         ck = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line
-        raise StructinitError(f"cannot read checkpoint {path}: {type(exc).__name__}: {exc}") from None
+        raise StructinitError(f"cannot read checkpoint {path}: {_unreadable(exc)}") from None
     if not isinstance(ck, dict) or ck.get("format") != CHECKPOINT_FORMAT:
         raise StructinitError(f"{path} is not a structinit training checkpoint")
     return ck
+
+
+def _unreadable(exc: BaseException) -> str:
+    """Why ``torch.load(weights_only=True)`` failed, in one line (torch's own messages run to a
+    page and suggest ``weights_only=False``, which would run whatever the file holds)."""
+    msg = str(exc)
+    if isinstance(exc, EOFError) or any(s in msg for s in ("Unsupported operand", "invalid load key",
+                                                            "failed reading zip archive")):
+        return "not a torch checkpoint, or truncated"
+    if "Weights only load failed" in msg:
+        return "it needs code beyond tensors and plain containers to unpickle; nothing of it was run"
+    lines = msg.strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__

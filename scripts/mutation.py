@@ -1,0 +1,419 @@
+#!/usr/bin/env python
+"""The mutation pass over structinit's core: run mutmut in the background, then summarize.
+
+mutmut (configured under ``[tool.mutmut]`` in pyproject.toml) copies the package to ``mutants/``,
+changes one function at a time in small ways (an operator, a constant, an argument, a string) and
+runs the fast test tier's tests that reach that function. A mutant the tests notice is *killed*;
+one they do not is a *survivor*: either a hole in the tests or a change no test could see (an
+*equivalent* mutant). Survivors judged equivalent are kept, each with a one-line reason, in
+``tests/mutation_equivalents.toml``; a judgement is matched by the function and the changed lines,
+not by mutmut's mutant number (which shifts when the function changes), so reruns carry it.
+
+Usage (from the repository root)::
+
+    python scripts/mutation.py run structinit.solver.config structinit.solver.recipes   # in the background
+    python scripts/mutation.py run --survivors structinit.solver.config   # rerun what survived there
+    python scripts/mutation.py status                                     # running? last progress line
+    python scripts/mutation.py summary [--markdown] [--write-docs]        # per-module table
+    python scripts/mutation.py survivors structinit.solver.config         # unjudged survivors with diffs
+    python scripts/mutation.py judge MUTANT... --reason why no test can tell  # record an equivalent one
+
+One run at a time (a pid file in mutation-logs/ says which), one mutmut worker, one torch thread:
+the pass is CPU-heavy and meant to run beside other work. Not part of CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Tuple
+
+REPO = Path(__file__).resolve().parents[1]
+LOGS = REPO / "mutation-logs"
+PIDFILE = LOGS / "run.pid"
+EQUIVALENTS = REPO / "tests" / "mutation_equivalents.toml"
+DOCS = REPO / "docs" / "testing.md"
+SLOW_RESULTS = LOGS / "slow-results.json"
+DOCS_BEGIN, DOCS_END = "<!-- mutation-summary:begin -->", "<!-- mutation-summary:end -->"
+
+#: mutmut's exit codes -> our categories. Timeouts and crashes (a mutant that loops or blows up
+#: memory until the CPU limit kills it) are caught mutants; "no tests" means no fast-tier test
+#: reaches the function at all.
+KILLED = {1: "killed", 3: "killed", 36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout",
+          -9: "crash", -11: "crash", 37: "killed"}
+SURVIVED = {0: "survived", 5: "no tests", 33: "no tests"}
+
+
+def mutmut_bin() -> str:
+    exe = Path(sys.executable).with_name("mutmut")
+    return str(exe) if exe.exists() else "mutmut"
+
+
+def module_of(mutant: str) -> str:
+    """``structinit.solver.config.xǁSolveConfigǁkey__mutmut_3`` -> ``structinit.solver.config``."""
+    return re.split(r"\.x[_ǁ]", mutant, maxsplit=1)[0]
+
+
+def function_of(mutant: str) -> str:
+    return mutant.partition("__mutmut_")[0]
+
+
+def normalize_module(name: str) -> str:
+    """``solver/config``, ``structinit/solver/config.py`` or ``structinit.solver.config`` -> dotted."""
+    name = name.strip().removesuffix(".py").replace("/", ".")
+    return name if name.startswith("structinit.") else "structinit." + name
+
+
+# --------------------------------------------------------------------------- results
+
+def load_results() -> Dict[str, Optional[int]]:
+    """Every mutant's mutmut exit code (``None``: not run yet), from ``mutants/**/*.meta``."""
+    out: Dict[str, Optional[int]] = {}
+    for meta in sorted((REPO / "mutants").rglob("*.py.meta")):
+        out.update(json.loads(meta.read_text())["exit_code_by_key"])
+    return out
+
+
+def status(code: Optional[int]) -> str:
+    if code is None:
+        return "not run"
+    return KILLED.get(code) or SURVIVED.get(code) or "suspicious"
+
+
+def mutant_diff(mutant: str) -> str:
+    """The unified diff of one mutant against the original function (mutmut's own rendering)."""
+    os.chdir(REPO)
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+
+    return get_diff_for_mutant(mutant, path=Path(*module_of(mutant).split(".")).with_suffix(".py"))
+
+
+def change_of(diff: str) -> str:
+    """The changed lines of a diff (``-old`` / ``+new``, whitespace-trimmed): what a judgement matches."""
+    lines = [line for line in diff.splitlines() if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    return "\n".join(line[0] + line[1:].strip() for line in lines)
+
+
+def load_equivalents() -> Tuple[List[dict], Dict[str, str]]:
+    """``(judgements, module notes)`` from tests/mutation_equivalents.toml."""
+    import tomllib
+
+    if not EQUIVALENTS.exists():
+        return [], {}
+    doc = tomllib.loads(EQUIVALENTS.read_text())
+    notes = {normalize_module(m): v.get("note", "") for m, v in doc.get("modules", {}).items()}
+    return doc.get("equivalent", []), notes
+
+
+def load_slow_kills() -> Dict[str, str]:
+    """Survivors of the fast tier that a slow test killed (``slow`` command): mutant -> killing tests.
+
+    Like a judgement, a record holds only while the mutant's changed lines are the same."""
+    if not SLOW_RESULTS.exists():
+        return {}
+    records = json.loads(SLOW_RESULTS.read_text())
+    out = {}
+    for m, r in records.items():
+        if r.get("killed") and (REPO / "mutants").exists():
+            try:
+                if change_of(mutant_diff(m)) == r["change"]:
+                    out[m] = r["tests"]
+            except Exception:  # noqa: BLE001 - a mutant that no longer exists
+                continue
+    return out
+
+
+def judged(survivors: Iterable[str], judgements: List[dict]) -> Dict[str, dict]:
+    """Survivors matched to a judgement (same function, same changed lines; a TODO reason does not count)."""
+    index: Dict[Tuple[str, str], dict] = {}
+    for j in judgements:
+        if j.get("reason", "").strip() and not j["reason"].startswith("TODO"):
+            index[(j["function"], change_of(j["change"]))] = j
+    out = {}
+    for m in survivors:
+        j = index.get((function_of(m), change_of(mutant_diff(m))))
+        if j is not None:
+            out[m] = j
+    return out
+
+
+# --------------------------------------------------------------------------- commands
+
+def running_pid() -> Optional[int]:
+    if not PIDFILE.exists():
+        return None
+    try:
+        pid = int(PIDFILE.read_text().split()[0])
+        os.kill(pid, 0)
+        return pid
+    except (ValueError, ProcessLookupError, PermissionError, IndexError):
+        return None
+
+
+def cmd_run(args) -> int:
+    pid = running_pid()
+    if pid is not None:
+        print(f"error: a mutation run is already going (pid {pid}); see `python scripts/mutation.py status`",
+              file=sys.stderr)
+        return 2
+    modules = [normalize_module(m) for m in args.modules]
+    if args.survivors:
+        results = load_results()
+        names = sorted(m for m, c in results.items() if status(c) in ("survived", "no tests", "not run", "suspicious")
+                       and (not modules or module_of(m) in modules))
+        if not names:
+            print("nothing to rerun: every mutant of those modules is killed")
+            return 0
+    else:
+        names = [m + ".*" for m in modules]
+    LOGS.mkdir(exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    log = LOGS / f"run-{stamp}.log"
+    cmd = [mutmut_bin(), "run", "--max-children", str(args.children), *names]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
+    env.pop("PYTHONPATH", None)  # mutmut puts mutants/ first on sys.path itself
+    (LOGS / "last-command.txt").write_text(" ".join(cmd[:4] + (names if len(names) < 20 else
+                                                                 [f"<{len(names)} mutants>"])) + "\n")
+    if args.wait:
+        return subprocess.call(cmd, cwd=REPO, env=env)
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(["nohup", "nice", "-n", "10", *cmd], cwd=REPO, env=env, stdout=fh,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    PIDFILE.write_text(f"{proc.pid} {log}\n")
+    what = f"{len(names)} surviving mutants" if args.survivors else ", ".join(modules) or "every configured module"
+    print(f"started mutmut (pid {proc.pid}) on {what}; log {log.relative_to(REPO)}")
+    return 0
+
+
+def cmd_status(args) -> int:
+    pid = running_pid()
+    if PIDFILE.exists():
+        parts = PIDFILE.read_text().split()
+        log = Path(parts[1]) if len(parts) > 1 else None
+        last = ""
+        if log and log.exists():
+            tail = log.read_bytes()[-4000:].decode("utf-8", "replace")
+            progress = re.findall(r"(\d+/\d+\s+🎉[^⠀-⣿\n]*)", tail)
+            last = progress[-1].strip() if progress else tail.strip().splitlines()[-1] if tail.strip() else ""
+        print(f"{'running' if pid else 'finished'} (pid {parts[0]}), log {log}: {last}")
+    else:
+        print("no mutation run has been started here")
+    return 0
+
+
+def cmd_stop(args) -> int:
+    pid = running_pid()
+    if pid is None:
+        print("no mutation run is going")
+        return 0
+    os.killpg(os.getpgid(pid), signal.SIGTERM)  # mutmut saves every result as it comes: nothing done is lost
+    print(f"stopped the run (pid {pid}); the mutant in flight stays 'not run'")
+    return 0
+
+
+def summarize(modules: Optional[List[str]] = None) -> Tuple[List[dict], Dict[str, dict], Dict[str, str]]:
+    results = load_results()
+    judgements, notes = load_equivalents()
+    slow = load_slow_kills()
+    by_module: Dict[str, Counter] = {}
+    survivors: List[str] = []
+    for name, code in results.items():
+        mod = module_of(name)
+        if modules and mod not in modules:
+            continue
+        s = status(code)
+        if s in ("survived", "no tests", "suspicious") and name in slow:
+            s = "killed slow"
+        by_module.setdefault(mod, Counter())[s] += 1
+        if s in ("survived", "no tests", "suspicious"):
+            survivors.append(name)
+    eq = judged(survivors, judgements)
+    rows = []
+    for mod in sorted(by_module):
+        c = by_module[mod]
+        n_eq = sum(1 for m in eq if module_of(m) == mod)
+        total = sum(c.values())
+        killed = c["killed"] + c["timeout"] + c["crash"] + c["killed slow"]
+        live = c["survived"] + c["no tests"] + c["suspicious"]
+        denom = total - n_eq - c["not run"]
+        rows.append({"module": mod, "mutants": total, "killed": killed, "killed slow": c["killed slow"],
+                     "timeout/crash": c["timeout"] + c["crash"], "survived": live, "equivalent": n_eq,
+                     "unjudged": live - n_eq, "not run": c["not run"],
+                     "score": (killed / denom) if denom and not c["not run"] else None, "note": notes.get(mod, "")})
+    return rows, eq, notes
+
+
+def table(rows: List[dict], markdown: bool) -> str:
+    head = ["module", "mutants", "killed", "killed slow", "survived", "equivalent", "unjudged", "not run", "score"]
+    def cell(r, k):
+        if k == "score":
+            return "-" if r[k] is None else f"{100 * r[k]:.1f}% ({r['killed']}/{r['mutants'] - r['equivalent']})"
+        return str(r[k])
+    body = [[cell(r, k) for k in head] + ([r["note"]] if markdown else []) for r in rows]
+    if markdown:
+        head = head + ["note"]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(b) + " |" for b in body]
+        return "\n".join(lines)
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(b, widths)) for b in body]
+    return "\n".join(lines)
+
+
+def cmd_summary(args) -> int:
+    modules = [normalize_module(m) for m in args.modules] or None
+    rows, eq, _ = summarize(modules)
+    if args.json:
+        print(json.dumps({"modules": rows, "equivalent": {m: j["reason"] for m, j in sorted(eq.items())}}, indent=2))
+        return 0
+    text = table(rows, args.markdown or args.write_docs)
+    if args.write_docs:
+        today = datetime.date.today().isoformat()
+        block = (f"{DOCS_BEGIN}\nMeasured {today} with `python scripts/mutation.py run MODULE...` "
+                 f"(mutmut {_mutmut_version()}, the fast tier), summarized by `python scripts/mutation.py summary "
+                 f"--write-docs`. Score: killed / (mutants - equivalent).\n\n{text}\n{DOCS_END}")
+        doc = DOCS.read_text()
+        if DOCS_BEGIN in doc:
+            doc = doc[:doc.index(DOCS_BEGIN)] + block + doc[doc.index(DOCS_END) + len(DOCS_END):]
+        else:
+            doc = doc.rstrip() + "\n\n" + block + "\n"
+        DOCS.write_text(doc)
+        print(f"updated {DOCS.relative_to(REPO)}")
+    print(text)
+    if args.reasons:
+        print("\nequivalent survivors:")
+        for m, j in sorted(eq.items()):
+            print(f"  {m}: {j['reason']}")
+    return 0
+
+
+def _mutmut_version() -> str:
+    from importlib.metadata import version
+
+    return version("mutmut")
+
+
+def cmd_survivors(args) -> int:
+    modules = [normalize_module(m) for m in args.modules] or None
+    results = load_results()
+    judgements, _ = load_equivalents()
+    live = sorted((m for m, c in results.items() if status(c) in ("survived", "no tests", "suspicious")
+                   and (modules is None or module_of(m) in modules)),
+                  key=lambda m: (function_of(m), int(m.rpartition("_")[2])))
+    eq = judged(live, judgements)
+    for m in live:
+        if m in eq and not args.all:
+            continue
+        diff = mutant_diff(m)
+        if args.toml:
+            change = change_of(diff)
+            print(f'[[equivalent]]\nmutant = "{m}"\nfunction = "{function_of(m)}"\n'
+                  f'change = """\n{change}\n"""\nreason = "TODO"\n')
+        else:
+            print(f"# {m}: {status(results[m])}" + (f"  (equivalent: {eq[m]['reason']})" if m in eq else ""))
+            print("\n".join(diff.splitlines()[2:]))
+            print()
+    return 0
+
+
+def cmd_judge(args) -> int:
+    """Append a judgement (this survivor is equivalent, because REASON) to the equivalents file."""
+    reason = " ".join(args.reason).strip()
+    if not reason or '"' in reason or "\n" in reason:
+        print("error: give a one-line reason without double quotes", file=sys.stderr)
+        return 2
+    results = load_results()
+    entries = []
+    for m in args.mutants:
+        if status(results.get(m)) not in ("survived", "no tests", "suspicious"):
+            print(f"error: {m} is not a survivor ({status(results.get(m))})", file=sys.stderr)
+            return 2
+        change = change_of(mutant_diff(m))
+        entries.append(f'\n[[equivalent]]\nmutant = "{m}"\nfunction = "{function_of(m)}"\n'
+                       f'change = """\n{change}\n"""\nreason = "{reason}"\n')
+    with open(EQUIVALENTS, "a") as fh:
+        fh.write("".join(entries))
+    print(f"judged {len(entries)} mutant(s) equivalent in {EQUIVALENTS.relative_to(REPO)}")
+    return 0
+
+
+def cmd_slow(args) -> int:
+    """Run the fast tier's unjudged survivors against slow tests (each mutant in turn, in the
+    foreground): tests that spawn processes see the mutant too (PYTHONPATH and MUTANT_UNDER_TEST
+    are inherited)."""
+    modules = [normalize_module(m) for m in args.modules] or None
+    results = load_results()
+    judgements, _ = load_equivalents()
+    live = sorted(m for m, c in results.items() if status(c) in ("survived", "no tests", "suspicious")
+                  and (modules is None or module_of(m) in modules))
+    if args.functions:
+        live = [m for m in live if function_of(m).rpartition(".")[2] in args.functions]
+    eq = judged(live, judgements)
+    records = json.loads(SLOW_RESULTS.read_text()) if SLOW_RESULTS.exists() else {}
+    todo = [m for m in live if m not in eq and not (m in records and records[m]["change"] == change_of(mutant_diff(m)))]
+    LOGS.mkdir(exist_ok=True)
+    mutants_dir = REPO / "mutants"
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(mutants_dir))
+    print(f"{len(todo)} survivors to run against: {' '.join(args.tests)}")
+    for i, m in enumerate(todo, 1):
+        env["MUTANT_UNDER_TEST"] = m
+        r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--rootdir=.",
+                            *args.tests], cwd=mutants_dir, env=env, capture_output=True, text=True)
+        killed = r.returncode == 1
+        if r.returncode not in (0, 1):
+            print(f"  {m}: pytest exit {r.returncode} (not counted)\n{r.stdout[-800:]}")
+            continue
+        records[m] = {"change": change_of(mutant_diff(m)), "killed": killed, "tests": " ".join(args.tests)}
+        SLOW_RESULTS.write_text(json.dumps(records, indent=1, sort_keys=True))
+        print(f"[{i}/{len(todo)}] {'killed  ' if killed else 'survived'} {m}", flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="start mutmut in the background on MODULEs (default: all configured)")
+    r.add_argument("modules", nargs="*")
+    r.add_argument("--survivors", action="store_true", help="rerun only mutants not yet killed")
+    r.add_argument("--children", type=int, default=1, help="parallel mutmut workers (default 1)")
+    r.add_argument("--wait", action="store_true", help="run in the foreground")
+    r.set_defaults(fn=cmd_run)
+    sub.add_parser("status", help="is a run going, and its last progress line").set_defaults(fn=cmd_status)
+    sub.add_parser("stop", help="stop the run (results so far are kept)").set_defaults(fn=cmd_stop)
+    s = sub.add_parser("summary", help="per-module mutants, killed, survived, equivalent, score")
+    s.add_argument("modules", nargs="*")
+    s.add_argument("--markdown", action="store_true")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--reasons", action="store_true", help="also list the equivalent survivors with their reason")
+    s.add_argument("--write-docs", action="store_true", help="replace the summary block in docs/testing.md")
+    s.set_defaults(fn=cmd_summary)
+    v = sub.add_parser("survivors", help="surviving mutants not judged equivalent, with their diffs")
+    v.add_argument("modules", nargs="*")
+    v.add_argument("--toml", action="store_true", help="print them as stubs for tests/mutation_equivalents.toml")
+    v.add_argument("--all", action="store_true", help="include the ones judged equivalent")
+    v.set_defaults(fn=cmd_survivors)
+    j = sub.add_parser("judge", help="record survivors as equivalent, with a one-line reason")
+    j.add_argument("mutants", nargs="+")
+    j.add_argument("--reason", nargs="+", required=True)
+    j.set_defaults(fn=cmd_judge)
+    w = sub.add_parser("slow", help="run the fast tier's survivors against slow tests (foreground)")
+    w.add_argument("modules", nargs="*")
+    w.add_argument("--tests", nargs="+", required=True, help="pytest node ids, relative to the repository")
+    w.add_argument("--functions", nargs="*", help="only mutants of these functions (e.g. x_train)")
+    w.set_defaults(fn=cmd_slow)
+    args = p.parse_args(argv)
+    os.chdir(REPO)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

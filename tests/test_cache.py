@@ -1,0 +1,154 @@
+"""The artifact cache: where it is, how a key, a file name or a path finds an artifact, what
+happens to corrupt copies (the user's are removed, the shipped ones skipped), the per-key lock,
+and solve() refusing what it cannot do before it solves."""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from structinit.errors import StructinitError, UsageError
+from structinit.solver import cache as cache_mod
+from structinit.solver.artifact import read_artifact
+from structinit.solver.cache import (
+    check_cache_dir,
+    find_cached,
+    key_lock,
+    list_artifacts,
+    resolve_artifact,
+    resolve_key,
+    search_dirs,
+    shipped_cache_dir,
+    user_cache_dir,
+)
+from structinit.solver.config import SolveConfig
+from structinit.solver.run import solve
+
+CFG = SolveConfig(grid=(4, 4), dim=16, heads=2)
+
+
+def rendered(fn, *args, **kwargs):
+    with pytest.raises(UsageError) as exc:
+        fn(*args, **kwargs)
+    return exc.value.render(lambda n: f"<{n}>")
+
+
+def test_user_cache_dir_order(monkeypatch, tmp_path):
+    monkeypatch.delenv("STRUCTINIT_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert user_cache_dir() == tmp_path / "home" / ".cache" / "structinit"
+    monkeypatch.setenv("XDG_CACHE_HOME", "")  # empty means unset
+    assert user_cache_dir() == tmp_path / "home" / ".cache" / "structinit"
+    monkeypatch.setenv("STRUCTINIT_CACHE", "~/mine")
+    assert user_cache_dir() == tmp_path / "home" / "mine"
+    assert user_cache_dir("~/flag") == tmp_path / "home" / "flag"
+    assert search_dirs("~/flag") == [tmp_path / "home" / "flag", shipped_cache_dir()]
+    assert shipped_cache_dir() == Path(cache_mod.__file__).parents[1] / "data" / "cache"
+
+
+def test_an_install_without_shipped_artifacts_searches_the_user_cache_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(cache_mod, "shipped_cache_dir", lambda: None)
+    assert search_dirs(tmp_path) == [tmp_path]
+    assert list(list_artifacts(tmp_path)) == [] and find_cached(CFG.filename, tmp_path) is None
+
+
+def test_check_cache_dir(tmp_path):
+    check_cache_dir(None)
+    check_cache_dir(tmp_path / "missing")  # created when written
+    check_cache_dir(tmp_path)
+    (tmp_path / "f").write_text("x")
+    assert rendered(check_cache_dir, tmp_path / "f") == f"<cache_dir> {tmp_path / 'f'} is not a folder"
+
+
+def test_an_explicit_cache_dir_is_searched_and_listed(tmp_path, cache_dir):
+    own = tmp_path / "own"
+    art = solve(CFG, cache_dir=own).artifact
+    (own / f".{CFG.filename}.123.abcd.tmp").write_bytes(b"partial")
+    (own / ".hidden.safetensors").write_bytes(b"partial")
+    listed = list(list_artifacts(own))
+    assert art.path in listed and all(not p.name.startswith(".") for p in listed)
+    assert art.path not in list(list_artifacts())  # the default cache (the environment's) does not hold it
+    for name in (CFG.key, CFG.filename, art.path.stem):
+        assert resolve_key(name, own) == art.path, name
+        assert resolve_artifact(name, own).key == CFG.key
+    assert resolve_key(CFG.key) is None and resolve_key(CFG.key[:6], own) is None
+    assert resolve_key("d16-h2-f3-" + CFG.key, own) == art.path  # a tail of the name ending in the key
+    assert resolve_artifact(art) is art and resolve_artifact(str(art.path)).path == art.path
+    assert rendered(resolve_artifact, "nothing", own) == ("<artifact> nothing: no such file, and no cached artifact "
+                                                         "has that key (list them with `structinit inspect`)")
+    assert find_cached(CFG.filename, own).key == CFG.key and find_cached(CFG.filename) is None
+
+
+def test_corrupt_user_copy_is_removed_and_a_corrupt_shipped_copy_skipped(tmp_path, monkeypatch):
+    user, shipped = tmp_path / "user", tmp_path / "shipped"
+    art = solve(CFG, cache_dir=user).artifact
+    shipped.mkdir()
+    shutil.copy(art.path, shipped / CFG.filename)
+    monkeypatch.setattr(cache_mod, "shipped_cache_dir", lambda: shipped)
+    art.path.write_bytes(b"garbage")
+    warnings = []
+    found = find_cached(CFG.filename, user, warn=warnings.append)
+    assert found.path == shipped / CFG.filename and not art.path.exists()  # removed, then found in the next folder
+    assert len(warnings) == 1 and warnings[0].startswith("ignoring corrupt artifact: ") and "recomputed" in warnings[0]
+    (shipped / CFG.filename).write_bytes(b"garbage too")
+    assert find_cached(CFG.filename, user, warn=warnings.append) is None
+    assert (shipped / CFG.filename).exists() and len(warnings) == 2  # shipped copies are only ever read
+    assert find_cached(CFG.filename, user) is None  # no warn callback: silent
+    res = solve(CFG, cache_dir=user)
+    assert not res.cached and read_artifact(user / CFG.filename).key == CFG.key
+
+
+def test_key_lock_times_out_with_a_way_out(tmp_path):
+    from filelock import FileLock, Timeout
+
+    held = FileLock(str(tmp_path / ".locks" / "x.safetensors.lock"))
+    (tmp_path / ".locks").mkdir()
+    held.acquire()
+    try:
+        with pytest.raises(StructinitError) as exc:
+            with key_lock(tmp_path, "x.safetensors", timeout=0.2):
+                pass
+    finally:
+        held.release()
+    assert str(exc.value) == (f"waited 0 s for another process solving x.safetensors in {tmp_path}; if none is "
+                              f"running, remove {tmp_path / '.locks' / 'x.safetensors.lock'}")
+    entered = []
+    with key_lock(tmp_path, "x.safetensors", timeout=0.2):
+        entered.append(True)
+        again = FileLock(str(tmp_path / ".locks" / "x.safetensors.lock"), timeout=0.05)
+        with pytest.raises(Timeout):  # held while inside
+            again.acquire()
+    assert entered and FileLock(str(tmp_path / ".locks" / "x.safetensors.lock"), timeout=0.05).acquire()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StructinitError, match=f"cannot lock the cache folder {tmp_path / 'file'}: "):
+        with key_lock(tmp_path / "file", "y.safetensors"):
+            pass
+
+
+def test_solve_refuses_before_solving(tmp_path):
+    assert "threads" in rendered(solve, CFG, threads=0)
+    assert "unknown <device> 'tpu'" in rendered(solve, CFG, device="tpu")
+    (tmp_path / "f").write_text("x")
+    assert rendered(solve, CFG, cache_dir=tmp_path / "f") == f"<cache_dir> {tmp_path / 'f'} is not a folder"
+    with pytest.raises(StructinitError) as exc:  # found out only when creating it: exit 1, not a usage error
+        solve(CFG, cache_dir=tmp_path / "f" / "sub")
+    assert exc.value.render(lambda n: f"<{n}>") == (
+        f"cannot create the <cache_dir> folder {tmp_path / 'f' / 'sub'}: Not a directory")
+    assert not any(p.suffix == ".safetensors" for p in tmp_path.rglob("*"))
+
+
+def test_solve_uses_the_cache_and_force_replaces_it(tmp_path):
+    first = solve(CFG, cache_dir=tmp_path)
+    assert not first.cached and first.artifact.path == tmp_path / CFG.filename
+    os.utime(first.artifact.path, (1, 1))
+    hit = solve(CFG, cache_dir=tmp_path)
+    assert hit.cached and hit.artifact.path.stat().st_mtime == 1
+    forced = solve(CFG, cache_dir=tmp_path, force=True)
+    assert not forced.cached and forced.artifact.path.stat().st_mtime > 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".locks", CFG.filename]
+    progress = []
+    solve(SolveConfig(grid=(4, 4), dim=16, heads=2, recipe="paper", params={"iters": 200}), cache_dir=tmp_path,
+          progress=lambda done, total: progress.append((done, total)))
+    assert progress == [(100, 200), (200, 200)]

@@ -1,0 +1,402 @@
+"""The training loop's behaviour, in process and in seconds: the learning rate it sets and logs is
+the schedule's at that step, the best epoch is chosen where documented, a resumed run is the
+uninterrupted one, and forced failures (divergence, a failed write) end in the documented error
+with nothing half-written."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from structinit.errors import StructinitError, UsageError
+from structinit.training.config import TrainConfig
+from structinit.training.loop import StepContext, build_optimizer, evaluate, lr_at, train, train_epoch
+from structinit.training.rundir import CHECKPOINT_FORMAT, RunDir, load_train_checkpoint
+
+# 320 digits in batches of 32: 10 steps an epoch, a tenth of a second each epoch.
+QUICK = dict(model="vit-digits", dataset="digits", patch=2, depth=1, dim=32, heads=2, lr=1e-2, warmup_epochs=0.5,
+             batch_size=32, train_size=320, threads=1)
+STEPS = 10
+
+
+@pytest.fixture(autouse=True)
+def _keep_threads():
+    old = torch.get_num_threads()
+    yield
+    torch.set_num_threads(old)
+
+
+def files(path):
+    return sorted(p.name for p in path.iterdir())
+
+
+class Stop(Exception):
+    """Raised from on_epoch to stop a run as a kill after an epoch's checkpoint would."""
+
+
+def test_logged_lr_is_the_schedule_at_each_epochs_last_step(tmp_path):
+    epochs = 4
+    out = tmp_path / "run"
+    seen = []
+    result = train(TrainConfig(epochs=epochs, out=str(out), min_lr=1e-4, **QUICK),
+                   on_step=lambda e, s, n: seen.append((e, s, n)))
+    total, warmup = epochs * STEPS, round(0.5 * STEPS)
+    for record in result.metrics:
+        last_step = record["epoch"] * STEPS - 1
+        assert record["lr"] == pytest.approx(lr_at(last_step, total, warmup, 1e-2, 1e-4), rel=1e-12)
+    assert 1e-4 < result.metrics[-1]["lr"] < 1.3e-4  # the last step's lr: the cosine reaches min_lr one step later
+    assert len({r["lr"] for r in result.metrics}) == epochs  # no restart per epoch
+    assert seen == [(e, s, STEPS) for e in range(1, epochs + 1) for s in range(1, STEPS + 1)]
+    ck = load_train_checkpoint(out / "checkpoint.pt")
+    assert all(g["lr"] == pytest.approx(result.metrics[-1]["lr"]) for g in ck["optimizer"]["param_groups"])
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["resolved"]["steps_per_epoch"] == STEPS and cfg["resolved"]["train_images"] == 320
+    assert cfg["resolved"]["hparams"]["min_lr"] == 1e-4 and cfg["key"] == result.key
+
+
+def test_train_epoch_sets_the_lr_of_every_step_before_it():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    opt, trainable = build_optimizer(net, {"lr": 0.1, "opt_eps": 1e-8, "weight_decay": 0.05})
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.05, 0.0]  # matrices only
+    assert {id(p) for p in opt.param_groups[0]["params"]} == {id(net[0].weight), id(net[2].weight)}
+    assert len(trainable) == 4
+    used = []
+    opt.register_step_pre_hook(lambda o, args, kwargs: used.append([g["lr"] for g in o.param_groups]))
+    sc = StepContext(net=net, opt=opt, trainable=trainable, criterion=torch.nn.CrossEntropyLoss(),
+                     autocast=lambda: torch.autocast("cpu", enabled=False), grad_clip=0.5)
+    x, y = torch.randn(5, 6, 4), torch.randint(0, 3, (5, 6))
+    steps = []
+    sums, lr = train_epoch(sc, zip(x, y), lambda s: 0.01 * (s + 1), on_step=steps.append)
+    assert used == [[0.01 * (s + 1)] * 2 for s in range(5)] and lr == pytest.approx(0.05)
+    assert steps == [1, 2, 3, 4, 5] and net.training
+    # with lr 0 the weights stay, so the sums are the loss and hits of these weights
+    sums, _ = train_epoch(sc, zip(x, y), lambda s: 0.0)
+    with torch.no_grad():
+        logits = net(x.reshape(-1, 4))
+        want_loss = float(torch.nn.functional.cross_entropy(logits, y.reshape(-1), reduction="sum"))
+        want_correct = int((logits.argmax(-1) == y.reshape(-1)).sum())
+    assert sums.dtype == torch.float64 and sums.tolist() == pytest.approx([want_loss, want_correct, 30])
+    ev = evaluate(net, zip(x, y), lambda: torch.autocast("cpu", enabled=False), "cpu")
+    assert ev.tolist() == pytest.approx([want_loss, want_correct, 30])
+    assert not net.training  # evaluate leaves the model in eval mode
+
+
+def test_gradients_are_clipped_to_grad_clip():
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 3)
+    opt, trainable = build_optimizer(net, {"lr": 0.0, "opt_eps": 1e-8, "weight_decay": 0.0})
+    norms = []
+    opt.register_step_pre_hook(lambda o, a, k: norms.append(float(torch.norm(torch.stack(
+        [p.grad.norm() for p in trainable])))))
+    sc = StepContext(net=net, opt=opt, trainable=trainable, criterion=torch.nn.CrossEntropyLoss(),
+                     autocast=lambda: torch.autocast("cpu", enabled=False), grad_clip=1e-3)
+    x, y = 100 * torch.randn(1, 8, 4), torch.randint(0, 3, (1, 8))
+    train_epoch(sc, zip(x, y), lambda s: 0.0)
+    assert norms[0] == pytest.approx(1e-3, rel=1e-4)
+    sc.grad_clip = 0.0  # no clipping
+    train_epoch(sc, zip(x, y), lambda s: 0.0)
+    assert norms[1] > 1e-2
+
+
+def test_an_interrupted_run_resumed_is_the_uninterrupted_run(tmp_path):
+    # random crops draw from torch's generator: the resume must restore it, not only the weights
+    settings = dict(QUICK, seed=3, init="mimetic", augment="crop-flip")
+    ref = train(TrainConfig(epochs=4, **settings))
+    out = tmp_path / "run"
+    cfg = TrainConfig(epochs=4, out=str(out), **settings)
+
+    def stop_after_two(record):
+        if record["epoch"] == 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(cfg, on_epoch=stop_after_two)
+    assert RunDir(out).state == "resumable" and len(RunDir(out).read_metrics()) == 2
+    # a kill between the metrics append and the checkpoint leaves one more line in the log
+    RunDir(out).append_metrics({"epoch": 3, "train_loss": 123.0})
+    RunDir(out).write_final({"stale": True})  # a result that does not belong to the checkpoint
+    logs, states = [], []
+    resumed = train(TrainConfig(epochs=4, out=str(out), resume=True, **settings), log=logs.append,
+                    on_epoch=lambda r: states.append(RunDir(out).state))
+    assert states == ["resumable", "resumable"]  # not "finished" while it trains
+    assert resumed.resumed_from == 2 and any(f"resuming {out} after epoch 2/4" in m for m in logs)
+    rows = RunDir(out).read_metrics()
+    assert [r["epoch"] for r in rows] == [1, 2, 3, 4] and rows[2]["train_loss"] != 123.0
+    for got, want in zip(rows, ref.metrics):
+        for key in ("train_loss", "train_acc", "lr", "test_acc", "test_loss"):
+            assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), (got["epoch"], key)
+    assert resumed.final_acc == pytest.approx(ref.final_acc) and resumed.best_epoch == ref.best_epoch
+    assert resumed.metrics == rows
+    final = json.loads((out / "final.json").read_text())
+    assert final["resumed_from"] == 2 and final["epochs"] == 4 and "stale" not in final
+    assert final["wall_seconds"] >= load_train_checkpoint(out / "checkpoint.pt")["elapsed"] - 1e-3
+    # resuming a finished run returns its result without training
+    again = train(TrainConfig(epochs=4, out=str(out), resume=True, **settings), log=logs.append)
+    assert again.resumed_from == 4 and again.final_acc == final["final_acc"] and again.best_acc == resumed.best_acc
+    assert again.metrics == rows and again.key == cfg.key and any("finished all 4 epochs" in m for m in logs)
+    assert again.best_epoch == resumed.best_epoch and again.best_on == "test" and again.epochs == 4
+    assert again.final_val_acc is None and again.out == str(out) and again.params == resumed.params
+
+
+def test_the_run_line_and_the_evaluation_match_the_weights(tmp_path):
+    from structinit.training.augment import normalize
+    from structinit.training.datasets import DATASETS, load_dataset
+    from structinit.training.models import build_model
+
+    out = tmp_path / "run"
+    logs = []
+    result = train(TrainConfig(epochs=2, out=str(out), val_size=50, init="kaiming", **QUICK), log=logs.append)
+    trainable = result.params["trainable"]
+    assert logs[0] == (f"vit-digits ({trainable:,} trainable params) on digits (320 train / 50 val / 360 test), "
+                       "2 epochs x 10 steps of 32, 1 process(es) on cpu, init kaiming")
+    plain = []
+    train(TrainConfig(epochs=1, **QUICK), log=plain.append)
+    assert plain[0].endswith("(320 train / 360 test), 1 epochs x 10 steps of 32, 1 process(es) on cpu, init default")
+    # the last record's test accuracy and loss are what the checkpointed weights give on the test split
+    ck = load_train_checkpoint(out / "checkpoint.pt")
+    model = build_model(TrainConfig(**QUICK).model_config(), num_classes=10, image_size=8, in_chans=1,
+                        default_patch=1)
+    model.load_state_dict(ck["state_dict"])
+    model.eval()
+    test = load_dataset("digits").test
+    info = DATASETS["digits"]
+    with torch.no_grad():
+        logits = model(normalize(test.images, info.mean, info.std))
+    last = result.metrics[-1]
+    assert last["test_acc"] == pytest.approx(100.0 * float((logits.argmax(-1) == test.labels).float().mean()))
+    assert last["test_loss"] == pytest.approx(float(torch.nn.functional.cross_entropy(logits, test.labels)), rel=1e-5)
+    assert last["images_per_s"] > 0 and last["epoch_seconds"] > 0 and 0 <= last["train_acc"] <= 100
+    assert result.world_size == 1 and result.device == "cpu" and result.wall_seconds > 0
+    assert result.summary()["last"] == last and result.last_acc == result.final_acc == last["test_acc"]
+    assert result.init_report["method"] == "kaiming"
+
+
+def test_amp_modes_and_the_optimizer():
+    from structinit.training.loop import amp_dtype
+
+    assert [amp_dtype(m, "cpu") for m in ("auto", "off", "bf16", "fp16")] == [None, None, torch.bfloat16, torch.float16]
+    assert amp_dtype("off", "cuda") is None and amp_dtype("fp16", "cuda") is torch.float16
+    assert amp_dtype("auto", "cuda") is (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
+    net[1].weight.requires_grad_(False)
+    opt, trainable = build_optimizer(net, {"lr": 0.3, "opt_eps": 1e-7, "weight_decay": 0.2})
+    assert [p.shape for p in trainable] == [(4, 3), (4,), (4,)]  # the frozen LayerNorm weight is left out
+    assert [len(g["params"]) for g in opt.param_groups] == [1, 2]
+    assert all(g["lr"] == 0.3 and g["eps"] == 1e-7 for g in opt.param_groups)
+    assert isinstance(opt, torch.optim.AdamW)
+
+
+def test_batches_are_a_seeded_permutation_split_over_processes():
+    from structinit.training.loop import epoch_permutation, shard_batches
+
+    perm = epoch_permutation(50, seed=2, epoch=1)
+    assert sorted(perm.tolist()) == list(range(50)) and torch.equal(perm, epoch_permutation(50, 2, 1))
+    assert not torch.equal(perm, epoch_permutation(50, 2, 0)) and not torch.equal(perm, epoch_permutation(50, 3, 1))
+    assert not torch.equal(epoch_permutation(50, 0, 1), epoch_permutation(50, 1, 0))
+    one = list(shard_batches(50, 8, rank=0, world=1, seed=2, epoch=1))
+    assert len(one) == 6 and all(len(b) == 8 for b in one)  # 50 // 8, the last 2 dropped
+    assert torch.equal(torch.cat(one), perm[:48])
+    parts = [list(shard_batches(50, 8, rank=r, world=4, seed=2, epoch=1)) for r in range(4)]
+    for s in range(6):
+        assert torch.equal(torch.cat([parts[r][s] for r in range(4)]), one[s])
+        assert all(len(parts[r][s]) == 2 for r in range(4))
+
+
+def test_best_epoch_is_chosen_on_validation_and_written_to_best_pt(tmp_path):
+    out = tmp_path / "run"
+    result = train(TrainConfig(epochs=5, val_size=100, eval_every=2, out=str(out), **QUICK))
+    rows = result.metrics
+    evaluated = [r for r in rows if "test_acc" in r]
+    assert [r["epoch"] for r in evaluated] == [2, 4, 5]  # every second epoch, and the last
+    assert all("val_acc" in r and "val_loss" in r for r in evaluated)
+    assert all("val_acc" not in r and "test_acc" not in r for r in rows if r not in evaluated)
+    best = max(evaluated, key=lambda r: (r["val_acc"], -r["epoch"]))  # the first of equal scores
+    assert result.best_on == "val" and result.best_epoch == best["epoch"] and result.best_acc == best["test_acc"]
+    ck = torch.load(out / "best.pt", weights_only=True)
+    assert ck["epoch"] == best["epoch"] and ck["test_acc"] == best["test_acc"] and ck["selected_on"] == "val"
+    assert ck["arch"] == "vit-digits" and ck["args"] == TrainConfig(
+        epochs=5, val_size=100, eval_every=2, out=str(out), **QUICK).to_dict()
+    final = json.loads((out / "final.json").read_text())
+    assert final["best_epoch"] == {"epoch": best["epoch"], "test_acc": best["test_acc"], "selected_on": "val"}
+    assert final["final_acc"] == rows[-1]["test_acc"] and final["final_val_acc"] == rows[-1]["val_acc"]
+    assert final["last"] == rows[-1] and final["epochs"] == 5 and final["world_size"] == 1 and final["device"] == "cpu"
+    assert final["key"] == result.key and final["out"] == str(out) and final["resumed_from"] is None
+    ck = load_train_checkpoint(out / "checkpoint.pt")
+    assert ck["format"] == CHECKPOINT_FORMAT and ck["epoch"] == 5 and ck["best_epoch"] == best["epoch"]
+    assert ck["best_on"] == "val" and ck["key"] == result.key and ck["metrics"] == rows
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["resolved"]["val_images"] == 100 and cfg["resolved"]["train_images"] == 320
+
+
+def test_forced_divergence_is_the_documented_error_and_writes_no_epoch(tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(StructinitError, match=r"the loss diverged \(not finite\) in epoch 1; try a lower lr or amp "):
+        train(TrainConfig(epochs=3, out=str(out), **dict(QUICK, lr=1e6, grad_clip=0.0)))
+    assert not out.exists()  # a run that failed before its first checkpoint leaves nothing behind
+    with pytest.raises(StructinitError, match="diverged"):  # through an init that overflows the logits
+        train(TrainConfig(epochs=1, init="mimetic", init_params={"alpha1": 1e38}, **QUICK))
+
+
+def test_something_in_the_way_of_the_checkpoint_is_refused_before_training(tmp_path):
+    out = tmp_path / "run"
+    (out / "checkpoint.pt").mkdir(parents=True)  # not this run's: never written over or removed
+    with pytest.raises(UsageError, match=r"run already holds a run \(checkpoint\.pt\); pass resume"):
+        train(TrainConfig(epochs=2, out=str(out), **QUICK))
+    assert files(out) == ["checkpoint.pt"] and (out / "checkpoint.pt").is_dir()
+
+
+class FileSizeLimit:
+    """Writes beyond ``limit`` bytes fail with "File too large", as on a full disk (root included)."""
+
+    def __init__(self, limit):
+        self.limit = limit
+
+    def __enter__(self):
+        import resource
+        import signal
+
+        self.handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        self.soft, self.hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (self.limit, self.hard))
+
+    def __exit__(self, *exc):
+        import resource
+        import signal
+
+        resource.setrlimit(resource.RLIMIT_FSIZE, (self.soft, self.hard))
+        signal.signal(signal.SIGXFSZ, self.handler)
+
+
+def test_a_full_disk_while_checkpointing_is_the_documented_error(tmp_path):
+    """A write that fails part-way is one clear error naming the cause, and the temp file is gone."""
+    out = tmp_path / "run"
+    with FileSizeLimit(60 * 1024):  # config, metrics and the best weights fit, a checkpoint does not
+        with pytest.raises(StructinitError, match=r"cannot write .*checkpoint\.pt: File too large$"):
+            train(TrainConfig(epochs=2, out=str(out), **QUICK))
+    assert not out.exists()  # failed before its first checkpoint: no half-made run, no temp file
+    # torch.save reports a failure inside a record as an OSError and one at a record's end as a
+    # RuntimeError: limits across the file meet both
+    run = RunDir(tmp_path / "direct")
+    run.create()
+    state = {"w": torch.arange(4000, dtype=torch.float32), "epoch": 1}
+    for limit in range(1000, 6000, 500):
+        with FileSizeLimit(limit):
+            with pytest.raises(StructinitError, match=r"cannot write .*checkpoint\.pt: File too large$"):
+                run.save_checkpoint(state)
+    assert files(run.path) == []
+
+
+def test_run_files_and_their_errors(tmp_path):
+    run = RunDir(tmp_path / "r")
+    assert run.state == "fresh" and not run.holds_run() and run.read_config() is None and run.read_final() is None
+    run.create()
+    run.write_metrics([{"epoch": 1}, {"epoch": 2}])
+    assert run.holds_run() and run.state == "fresh"
+    with open(run.file(run.METRICS), "a") as f:
+        f.write('{"epoch": 3, "tor')  # a torn last line
+    assert run.read_metrics() == [{"epoch": 1}, {"epoch": 2}]
+    run.save_checkpoint({"epoch": 2})
+    assert run.state == "resumable" and run.load_checkpoint() == {"epoch": 2, "format": CHECKPOINT_FORMAT}
+    run.write_final({"final_acc": 1.0})
+    assert run.state == "finished" and run.read_final() == {"final_acc": 1.0}
+    assert (run.path / "final.json").read_text().endswith("}\n")
+    run.clear_final()
+    run.clear_final()  # a second clear is fine
+    assert run.state == "resumable"
+    run.write_config({"b": 1, "a": [1]})
+    assert run.read_config() == {"a": [1], "b": 1}
+    (run.path / "final.json").write_text("{broken")
+    with pytest.raises(StructinitError, match=r"final\.json is unreadable"):
+        run.read_final()
+    torch.save({"epoch": 1}, run.file(run.BEST))
+    with pytest.raises(StructinitError, match="is not a structinit training checkpoint"):
+        load_train_checkpoint(run.file(run.BEST))
+    assert run.load_checkpoint(map_location="meta")["epoch"] == 2  # map_location is passed on
+    run.save_checkpoint({"w": torch.ones(2)})
+    assert run.load_checkpoint(map_location="meta")["w"].device.type == "meta"
+    assert load_train_checkpoint(run.file(run.CHECKPOINT), "meta")["w"].device.type == "meta"
+    good = run.file(run.CHECKPOINT).read_bytes()
+    for damaged in (b"garbage", b"", good[: len(good) // 2]):
+        run.file(run.CHECKPOINT).write_bytes(damaged)
+        with pytest.raises(StructinitError) as exc:
+            run.load_checkpoint()
+        ckpt = run.file(run.CHECKPOINT)
+        assert str(exc.value) == f"cannot read checkpoint {ckpt}: not a torch checkpoint, or truncated"
+    from test_checkpoints import _CreatesFile
+
+    marker = tmp_path / "pwned.txt"
+    torch.save({"format": CHECKPOINT_FORMAT, "x": _CreatesFile(marker)}, run.file(run.CHECKPOINT))
+    with pytest.raises(StructinitError) as exc:
+        run.load_checkpoint()
+    assert str(exc.value).endswith(": it needs code beyond tensors and plain containers to unpickle; nothing of it "
+                                   "was run") and not marker.exists()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UsageError, match=r"out .*file exists and is not a directory"):
+        RunDir(tmp_path / "file")
+    with pytest.raises(StructinitError) as exc:
+        RunDir(tmp_path / "file" / "sub").create()
+    assert str(exc.value) == f"cannot create run folder {tmp_path / 'file' / 'sub'}: Not a directory"
+    blocked = RunDir(tmp_path / "blocked")
+    blocked.create()
+    metrics = blocked.file(blocked.METRICS)
+    metrics.mkdir()
+    for write in (lambda: blocked.append_metrics({"epoch": 1}), lambda: blocked.write_metrics([])):
+        with pytest.raises(StructinitError) as exc:
+            write()
+        assert str(exc.value) == f"cannot write {metrics}: Is a directory"
+
+
+def test_run_files_are_sorted_readable_json(tmp_path):
+    """config.json and final.json indented with sorted keys (two runs diff line by line), one
+    sorted-key record per line in metrics.jsonl; values JSON cannot hold are written as text."""
+    run = RunDir(tmp_path / "a" / "b")  # parents are created
+    run.create()
+    run.write_config({"b": 1, "a": {"z": [1, 2], "y": tmp_path}})
+    assert run.file(run.CONFIG).read_text() == (
+        '{\n  "a": {\n    "y": "' + str(tmp_path) + '",\n    "z": [\n      1,\n      2\n    ]\n  },\n  "b": 1\n}\n')
+    run.write_final({"z": 1, "a": 2})
+    assert run.file(run.FINAL).read_text() == '{\n  "a": 2,\n  "z": 1\n}\n'
+    run.write_metrics([{"b": 1, "a": 2}])
+    run.append_metrics({"d": 1, "c": 2})
+    assert run.file(run.METRICS).read_text() == '{"a": 2, "b": 1}\n{"c": 2, "d": 1}\n'
+    (run.path / "final.json").unlink()
+    (run.path / "final.json").mkdir()
+    with pytest.raises(StructinitError) as exc:
+        run.write_final({})
+    assert str(exc.value) == f"cannot write {run.file(run.FINAL)}: Is a directory"
+
+
+def test_settings_that_cannot_run_are_refused_before_training(tmp_path):
+    with pytest.raises(UsageError, match="batch_size 400 is larger than the 320 training images"):
+        train(TrainConfig(epochs=1, **dict(QUICK, batch_size=400)))
+    out = tmp_path / "run"
+    train(TrainConfig(epochs=1, out=str(out), **QUICK))
+    with pytest.raises(UsageError, match=r"differ from the run in .*: lr 0\.01 in the run, 0\.02 now"):
+        train(TrainConfig(epochs=1, out=str(out), resume=True, **dict(QUICK, lr=0.02)))
+    (out / "config.json").write_text(json.dumps({"config": {"no_such_setting": 1}}))
+    with pytest.raises(StructinitError, match=r"config\.json is unreadable"):
+        train(TrainConfig(epochs=1, out=str(out), resume=True, **QUICK))
+
+
+def test_lr_schedule_shape():
+    lr, low = 1e-2, 1e-4
+    assert lr_at(0, 100, 10, lr, low) == pytest.approx(lr / 10)
+    assert lr_at(4, 100, 10, lr, low) == pytest.approx(lr / 2)
+    assert lr_at(10, 100, 10, lr, low) == pytest.approx(lr)
+    assert lr_at(100, 100, 10, lr, low) == pytest.approx(low)  # clamped past the end
+    assert lr_at(1000, 100, 10, lr, low) == pytest.approx(low)
+    assert lr_at(0, 100, 0, lr, low) == pytest.approx(lr)  # no warm-up
+    mid = lr_at(55, 100, 10, lr, low)
+    assert mid == pytest.approx(low + 0.5 * (lr - low) * (1 + math.cos(math.pi * 0.5)))
+    assert lr_at(5, 5, 5, lr, low) == pytest.approx(lr)  # warm-up as long as the run: the span is at least 1
+
+
+def test_resuming_from_a_corrupt_checkpoint_is_one_error_line(tmp_path, cli):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "checkpoint.pt").write_bytes(b"\x80\x02garbage")
+    r = cli("train", "--epochs", "1", "--out", out, "--resume", "--threads", "1")
+    assert r.returncode == 1 and r.stderr == (f"error: cannot read checkpoint {out / 'checkpoint.pt'}: not a torch "
+                                              "checkpoint, or truncated\n")
