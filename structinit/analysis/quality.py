@@ -22,17 +22,27 @@ import numpy as np
 MEASURES = ("mse", "hit_rate", "target_mass", "q_norm", "k_norm")
 
 
-def attention_logits(x, q, k):
-    """Scaled logits ``x q (x k)^T / sqrt(d)``: ``[..., N, N]`` (torch tensors)."""
+def attention_logits(x, q, k, mask=None):
+    """Scaled logits ``x q (x k)^T / sqrt(d)``: ``[..., N, N]`` (torch tensors). ``mask``: bool
+    ``[N, N]`` of the keys each query may see (a decoder's causal mask; ``None``: all); hidden
+    entries are ``-inf``."""
     d = q.shape[-1]
-    return (x @ q) @ (x @ k).transpose(-1, -2) / math.sqrt(d)
+    logits = (x @ q) @ (x @ k).transpose(-1, -2) / math.sqrt(d)
+    if mask is not None:
+        import torch
+
+        allowed = torch.as_tensor(np.asarray(mask) if not isinstance(mask, torch.Tensor) else mask,
+                                  device=logits.device)
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    return logits
 
 
-def attention_maps(x, q, k):
-    """Attention ``softmax(x q (x k)^T / sqrt(d))``: ``[..., N, N]`` (float32 torch tensors)."""
+def attention_maps(x, q, k, mask=None):
+    """Attention ``softmax(x q (x k)^T / sqrt(d))``: ``[..., N, N]`` (float32 torch tensors); see
+    :func:`attention_logits` for ``mask``."""
     import torch
 
-    return torch.softmax(attention_logits(x.float(), q.float(), k.float()), dim=-1)
+    return torch.softmax(attention_logits(x.float(), q.float(), k.float(), mask), dim=-1)
 
 
 def targets_to_columns(targets):
@@ -110,32 +120,33 @@ class Quality:
         return Quality(**{m: getattr(self, m)[index] for m in MEASURES})
 
 
-def measure(x, q, k, columns) -> Quality:
+def measure(x, q, k, columns, mask=None) -> Quality:
     """:class:`Quality` of ``q, k: [L, H, D, d]`` on inputs ``x: [L, N, D]`` against target columns
     ``[L, H, N]``. NumPy arrays or torch tensors; one layer may be given as ``x: [N, D]``,
-    ``q, k: [H, D, d]``, ``columns: [H, N]``."""
+    ``q, k: [H, D, d]``, ``columns: [H, N]``. ``mask``: bool ``[N, N]`` visible keys (a causal
+    decoder's mask), ``None`` for none."""
     import torch
 
     x, q, k = (torch.as_tensor(np.asarray(t) if not isinstance(t, torch.Tensor) else t) for t in (x, q, k))
     cols = torch.as_tensor(np.asarray(columns) if not isinstance(columns, torch.Tensor) else columns)
     if q.dim() == 3:
         x, q, k, cols = x.unsqueeze(0), q.unsqueeze(0), k.unsqueeze(0), cols.unsqueeze(0)
-    attn = attention_maps(x.unsqueeze(1).to(q.device), q, k)
+    attn = attention_maps(x.unsqueeze(1).to(q.device), q, k, mask)
     got = attention_quality(attn, cols.to(attn.device))
     got["q_norm"], got["k_norm"] = column_norms(q), column_norms(k)
     return Quality(**{m: got[m].detach().double().cpu().numpy() for m in MEASURES})
 
 
-def closest_offsets(x, q, k, grid) -> np.ndarray:
+def closest_offsets(x, q, k, grid, mask=None) -> np.ndarray:
     """Per head, the impulse offset ``(dy, dx)`` its attention follows most on input ``x: [N, D]``
-    (``q, k: [H, D, d]``): the most common displacement from each query token to its argmax key.
-    int32 ``[H, 2]``."""
+    (``q, k: [H, D, d]``): the most common displacement from each query token to its argmax key
+    (among the keys ``mask`` lets it see). int32 ``[H, 2]``."""
     import torch
 
     from structinit.geometry.grid import Grid
 
     x, q, k = (torch.as_tensor(np.asarray(t, np.float32) if not isinstance(t, torch.Tensor) else t) for t in (x, q, k))
-    arg = attention_logits(x.float(), q.float(), k.float()).argmax(-1).cpu().numpy()  # [H, N]
+    arg = attention_logits(x.float(), q.float(), k.float(), mask).argmax(-1).cpu().numpy()  # [H, N]
     h, w = Grid(grid).hw
     qy, qx = np.divmod(np.arange(h * w), w)
     out = np.zeros((arg.shape[0], 2), dtype=np.int32)
@@ -153,6 +164,9 @@ def artifact_attention(artifact, layer: int) -> np.ndarray:
     """Attention of every head of ``layer`` of an artifact on its pseudo input: ``[heads, N, N]`` (NumPy)."""
     import torch
 
+    from structinit.geometry.targets import causal_mask
+
     x = torch.from_numpy(artifact.layer_input(layer))
     q, k = torch.from_numpy(artifact.q[layer]), torch.from_numpy(artifact.k[layer])
-    return attention_maps(x.unsqueeze(0), q, k).numpy()
+    mask = causal_mask(artifact.config.grid, artifact.config.causal)
+    return attention_maps(x.unsqueeze(0), q, k, mask).numpy()

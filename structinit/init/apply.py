@@ -83,6 +83,7 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
     views = [AttentionTarget(sd, Grid(grid) if grid is not None else None, heads, layers,
                              need_grid=spec.needs_grid or set_pe is not None) for _, sd in ckpt.state_dicts]
     first = views[0]
+    spec.check_target(first)
     if set_pe is not None and det.pos_key is None:
         raise UsageError(f"{param('set_pe')}: the {det.layout.name} checkpoint has no position embedding")
     if not in_place and out is None and target.exists() and not dry_run:

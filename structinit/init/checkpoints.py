@@ -153,7 +153,7 @@ def load_checkpoint(path: os.PathLike) -> Checkpoint:
     obj, fmt, meta = read_object(path)
     found = find_state_dicts(obj)
     if not found:
-        raise CheckpointError(f"{path}: unknown checkpoint layout (no timm, Hugging Face ViT or "
+        raise CheckpointError(f"{path}: unknown checkpoint layout (no timm, Hugging Face ViT/BERT/GPT-2 or "
                               f"nn.MultiheadAttention attention weights); keys seen: {_keys_seen(obj)}")
     first = found[0][2]
     for where, _, det in found[1:]:
@@ -176,9 +176,9 @@ def _shape_hints(ckpt: Checkpoint) -> None:
             cfg = json.loads(cfg_path.read_text())
         except (OSError, ValueError):
             cfg = None
-        heads = cfg.get("num_attention_heads") if isinstance(cfg, dict) else None
-        if isinstance(heads, int) and cfg.get("hidden_size") == det.dim:
-            det.heads = cfg["num_attention_heads"]
+        heads, hidden = _hf_config_shape(cfg)
+        if isinstance(heads, int) and hidden == det.dim:
+            det.heads = heads
             ckpt.extra["config.json"] = str(cfg_path)
     arch = ckpt.obj.get("arch") if isinstance(ckpt.obj, Mapping) else None
     if det.layout.name == "timm-vit" and isinstance(arch, str):
@@ -186,6 +186,13 @@ def _shape_hints(ckpt: Checkpoint) -> None:
         if heads:
             det.heads = heads
             ckpt.extra["arch"] = arch
+
+
+def _hf_config_shape(cfg: Any) -> Tuple[Any, Any]:
+    """``(heads, hidden size)`` from a Hugging Face ``config.json`` (GPT-2 spells them ``n_head``, ``n_embd``)."""
+    if not isinstance(cfg, dict):
+        return None, None
+    return cfg.get("num_attention_heads", cfg.get("n_head")), cfg.get("hidden_size", cfg.get("n_embd"))
 
 
 def _timm_arch_heads(arch: str, dim: int) -> Optional[int]:
@@ -232,17 +239,18 @@ def describe_state_dict(sd: Mapping, det: Detected, heads: Optional[int] = None,
     ``[layers, heads, 2]`` when known). JSON-able."""
     from structinit.analysis.quality import closest_offsets, measure
     from structinit.geometry.embedding import layer_norm, sincos
-    from structinit.geometry.targets import impulse_columns
+    from structinit.geometry.targets import causal_mask, impulse_columns
     from structinit.init.inject import read_qk
     from structinit.init.pos_embed import pe_kind
 
     grid, heads = resolve_shape(det, heads, grid)
     x = layer_norm(sincos(grid, det.dim))
+    mask = causal_mask(grid, bool(det.layout.causal))  # a decoder (GPT-2) sees only the past
     layers = []
     for slot in det.slots:
         q, k = read_qk(sd, slot, heads)
-        offs = offsets[slot.index] if offsets is not None else closest_offsets(x, q, k, grid)
-        got = measure(x, q, k, impulse_columns(grid, offs))
+        offs = offsets[slot.index] if offsets is not None else closest_offsets(x, q, k, grid, mask)
+        got = measure(x, q, k, impulse_columns(grid, offs), mask)
         layers.append({"layer": slot.index, "offsets": np.asarray(offs).tolist(), **got.layer_row(),
                        "q_norm": float(got.q_norm.mean()), "k_norm": float(got.k_norm.mean())})
     out = det.summary()

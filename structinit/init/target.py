@@ -21,7 +21,8 @@ def is_module(target) -> bool:
 
 
 def model_grid(model) -> Grid:
-    """Token grid of a timm-style model (``patch_embed.grid_size``)."""
+    """Token grid of a timm-style model (``patch_embed.grid_size``: ``(H, W)`` for images, ``(L,)``
+    for a sequence model such as structinit's ``transformer-1d``)."""
     try:
         return Grid(tuple(int(g) for g in model.patch_embed.grid_size))
     except (AttributeError, TypeError):
@@ -113,6 +114,12 @@ class AttentionTarget:
     @property
     def layout(self) -> str:
         return self.det.layout.name
+
+    @property
+    def causal(self):
+        """Whether the model masks later tokens: ``True`` (a decoder such as GPT-2), ``False`` (none),
+        ``None`` (the layout does not tell, e.g. ``nn.MultiheadAttention``, whose mask is an argument)."""
+        return self.det.layout.causal
 
     @property
     def slots(self):

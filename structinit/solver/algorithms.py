@@ -6,7 +6,9 @@ signature ``solver(x, targets, head_dim, heads, generator, **params) -> (q, k)``
 - ``x: [L, N, D]`` the pseudo input of each layer,
 - ``targets: [L, H, N, N]`` the impulse targets (rows with no impulse are all zero),
 - ``q, k: [L, H, D, d]`` so that head ``h`` of layer ``l`` attends with
-  ``softmax(x q (x k)^T / sqrt(d))``.
+  ``softmax(x q (x k)^T / sqrt(d))``,
+- ``mask`` (keyword, optional): bool ``[N, N]``, the keys each query may see (a causal decoder's
+  mask); the attention that is fitted, calibrated and measured is then the masked one.
 
 Recipes (``RECIPES``):
 
@@ -46,7 +48,7 @@ def _uniform_init(shape, head_dim: int, heads: int, generator: torch.Generator, 
     return w.to(device)
 
 
-def _adam_mse(x, targets, head_dim, heads, generator, iters, lr, norm_every=0, progress=None):
+def _adam_mse(x, targets, head_dim, heads, generator, iters, lr, norm_every=0, progress=None, mask=None):
     """Adam on the per-head MSE (summed over heads, so each head sees its own Algorithm 1)."""
     L, H, N, _ = targets.shape
     D = x.shape[-1]
@@ -62,7 +64,7 @@ def _adam_mse(x, targets, head_dim, heads, generator, iters, lr, norm_every=0, p
                 q.mul_(ref_norm / q.norm(dim=-2, keepdim=True))  # columns of Q (norm over D)
                 k.mul_(ref_norm / k.norm(dim=-1, keepdim=True))  # rows of K, i.e. columns of K^T
         opt.zero_grad(set_to_none=True)
-        attn = torch.softmax(attention_logits(xb, q, k), dim=-1)
+        attn = torch.softmax(attention_logits(xb, q, k, mask), dim=-1)
         loss = ((attn - targets) ** 2).mean(dim=(-1, -2)).sum()
         loss.backward()
         opt.step()
@@ -71,14 +73,15 @@ def _adam_mse(x, targets, head_dim, heads, generator, iters, lr, norm_every=0, p
     return q.detach(), k.detach()
 
 
-def solve_paper(x, targets, head_dim, heads, generator, iters=10000, lr=1e-4, progress=None):
+def solve_paper(x, targets, head_dim, heads, generator, iters=10000, lr=1e-4, progress=None, mask=None):
     """Algorithm 1 as the paper states it. See the module docstring for shapes."""
-    return _adam_mse(x, targets, head_dim, heads, generator, iters, lr, 0, progress)
+    return _adam_mse(x, targets, head_dim, heads, generator, iters, lr, 0, progress, mask)
 
 
-def solve_released(x, targets, head_dim, heads, generator, iters=10000, lr=1e-4, norm_every=100, progress=None):
+def solve_released(x, targets, head_dim, heads, generator, iters=10000, lr=1e-4, norm_every=100, progress=None,
+                   mask=None):
     """Algorithm 1 with the released code's periodic norm reset. See the module docstring."""
-    return _adam_mse(x, targets, head_dim, heads, generator, iters, lr, norm_every, progress)
+    return _adam_mse(x, targets, head_dim, heads, generator, iters, lr, norm_every, progress, mask)
 
 
 def lowrank_logit_fit(x: torch.Tensor, logits: torch.Tensor, head_dim: int, ridge: float = 0.0,
@@ -114,13 +117,13 @@ def mass_logit_gap(target_mass: float, n: int) -> float:
     return math.log(target_mass * (n - 1) / (1 - target_mass))
 
 
-def calibrate_temperature(x, q, k, targets, target_mass: float, steps: int = 50):
-    """Scale each head's ``q, k`` by one scalar so its mean target mass equals ``target_mass``.
-
-    Bisection on ``log`` of the logit scale, batched over all heads; returns the scaled q, k.
+def calibrate_temperature(x, q, k, targets, target_mass: float, steps: int = 50, mask=None):
+    """Scale each head's ``q, k`` by one scalar so its mean target mass equals ``target_mass``
+    (under ``mask`` when given). Bisection on ``log`` of the logit scale, batched over all heads;
+    returns the scaled q, k.
     """
     xb = x.unsqueeze(1).to(q.dtype)
-    base = attention_logits(xb, q, k)  # [L, H, N, N]
+    base = attention_logits(xb, q, k, mask)  # [L, H, N, N]
     has = targets.sum(-1) > 0
     tcol = targets.argmax(-1, keepdim=True)
     rows = has.sum(-1).clamp(min=1)
@@ -140,7 +143,7 @@ def calibrate_temperature(x, q, k, targets, target_mass: float, steps: int = 50)
     return q * root, k * root
 
 
-def solve_fast(x, targets, head_dim, heads, generator, target_mass=0.3, ridge=1e-5, progress=None):
+def solve_fast(x, targets, head_dim, heads, generator, target_mass=0.3, ridge=1e-5, progress=None, mask=None):
     """Closed-form low-rank logit fit + per-head temperature calibration. See the module docstring."""
     n = targets.shape[-1]
     if not (1.0 / n < target_mass < 1.0):
@@ -148,12 +151,14 @@ def solve_fast(x, targets, head_dim, heads, generator, target_mass=0.3, ridge=1e
     gap = mass_logit_gap(min(target_mass, 0.999), n)
     centred = targets.double() - targets.double().mean(-1, keepdim=True)
     q, k = lowrank_logit_fit(x, gap * centred, head_dim, ridge=ridge)
-    q, k = calibrate_temperature(x.double(), q, k, targets, target_mass)
+    q, k = calibrate_temperature(x.double(), q, k, targets, target_mass, mask=mask)
     return q.float(), k.float()
 
 
-def solve_closed_form(x, targets, head_dim, heads, generator, logit=10.0, noise_std=1.0, qk_scale=7.0, progress=None):
-    """The authors' later pseudo-inverse + SVD construction. See the module docstring."""
+def solve_closed_form(x, targets, head_dim, heads, generator, logit=10.0, noise_std=1.0, qk_scale=7.0, progress=None,
+                      mask=None):
+    """The authors' later pseudo-inverse + SVD construction. See the module docstring (``mask``
+    changes nothing here: hidden logits are simply never seen)."""
     noise = torch.randn(targets.shape, generator=generator, dtype=torch.float64).clamp_(-2, 2) * noise_std
     logits = torch.where(targets.cpu() > 0, torch.full_like(noise, logit), noise).to(x.device)
     q, k = lowrank_logit_fit(x, logits, head_dim)

@@ -18,7 +18,7 @@ import numpy as np
 
 from structinit.errors import UsageError, param
 from structinit.geometry.embedding import pseudo_input
-from structinit.geometry.targets import draw_offsets, impulse_targets
+from structinit.geometry.targets import causal_mask, draw_offsets, impulse_targets
 from structinit.runtime import check_device, check_threads, resolve_device, set_threads
 from structinit.solver.artifact import Artifact, write_artifact
 from structinit.solver.cache import check_cache_dir, find_cached, key_lock, user_cache_dir
@@ -57,19 +57,22 @@ def compute(config: SolveConfig, device: str = "auto", progress: Optional[Callab
     # Layers that get their own solve: all of them, or (shared) the first and, if its pseudo input
     # differs, one more for every following layer (the released code's behaviour).
     solved = list(range(L)) if not config.share else ([0, 1] if rest is not None and L > 1 else [0])
-    offsets_solved = draw_offsets(config.filter, H, len(solved), config.seed, config.offset_order)
+    offsets_solved = draw_offsets(config.filter, H, len(solved), config.seed, config.offset_order,
+                                  ndim=config.grid.ndim, causal=config.causal)
     x_np = np.stack([rest if (i > 0 and rest is not None) else first for i in solved])
     x = torch.from_numpy(x_np).to(dev)
     targets = torch.from_numpy(impulse_targets(config.grid, offsets_solved, config.padding)).to(dev)
     gen = torch.Generator().manual_seed(config.seed)
+    mask = causal_mask(config.grid, config.causal)
+    masked = {} if mask is None else {"mask": torch.from_numpy(mask).to(dev)}  # a causal decoder's mask
     t0 = time.perf_counter()
-    q, k = SOLVERS[config.recipe](x, targets, config.head_dim, H, gen, progress=progress, **config.params)
+    q, k = SOLVERS[config.recipe](x, targets, config.head_dim, H, gen, progress=progress, **masked, **config.params)
     if dev.startswith("cuda"):
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     # Shared solves: layer 0 uses the first solve, every following layer the last one.
     index = np.array([min(i, len(solved) - 1) for i in range(L)]) if config.share else np.arange(L)
-    quality = measure(x, q, k, targets_to_columns(targets)).select(index)
+    quality = measure(x, q, k, targets_to_columns(targets), masked.get("mask")).select(index)
     q, k = q.cpu().numpy(), k.cpu().numpy()
     stats = {"layers": quality.to_stats(), "summary": quality.summary(), "seconds": seconds,
              "device": torch.cuda.get_device_name(dev) if dev.startswith("cuda") else "cpu"}
