@@ -76,7 +76,7 @@ LAYOUTS: Tuple[Layout, ...] = (
            r"^(?P<block>(?P<model>(?:.*\.)?)blocks\.(?P<layer>\d+)\.)attn\.qkv\.weight$",
            "attn.qkv.weight", "attn.qkv.weight", "attn.qkv.weight",
            "attn.qkv.bias", "attn.qkv.bias", "attn.qkv.bias", "attn.proj.weight",
-           pos_embed="pos_embed", prefix_tokens=("cls_token", "reg_token")),
+           pos_embed="pos_embed", prefix_tokens=("cls_token", "reg_token"), causal=None),
     Layout("hf-vit", "Hugging Face transformers ViT/DeiT (separate query/key/value)",
            r"^(?P<block>(?P<model>(?:.*\.)?)encoder\.layer\.(?P<layer>\d+)\.)attention\.attention\.query\.weight$",
            "attention.attention.query.weight", "attention.attention.key.weight", "attention.attention.value.weight",

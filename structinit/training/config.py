@@ -29,7 +29,7 @@ DATASET_HPARAMS: Dict[str, Dict[str, Any]] = {
     "synthetic": dict(epochs=10, batch_size=64, warmup_epochs=1, opt_eps=1e-8),
     "imagefolder": dict(epochs=300, batch_size=256, weight_decay=0.05, warmup_epochs=20),
     # MNIST-1D: 4000 sequences of 40 values; chosen on a 500-sequence validation split (docs/results/mnist1d).
-    "mnist1d": dict(epochs=30, batch_size=64, warmup_epochs=2, opt_eps=1e-8),
+    "mnist1d": dict(epochs=20, batch_size=64, warmup_epochs=2, opt_eps=1e-8),
 }
 #: Per-model-family changes (the paper's Table 4: ConvMixer at lr 0.01 for 100 epochs).
 MODEL_HPARAMS: Dict[str, Dict[str, Any]] = {"convmixer": dict(lr=0.01, epochs=100)}
