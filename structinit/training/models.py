@@ -105,14 +105,13 @@ class ModelConfig:
         if family == "cnn-1d" and self.filters != "trained":
             raise UsageError(f"{param('filters')} applies to ConvMixer presets only")
         if family not in ("convmixer", "cnn-1d") and (self.kernel is not None or self.filters != "trained"):
-            raise UsageError(f"{param('kernel')} and {param('filters')} apply to ConvMixer presets (and "
-                             f"{param('kernel')} to cnn-1d) only")
+            raise UsageError(f"{param('kernel')} and {param('filters')} apply to ConvMixer presets only "
+                             f"({param('kernel')} also to cnn-1d)")
         if family == "transformer-1d" and self.pool not in (None, "avg"):
             raise UsageError(f"transformer-1d pools by averaging its tokens; {param('pool')} {self.pool} needs a "
                              "ViT preset")
         if family not in ("vit", "transformer-1d") and (self.pool is not None or self.pos_embed is not None):
-            raise UsageError(f"{param('pool')} and {param('pos_embed')} apply to ViT presets (and transformer-1d) "
-                             "only")
+            raise UsageError(f"{param('pool')} and {param('pos_embed')} apply to ViT presets only")
         if family in ("convmixer", "cnn-1d") and (self.heads is not None or self.mlp_ratio is not None):
             raise UsageError(f"{param('heads')} and {param('mlp_ratio')} do not apply to {self.name}")
         if self.window is not None and family != "transformer-1d":
