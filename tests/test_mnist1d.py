@@ -153,18 +153,26 @@ def test_train_on_mnist1d_through_the_cli(tmp_path, cli_process):
     out = tmp_path / "run"
     r = cli_process("train", "--model", "transformer-1d", "--dataset", "mnist1d", "--init", "impulse", "-p",
                     "filter=5", "-p", "mimetic_vproj=true", "--dim", "32", "--depth", "2", "--heads", "4",
-                    "--epochs", "2", "--val-size", "500", "--threads", "1", "--out", out, "--json",
-                    env={"OMP_NUM_THREADS": "1"})
+                    "--epochs", "3", "--val-size", "500", "--train-size", "1500", "--lr", "3e-3", "--threads", "1",
+                    "--out", out, "--json", env={"OMP_NUM_THREADS": "1"}, timeout=900)
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
-    assert summary["epochs"] == 2 and summary["final_acc"] > 20  # chance is 10%
+    assert summary["epochs"] == 3 and summary["final_acc"] > 20  # chance is 10%
     assert summary["best_epoch"]["selected_on"] == "val"
     config = json.loads((out / "config.json").read_text())
-    assert config["resolved"]["model"]["grid"] == [40] and config["resolved"]["train_images"] == 3500
+    assert config["resolved"]["model"]["grid"] == [40] and config["resolved"]["train_images"] == 1500
     real = config["init_report"]["data_attention"]
     assert real["samples"] == 256 and len(real["layers"]) == 2 and 0 < real["hit_rate"] <= 1
     assert "impulse attention at init on 256 training inputs" in r.stderr
-    cnn = cli_process("train", "--model", "cnn-1d", "--dataset", "mnist1d", "--shuffle-seq", "--epochs", "1",
-                      "--dim", "16", "--threads", "1", "--json", env={"OMP_NUM_THREADS": "1"})
+    # The checkpoint tells apply/inspect its sequence grid and heads.
+    plan = cli_process("apply", out / "checkpoint.pt", "--method", "mimetic", "--dry-run", "--json", timeout=900)
+    assert plan.returncode == 0, plan.stderr
+    plan = json.loads(plan.stdout)
+    assert plan["grid"] == [40] and plan["heads"] == 4 and plan["layout"] == "timm-vit"
+    desc = cli_process("inspect", out / "best.pt", "--json", timeout=900)
+    assert desc.returncode == 0 and json.loads(desc.stdout)["grid"] == [40], desc.stderr
+    cnn = cli_process("train", "--model", "cnn-1d", "--dataset", "mnist1d", "--shuffle-seq", "--epochs", "2",
+                      "--train-size", "1000", "--dim", "16", "--threads", "1", "--json", env={"OMP_NUM_THREADS": "1"},
+                      timeout=900)
     assert cnn.returncode == 0, cnn.stderr
     assert json.loads(cnn.stdout)["final_acc"] > 15

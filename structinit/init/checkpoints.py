@@ -166,10 +166,18 @@ def load_checkpoint(path: os.PathLike) -> Checkpoint:
     return ckpt
 
 
+#: Entry of a checkpoint written by ``structinit train``: ``{"grid": [...], "heads": H}``, the token grid
+#: (one side for a sequence) and heads the weights alone do not tell.
+SHAPE_KEY = "shape"
+
+
 def _shape_hints(ckpt: Checkpoint) -> None:
-    """Heads from what the file or its folder tells: a Hugging Face ``config.json`` beside it, or
-    the ``arch`` of a timm training checkpoint (looked up in timm's registry, no weights)."""
+    """Heads (and a sequence's grid) from what the file or its folder tells: the ``shape`` entry of
+    a ``structinit train`` checkpoint, a Hugging Face ``config.json`` beside it, or the ``arch`` of a
+    timm training checkpoint (looked up in timm's registry, no weights)."""
     det = ckpt.detected
+    if _structinit_shape(ckpt):
+        return
     if det.layout.name.startswith("hf-"):
         cfg_path = ckpt.path.parent / "config.json"
         try:
@@ -186,6 +194,33 @@ def _shape_hints(ckpt: Checkpoint) -> None:
         if heads:
             det.heads = heads
             ckpt.extra["arch"] = arch
+
+
+def _structinit_shape(ckpt: Checkpoint) -> bool:
+    """Apply the ``shape`` entry of a ``structinit train`` checkpoint when it fits the weights."""
+    from structinit.errors import UsageError
+    from structinit.geometry.grid import Grid
+
+    shape = ckpt.obj.get(SHAPE_KEY) if isinstance(ckpt.obj, Mapping) else None
+    det = ckpt.detected
+    if not isinstance(shape, Mapping):
+        return False
+    try:
+        grid = Grid(shape.get("grid"))
+    except UsageError:
+        return False
+    heads = shape.get("heads")
+    pos_rows = None
+    if det.pos_key is not None:
+        pos_shape = tuple(getattr(ckpt.state_dicts[0][1][det.pos_key], "shape", ()))
+        pos_rows = pos_shape[-2] - det.prefix_tokens if len(pos_shape) >= 2 else None
+    if pos_rows is not None and pos_rows != grid.tokens:
+        return False
+    if isinstance(heads, int) and heads > 0 and det.dim % heads == 0:
+        det.heads = heads
+    det.grid = grid
+    ckpt.extra["shape"] = {"grid": list(grid), "heads": det.heads}
+    return True
 
 
 def _hf_config_shape(cfg: Any) -> Tuple[Any, Any]:

@@ -420,6 +420,8 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
             loss, correct, count = dist_.all_reduce_sum(ctx, evaluate(model, chunks, autocast, dev)).tolist()
             return loss / max(count, 1), 100.0 * correct / max(count, 1)
 
+        # What apply/inspect cannot read off the weights (see structinit.init.checkpoints.SHAPE_KEY).
+        shape = {"grid": list(arch["grid"]), "heads": arch.get("heads")}
         sc = StepContext(net=net, opt=opt, trainable=trainable, autocast=autocast, grad_clip=float(hp["grad_clip"]),
                          criterion=torch.nn.CrossEntropyLoss(label_smoothing=float(hp["label_smoothing"])),
                          scaler=scaler)
@@ -458,7 +460,7 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
             metrics.append(record)
             if run is not None and ctx.main:
                 run.append_metrics(record)
-                state = {"state_dict": model.state_dict(), "epoch": epoch + 1, "arch": config.model,
+                state = {"state_dict": model.state_dict(), "epoch": epoch + 1, "arch": config.model, "shape": shape,
                          "args": config.to_dict(), "optimizer": opt.state_dict(),
                          "scaler": scaler.state_dict() if scaler is not None else None, "metrics": metrics,
                          "best_acc": best_acc, "best_score": best_score, "best_epoch": best_epoch, "best_on": best_on,
@@ -467,6 +469,7 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
                                  "cuda": torch.cuda.get_rng_state() if device.startswith("cuda") else None}}
                 if improved:
                     run.save_best({"state_dict": state["state_dict"], "epoch": epoch + 1, "arch": config.model,
+                                   "shape": shape,
                                    "args": config.to_dict(), "test_acc": best_acc, "selected_on": best_on})
                 run.save_checkpoint(state)
             if on_epoch and ctx.main:
