@@ -45,7 +45,7 @@ class _CreatesFile:
 
 
 def test_layout_table_is_one_table_with_the_documented_names():
-    assert [l.name for l in LAYOUTS] == ["timm-vit", "hf-vit", "hf-vit-v5", "torch-mha"]
+    assert [l.name for l in LAYOUTS] == ["timm-vit", "hf-vit", "hf-vit-v5", "hf-bert", "hf-gpt2", "torch-mha"]
 
 
 def test_detects_timm_shape_and_prefixes():

@@ -612,7 +612,8 @@ def _examples(path):
 
 def _example_inputs(folder: Path):
     """The files the examples name: a 6-layer ViT with 3 heads (vit.pth), one with a learned
-    position embedding (learned.pth), an nn.MultiheadAttention state dict (mha.pt)."""
+    position embedding (learned.pth), an nn.MultiheadAttention state dict (mha.pt), a small BERT
+    and GPT-2 with 12 heads (bert.pt, gpt2.pt)."""
     import timm
 
     from structinit.init.pos_embed import set_sincos_pos_embed
@@ -626,6 +627,12 @@ def _example_inputs(folder: Path):
                           num_classes=10)
     torch.save(m.state_dict(), folder / "learned.pth")
     torch.save(torch.nn.MultiheadAttention(32, 4, batch_first=True).state_dict(), folder / "mha.pt")
+    from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
+
+    small = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=12, intermediate_size=96, vocab_size=50)
+    torch.save(BertModel(BertConfig(**small)).state_dict(), folder / "bert.pt")  # 512 positions
+    torch.save(GPT2LMHeadModel(GPT2Config(n_embd=48, n_layer=2, n_head=12, vocab_size=50)).state_dict(),
+               folder / "gpt2.pt")  # 1024 positions
 
 
 def _commands():

@@ -426,7 +426,7 @@ def test_write_sincos_on_model_and_state_dict_alike(tmp_path):
     new = torch.load(rep["output"], weights_only=True)["pos_embed"]
     assert torch.allclose(new[0, 1:], 2.0 * table) and torch.equal(new[0, 0], torch.full((DIM,), 5.0))
     assert rep["pos_embed_replaced"] == "pos_embed" and rep["pe_scale"] == 2.0 and rep["set_pe"] == "sincos"
-    assert pe_kind(new, GRID) == "sincos x2" and pe_kind(new[0], GRID) == "sincos x2"
+    assert pe_kind(new, GRID) == "sincos x2" and pe_kind(new[0, 1:], GRID) == "sincos x2"
     assert pe_kind(torch.from_numpy(sincos(GRID, DIM)), GRID) == "sincos"
     assert pe_kind(-torch.from_numpy(sincos(GRID, DIM)), GRID) == "other"
     assert pe_kind(torch.randn(17, DIM), GRID) == "other"

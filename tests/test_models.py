@@ -9,6 +9,7 @@ from structinit.training.models import (
     FILTERS,
     OTHER_PRESETS,
     PRESETS,
+    SEQUENCE_PRESETS,
     VIT_PRESETS,
     ModelConfig,
     build_model,
@@ -152,4 +153,4 @@ def test_bad_shapes_are_usage_errors():
 
 
 def test_every_preset_is_listed():
-    assert set(PRESETS) == set(VIT_PRESETS) | set(OTHER_PRESETS)
+    assert set(PRESETS) == set(VIT_PRESETS) | set(OTHER_PRESETS) | set(SEQUENCE_PRESETS)

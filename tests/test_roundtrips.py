@@ -111,7 +111,8 @@ def test_each_layer_was_solved_on_its_pseudo_input_with_its_offsets(name, tmp_pa
         assert art.layer_input(0) is art.pseudo_input
         assert all(art.layer_input(l) is art.pseudo_input_rest for l in range(1, cfg.layers))
     solved = cfg.layers if not cfg.share else (2 if cfg.pseudo_input_rest and cfg.layers > 1 else 1)
-    drawn = draw_offsets(cfg.filter, cfg.heads, solved, cfg.seed, cfg.offset_order)
+    drawn = draw_offsets(cfg.filter, cfg.heads, solved, cfg.seed, cfg.offset_order, ndim=cfg.grid.ndim,
+                         causal=cfg.causal)
     for l in range(cfg.layers):
         src = min(l, solved - 1)
         assert np.array_equal(art.offsets[l], drawn[src]), l

@@ -61,7 +61,7 @@ def test_boundary_values_that_are_allowed():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(init_params={"filter": 3}), "init_params needs init"),
-    (dict(model="convmixer-256", init="impulse"), "init applies to the ViT presets; convmixer-256 keeps its own"),
+    (dict(model="convmixer-256", init="impulse"), "the ViT presets and transformer-1d; convmixer-256 keeps"),
     (dict(init="impulse", init_params={"nope": 1}), "has no parameter nope"),
     (dict(init="xavier"), "unknown init method init 'xavier'"),
     (dict(device="tpu"), "unknown device 'tpu'"),

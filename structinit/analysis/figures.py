@@ -62,11 +62,14 @@ def attention_figure(attn: np.ndarray, grid, query: int, offsets: Optional[np.nd
     with a white square, the impulse target with a red circle) and the full ``N x N`` attention
     matrix (bottom; rows are queries). ``attn: [heads, N, N]``, ``offsets: [heads, 2]``.
 
-    Each panel has its own colour bar (attention weight, 0 to the panel's maximum)."""
+    Each panel has its own colour bar (attention weight, 0 to the panel's maximum). A sequence
+    (a 1-D grid) is drawn by :func:`band_figure`."""
     from matplotlib.figure import Figure
 
     from structinit.geometry.grid import Grid
 
+    if Grid(grid).ndim == 1:
+        return band_figure(attn, query, offsets, title, padding)
     heads, n, _ = attn.shape
     gh, gw = Grid(grid).hw
     qy, qx = divmod(int(query), gw)
@@ -99,4 +102,64 @@ def attention_figure(attn: np.ndarray, grid, query: int, offsets: Optional[np.nd
         bottom.set_ylabel("query token")
         bottom.set_title(f"head {h}: {n} x {n} attention", fontsize=9)
         fig.colorbar(im2, ax=bottom, shrink=0.8, label="attention weight")
+    return fig
+
+
+def band_figure(attn: np.ndarray, query: int, offsets: Optional[np.ndarray] = None, title: str = "attention",
+                padding: str = "zero", reach: Optional[int] = None):
+    """1-D attention, one column per head: the query token's attention over the sequence (top; the
+    query a dashed grey line, the impulse target a red circle) and the attention of every query as a
+    band (bottom): row ``q`` shows the attention on keys ``q + r`` for relative positions ``r`` in
+    ``-reach .. reach`` (default: 8, or more to hold every offset), so an impulse filter is a bright
+    column at its offset ``dx``, marked by dashed red lines. ``attn: [heads, L, L]``,
+    ``offsets: [heads, 2]`` as ``(0, dx)``. Each band has a colour bar (attention weight, 0 to its
+    maximum); keys outside the sequence are blank (with ``circular`` padding they wrap around)."""
+    from matplotlib.figure import Figure
+
+    heads, n, _ = attn.shape
+    dxs = [int(o[-1]) for o in offsets] if offsets is not None else []
+    reach = int(reach or max([8] + [abs(d) + 2 for d in dxs]))
+    reach = max(1, min(reach, n - 1))
+    rel = np.arange(-reach, reach + 1)
+    queries = np.arange(n)
+    keys = queries[:, None] + rel[None, :]
+    if padding == "circular":
+        keys, inside = keys % n, np.ones(keys.shape, dtype=bool)
+    else:
+        inside = (keys >= 0) & (keys < n)
+    fig = Figure(figsize=(3.6 * heads, 7.0), layout="constrained")
+    axes = fig.subplots(2, heads, squeeze=False, gridspec_kw={"height_ratios": [1, 2]})
+    fig.suptitle(f"{title}\ntop: the attention of query token {query} (dashed line) over the sequence, its impulse "
+                 "target circled red; bottom: every query's attention by relative position key - query (the band), "
+                 "the head's offset between dashed red lines (blank: keys outside the sequence)", fontsize=10)
+    positions = np.arange(n)
+    for h in range(heads):
+        top, bottom = axes[0, h], axes[1, h]
+        top.bar(positions, attn[h, query], width=1.0, color="tab:blue")
+        top.axvline(query, color="grey", linestyle="--", linewidth=1)
+        head_title = f"head {h}"
+        dx = dxs[h] if dxs else None
+        if dx is not None:
+            head_title += f", offset dx={dx:+d}"
+            target = query + dx
+            if padding == "circular":
+                target %= n
+            if 0 <= target < n:
+                top.plot(target, attn[h, query, target], marker="o", markersize=10, markerfacecolor="none",
+                         markeredgecolor="red", markeredgewidth=2)
+        top.set_title(head_title, fontsize=9)
+        top.set_xlim(-0.5, n - 0.5)
+        top.set_ylim(0, max(float(attn[h, query].max()) * 1.15, 1e-12))
+        top.set_xlabel("key position")
+        top.set_ylabel("attention weight")
+        band = np.where(inside, attn[h][queries[:, None], np.clip(keys, 0, n - 1)], np.nan)
+        im = bottom.imshow(band, cmap=CMAP, vmin=0, vmax=max(float(np.nanmax(band)), 1e-12), aspect="auto",
+                           interpolation="nearest", extent=(-reach - 0.5, reach + 0.5, n - 0.5, -0.5))
+        if dx is not None:
+            for edge in (dx - 0.5, dx + 0.5):
+                bottom.axvline(edge, color="red", linestyle="--", linewidth=1)
+        bottom.set_xlabel("relative position (key - query)")
+        bottom.set_ylabel("query position")
+        bottom.set_title(f"head {h}: the band, {2 * reach + 1} relative positions", fontsize=9)
+        fig.colorbar(im, ax=bottom, shrink=0.8, label="attention weight")
     return fig

@@ -22,17 +22,27 @@ import numpy as np
 MEASURES = ("mse", "hit_rate", "target_mass", "q_norm", "k_norm")
 
 
-def attention_logits(x, q, k):
-    """Scaled logits ``x q (x k)^T / sqrt(d)``: ``[..., N, N]`` (torch tensors)."""
+def attention_logits(x, q, k, mask=None):
+    """Scaled logits ``x q (x k)^T / sqrt(d)``: ``[..., N, N]`` (torch tensors). ``mask``: bool
+    ``[N, N]`` of the keys each query may see (a decoder's causal mask; ``None``: all); hidden
+    entries are ``-inf``."""
     d = q.shape[-1]
-    return (x @ q) @ (x @ k).transpose(-1, -2) / math.sqrt(d)
+    logits = (x @ q) @ (x @ k).transpose(-1, -2) / math.sqrt(d)
+    if mask is not None:
+        import torch
+
+        allowed = torch.as_tensor(np.asarray(mask) if not isinstance(mask, torch.Tensor) else mask,
+                                  device=logits.device)
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    return logits
 
 
-def attention_maps(x, q, k):
-    """Attention ``softmax(x q (x k)^T / sqrt(d))``: ``[..., N, N]`` (float32 torch tensors)."""
+def attention_maps(x, q, k, mask=None):
+    """Attention ``softmax(x q (x k)^T / sqrt(d))``: ``[..., N, N]`` (float32 torch tensors); see
+    :func:`attention_logits` for ``mask``."""
     import torch
 
-    return torch.softmax(attention_logits(x.float(), q.float(), k.float()), dim=-1)
+    return torch.softmax(attention_logits(x.float(), q.float(), k.float(), mask), dim=-1)
 
 
 def targets_to_columns(targets):
@@ -121,9 +131,10 @@ def _row_chunks(n: int, budget: int = CHUNK_BYTES):
     return [(i, min(i + step, n)) for i in range(0, n, step)]
 
 
-def _head_quality(x, q, k, cols) -> Dict[str, float]:
+def _head_quality(x, q, k, cols, mask=None) -> Dict[str, float]:
     """``mse``, ``hit_rate``, ``target_mass`` of one head (``x: [N, D]``, ``q, k: [D, d]``,
-    ``cols: [N]``), row chunk by row chunk: never more than a chunk of the ``N x N`` map at once."""
+    ``cols: [N]``, ``mask``: bool ``[N, N]`` or ``None``), row chunk by row chunk: never more than
+    a chunk of the ``N x N`` map at once."""
     import torch
 
     n = x.shape[0]
@@ -132,7 +143,10 @@ def _head_quality(x, q, k, cols) -> Dict[str, float]:
     has = cols >= 0
     sq = on = hits = 0.0
     for a, b in _row_chunks(n):
-        attn = torch.softmax((xq[a:b] @ xk.transpose(0, 1)) * scale, dim=-1)
+        logits = (xq[a:b] @ xk.transpose(0, 1)) * scale
+        if mask is not None:
+            logits = logits.masked_fill(~mask[a:b], float("-inf"))
+        attn = torch.softmax(logits, dim=-1)
         c = cols[a:b]
         on_t = attn.gather(-1, c.clamp(min=0).unsqueeze(-1)).squeeze(-1) * has[a:b]
         sq += float((attn.double() ** 2).sum())
@@ -142,10 +156,11 @@ def _head_quality(x, q, k, cols) -> Dict[str, float]:
     return {"mse": (sq - 2 * on + int(has.sum())) / (n * n), "hit_rate": hits / rows, "target_mass": on / rows}
 
 
-def measure(x, q, k, columns) -> Quality:
+def measure(x, q, k, columns, mask=None) -> Quality:
     """:class:`Quality` of ``q, k: [L, H, D, d]`` on inputs ``x: [L, N, D]`` against target columns
     ``[L, H, N]``. NumPy arrays or torch tensors; one layer may be given as ``x: [N, D]``,
-    ``q, k: [H, D, d]``, ``columns: [H, N]``. Small maps are measured at once; large ones (over
+    ``q, k: [H, D, d]``, ``columns: [H, N]``. ``mask``: bool ``[N, N]`` visible keys (a causal
+    decoder's mask), ``None`` for none. Small maps are measured at once; large ones (over
     :data:`DENSE_BYTES`) head by head in row chunks, so memory stays ``O(N)`` per row."""
     import torch
 
@@ -155,16 +170,18 @@ def measure(x, q, k, columns) -> Quality:
         x, q, k, cols = x.unsqueeze(0), q.unsqueeze(0), k.unsqueeze(0), cols.unsqueeze(0)
     L, H, n = q.shape[0], q.shape[1], x.shape[-2]
     if L * H * n * n * 4 <= DENSE_BYTES:
-        attn = attention_maps(x.unsqueeze(1).to(q.device), q, k)
+        attn = attention_maps(x.unsqueeze(1).to(q.device), q, k, mask)
         got = attention_quality(attn, cols.to(attn.device))
         got = {m: v.detach().double().cpu().numpy() for m, v in got.items()}
     else:
+        if mask is not None:
+            mask = torch.as_tensor(np.asarray(mask) if not isinstance(mask, torch.Tensor) else mask, device=q.device)
         got = {m: np.zeros((L, H)) for m in ("mse", "hit_rate", "target_mass")}
         xs = x.float().to(q.device)
         for l in range(L):
             for h in range(H):
                 cell = _head_quality(xs[l if xs.shape[0] > 1 else 0], q[l, h].float(), k[l, h].float(),
-                                     cols[l, h].to(q.device))
+                                     cols[l, h].to(q.device), mask)
                 for m, v in cell.items():
                     got[m][l, h] = v
     got["q_norm"] = column_norms(q).detach().double().cpu().numpy()
@@ -172,10 +189,10 @@ def measure(x, q, k, columns) -> Quality:
     return Quality(**{m: np.asarray(got[m], dtype=np.float64) for m in MEASURES})
 
 
-def closest_offsets(x, q, k, grid) -> np.ndarray:
+def closest_offsets(x, q, k, grid, mask=None) -> np.ndarray:
     """Per head, the impulse offset ``(dy, dx)`` its attention follows most on input ``x: [N, D]``
-    (``q, k: [H, D, d]``): the most common displacement from each query token to its argmax key.
-    int32 ``[H, 2]``."""
+    (``q, k: [H, D, d]``): the most common displacement from each query token to its argmax key
+    (among the keys ``mask`` lets it see). int32 ``[H, 2]``."""
     import torch
 
     from structinit.geometry.grid import Grid
@@ -184,9 +201,16 @@ def closest_offsets(x, q, k, grid) -> np.ndarray:
     x, q, k = x.float(), q.float(), k.float()
     xq, xk = x @ q, x @ k  # [H, N, d]
     n, heads = x.shape[0], q.shape[0]
+    if mask is not None:
+        mask = torch.as_tensor(np.asarray(mask) if not isinstance(mask, torch.Tensor) else mask, device=xq.device)
     step = max(1, CHUNK_BYTES // (4 * n * heads))
-    arg = np.concatenate([(xq[:, a:a + step] @ xk.transpose(-1, -2)).argmax(-1).cpu().numpy()
-                          for a in range(0, n, step)], axis=1)  # [H, N]
+    chunks = []
+    for a in range(0, n, step):
+        logits = xq[:, a:a + step] @ xk.transpose(-1, -2)
+        if mask is not None:
+            logits = logits.masked_fill(~mask[a:a + step], float("-inf"))
+        chunks.append(logits.argmax(-1).cpu().numpy())
+    arg = np.concatenate(chunks, axis=1)  # [H, N]
     h, w = Grid(grid).hw
     qy, qx = np.divmod(np.arange(h * w), w)
     out = np.zeros((arg.shape[0], 2), dtype=np.int32)
@@ -205,8 +229,14 @@ def artifact_attention(artifact, layer: int, query=None) -> np.ndarray:
     (NumPy), or only the rows of ``query`` (an int or a list of token indices): ``[heads, Q, N]``."""
     import torch
 
+    from structinit.geometry.targets import causal_mask
+
     x = torch.from_numpy(artifact.layer_input(layer))
     q, k = torch.from_numpy(artifact.q[layer]), torch.from_numpy(artifact.k[layer])
     rows = x if query is None else x[torch.as_tensor(np.atleast_1d(query))]
     logits = (rows @ q) @ (x @ k).transpose(-1, -2) / math.sqrt(q.shape[-1])
+    mask = causal_mask(artifact.config.grid, artifact.config.causal)
+    if mask is not None:
+        visible = torch.from_numpy(mask if query is None else mask[np.atleast_1d(query)])
+        logits = logits.masked_fill(~visible, float("-inf"))
     return torch.softmax(logits.float(), dim=-1).numpy()

@@ -80,8 +80,13 @@ def query_attention_text(artifact, layer: int, head: int, query: int) -> str:
     inside = 0 <= ty < gh and 0 <= tx < gw
     if artifact.config.padding == "circular":
         ty, tx, inside = ty % gh, tx % gw, True
-    head_line = (f"layer {layer} head {head} query token {query} (y={qy}, x={qx}), offset ({dy},{dx}) -> "
-                 + (f"target (y={ty}, x={tx}) gets {attn[ty, tx]:.3f}" if inside else "target outside the grid"))
-    rows = heatmap(attn, [(qy, qx, "Q")])
-    scale = f"shades '{SHADES}' from 0 to max {attn.max():.3f}; Q marks the query"
+    if artifact.config.grid.ndim == 1:
+        head_line = (f"layer {layer} head {head} query position {query}, offset dx={dx:+d} -> "
+                     + (f"target position {tx} gets {attn[ty, tx]:.3f}" if inside else "target outside the sequence"))
+    else:
+        head_line = (f"layer {layer} head {head} query token {query} (y={qy}, x={qx}), offset ({dy},{dx}) -> "
+                     + (f"target (y={ty}, x={tx}) gets {attn[ty, tx]:.3f}" if inside else "target outside the grid"))
+    marks = [(qy, qx, "Q")] + ([(ty, tx, "T")] if inside and (ty, tx) != (qy, qx) else [])
+    rows = heatmap(attn, marks)
+    scale = f"shades '{SHADES}' from 0 to max {attn.max():.3f}; Q marks the query, T its impulse target"
     return "\n".join([head_line, *rows, scale])

@@ -11,7 +11,7 @@ from typing import List, Optional
 import typer
 
 from structinit import __version__
-from structinit.cli import apply, bench, inspect, solve, train
+from structinit.cli import apply, bench, exactness, inspect, solve, train
 from structinit.cli.common import handle_errors
 
 HELP = ("Convolutional structure for transformers through initialization alone: solve Q/K so that each "
@@ -42,6 +42,8 @@ def build_app() -> typer.Typer:
     bench_app = typer.Typer(help="Benchmarks: the solver recipes side by side.", no_args_is_help=True,
                             rich_markup_mode=None)
     bench_app.command("solver", epilog=bench.SOLVER_EXAMPLES)(handle_errors(bench.bench_solver, solve.ALIASES))
+    bench_app.command("exactness", epilog=exactness.EXAMPLES)(handle_errors(exactness.bench_exactness,
+                                                                            {"padding": "--paddings"}))
     app.add_typer(bench_app, name="bench")
     return app
 

@@ -17,17 +17,21 @@ EXAMPLES = examples(
     'structinit apply vit.pth --heads 3 --method mimetic --dry-run',
     'structinit apply learned.pth --heads 3 --fit-pe     # solve for its learned position embedding',
     'structinit apply mha.pt --heads 4 --grid 8x8 --in-place --json',
+    'structinit apply bert.pt --heads 12 --filter 5 --set-pe sincos  # a sequence of 512 (the position table)',
+    'structinit apply gpt2.pt --heads 12 --filter 3 --causal --set-pe sincos --grid 256 --out gpt2-imp.pt',
 )
 
 #: Flags that only the impulse method takes: flag -> init parameter.
 IMPULSE_FLAGS = {"--filter": "filter", "--recipe": "recipe", "--target-mass": "target_mass",
                  "--recipe-param": "recipe_params", "--artifact": "artifact", "--share": "share",
-                 "--offsets": "offset_order", "--mimetic-vproj": "mimetic_vproj", "--fit-pe": "fit_pe"}
+                 "--offsets": "offset_order", "--mimetic-vproj": "mimetic_vproj", "--fit-pe": "fit_pe",
+                 "--causal": "causal", "--padding": "padding"}
 
 
 def apply(
-    ckpt: Annotated[Path, typer.Argument(help="Checkpoint file: timm ViT, Hugging Face ViT/DeiT or "
-                                         "nn.MultiheadAttention; .pt/.pth/.bin or .safetensors.")],
+    ckpt: Annotated[Path, typer.Argument(help="Checkpoint file: timm ViT, Hugging Face ViT/DeiT, BERT-style "
+                                         "encoder or GPT-2, or nn.MultiheadAttention; .pt/.pth/.bin or "
+                                         ".safetensors.")],
     method: Annotated[str, typer.Option("--method", help="impulse, mimetic, kaiming or trunc-normal.")] = "impulse",
     init_param: Annotated[List[str], typer.Option("--init-param", "-p", help="Init parameter NAME=VALUE (repeatable), "
                                                   "e.g. alpha1=0.5 for mimetic.")] = [],  # noqa: B006
@@ -50,13 +54,17 @@ def apply(
     fit_pe: Annotated[Optional[bool], typer.Option("--fit-pe", help="impulse: solve Q/K for the position embedding "
                                                    "the checkpoint has (e.g. a learned one) instead of the sin-cos "
                                                    "table.", show_default=False)] = None,
+    causal: Annotated[Optional[bool], typer.Option("--causal", help="impulse, sequences: offsets only in the past "
+                                                   "(needed for a decoder such as GPT-2).", show_default=False)] = None,
+    padding: Annotated[Optional[str], typer.Option("--padding", help="impulse: zero or circular.",
+                                                   show_default="zero")] = None,
     layers: Annotated[str, typer.Option("--layers", help="Layers to initialize: all, or 0-based indices and ranges "
                                         "such as 0-3,6 or 6- (from 6 on).")] = "all",
     heads: Annotated[Optional[int], typer.Option("--heads", help="Heads per layer, when the checkpoint does not "
                                                  "tell.")] = None,
     grid: GridOpt = None,
     set_pe: Annotated[Optional[str], typer.Option("--set-pe", help="Also write the fixed position embedding: "
-                                                  "sincos.")] = None,
+                                                  "sincos (1-D on sequence models).")] = None,
     pe_scale: Annotated[Optional[float], typer.Option("--pe-scale", help="Scale of the --set-pe embedding (positive).",
                                                       show_default="1")] = None,
     seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the offsets and random draws.")] = 0,
@@ -88,7 +96,8 @@ def apply(
     use_threads(threads)
     given = {"--filter": filter_size, "--recipe": recipe, "--target-mass": target_mass,
              "--recipe-param": parse_assignments(recipe_param, "recipe_params") or None, "--artifact": artifact,
-             "--share": share, "--offsets": offsets, "--mimetic-vproj": mimetic_vproj, "--fit-pe": fit_pe}
+             "--share": share, "--offsets": offsets, "--mimetic-vproj": mimetic_vproj, "--fit-pe": fit_pe,
+             "--causal": causal, "--padding": padding}
     given = {flag: value for flag, value in given.items() if value is not None}
     if given and method != "impulse":
         flags = ", ".join(given)

@@ -43,12 +43,14 @@ CacheDir = Annotated[Optional[Path], typer.Option(
 Seed = Annotated[int, typer.Option("--seed", min=0, help="Seed of offsets, noise and random draws.")]
 Tokens = Annotated[Optional[int], typer.Option("--tokens", "-n", help="Tokens N of a square grid (a perfect square).",
                                                show_default="256 when --grid is not given")]
-GridOpt = Annotated[Optional[str], typer.Option("--grid", help="Token grid: HxW (an image) or L (a sequence).")]
+GridOpt = Annotated[Optional[str], typer.Option("--grid", help="Token grid: HxW (an image) or L (a sequence of L "
+                                                              "tokens).")]
 Dim = Annotated[int, typer.Option("--dim", help="Embedding dimension D (divisible by heads, and by 4 on 2-D grids).")]
 Heads = Annotated[int, typer.Option("--heads", help="Attention heads per layer.")]
 Depth = Annotated[int, typer.Option("--depth", "--layers",
                                     help="Attention layers, each with its own offsets and solve.")]
-Filter = Annotated[int, typer.Option("--filter", "-f", help="Impulse filter size f (offsets from the f x f window).")]
+Filter = Annotated[int, typer.Option("--filter", "-f", help="Impulse filter size f (offsets from the f x f window; "
+                                                            "on a sequence, from f positions).")]
 Recipe = Annotated[str, typer.Option("--recipe", "-r", help="Solver recipe: fast, paper, released or closed-form.")]
 TargetMass = Annotated[Optional[float], typer.Option(
     "--target-mass", help="fast recipe: mean attention on the target token, in (1/N, 1); lower is softer.",
@@ -56,6 +58,8 @@ TargetMass = Annotated[Optional[float], typer.Option(
 Offsets = Annotated[str, typer.Option("--offsets", help="Offset order: random (a draw per head) or centre "
                                                         "(centre first: 4,1,5,3,7,... for f=3).")]
 Padding = Annotated[str, typer.Option("--padding", help="zero (the paper's) or circular (wrap-around).")]
+Causal = Annotated[bool, typer.Option("--causal", help="Sequences: offsets only in the past (the current and f-1 "
+                                                       "earlier tokens), for a decoder's causal mask.")]
 Share = Annotated[bool, typer.Option("--share", help="Solve once and reuse it for every layer (the released code's "
                                                      "default).")]
 Out = Annotated[Optional[Path], typer.Option("--out", "-o", help="Where to write.", parser=path_arg, metavar="PATH")]

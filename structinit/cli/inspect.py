@@ -139,8 +139,7 @@ def _show_artifact(path: Path, layer: int, head: int, query: Optional[int], png:
 
         target = check_output(png, force)
         png = str(target)
-        title = (f"structinit artifact {art.key}: layer {layer} of {cfg.layers}, {cfg.grid.describe()} grid, "
-                 f"dim {cfg.dim}, {cfg.heads} heads, recipe {cfg.recipe}")
+        title = f"structinit artifact {art.key}: layer {layer} of {cfg.layers}, {cfg.describe()}"
         save_png(attention_figure(artifact_attention(art, layer), cfg.grid, query, art.offsets[layer], title,
                                   cfg.padding), target, force=force)
     if json_out:

@@ -9,6 +9,7 @@ from typing_extensions import Annotated
 
 from structinit.cli.common import (
     CacheDir,
+    Causal,
     Depth,
     Device,
     Dim,
@@ -33,6 +34,8 @@ EXAMPLES = examples(
     'structinit solve --tokens 256 --dim 192 --heads 3 --filter 3',
     'structinit solve --grid 14x14 --dim 768 --heads 12 --depth 12 --target-mass 0.5 --json',
     'structinit solve --tokens 64 --dim 64 --heads 4 --recipe released --share --depth 4 --iters 500',
+    'structinit solve --grid 40 --dim 64 --heads 4 --filter 5 --depth 4      # a sequence of 40 tokens',
+    'structinit solve --grid 1024 --dim 768 --heads 12 --filter 3 --causal   # a decoder (GPT-2 sized)',
 )
 
 #: Library parameter -> flag, where the two differ.
@@ -69,6 +72,7 @@ def solve(
     pseudo_input_rest: Annotated[Optional[str], typer.Option("--pseudo-input-rest", help="Pseudo input of the layers "
                                                              "after the first.", show_default="same")] = None,
     padding: Padding = "zero",
+    causal: Causal = False,
     offsets: Offsets = "random",
     seed: Seed = 0,
     device: Device = "auto",
@@ -91,7 +95,7 @@ def solve(
     config = SolveConfig(grid=parse_grid(tokens, grid), dim=dim, heads=heads, filter=filter_size, layers=layers,
                          share=share, recipe=recipe, params={k: v for k, v in overrides.items() if v is not None},
                          pseudo_input=pseudo_input, pseudo_input_rest=pseudo_input_rest, padding=padding,
-                         offset_order=offsets, seed=seed)
+                         offset_order=offsets, seed=seed, causal=causal)
     with Progress(f"solving {config.recipe}", enabled=not json_out) as bar:
         result = run_solve(config, cache_dir=cache_dir, device=device, force=force, progress=bar,
                            warn=lambda msg: bar.log(f"warning: {msg}"), threads=threads)
@@ -104,5 +108,5 @@ def solve(
     typer.echo(f"artifact  {art.path}")
     typer.echo(f"key       {art.key}  ({how})")
     typer.echo(f"config    {art.config.describe()} ({params}), pseudo input {art.config.pseudo_input}, "
-               f"{art.config.padding} padding, seed {art.config.seed}")
+               f"{art.config.padding} padding{', causal mask' if art.config.causal else ''}, seed {art.config.seed}")
     typer.echo(quality_table(art.quality, art.offsets))

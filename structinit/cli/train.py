@@ -17,6 +17,8 @@ EXAMPLES = examples(
     'structinit train --dataset digits --train-size 250 --val-size 300 --init mimetic --epochs 2 --json',
     'structinit train --dataset digits --init impulse -p filter=5 -p target_mass=0.5 -p mimetic_vproj=true --epochs 2',
     'structinit train --model convmixer-256 --kernel 3 --filters box --dataset synthetic --epochs 1 --dim 64',
+    'structinit train --model transformer-1d --dataset mnist1d --init impulse -p filter=5 --epochs 1 --out runs/m1',
+    'structinit train --model cnn-1d --dataset mnist1d --shuffle-seq --epochs 1 --out runs/m1-cnn-shuffled',
     'torchrun --standalone --nproc_per_node=2 -m structinit train --dataset synthetic --epochs 1 --out runs/ddp',
 )
 
@@ -57,13 +59,16 @@ def train(
     ctx: typer.Context,
     model: Annotated[str, Opt("--model", help="Preset: vit-t, vit-t-h8, vit-s, vit-s-h16, vit-d8, vit-digits, "
                               "vit-t-cls, vit-t-learned-pe, vit-t-cls-learned-pe, convit, convmixer-256, "
-                              "convmixer-512.")] = "vit-digits",
+                              "convmixer-512; for sequences transformer-1d or cnn-1d.")] = "vit-digits",
     dataset: Annotated[str, Opt("--dataset", help="digits, synthetic, cifar10, cifar100, svhn or "
-                                "imagefolder.")] = "digits",
+                                "imagefolder; mnist1d (sequences).")] = "digits",
+    shuffle_seq: Annotated[bool, Opt("--shuffle-seq", help="mnist1d: permute the positions of every sequence the "
+                                     "same way (the check that a gain comes from locality).")] = False,
     out: Out = None,
     resume: Annotated[bool, Opt("--resume", help="Continue the run in --out from its last checkpoint (start it if "
                                 "there is none).")] = False,
-    init: Annotated[Optional[str], Opt("--init", help="ViT init method: kaiming, trunc-normal, mimetic or impulse.",
+    init: Annotated[Optional[str], Opt("--init", help="Attention init method (ViTs, transformer-1d): kaiming, "
+                                       "trunc-normal, mimetic or impulse.",
                                        show_default="timm's own")] = None,
     init_param: Annotated[List[str], Opt("--init-param", "-p", help="Init parameter NAME=VALUE (repeatable), e.g. "
                                          "filter=5, target_mass=0.3, mimetic_vproj=true.")] = [],  # noqa: B006
@@ -89,7 +94,10 @@ def train(
     pool: Annotated[Optional[str], Opt("--pool", help="ViT pooling: avg or token (class token).")] = None,
     pos_embed: Annotated[Optional[str], Opt("--pos-embed", help="ViT position embedding: sincos (fixed) or "
                                             "learned.")] = None,
-    kernel: Annotated[Optional[int], Opt("--kernel", help="ConvMixer depthwise kernel size.")] = None,
+    kernel: Annotated[Optional[int], Opt("--kernel", help="ConvMixer depthwise kernel size; cnn-1d kernel "
+                                         "size.")] = None,
+    window: Annotated[Optional[int], Opt("--window", help="transformer-1d: values each token embeds (odd; 1: one "
+                                         "value per position).", show_default="1")] = None,
     filters: Annotated[str, Opt("--filters", help="ConvMixer depthwise filters: trained, or frozen random, impulse "
                                 "or box.")] = "trained",
     drop_path: Annotated[float, Opt("--drop-path", help="Stochastic depth rate.")] = 0.0,
@@ -140,7 +148,8 @@ def train(
     fields = dict(
         model=model, dataset=dataset, out=str(out) if out is not None else None, resume=resume, dim=dim, heads=heads,
         depth=depth, patch=patch, mlp_ratio=mlp_ratio, pool=pool, pos_embed=pos_embed, kernel=kernel, filters=filters,
-        drop_path=drop_path, init=init, init_params=parse_assignments(init_param),
+        drop_path=drop_path, window=window, shuffle_seq=shuffle_seq, init=init,
+        init_params=parse_assignments(init_param),
         data_dir=str(data_dir) if data_dir is not None else None, download=download, image_size=image_size,
         augment=augment, train_size=train_size, val_size=val_size, data_seed=data_seed, epochs=epochs,
         batch_size=batch_size, lr=lr, min_lr=min_lr, weight_decay=weight_decay, warmup_epochs=warmup_epochs,

@@ -71,6 +71,9 @@ def parse_grid(tokens: Optional[int] = None, grid: Optional[str] = None) -> Grid
         if not (m1 or m2):
             raise UsageError(f"{param('grid')} must look like HxW (e.g. 16x16) or L (a sequence), got {grid!r}")
         g = Grid((int(m2.group(1)), int(m2.group(2))) if m2 else (int(text),))
+        if tokens is not None and g.ndim == 1:
+            raise UsageError(f"{param('tokens')} gives a square image grid; a sequence is {param('grid')} L alone "
+                             f"(got {param('tokens')} {tokens} with {param('grid')} {g.describe()})")
         if tokens is not None and tokens != g.tokens:
             raise UsageError(f"{param('tokens')} {tokens} does not match {param('grid')} {g.describe()} "
                              f"({g.tokens} tokens)")
@@ -103,5 +106,7 @@ def validate_shape(grid: Grid, dim: int, heads: int, filter_size: int, layers: i
         raise UsageError(f"{param('dim')} {dim} must be divisible by {multiple} (the {grid.ndim}-D sin-cos "
                          "position embedding)")
     if filter_size > min(grid):
+        if grid.ndim == 1:
+            raise UsageError(f"{param('filter')} {filter_size} is longer than the sequence of {grid[0]} tokens")
         raise UsageError(f"{param('filter')} {filter_size} is larger than the {grid.describe()} grid")
     return dim // heads

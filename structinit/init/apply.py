@@ -133,9 +133,12 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
     ckpt = load_checkpoint(path)
     det = ckpt.detected
     heads = heads if heads is not None else det.heads  # the file's hints (HF config.json, timm arch)
+    if grid is None and "shape" in ckpt.extra:  # a structinit train checkpoint tells its grid (a sequence's too)
+        grid = det.grid
     views = [AttentionTarget(sd, Grid(grid) if grid is not None else None, heads, layers,
                              need_grid=spec.needs_grid or set_pe is not None) for _, sd in ckpt.state_dicts]
     first = views[0]
+    spec.check_target(first)
     if set_pe is not None and det.pos_key is None:
         raise UsageError(f"{param('set_pe')}: the {det.layout.name} checkpoint has no position embedding")
     if output_format(target) == "safetensors":
@@ -153,6 +156,8 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
     }
     if set_pe:
         plan["pos_embed_replaced"] = det.pos_key
+    if spec.method == "impulse" and spec.artifact is None and first.grid is not None:
+        spec.solve_config(first.grid, first.dim, first.heads, first.depth, seed)  # refuses impossible settings first
     if spec.method == "impulse" and set_pe is None:
         spec.check_embedding(first)  # a learned embedding needs set_pe or fit_pe: refuse before any work
     if dry_run:

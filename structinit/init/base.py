@@ -112,6 +112,10 @@ class InitSpec:
 
         return [label(p) for p in (slot.q, slot.k, slot.q_bias, slot.k_bias) if p is not None]
 
+    def check_target(self, target) -> None:
+        """Raise :class:`UsageError` if the method cannot be applied to ``target`` as it is (called
+        before anything is solved or written; the default accepts every target)."""
+
     def apply(self, target, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
         """Write the initialization into ``target`` (an :class:`~structinit.init.target.AttentionTarget`)
         and return a JSON-able report."""

@@ -176,7 +176,7 @@ def load_checkpoint(path: os.PathLike) -> Checkpoint:
     obj, fmt, meta = read_object(path)
     found = find_state_dicts(obj)
     if not found:
-        raise CheckpointError(f"{path}: unknown checkpoint layout (no timm, Hugging Face ViT or "
+        raise CheckpointError(f"{path}: unknown checkpoint layout (no timm, Hugging Face ViT/BERT/GPT-2 or "
                               f"nn.MultiheadAttention attention weights); keys seen: {_keys_seen(obj)}")
     first = found[0][2]
     for where, _, det in found[1:]:
@@ -189,19 +189,27 @@ def load_checkpoint(path: os.PathLike) -> Checkpoint:
     return ckpt
 
 
+#: Entry of a checkpoint written by ``structinit train``: ``{"grid": [...], "heads": H}``, the token grid
+#: (one side for a sequence) and heads the weights alone do not tell.
+SHAPE_KEY = "shape"
+
+
 def _shape_hints(ckpt: Checkpoint) -> None:
-    """Heads from what the file or its folder tells: a Hugging Face ``config.json`` beside it, or
-    the ``arch`` of a timm training checkpoint (looked up in timm's registry, no weights)."""
+    """Heads (and a sequence's grid) from what the file or its folder tells: the ``shape`` entry of
+    a ``structinit train`` checkpoint, a Hugging Face ``config.json`` beside it, or the ``arch`` of a
+    timm training checkpoint (looked up in timm's registry, no weights)."""
     det = ckpt.detected
+    if _structinit_shape(ckpt):
+        return
     if det.layout.name.startswith("hf-"):
         cfg_path = ckpt.path.parent / "config.json"
         try:
             cfg = json.loads(cfg_path.read_text())
         except (OSError, ValueError):
             cfg = None
-        heads = cfg.get("num_attention_heads") if isinstance(cfg, dict) else None
-        if isinstance(heads, int) and cfg.get("hidden_size") == det.dim:
-            det.heads = cfg["num_attention_heads"]
+        heads, hidden = _hf_config_shape(cfg)
+        if isinstance(heads, int) and hidden == det.dim:
+            det.heads = heads
             ckpt.extra["config.json"] = str(cfg_path)
     arch = ckpt.obj.get("arch") if isinstance(ckpt.obj, Mapping) else None
     if det.layout.name == "timm-vit" and isinstance(arch, str):
@@ -209,6 +217,40 @@ def _shape_hints(ckpt: Checkpoint) -> None:
         if heads:
             det.heads = heads
             ckpt.extra["arch"] = arch
+
+
+def _structinit_shape(ckpt: Checkpoint) -> bool:
+    """Apply the ``shape`` entry of a ``structinit train`` checkpoint when it fits the weights."""
+    from structinit.errors import UsageError
+    from structinit.geometry.grid import Grid
+
+    shape = ckpt.obj.get(SHAPE_KEY) if isinstance(ckpt.obj, Mapping) else None
+    det = ckpt.detected
+    if not isinstance(shape, Mapping):
+        return False
+    try:
+        grid = Grid(shape.get("grid"))
+    except UsageError:
+        return False
+    heads = shape.get("heads")
+    pos_rows = None
+    if det.pos_key is not None:
+        pos_shape = tuple(getattr(ckpt.state_dicts[0][1][det.pos_key], "shape", ()))
+        pos_rows = pos_shape[-2] - det.prefix_tokens if len(pos_shape) >= 2 else None
+    if pos_rows is not None and pos_rows != grid.tokens:
+        return False
+    if isinstance(heads, int) and heads > 0 and det.dim % heads == 0:
+        det.heads = heads
+    det.grid = grid
+    ckpt.extra["shape"] = {"grid": list(grid), "heads": det.heads}
+    return True
+
+
+def _hf_config_shape(cfg: Any) -> Tuple[Any, Any]:
+    """``(heads, hidden size)`` from a Hugging Face ``config.json`` (GPT-2 spells them ``n_head``, ``n_embd``)."""
+    if not isinstance(cfg, dict):
+        return None, None
+    return cfg.get("num_attention_heads", cfg.get("n_head")), cfg.get("hidden_size", cfg.get("n_embd"))
 
 
 def _timm_arch_heads(arch: str, dim: int) -> Optional[int]:
@@ -280,7 +322,7 @@ def describe_state_dict(sd: Mapping, det: Detected, heads: Optional[int] = None,
     LayerNorm'd sin-cos table when it has none; ``measured_on`` says which. JSON-able."""
     from structinit.analysis.quality import closest_offsets, measure
     from structinit.geometry.embedding import layer_norm, sincos
-    from structinit.geometry.targets import impulse_columns
+    from structinit.geometry.targets import causal_mask, impulse_columns
     from structinit.init.inject import read_qk
     from structinit.init.target import AttentionTarget
 
@@ -292,11 +334,12 @@ def describe_state_dict(sd: Mapping, det: Detected, heads: Optional[int] = None,
         x, measured_on = own, f"{det.pos_key} ({kind}), LayerNorm'd"
     else:
         x, measured_on = layer_norm(sincos(grid, det.dim)), "the LayerNorm'd sin-cos table (no position embedding)"
+    mask = causal_mask(grid, bool(det.layout.causal))  # a decoder (GPT-2) sees only the past
     layers = []
     for slot in det.slots:
         q, k = read_qk(sd, slot, heads)
-        offs = offsets[slot.index] if offsets is not None else closest_offsets(x, q, k, grid)
-        got = measure(x, q, k, impulse_columns(grid, offs))
+        offs = offsets[slot.index] if offsets is not None else closest_offsets(x, q, k, grid, mask)
+        got = measure(x, q, k, impulse_columns(grid, offs), mask)
         layers.append({"layer": slot.index, "offsets": np.asarray(offs).tolist(), **got.layer_row(),
                        "q_norm": float(got.q_norm.mean()), "k_norm": float(got.k_norm.mean())})
     out = det.summary()

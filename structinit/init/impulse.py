@@ -40,6 +40,17 @@ def check_artifact(artifact, grid: Grid, dim: int, heads: int, layers: Sequence[
         raise UsageError(f"the {param('artifact')} has {c.layers} layers but layer {max(layers)} was asked for")
 
 
+def check_causal(target, causal: bool) -> None:
+    """Raise :class:`UsageError` when causal offsets meet a model that attends both ways, or
+    non-causal ones a decoder that masks later tokens (``target.causal``; ``None`` accepts both)."""
+    if target.causal is True and not causal:
+        raise UsageError(f"the {target.layout} model attends only to earlier tokens (a causal mask); pass "
+                         f"{param('causal')} so that every offset lies in the past")
+    if target.causal is False and causal:
+        raise UsageError(f"{param('causal')} solves for a decoder's causal mask, but the {target.layout} model "
+                         "attends in both directions")
+
+
 @dataclass(frozen=True)
 class ImpulseInit(InitSpec):
     """Impulse init's parameters.
@@ -47,8 +58,9 @@ class ImpulseInit(InitSpec):
     Solve settings (see :class:`~structinit.solver.config.SolveConfig`): ``filter``, ``recipe``,
     ``target_mass`` (the ``fast`` recipe's softness: mean attention on the target token),
     ``recipe_params`` (any other recipe parameter, e.g. ``{"iters": 2000}``), ``share``,
-    ``offset_order``, ``padding``, ``pseudo_input``, ``pseudo_input_rest``; or ``artifact`` (a path
-    or cache key) to use a solved one. ``mimetic_vproj`` also sets V/proj as mimetic init does
+    ``offset_order``, ``padding``, ``causal`` (sequences: offsets only in the past, for a decoder's
+    causal mask), ``pseudo_input``, ``pseudo_input_rest``; or ``artifact`` (a path or cache key) to
+    use a solved one. ``mimetic_vproj`` also sets V/proj as mimetic init does
     (``alpha2``, ``beta2``). ``pe_scale`` (models only) writes the sin-cos position embedding times
     it (a learned embedding stays learnable, starting from the table). ``fit_pe`` solves Q/K for
     the position embedding the model or checkpoint has (LayerNorm'd, prefix-token rows dropped; a
@@ -83,6 +95,7 @@ class ImpulseInit(InitSpec):
     pe_scale: Optional[float] = None
     fit_pe: bool = False
     tolerance: float = 0.02
+    causal: bool = False
 
     def validate(self) -> None:
         from structinit.solver.artifact import Artifact
@@ -122,6 +135,15 @@ class ImpulseInit(InitSpec):
     def planned(self, slot) -> List[str]:
         return super().planned(slot) + (vproj_keys(slot) if self.mimetic_vproj else [])
 
+    def check_target(self, target) -> None:
+        """A decoder that masks later tokens (GPT-2) needs causal offsets; a model known to attend
+        both ways (BERT) must not get them (they were solved under a mask it does not apply). An
+        artifact given by path or key is checked once it is read (in :meth:`apply`)."""
+        if self.artifact is None:
+            check_causal(target, self.causal)
+        elif hasattr(self.artifact, "config"):
+            check_causal(target, self.artifact.config.causal)
+
     def solve_config(self, grid, dim: int, heads: int, depth: int, seed: int = 0, embedding=None):
         """The :class:`~structinit.solver.config.SolveConfig` for a model of this shape (fitted to
         position ``embedding [N, D]`` when given)."""
@@ -133,7 +155,7 @@ class ImpulseInit(InitSpec):
         return SolveConfig(grid=grid, dim=dim, heads=heads, filter=self.filter, layers=depth, share=self.share,
                            recipe=self.recipe, params=params, pseudo_input=self.pseudo_input,
                            pseudo_input_rest=self.pseudo_input_rest, padding=self.padding,
-                           offset_order=self.offset_order, seed=seed,
+                           offset_order=self.offset_order, seed=seed, causal=self.causal,
                            pos_embed=embedding_digest(embedding) if embedding is not None else None)
 
     def artifact_for(self, t, seed: int = 0, cache_dir=None, device: str = "cpu", progress=None):
@@ -153,9 +175,9 @@ class ImpulseInit(InitSpec):
                 if embedding is None:
                     raise UsageError(f"impulse parameter {param('fit_pe')}: the {t.layout} target has no position "
                                      "embedding to fit")
-            else:
+            config = self.solve_config(t.grid, t.dim, t.heads, t.depth, seed, embedding)  # refuses bad settings
+            if not self.fit_pe:
                 self.check_embedding(t)
-            config = self.solve_config(t.grid, t.dim, t.heads, t.depth, seed, embedding)
             result = solve(config, cache_dir=cache_dir, device=device, progress=progress, embedding=embedding)
             art, cached = result.artifact, result.cached
         self.check_embedding(t, art)
@@ -195,7 +217,7 @@ class ImpulseInit(InitSpec):
         import torch
 
         from structinit.analysis.quality import measure
-        from structinit.geometry.targets import impulse_columns
+        from structinit.geometry.targets import causal_mask, impulse_columns
         from structinit.init.inject import read_qk, write_qk, write_vproj
         from structinit.init.pos_embed import set_sincos_pos_embed
 
@@ -213,6 +235,8 @@ class ImpulseInit(InitSpec):
             self.check_embedding(t, artifact)
         art = artifact
         check_artifact(art, t.grid, t.dim, t.heads, t.layers)
+        check_causal(t, art.config.causal)
+        mask = causal_mask(art.config.grid, art.config.causal)
         own = t.own_input()
         measured_on = (f"{t.pos_key} ({t.pos_embed_kind()}), LayerNorm'd" if own is not None
                        else f"the artifact's pseudo input ({art.config.pseudo_input}; the target has no position "
@@ -228,7 +252,7 @@ class ImpulseInit(InitSpec):
                 keys += write_vproj(t.sd, slot, w_v, w_p)
             rq, rk = read_qk(t.sd, slot, t.heads)
             cols = impulse_columns(art.config.grid, art.offsets[src], art.config.padding)
-            placed = measure(art.layer_input(src), rq, rk, cols)
+            placed = measure(art.layer_input(src), rq, rk, cols, mask)
             if src < len(solved):
                 for name in ("hit_rate", "target_mass"):
                     want = float(np.mean([h[name] for h in solved[src]]))
@@ -238,7 +262,7 @@ class ImpulseInit(InitSpec):
                             f"layer {slot.index}: the written weights give {name} {got:.3f} but the solve has "
                             f"{want:.3f}; the Q/K rows were not placed as the layout expects")
             same = own is None or np.allclose(own, art.layer_input(src), atol=1e-5)
-            got = placed if same else measure(own, rq, rk, cols)
+            got = placed if same else measure(own, rq, rk, cols, mask)
             row = {"layer": slot.index, "replaced": keys, "offsets": art.offsets[src].tolist(), **got.layer_row(),
                    "solved": {m: float(getattr(placed, m).mean()) for m in ("hit_rate", "target_mass")}}
             rows.append(row)

@@ -3,7 +3,9 @@
 Convention: a projection weight is an ``nn.Linear`` weight ``[out, in]`` applied as
 ``x @ W^T``; for head ``h`` rows ``h*d:(h+1)*d`` of the q block are ``Q_h^T`` and the same rows of
 the k block are ``K_h^T``, where ``Q_h, K_h: [D, d]`` and head ``h`` attends with
-``softmax(x Q_h (x K_h)^T / sqrt(d))``. Per-head arrays are ``[heads, D, d]``.
+``softmax(x Q_h (x K_h)^T / sqrt(d))``. Per-head arrays are ``[heads, D, d]``. A *transposed*
+part (GPT-2's ``Conv1D``, stored ``[in, out]`` and applied as ``x @ W``) is read and written
+through the same row view: its columns are transposed on the way in and out.
 
 Writes go into the state dict's tensors in place, under ``torch.no_grad()``, cast to each tensor's
 own dtype and device, touching only the rows named by the slot; a ``model.state_dict()`` shares
@@ -33,15 +35,21 @@ def rows_to_heads(rows: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def read_part(sd: Mapping, part: Part) -> torch.Tensor:
-    """The rows of ``part`` as float32 (a copy)."""
-    return sd[part.key][part.start:part.stop].detach().to("cpu", torch.float32).clone()
+    """The rows of ``part`` as float32 (a copy); a transposed part's columns, transposed to rows."""
+    t = sd[part.key]
+    block = t[:, part.start:part.stop].T if part.transposed else t[part.start:part.stop]
+    return block.detach().to("cpu", torch.float32).clone()
 
 
 def write_part(sd: MutableMapping, part: Part, value: torch.Tensor) -> None:
-    """Write ``value`` into the rows of ``part``, in the tensor's own dtype and device."""
+    """Write ``value`` (rows) into the rows of ``part`` (the columns of a transposed part), in the
+    tensor's own dtype and device."""
     t = sd[part.key]
     with torch.no_grad():
-        t[part.start:part.stop].copy_(value.to(device=t.device, dtype=t.dtype))
+        if part.transposed:
+            t[:, part.start:part.stop].copy_(value.T.to(device=t.device, dtype=t.dtype))
+        else:
+            t[part.start:part.stop].copy_(value.to(device=t.device, dtype=t.dtype))
 
 
 def read_qk(sd: Mapping, slot: AttnSlot, heads: int):
@@ -72,17 +80,26 @@ def write_vproj(sd: MutableMapping, slot: AttnSlot, w_v: torch.Tensor, w_proj: t
     if slot.proj is None:
         raise StructinitError(f"layer {slot.index}: no output projection found ({slot.block}...)")
     write_part(sd, slot.v, torch.as_tensor(w_v).T)
-    write_part(sd, Part(slot.proj, 0, sd[slot.proj].shape[0]), torch.as_tensor(w_proj).T)
+    write_part(sd, proj_part(sd, slot), torch.as_tensor(w_proj).T)
     return [label(slot.v), slot.proj]
+
+
+def proj_part(sd: Mapping, slot: AttnSlot) -> Part:
+    """The whole output projection of ``slot`` as a :class:`Part` (transposed for Conv1D layouts)."""
+    axis = 1 if slot.transposed else 0
+    return Part(slot.proj, 0, sd[slot.proj].shape[axis], transposed=slot.transposed)
 
 
 def read_vproj(sd: Mapping, slot: AttnSlot):
     """``(W_V, W_proj)`` float32 ``[D, D]`` in the ``x @ W`` convention."""
     w_v = read_part(sd, slot.v).T
-    w_p = sd[slot.proj].detach().to("cpu", torch.float32).T if slot.proj else None
+    w_p = read_part(sd, proj_part(sd, slot)).T if slot.proj else None
     return w_v, w_p
 
 
 def label(part: Part) -> str:
-    """``key[start:stop]``: how reports name the rows a write touched."""
+    """``key[start:stop]`` (``key[:, start:stop]`` for a transposed part): how reports name the rows a
+    write touched."""
+    if part.transposed:
+        return f"{part.key}[:, {part.start}:{part.stop}]"
     return f"{part.key}[{part.start}:{part.stop}]"

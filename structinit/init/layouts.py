@@ -1,9 +1,11 @@
-"""Where the attention weights of a ViT live in a state dict: one small table of layouts.
+"""Where the attention weights of a transformer live in a state dict: one small table of layouts.
 
 Every layout names, relative to one attention layer's key prefix, the tensors that hold its query,
 key and value projections (``nn.Linear`` weights ``[out, in]``: fused ``[3D, D]`` with rows
-``q, k, v``, or three separate ``[D, D]``), their biases, the output projection, and, relative to
-the model's prefix, the position embedding and the prefix (class/register) tokens.
+``q, k, v``, or three separate ``[D, D]``; or, for ``transposed`` layouts, ``Conv1D`` weights
+``[in, out]`` applied as ``x @ W``: fused ``[D, 3D]`` with columns ``q, k, v``), their biases, the
+output projection, and, relative to the model's prefix, the position embedding and the prefix
+(class/register) tokens.
 
 - ``timm-vit`` (timm VisionTransformer): ``{model}blocks.{i}.attn.qkv.weight``, fused q/k/v;
   position embedding ``{model}pos_embed [1, prefix + N, D]``.
@@ -11,8 +13,18 @@ the model's prefix, the position embedding and the prefix (class/register) token
   separate q/k/v; position embedding ``{model}embeddings.position_embeddings``.
 - ``hf-vit-v5`` (transformers 5, in memory): ``{model}layers.{i}.attention.q_proj.weight``, separate q/k/v;
   position embedding ``{model}embeddings.position_embeddings``.
+- ``hf-bert`` (Hugging Face BERT-style encoders): ``{model}encoder.layer.{i}.attention.self.query.weight``,
+  separate q/k/v; a sequence model: position embedding ``{model}embeddings.position_embeddings.weight``
+  ``[positions, D]``.
+- ``hf-gpt2`` (Hugging Face GPT-2): ``{model}h.{i}.attn.c_attn.weight``, fused and transposed
+  (``Conv1D`` ``[D, 3D]``, columns ``q, k, v``); a causal decoder; position embedding
+  ``{model}wpe.weight`` ``[positions, D]``.
 - ``torch-mha`` (``nn.MultiheadAttention``): ``{layer}in_proj_weight``, fused q/k/v; no position
   embedding (pass ``grid``).
+
+A *sequence* layout's position embedding is a table with one row per position; its token grid is
+the sequence of that many positions (or a shorter one, given as ``grid``). A *causal* layout masks
+later tokens, so an impulse init must keep its offsets in the past.
 
 ``{model}`` is any key prefix (``module.``, ``vit.``, ``model.``...), found by the anchor; a
 state dict holding several models (several distinct prefixes) is refused. ``hf-vit`` is the
@@ -48,6 +60,9 @@ class Layout:
     proj: str
     pos_embed: Optional[str] = None  # relative to ``{model}``
     prefix_tokens: Tuple[str, ...] = ()  # keys relative to ``{model}``: each adds ``shape[1]`` tokens
+    transposed: bool = False  # weights stored ``[in, out]`` (Conv1D), parts are column blocks
+    sequence: bool = False  # position embedding ``[positions, D]``: a 1-D grid
+    causal: Optional[bool] = False  # the model's own attention mask: True causal, False none, None unknown
 
     @property
     def fused(self) -> bool:
@@ -61,7 +76,7 @@ LAYOUTS: Tuple[Layout, ...] = (
            r"^(?P<block>(?P<model>(?:.*\.)?)blocks\.(?P<layer>\d+)\.)attn\.qkv\.weight$",
            "attn.qkv.weight", "attn.qkv.weight", "attn.qkv.weight",
            "attn.qkv.bias", "attn.qkv.bias", "attn.qkv.bias", "attn.proj.weight",
-           pos_embed="pos_embed", prefix_tokens=("cls_token", "reg_token")),
+           pos_embed="pos_embed", prefix_tokens=("cls_token", "reg_token"), causal=None),
     Layout("hf-vit", "Hugging Face transformers ViT/DeiT (separate query/key/value)",
            r"^(?P<block>(?P<model>(?:.*\.)?)encoder\.layer\.(?P<layer>\d+)\.)attention\.attention\.query\.weight$",
            "attention.attention.query.weight", "attention.attention.key.weight", "attention.attention.value.weight",
@@ -73,20 +88,33 @@ LAYOUTS: Tuple[Layout, ...] = (
            "attention.q_proj.weight", "attention.k_proj.weight", "attention.v_proj.weight",
            "attention.q_proj.bias", "attention.k_proj.bias", "attention.v_proj.bias", "attention.o_proj.weight",
            pos_embed="embeddings.position_embeddings", prefix_tokens=_HF_PREFIX),
+    Layout("hf-bert", "Hugging Face transformers BERT-style encoder (separate query/key/value)",
+           r"^(?P<block>(?P<model>(?:.*\.)?)encoder\.layer\.(?P<layer>\d+)\.)attention\.self\.query\.weight$",
+           "attention.self.query.weight", "attention.self.key.weight", "attention.self.value.weight",
+           "attention.self.query.bias", "attention.self.key.bias", "attention.self.value.bias",
+           "attention.output.dense.weight",
+           pos_embed="embeddings.position_embeddings.weight", sequence=True),
+    Layout("hf-gpt2", "Hugging Face transformers GPT-2 (fused c_attn, Conv1D [D, 3D])",
+           r"^(?P<block>(?P<model>(?:.*\.)?)h\.(?P<layer>\d+)\.)attn\.c_attn\.weight$",
+           "attn.c_attn.weight", "attn.c_attn.weight", "attn.c_attn.weight",
+           "attn.c_attn.bias", "attn.c_attn.bias", "attn.c_attn.bias", "attn.c_proj.weight",
+           pos_embed="wpe.weight", transposed=True, sequence=True, causal=True),
     Layout("torch-mha", "torch.nn.MultiheadAttention (in_proj_weight)",
            r"^(?P<block>(?P<model>)(?:.*\.)?)in_proj_weight$",
            "in_proj_weight", "in_proj_weight", "in_proj_weight",
-           "in_proj_bias", "in_proj_bias", "in_proj_bias", "out_proj.weight"),
+           "in_proj_bias", "in_proj_bias", "in_proj_bias", "out_proj.weight", causal=None),
 )
 
 
 @dataclass(frozen=True)
 class Part:
-    """Rows ``start:stop`` of the tensor at ``key`` (a weight ``[out, in]`` or a bias ``[out]``)."""
+    """Rows ``start:stop`` of the tensor at ``key`` (a weight ``[out, in]`` or a bias ``[out]``);
+    ``transposed``: columns ``start:stop`` of a weight stored ``[in, out]`` (Conv1D)."""
 
     key: str
     start: int
     stop: int
+    transposed: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,6 +130,7 @@ class AttnSlot:
     k_bias: Optional[Part]
     v_bias: Optional[Part]
     proj: Optional[str]
+    transposed: bool = False  # the projection weights (``proj`` too) are stored ``[in, out]``
 
 
 @dataclass
@@ -141,15 +170,17 @@ def _shape(t) -> Tuple[int, ...]:
     return tuple(getattr(t, "shape", ()))
 
 
-def _part(sd: Mapping, key: str, row: int, dim: int, fused: bool, what: str) -> Optional[Part]:
+def _part(sd: Mapping, key: str, row: int, dim: int, fused: bool, what: str,
+          transposed: bool = False) -> Optional[Part]:
     if key not in sd:
         return None
     start = row * dim if fused else 0
     shape = _shape(sd[key])
     rows_needed = 3 * dim if fused else dim
-    if not shape or shape[0] != rows_needed:
+    axis = 1 if transposed and len(shape) == 2 else 0  # a Conv1D weight [in, out]; a bias is [out]
+    if not shape or shape[axis] != rows_needed:
         raise StructinitError(f"{key}: shape {list(shape)} does not fit dim {dim} ({what})")
-    return Part(key, start, start + dim)
+    return Part(key, start, start + dim, transposed=axis == 1)
 
 
 def detect_layout(sd: Mapping) -> Optional[Detected]:
@@ -179,7 +210,8 @@ def detect_layout(sd: Mapping) -> Optional[Detected]:
         first = _shape(sd[hits[0][1]])
         if len(first) != 2:
             raise StructinitError(f"{hits[0][1]}: expected a 2-D weight, got shape {list(first)}")
-        dim = first[1]
+        in_axis = 0 if layout.transposed else 1
+        dim = first[in_axis]
         slots = []
         for i, (m, _) in enumerate(hits):
             b = m.group("block")
@@ -188,21 +220,33 @@ def detect_layout(sd: Mapping) -> Optional[Detected]:
                 key = b + getattr(layout, role)
                 if key not in sd:
                     raise StructinitError(f"{layout.name}: missing tensor {key}")
-                parts[role] = _part(sd, key, j, dim, layout.fused, role)
-                if len(_shape(sd[key])) != 2 or _shape(sd[key])[1] != dim:
+                parts[role] = _part(sd, key, j, dim, layout.fused, role, layout.transposed)
+                if len(_shape(sd[key])) != 2 or _shape(sd[key])[in_axis] != dim:
                     raise StructinitError(f"{key}: shape {list(_shape(sd[key]))} does not fit dim {dim}")
                 bias_key = b + getattr(layout, role + "_bias")
                 parts[role + "_bias"] = _part(sd, bias_key, j, dim, layout.fused, role + " bias")
             proj = b + layout.proj
-            slots.append(AttnSlot(index=i, block=b, proj=proj if proj in sd else None, **parts))
+            slots.append(AttnSlot(index=i, block=b, proj=proj if proj in sd else None, transposed=layout.transposed,
+                                  **parts))
         det = Detected(layout=layout, model_prefix=model, slots=slots, dim=dim)
-        if layout.pos_embed and model + layout.pos_embed in sd:
+        if layout.sequence:
+            _sequence_grid(sd, det)
+        elif layout.pos_embed and model + layout.pos_embed in sd:
             det.pos_key = model + layout.pos_embed
             det.prefix_tokens = sum(_shape(sd[model + t])[1] for t in layout.prefix_tokens
                                     if model + t in sd and len(_shape(sd[model + t])) == 3)
             _grid_from_pos(_shape(sd[det.pos_key]), dim, det)
         return det
     return None
+
+
+def _sequence_grid(sd: Mapping, det: Detected) -> None:
+    """A sequence layout's grid: as many positions as its position-embedding table ``[P, D]`` has rows."""
+    key = det.model_prefix + det.layout.pos_embed
+    shape = _shape(sd.get(key))
+    if len(shape) == 2 and shape[1] == det.dim and shape[0] > 0:
+        det.pos_key = key
+        det.grid = Grid((shape[0],))
 
 
 def _grid_from_pos(shape: Tuple[int, ...], dim: int, det: Detected) -> None:
@@ -231,6 +275,16 @@ def _grid_from_pos(shape: Tuple[int, ...], dim: int, det: Detected) -> None:
                          f"(timm's no_embed_class), or {n} tokens after the prefix rows (e.g. a non-square grid)")
 
 
+def _check_sequence_grid(det: Detected, grid: Grid) -> None:
+    """A sequence model takes a sequence (a 1-D grid) no longer than its position table."""
+    if grid.ndim != 1:
+        raise UsageError(f"the {det.layout.name} checkpoint is a sequence model; give {param('grid')} as a length L, "
+                         f"not the image grid {grid.describe()}")
+    if det.grid is not None and grid.tokens > det.grid.tokens:
+        raise UsageError(f"{param('grid')} {grid.tokens} is longer than the checkpoint's position embedding "
+                         f"({det.grid.tokens} positions)")
+
+
 def resolve_shape(det: Detected, heads: Optional[int] = None, grid: Optional[Grid] = None,
                   need_grid: bool = True) -> Tuple[Optional[Grid], int]:
     """``(grid, heads)`` from the checkpoint and the caller's values; raises :class:`UsageError` when
@@ -240,13 +294,18 @@ def resolve_shape(det: Detected, heads: Optional[int] = None, grid: Optional[Gri
     if grid is not None:
         grid = Grid(grid)
         fits = (det.pos_rows - det.prefix_tokens, det.pos_rows) if det.pos_rows is not None else None
-        if fits is not None and grid.tokens not in fits:
+        if det.layout.sequence:
+            _check_sequence_grid(det, grid)
+        elif fits is not None and grid.tokens not in fits:
             pre = f" ({det.prefix_tokens} of them prefix tokens)" if det.prefix_tokens else ""
             raise UsageError(f"{param('grid')} {grid.describe()} has {grid.tokens} tokens but the checkpoint's "
                              f"position embedding has {det.pos_rows} rows{pre}")
     else:
         grid = det.grid
     if grid is None and need_grid:
+        if det.layout.sequence:
+            raise UsageError(f"the {det.layout.name} checkpoint has no position embedding to tell its sequence "
+                             f"length; give it with {param('grid')} L")
         why = f" ({det.grid_note})" if det.grid_note else ""
         raise UsageError(f"the {det.layout.name} checkpoint does not tell its token grid{why}; give it with "
                          f"{param('grid')} (HxW, or L for a sequence)")

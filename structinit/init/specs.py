@@ -93,6 +93,7 @@ def initialize(target, spec: Union[str, InitSpec], *, grid=None, heads: Optional
 
     spec = init_spec(spec, **params)
     t = AttentionTarget(target, grid, heads, layers, need_grid=spec.needs_grid)
+    spec.check_target(t)
     return spec.apply(t, seed=seed, cache_dir=cache_dir, device=device)
 
 

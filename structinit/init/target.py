@@ -21,7 +21,8 @@ def is_module(target) -> bool:
 
 
 def model_grid(model) -> Grid:
-    """Token grid of a timm-style model (``patch_embed.grid_size``)."""
+    """Token grid of a timm-style model (``patch_embed.grid_size``: ``(H, W)`` for images, ``(L,)``
+    for a sequence model such as structinit's ``transformer-1d``)."""
     try:
         return Grid(tuple(int(g) for g in model.patch_embed.grid_size))
     except (AttributeError, TypeError):
@@ -136,6 +137,12 @@ class AttentionTarget:
         return self.det.layout.name
 
     @property
+    def causal(self):
+        """Whether the model masks later tokens: ``True`` (a decoder such as GPT-2), ``False`` (none),
+        ``None`` (the layout does not tell, e.g. ``nn.MultiheadAttention``, whose mask is an argument)."""
+        return self.det.layout.causal
+
+    @property
     def slots(self):
         """The :class:`~structinit.init.layouts.AttnSlot` of every selected layer (iterating them
         reports progress, see the class docstring)."""
@@ -148,21 +155,27 @@ class AttentionTarget:
         return self.det.pos_key
 
     def pos_embed(self):
-        """The position embedding of the grid's tokens: float32 ``[N, D]`` (its last ``N`` rows, so
-        the prefix tokens' rows are dropped), or ``None`` when the target has none."""
+        """The position embedding of the grid's tokens: float32 ``[N, D]`` (an image model's last
+        ``N`` rows, so the prefix tokens' rows are dropped; a sequence model's first ``N``
+        positions), or ``None`` when the target has none."""
+        pe = self._grid_rows()
+        return None if pe is None else pe.float().numpy().copy()
+
+    def _grid_rows(self):
         if self.det.pos_key is None or self.grid is None:
             return None
         pe = self.sd[self.det.pos_key].detach().to("cpu")
-        return pe.float().reshape(-1, pe.shape[-1])[-self.grid.tokens:].numpy().copy()
+        rows = pe.reshape(-1, pe.shape[-1])
+        n = self.grid.tokens
+        return rows[:n] if self.det.layout.sequence else rows[-n:]
 
     def pos_embed_kind(self) -> Optional[str]:
         """``sincos``, ``sincos xS`` or ``other`` (see :func:`~structinit.init.pos_embed.pe_kind`), or
         ``None`` when the target has no position embedding."""
         from structinit.init.pos_embed import pe_kind
 
-        if self.det.pos_key is None or self.grid is None:
-            return None
-        return pe_kind(self.sd[self.det.pos_key], self.grid)
+        rows = self._grid_rows()
+        return None if rows is None else pe_kind(rows, self.grid)
 
     def own_input(self):
         """The LayerNorm'd position embedding ``[N, D]`` of the target (what its first layer sees on

@@ -9,7 +9,9 @@ Every solver is batched over layers x heads and has the signature
   target of a head is the 0/1 matrix with those ones (:func:`dense_targets`),
 - ``q, k: [L, H, D, d]`` so that head ``h`` of layer ``l`` attends with
   ``softmax(x q (x k)^T / sqrt(d))``,
-- ``progress(done, total)`` called as the work advances.
+- ``progress(done, total)`` called as the work advances,
+- ``mask`` (keyword, optional): bool ``[N, N]``, the keys each query may see (a causal decoder's
+  mask); the attention that is fitted, calibrated and measured is then the masked one.
 
 Recipes (``RECIPES``):
 
@@ -73,7 +75,7 @@ def _uniform_init(shape, head_dim: int, heads: int, generator: torch.Generator, 
     return w.to(device)
 
 
-def _adam_mse(x, columns, head_dim, heads, generator, iters, lr, norm_every=0, progress=None):
+def _adam_mse(x, columns, head_dim, heads, generator, iters, lr, norm_every=0, progress=None, mask=None):
     """Adam on the per-head MSE (summed over heads, so each head sees its own Algorithm 1)."""
     L, H, N = columns.shape
     targets = dense_targets(columns, N)
@@ -90,7 +92,7 @@ def _adam_mse(x, columns, head_dim, heads, generator, iters, lr, norm_every=0, p
                 q.mul_(ref_norm / q.norm(dim=-2, keepdim=True))  # columns of Q (norm over D)
                 k.mul_(ref_norm / k.norm(dim=-1, keepdim=True))  # rows of K, i.e. columns of K^T
         opt.zero_grad(set_to_none=True)
-        attn = torch.softmax(attention_logits(xb, q, k), dim=-1)
+        attn = torch.softmax(attention_logits(xb, q, k, mask), dim=-1)
         loss = ((attn - targets) ** 2).mean(dim=(-1, -2)).sum()
         loss.backward()
         opt.step()
@@ -99,14 +101,15 @@ def _adam_mse(x, columns, head_dim, heads, generator, iters, lr, norm_every=0, p
     return q.detach(), k.detach()
 
 
-def solve_paper(x, columns, head_dim, heads, generator, iters=10000, lr=1e-4, progress=None):
+def solve_paper(x, columns, head_dim, heads, generator, iters=10000, lr=1e-4, progress=None, mask=None):
     """Algorithm 1 as the paper states it. See the module docstring for shapes."""
-    return _adam_mse(x, columns, head_dim, heads, generator, iters, lr, 0, progress)
+    return _adam_mse(x, columns, head_dim, heads, generator, iters, lr, 0, progress, mask)
 
 
-def solve_released(x, columns, head_dim, heads, generator, iters=10000, lr=1e-4, norm_every=100, progress=None):
+def solve_released(x, columns, head_dim, heads, generator, iters=10000, lr=1e-4, norm_every=100, progress=None,
+                   mask=None):
     """Algorithm 1 with the released code's periodic norm reset. See the module docstring."""
-    return _adam_mse(x, columns, head_dim, heads, generator, iters, lr, norm_every, progress)
+    return _adam_mse(x, columns, head_dim, heads, generator, iters, lr, norm_every, progress, mask)
 
 
 def _factor(b: torch.Tensor, s: torch.Tensor, v: torch.Tensor, head_dim: int, ridge: float,
@@ -168,11 +171,12 @@ def _row_chunks(n: int, budget: int = CHUNK_BYTES):
 
 def calibrate_head(xq: torch.Tensor, xk: torch.Tensor, columns: torch.Tensor, target_mass: float,
                    tol: float = 1e-13, max_steps: int = 200, on_chunk: Optional[Callable[[], None]] = None,
-                   start: float = 0.0) -> float:
+                   start: float = 0.0, mask: Optional[torch.Tensor] = None) -> float:
     """The log-scale ``t`` in ``[-12, 12]`` at which the mean attention on the target token of one
     head, ``softmax(e^t xq xk^T / sqrt(d))`` over the rows that have a target, equals ``target_mass``.
 
-    ``xq, xk: [N, d]`` float64 (the projected input), ``columns: [N]``. Newton steps on ``t``
+    ``xq, xk: [N, d]`` float64 (the projected input), ``columns: [N]``, ``mask``: bool ``[N, N]``
+    visible keys or ``None`` (see the module docstring). Newton steps on ``t``
     inside a bisection bracket (a step that leaves the bracket is replaced by the midpoint), so it
     converges to the root the plain bisection converges to, in a handful of passes over the
     logits; the logits are kept when they fit in :data:`CACHE_BYTES`, else recomputed in row
@@ -188,6 +192,8 @@ def calibrate_head(xq: torch.Tensor, xk: torch.Tensor, columns: torch.Tensor, ta
         if cached is not None and cached[i] is not None:
             return cached[i]
         out = (xq[a:b] @ xk.transpose(0, 1)) * scale
+        if mask is not None:  # hidden keys: a finite floor, so exp() is 0 and 0 * z stays 0
+            out = out.masked_fill(~mask[a:b], -1e30)
         if cached is not None:
             cached[i] = out
         return out
@@ -250,7 +256,7 @@ def distinct_heads(x: torch.Tensor, columns: torch.Tensor):
     return torch.tensor(inputs), first, relabel[inverse].view(L, H)
 
 
-def solve_fast(x, columns, head_dim, heads, generator, target_mass=0.3, ridge=1e-5, progress=None):
+def solve_fast(x, columns, head_dim, heads, generator, target_mass=0.3, ridge=1e-5, progress=None, mask=None):
     """Closed-form low-rank logit fit + per-head temperature calibration, once per distinct
     (pseudo input, offset) pair. See the module docstring."""
     L, H, n = columns.shape
@@ -283,7 +289,7 @@ def solve_fast(x, columns, head_dim, heads, generator, target_mass=0.3, ridge=1e
             q, k = _factor(gap * impulse_projection(u, columns[l, h]), s, v, head_dim, ridge, RCOND)
             if q.shape[-1] < head_dim:  # a pseudo input of lower rank than d: the other columns are zero
                 q, k = (torch.nn.functional.pad(w, (0, head_dim - w.shape[-1])) for w in (q, k))
-            t = calibrate_head(xl @ q, xl @ k, columns[l, h], target_mass, on_chunk=tick, start=t)
+            t = calibrate_head(xl @ q, xl @ k, columns[l, h], target_mass, on_chunk=tick, start=t, mask=mask)
             qs[g], ks[g] = q * math.exp(t / 2), k * math.exp(t / 2)
             done[0], done[1] = done[0] + 1, 0
             if progress is not None:
@@ -292,8 +298,10 @@ def solve_fast(x, columns, head_dim, heads, generator, target_mass=0.3, ridge=1e
     return torch.stack(qs)[inverse].float(), torch.stack(ks)[inverse].float()
 
 
-def solve_closed_form(x, columns, head_dim, heads, generator, logit=10.0, noise_std=1.0, qk_scale=7.0, progress=None):
-    """The authors' later pseudo-inverse + SVD construction. See the module docstring."""
+def solve_closed_form(x, columns, head_dim, heads, generator, logit=10.0, noise_std=1.0, qk_scale=7.0, progress=None,
+                      mask=None):
+    """The authors' later pseudo-inverse + SVD construction. See the module docstring (``mask``
+    changes nothing here: hidden logits are simply never seen)."""
     n = columns.shape[-1]
     noise = torch.randn(columns.shape + (n,), generator=generator, dtype=torch.float64).clamp_(-2, 2) * noise_std
     targets = dense_targets(columns.cpu(), n)

@@ -14,19 +14,24 @@ import numpy as np
 from structinit.errors import UsageError, param
 from structinit.geometry.embedding import PSEUDO_INPUTS
 from structinit.geometry.grid import Grid, validate_shape
-from structinit.geometry.targets import OFFSET_ORDERS, PADDINGS, check_choice
+from structinit.geometry.targets import OFFSET_ORDERS, PADDINGS, check_choice, check_geometry
 from structinit.solver.recipes import check_recipe, recipe_params
 
 FORMAT = "structinit/1"
 KEY_LENGTH = 12
+#: Settings newer than the format: written into the config (and the key) only when not at these defaults.
+OPTIONAL_DEFAULTS: Dict[str, Any] = {"causal": False, "pos_embed": None}
 
 
 @dataclass(frozen=True)
 class SolveConfig:
     """Every setting that changes a solve's result (and nothing else: no device, no paths).
 
-    ``grid`` is the token :class:`~structinit.geometry.grid.Grid` (``(H, W)``; a tuple is
-    accepted); ``layers`` the number of attention layers; ``share`` solves once and reuses the
+    ``grid`` is the token :class:`~structinit.geometry.grid.Grid` (``(H, W)`` for an image grid,
+    ``(L,)`` for a sequence; a tuple is accepted); ``filter`` the window (``f x f`` on an image grid,
+    ``f`` positions on a sequence); ``causal`` (sequences only) keeps every offset in the past, for a
+    decoder whose causal mask hides later tokens (the solve and its measures then apply that mask);
+    ``layers`` the number of attention layers; ``share`` solves once and reuses the
     result for every layer (the released code's default); ``pseudo_input_rest`` is the pseudo input
     of layers after the first (``None``: same as first); ``offset_order`` is ``random`` (a uniform
     draw per head and layer) or ``centre``; ``params`` the recipe's parameters
@@ -52,6 +57,7 @@ class SolveConfig:
     offset_order: str = "random"
     seed: int = 0
     pos_embed: Optional[str] = None
+    causal: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "grid", Grid(self.grid))
@@ -65,6 +71,9 @@ class SolveConfig:
             object.__setattr__(self, "pseudo_input_rest", None)
         check_choice("padding", self.padding, PADDINGS)
         check_choice("offset_order", self.offset_order, OFFSET_ORDERS)
+        if not isinstance(self.causal, bool):
+            raise UsageError(f"{param('causal')} must be true or false, got {self.causal!r}")
+        check_geometry(self.grid, self.padding, self.causal)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise UsageError(f"{param('seed')} must be a non-negative integer, got {self.seed!r}")
         if self.pos_embed is not None:
@@ -84,11 +93,15 @@ class SolveConfig:
         return self.dim // self.heads
 
     def to_dict(self) -> Dict[str, Any]:
+        """Every setting as JSON-able values, plus ``format``. Settings added after the format was
+        fixed (:data:`OPTIONAL_DEFAULTS`) appear only when they differ from their default, so the
+        keys of artifacts written before them stay valid."""
         d = dataclasses.asdict(self)
-        if d["pos_embed"] is None:
-            del d["pos_embed"]  # sin-cos solves keep the keys they had before the field existed
         d["grid"] = list(self.grid)
         d["format"] = FORMAT
+        for name, default in OPTIONAL_DEFAULTS.items():
+            if d[name] == default:
+                del d[name]
         return d
 
     @classmethod
@@ -113,9 +126,20 @@ class SolveConfig:
 
     def describe(self) -> str:
         share = " shared" if self.share else ""
+        where = (f"sequence of {self.grid[0]}" if self.grid.ndim == 1 else f"{self.grid.describe()} grid")
+        window = f"filter {self.filter}" + (" causal" if self.causal else "")
         pe = f", fitted to position embedding {self.pos_embed[7:19]}" if self.pos_embed else ""
-        return (f"{self.grid.describe()} grid, dim {self.dim}, {self.heads} heads, filter {self.filter}, "
+        return (f"{where}, dim {self.dim}, {self.heads} heads, {window}, "
                 f"{self.layers} layer(s){share}, recipe {self.recipe}{pe}")
+
+    def geometry(self) -> Dict[str, Any]:
+        """The token geometry in one record: ``ndim``, ``grid``, ``tokens``, ``filter``, ``padding``,
+        ``causal`` and the window's ``offsets`` (every offset a head may be given)."""
+        from structinit.geometry.targets import window_offsets
+
+        return {"ndim": self.grid.ndim, "grid": list(self.grid), "tokens": self.tokens, "filter": self.filter,
+                "padding": self.padding, "causal": self.causal,
+                "window": window_offsets(self.filter, self.grid.ndim, self.causal).tolist()}
 
 
 def embedding_digest(embedding) -> str:

@@ -18,7 +18,7 @@ import numpy as np
 
 from structinit.errors import ArtifactError, StructinitError, UsageError, param
 from structinit.geometry.embedding import pseudo_input
-from structinit.geometry.targets import draw_offsets, impulse_columns
+from structinit.geometry.targets import causal_mask, draw_offsets, impulse_columns
 from structinit.runtime import check_device, check_threads, resolve_device, set_threads
 from structinit.solver.artifact import Artifact, write_artifact
 from structinit.solver.cache import check_cache_dir, find_cached, key_lock, user_cache_dir
@@ -136,7 +136,7 @@ def _gib(n: int) -> str:
     return f"{n / 2 ** 30:.1f} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.0f} MiB"
 
 
-def _quality(x, q, k, columns, inputs):
+def _quality(x, q, k, columns, inputs, mask=None):
     """:class:`~structinit.analysis.quality.Quality` of every solved head, measuring each distinct
     (pseudo input, target, q, k) once (heads of the fast recipe that share an offset are one)."""
     from structinit.analysis.quality import MEASURES, Quality, measure
@@ -148,7 +148,7 @@ def _quality(x, q, k, columns, inputs):
             key = (int(inputs[l]), columns[l, h].cpu().numpy().tobytes(), q[l, h].cpu().numpy().tobytes(),
                    k[l, h].cpu().numpy().tobytes())
             if key not in seen:
-                seen[key] = measure(x[l], q[l, h:h + 1], k[l, h:h + 1], columns[l, h:h + 1]).cell(0, 0)
+                seen[key] = measure(x[l], q[l, h:h + 1], k[l, h:h + 1], columns[l, h:h + 1], mask).cell(0, 0)
             cells[l, h] = seen[key]
     return Quality(**{m: np.array([[cells[l, h][m] for h in range(H)] for l in range(L)]) for m in MEASURES})
 
@@ -170,21 +170,24 @@ def compute(config: SolveConfig, device: str = "auto", progress: Optional[Callab
     L, H = config.layers, config.heads
     first, rest = layer_inputs(config, embedding)
     solved = solved_layers(config)
-    offsets_solved = draw_offsets(config.filter, H, len(solved), config.seed, config.offset_order)
+    offsets_solved = draw_offsets(config.filter, H, len(solved), config.seed, config.offset_order,
+                                  ndim=config.grid.ndim, causal=config.causal)
     if rest is None:  # one input for every solved layer: a view, not copies
         x = torch.from_numpy(first).to(dev).unsqueeze(0).expand(len(solved), -1, -1)
     else:
         x = torch.from_numpy(np.stack([rest if i > 0 else first for i in solved])).to(dev)
     columns = torch.from_numpy(impulse_columns(config.grid, offsets_solved, config.padding)).to(dev)
     gen = torch.Generator().manual_seed(config.seed)
+    mask = causal_mask(config.grid, config.causal)
+    masked = {} if mask is None else {"mask": torch.from_numpy(mask).to(dev)}  # a causal decoder's mask
     t0 = time.perf_counter()
-    q, k = SOLVERS[config.recipe](x, columns, config.head_dim, H, gen, progress=progress, **config.params)
+    q, k = SOLVERS[config.recipe](x, columns, config.head_dim, H, gen, progress=progress, **masked, **config.params)
     if dev.startswith("cuda"):
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     # Shared solves: layer 0 uses the first solve, every following layer the last one.
     index = np.array([min(i, len(solved) - 1) for i in range(L)]) if config.share else np.arange(L)
-    quality = _quality(x, q, k, columns, distinct_heads(x, columns)[0]).select(index)
+    quality = _quality(x, q, k, columns, distinct_heads(x, columns)[0], masked.get("mask")).select(index)
     q, k = q.cpu().numpy(), k.cpu().numpy()
     stats = {"layers": quality.to_stats(), "summary": quality.summary(), "seconds": seconds,
              "device": torch.cuda.get_device_name(dev) if dev.startswith("cuda") else "cpu"}

@@ -28,6 +28,8 @@ DATASET_HPARAMS: Dict[str, Dict[str, Any]] = {
     "digits": dict(epochs=40, batch_size=64, warmup_epochs=2, opt_eps=1e-8),
     "synthetic": dict(epochs=10, batch_size=64, warmup_epochs=1, opt_eps=1e-8),
     "imagefolder": dict(epochs=300, batch_size=256, weight_decay=0.05, warmup_epochs=20),
+    # MNIST-1D: 4000 sequences of 40 values; chosen on a 500-sequence validation split (docs/results/mnist1d).
+    "mnist1d": dict(epochs=20, batch_size=64, warmup_epochs=2, opt_eps=1e-8),
 }
 #: Per-model-family changes (the paper's Table 4: ConvMixer at lr 0.01 for 100 epochs).
 MODEL_HPARAMS: Dict[str, Dict[str, Any]] = {"convmixer": dict(lr=0.01, epochs=100)}
@@ -37,6 +39,9 @@ AMP_MODES = ("auto", "bf16", "fp16", "off")
 #: are not part of the run key.
 EXECUTION_FIELDS = ("out", "resume", "device", "workers", "threads", "compile", "data_dir", "download", "amp",
                     "eval_batch_size")
+#: Settings added after run keys were first written: part of the key only when not at these
+#: defaults, so every earlier run keeps its key.
+OPTIONAL_DEFAULTS: Dict[str, Any] = {"window": None, "shuffle_seq": False}
 KEY_LENGTH = 12
 
 
@@ -51,7 +56,9 @@ class TrainConfig:
     ``download``, ``image_size`` (imagefolder), ``augment`` (``randaugment``, ``crop-flip``,
     ``flip``, ``none``), ``train_size`` (a stratified subset of the training split, drawn with
     ``data_seed``, default ``seed``), ``val_size`` (training images held out for validation,
-    stratified, the same for every seed). ``batch_size`` is the global batch (split over
+    stratified, the same for every seed), ``shuffle_seq`` (sequence datasets: one fixed permutation of
+    the positions, MNIST-1D's sanity check for locality). ``window``: the values each token of
+    ``transformer-1d`` embeds. ``batch_size`` is the global batch (split over
     processes); ``eval_every``: epochs between evaluations (``None``: about 50 per run; the last
     epoch is always evaluated). ``threads``: torch CPU threads of each process.
     """
@@ -71,6 +78,7 @@ class TrainConfig:
     kernel: Optional[int] = None
     filters: str = "trained"
     drop_path: float = 0.0
+    window: Optional[int] = None
     # init
     init: Optional[str] = None
     init_params: Dict[str, Any] = field(default_factory=dict)
@@ -82,6 +90,7 @@ class TrainConfig:
     train_size: Optional[int] = None
     val_size: int = 0
     data_seed: Optional[int] = None
+    shuffle_seq: bool = False
     # hyperparameters
     epochs: Optional[int] = None
     batch_size: Optional[int] = None
@@ -138,12 +147,28 @@ class TrainConfig:
 
     def validate(self) -> Dict[str, Any]:
         """Check every setting that can be checked without torch or data; return :meth:`hparams`."""
+        from structinit.training.datasets import SHUFFLABLE, dataset_info
+        from structinit.training.models import ATTENTION_FAMILIES
+
         hp = self.hparams()
-        family = self.model_config().family
+        mc = self.model_config()
+        family = mc.family
         if self.init is None and self.init_params:
             raise UsageError(f"{param('init_params')} needs {param('init')}")
-        if self.init is not None and family != "vit":
-            raise UsageError(f"{param('init')} applies to the ViT presets; {self.model} keeps its own init")
+        if self.init is not None and family not in ATTENTION_FAMILIES:
+            raise UsageError(f"{param('init')} applies to the ViT presets and transformer-1d; {self.model} keeps its "
+                             "own init")
+        info = dataset_info(self.dataset)
+        if info.is_sequence != mc.is_sequence:
+            want = "a sequence model (transformer-1d, cnn-1d)" if info.is_sequence else "an image model"
+            raise UsageError(f"{param('dataset')} {self.dataset} holds {info.kind}s; {param('model')} {self.model} "
+                             f"is not for them: choose {want}")
+        if info.is_sequence and hp["augment"] != "none":
+            raise UsageError(f"{param('augment')} {hp['augment']} is an image augmentation; {self.dataset} is a "
+                             "sequence dataset (use none)")
+        if self.shuffle_seq and self.dataset not in SHUFFLABLE:
+            raise UsageError(f"{param('shuffle_seq')} applies to sequence datasets ({', '.join(SHUFFLABLE)}), not "
+                             f"{self.dataset}")
         self.init_spec()
         from structinit.runtime import check_device, check_threads
 
@@ -185,6 +210,9 @@ class TrainConfig:
         hyperparameters resolved and the init as its spec's canonical form (so ``epochs=None`` on
         digits and ``epochs=40`` are the same run)."""
         d = {k: v for k, v in self.to_dict().items() if k not in EXECUTION_FIELDS}
+        for name, default in OPTIONAL_DEFAULTS.items():
+            if d.get(name) == default:
+                del d[name]
         d.update(self.hparams())
         spec = self.init_spec()
         d["init"] = spec.to_dict() if spec is not None else None

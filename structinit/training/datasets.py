@@ -1,8 +1,10 @@
 """Datasets for ``structinit train``: what they are, where they live on disk, and how to load them.
 
-Small datasets (``digits``, ``synthetic``, ``cifar10``, ``cifar100``, ``svhn``) load whole into
-memory as uint8 images ``[N, C, H, W]`` and int64 labels ``[N]``, so training can keep them on the
-GPU and augment there. ``imagefolder`` (ImageNet layout) streams from disk through a DataLoader.
+Small image datasets (``digits``, ``synthetic``, ``cifar10``, ``cifar100``, ``svhn``) load whole
+into memory as uint8 images ``[N, C, H, W]`` and int64 labels ``[N]``, so training can keep them on
+the GPU and augment there. ``imagefolder`` (ImageNet layout) streams from disk through a
+DataLoader. Sequence datasets (``mnist1d``) load as float32 sequences ``[N, C, L]``, already
+standardized (:attr:`DatasetInfo.kind` is ``"sequence"``).
 
 Example::
 
@@ -25,8 +27,10 @@ from structinit.errors import StructinitError, UsageError, param
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    """Static facts of a dataset: classes, image side and channels, normalization, the default
-    patch size for a ViT on it, whether horizontal flips keep labels, the default augmentation."""
+    """Static facts of a dataset: classes, image side (a sequence's length) and channels,
+    normalization, the default patch size for a ViT on it, whether horizontal flips keep labels, the
+    default augmentation, and ``kind``: ``image`` (uint8 ``[N, C, H, W]``) or ``sequence`` (float32
+    ``[N, C, L]``, used as stored)."""
 
     name: str
     num_classes: int
@@ -38,6 +42,11 @@ class DatasetInfo:
     hflip: bool
     augment: str
     in_memory: bool = True
+    kind: str = "image"
+
+    @property
+    def is_sequence(self) -> bool:
+        return self.kind == "sequence"
 
 
 DATASETS: Dict[str, DatasetInfo] = {
@@ -54,7 +63,12 @@ DATASETS: Dict[str, DatasetInfo] = {
     # ImageNet layout; classes counted from the folders at load time, images resized to --image-size.
     "imagefolder": DatasetInfo("imagefolder", 0, 224, 3, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), 16, True,
                                "randaugment", in_memory=False),
+    # MNIST-1D (Greydanus): mnist1d's make_dataset() with its default arguments, 4000 train / 1000 test
+    # sequences of 40 values, 10 classes; standardized by the package itself.
+    "mnist1d": DatasetInfo("mnist1d", 10, 40, 1, (0.0,), (1.0,), 1, False, "none", kind="sequence"),
 }
+#: Datasets whose positions may be shuffled (one fixed permutation of the sequence axis).
+SHUFFLABLE = ("mnist1d",)
 
 DIGITS_TEST = 360
 SYNTHETIC_SIZES = (512, 256)
@@ -157,14 +171,20 @@ def default_data_dir() -> Path:
 
 
 def load_dataset(name: str, data_dir: Optional[os.PathLike] = None, download: bool = False,
-                 image_size: Optional[int] = None) -> Data:
+                 image_size: Optional[int] = None, shuffle_seq: bool = False) -> Data:
     """Load ``name``'s train and test splits. ``data_dir`` holds the on-disk files (torchvision's
     formats; ``imagefolder``: ``train/`` and ``val/`` with one folder per class); ``download``
-    fetches them first (torchvision sets only). ``image_size`` applies to ``imagefolder``.
+    fetches them first (torchvision sets only). ``image_size`` applies to ``imagefolder``;
+    ``shuffle_seq`` to ``mnist1d`` (its positions permuted, the same permutation for every sequence).
 
     A missing or malformed directory raises :class:`UsageError` naming what was expected where.
     """
     info = dataset_info(name)
+    if shuffle_seq and name not in SHUFFLABLE:
+        raise UsageError(f"{param('shuffle_seq')} applies to sequence datasets ({', '.join(SHUFFLABLE)}), "
+                         f"not {name}")
+    if name == "mnist1d":
+        return _mnist1d(info, shuffle_seq)
     if name == "digits":
         return _digits(info)
     if name == "synthetic":
@@ -226,6 +246,39 @@ def _synthetic(info: DatasetInfo) -> Data:
     x, y = synthetic_images(n_train + n_test, seed=1234)
     return Data(info, TensorSplit(x[:n_train], y[:n_train]), TensorSplit(x[n_train:], y[n_train:]),
                 ["horizontal", "vertical", "diagonal", "anti-diagonal"])
+
+
+def mnist1d_arrays(shuffle_seq: bool = False) -> Dict[str, Any]:
+    """MNIST-1D as the ``mnist1d`` package makes it: ``make_dataset()`` with ``get_dataset_args()``
+    (5000 sequences of 40 values, seed 42, split 4000/1000), ``shuffle_seq`` set as asked. Returns
+    its dict (``x``, ``y``, ``x_test``, ``y_test``, ...). The package seeds NumPy's and Python's
+    global generators; their state is restored afterwards."""
+    import random
+
+    try:
+        from mnist1d.data import get_dataset_args, make_dataset
+    except ImportError:
+        raise StructinitError("the mnist1d dataset comes with the mnist1d package: pip install mnist1d") from None
+    args = get_dataset_args()
+    args.shuffle_seq = bool(shuffle_seq)
+    np_state, py_state = np.random.get_state(), random.getstate()
+    try:
+        return make_dataset(args)
+    finally:
+        np.random.set_state(np_state)
+        random.setstate(py_state)
+
+
+def _mnist1d(info: DatasetInfo, shuffle_seq: bool) -> Data:
+    import torch
+
+    d = mnist1d_arrays(shuffle_seq)
+
+    def split(x, y):
+        return TensorSplit(torch.from_numpy(np.asarray(x, dtype=np.float32)).unsqueeze(1),
+                           torch.from_numpy(np.asarray(y, dtype=np.int64)))
+
+    return Data(info, split(d["x"], d["y"]), split(d["x_test"], d["y_test"]), [str(i) for i in range(10)])
 
 
 def _expected_message(name: str, root: Path, missing) -> str:

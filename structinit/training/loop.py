@@ -191,6 +191,27 @@ def evaluate(model, chunks: Iterable[Tuple[Any, Any]], autocast: Callable[[], An
     return sums
 
 
+#: Training inputs on which the attention of an impulse-initialized model is measured at init.
+FIDELITY_SAMPLES = 256
+
+
+def impulse_fidelity(model, split, info, report: Dict[str, Any]) -> Dict[str, Any]:
+    """The hit rate and target mass, per layer, of a freshly impulse-initialized model's attention on
+    the first :data:`FIDELITY_SAMPLES` training inputs (see
+    :func:`structinit.analysis.fidelity.data_attention_quality`); ``report`` is the init's report."""
+    from structinit.analysis.fidelity import data_attention_quality
+    from structinit.geometry.grid import Grid
+    from structinit.training.augment import normalize
+
+    x = split.images[:FIDELITY_SAMPLES]
+    x = x if info.is_sequence else normalize(x, info.mean, info.std)
+    solved = report["artifact"]["config"]
+    rows = report["layers"]
+    return data_attention_quality(model, x, [r["offsets"] for r in rows], Grid(report["grid"]),
+                                  padding=solved.get("padding", "zero"), causal=bool(solved.get("causal", False)),
+                                  layers=[r["layer"] for r in rows])
+
+
 def _differences(old: TrainConfig, new: TrainConfig) -> List[str]:
     a, b = old.computed_settings(), new.computed_settings()
     return [f"{k} {a.get(k)!r} in the run, {b.get(k)!r} now" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
@@ -268,7 +289,8 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
         # ---- data (with download, rank 0 fetches while the others wait)
         if config.download and ctx.distributed and not ctx.main:
             dist_.barrier(ctx)
-        data = load_dataset(config.dataset, config.data_dir, download=config.download, image_size=config.image_size)
+        data = load_dataset(config.dataset, config.data_dir, download=config.download, image_size=config.image_size,
+                            shuffle_seq=config.shuffle_seq)
         if config.download and ctx.distributed and ctx.main:
             dist_.barrier(ctx)
         data = split_train(data, config.train_size, config.val_size,
@@ -293,6 +315,12 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
             from structinit.init.specs import initialize_model
 
             init_report = initialize_model(model, spec, seed=config.seed)
+            if info.in_memory and init_report.get("method") == "impulse":
+                init_report["data_attention"] = impulse_fidelity(model, data.train, info, init_report)
+                say(f"impulse attention at init on {init_report['data_attention']['samples']} training inputs: "
+                    f"hit rate {init_report['data_attention']['hit_rate']:.3f}, target mass "
+                    f"{init_report['data_attention']['target_mass']:.3f} (on the pseudo input: "
+                    f"{init_report['hit_rate']:.3f}, {init_report['target_mass']:.3f})")
         params = count_parameters(model)
         model.to(dev)
         opt, trainable = build_optimizer(model, hp)
@@ -352,6 +380,9 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
         in_memory = info.in_memory
         aug = BatchAugment(hp["augment"], flip=info.hflip, num_ops=int(hp["randaug_n"]),
                            magnitude=int(hp["randaug_m"])) if in_memory else None
+
+        def prepare(x):  # uint8 images are normalized; sequences are used as stored (float, standardized)
+            return x if info.is_sequence else normalize(x, info.mean, info.std)
         if in_memory:
             train_x, train_y = data.train.images.to(dev), data.train.labels.to(dev)
         eval_b = int(config.eval_batch_size or max(gb, 1024))
@@ -365,7 +396,7 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
             if in_memory:
                 for idx in shard_batches(n_train, gb, ctx.rank, ctx.world, config.seed, epoch):
                     idx = idx.to(dev)
-                    yield normalize(aug(train_x[idx]), info.mean, info.std), train_y[idx]
+                    yield prepare(aug(train_x[idx])), train_y[idx]
             else:
                 loader = torch.utils.data.DataLoader(
                     data.train, batch_sampler=list(shard_batches(n_train, gb, ctx.rank, ctx.world, config.seed, epoch)),
@@ -382,7 +413,7 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
                 if id(split) not in on_device:
                     on_device[id(split)] = (split.images[lo:hi].to(dev), split.labels[lo:hi].to(dev))
                 xs, ys = on_device[id(split)]
-                chunks = ((normalize(xs[i:i + eval_b], info.mean, info.std), ys[i:i + eval_b])
+                chunks = ((prepare(xs[i:i + eval_b]), ys[i:i + eval_b])
                           for i in range(0, hi - lo, eval_b))
             else:
                 sub = torch.utils.data.Subset(split, range(lo, hi))
@@ -391,6 +422,8 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
             loss, correct, count = dist_.all_reduce_sum(ctx, evaluate(model, chunks, autocast, dev)).tolist()
             return loss / max(count, 1), 100.0 * correct / max(count, 1)
 
+        # What apply/inspect cannot read off the weights (see structinit.init.checkpoints.SHAPE_KEY).
+        shape = {"grid": list(arch["grid"]), "heads": arch.get("heads")}
         sc = StepContext(net=net, opt=opt, trainable=trainable, autocast=autocast, grad_clip=float(hp["grad_clip"]),
                          criterion=torch.nn.CrossEntropyLoss(label_smoothing=float(hp["label_smoothing"])),
                          scaler=scaler)
@@ -429,7 +462,7 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
             metrics.append(record)
             if run is not None and ctx.main:
                 run.append_metrics(record)
-                state = {"state_dict": model.state_dict(), "epoch": epoch + 1, "arch": config.model,
+                state = {"state_dict": model.state_dict(), "epoch": epoch + 1, "arch": config.model, "shape": shape,
                          "args": config.to_dict(), "optimizer": opt.state_dict(),
                          "scaler": scaler.state_dict() if scaler is not None else None, "metrics": metrics,
                          "best_acc": best_acc, "best_score": best_score, "best_epoch": best_epoch, "best_on": best_on,
@@ -438,6 +471,7 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
                                  "cuda": torch.cuda.get_rng_state() if device.startswith("cuda") else None}}
                 if improved:
                     run.save_best({"state_dict": state["state_dict"], "epoch": epoch + 1, "arch": config.model,
+                                   "shape": shape,
                                    "args": config.to_dict(), "test_acc": best_acc, "selected_on": best_on})
                 run.save_checkpoint(state)
             if on_epoch and ctx.main:

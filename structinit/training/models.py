@@ -3,6 +3,10 @@
 Every ViT preset is the paper's ViT (Table 1, last row): fixed 2-D sin-cos position embedding,
 global average pooling, no class token. The Table 1 ablation variants switch to a class token
 and/or a learned position embedding. ConViT and ConvMixer are timm's models sized for the data.
+The sequence presets (:data:`SEQUENCE_PRESETS`, for datasets of kind ``sequence`` such as
+MNIST-1D) are a 1-D transformer whose tokens are the positions (fixed 1-D sin-cos position
+embedding, average pooling; timm blocks, so every init method applies) and a 1-D CNN of similar
+size (:mod:`structinit.training.sequence_models`).
 
 Example::
 
@@ -42,7 +46,15 @@ OTHER_PRESETS: Dict[str, Dict[str, Any]] = {
     "convmixer-256": dict(depth=8, dim=256, kernel=5),
     "convmixer-512": dict(depth=8, dim=512, kernel=5),
 }
-PRESETS = tuple(VIT_PRESETS) + tuple(OTHER_PRESETS)
+#: Sequence presets (inputs ``[B, C, L]``): the 1-D transformer (tokens = positions, each the linear
+#: embedding of a ``window`` of values) and the 1-D CNN reference, both ~0.1M parameters at dim 64.
+SEQUENCE_PRESETS: Dict[str, Dict[str, Any]] = {
+    "transformer-1d": dict(depth=4, dim=64, heads=4, mlp_ratio=2.0, window=1),
+    "cnn-1d": dict(depth=4, dim=64, kernel=5),
+}
+PRESETS = tuple(VIT_PRESETS) + tuple(OTHER_PRESETS) + tuple(SEQUENCE_PRESETS)
+#: Families whose attention structinit's init methods write.
+ATTENTION_FAMILIES = ("vit", "transformer-1d")
 POOLS = ("avg", "token")
 POS_EMBEDS = ("sincos", "learned")
 FILTERS = ("trained", "random", "impulse", "box")
@@ -52,9 +64,11 @@ FILTERS = ("trained", "random", "impulse", "box")
 class ModelConfig:
     """A preset and its overrides (``None``: the preset's value, or the dataset's default patch).
 
-    ``pool``/``pos_embed`` apply to ViT presets; ``kernel``/``filters`` to ConvMixer, where
-    ``filters`` is ``trained`` or frozen ``random``, ``impulse`` (one-hot at a random tap per
-    channel) or ``box`` (all ones), as in the paper's Table 4.
+    ``pool``/``pos_embed`` apply to ViT presets (and ``pos_embed`` to ``transformer-1d``);
+    ``kernel``/``filters`` to ConvMixer, where ``filters`` is ``trained`` or frozen ``random``,
+    ``impulse`` (one-hot at a random tap per channel) or ``box`` (all ones), as in the paper's
+    Table 4; ``kernel`` also to ``cnn-1d``; ``window`` (odd: the values each token embeds) to
+    ``transformer-1d``.
     """
 
     name: str = "vit-digits"
@@ -68,11 +82,12 @@ class ModelConfig:
     kernel: Optional[int] = None
     filters: str = "trained"
     drop_path: float = 0.0
+    window: Optional[int] = None
 
     def __post_init__(self):
         if self.name not in PRESETS:
             raise UsageError(f"unknown {param('model')} {self.name!r}; choose one of {', '.join(PRESETS)}")
-        for field in ("dim", "heads", "depth", "patch", "kernel"):
+        for field in ("dim", "heads", "depth", "patch", "kernel", "window"):
             value = getattr(self, field)
             if value is not None and value < 1:
                 raise UsageError(f"{param(field)} must be positive, got {value}")
@@ -87,24 +102,46 @@ class ModelConfig:
         if not 0.0 <= self.drop_path < 1.0:
             raise UsageError(f"{param('drop_path')} must be in [0, 1), got {self.drop_path}")
         family = self.family
-        if family != "convmixer" and (self.kernel is not None or self.filters != "trained"):
-            raise UsageError(f"{param('kernel')} and {param('filters')} apply to ConvMixer presets only")
-        if family != "vit" and (self.pool is not None or self.pos_embed is not None):
+        if family == "cnn-1d" and self.filters != "trained":
+            raise UsageError(f"{param('filters')} applies to ConvMixer presets only")
+        if family not in ("convmixer", "cnn-1d") and (self.kernel is not None or self.filters != "trained"):
+            raise UsageError(f"{param('kernel')} and {param('filters')} apply to ConvMixer presets only "
+                             f"({param('kernel')} also to cnn-1d)")
+        if family == "transformer-1d" and self.pool not in (None, "avg"):
+            raise UsageError(f"transformer-1d pools by averaging its tokens; {param('pool')} {self.pool} needs a "
+                             "ViT preset")
+        if family not in ("vit", "transformer-1d") and (self.pool is not None or self.pos_embed is not None):
             raise UsageError(f"{param('pool')} and {param('pos_embed')} apply to ViT presets only")
-        if family == "convmixer" and (self.heads is not None or self.mlp_ratio is not None):
-            raise UsageError(f"{param('heads')} and {param('mlp_ratio')} do not apply to ConvMixer")
+        if family in ("convmixer", "cnn-1d") and (self.heads is not None or self.mlp_ratio is not None):
+            raise UsageError(f"{param('heads')} and {param('mlp_ratio')} do not apply to {self.name}")
+        if self.window is not None and family != "transformer-1d":
+            raise UsageError(f"{param('window')} applies to transformer-1d only")
+        if self.window is not None and self.window % 2 == 0:
+            raise UsageError(f"{param('window')} must be odd (a window centred on each position), got {self.window}")
+        if self.patch is not None and self.is_sequence:
+            raise UsageError(f"{param('patch')} applies to image models; {self.name}'s tokens are the sequence's "
+                             f"positions (set how many values each embeds with {param('window')})")
 
     @property
     def family(self) -> str:
-        """``vit``, ``convit`` or ``convmixer``."""
+        """``vit``, ``convit``, ``convmixer``, ``transformer-1d`` or ``cnn-1d``."""
+        if self.name in SEQUENCE_PRESETS:
+            return self.name
         return "vit" if self.name in VIT_PRESETS else self.name.split("-")[0]
+
+    @property
+    def is_sequence(self) -> bool:
+        """Whether the model takes sequences ``[B, C, L]`` (else images ``[B, C, H, W]``)."""
+        return self.name in SEQUENCE_PRESETS
 
     def resolved(self, default_patch: int) -> Dict[str, Any]:
         """Every architecture setting, preset values filled in (what ``build_model`` builds)."""
-        base = dict(VIT_PRESETS.get(self.name) or OTHER_PRESETS[self.name])
+        base = dict(VIT_PRESETS.get(self.name) or OTHER_PRESETS.get(self.name) or SEQUENCE_PRESETS[self.name])
         out: Dict[str, Any] = {"name": self.name, "family": self.family}
         out["depth"] = self.depth or base["depth"]
         out["dim"] = self.dim or base["dim"]
+        if self.is_sequence:
+            return self._resolved_sequence(base, out)
         out["patch"] = self.patch or base.get("patch") or default_patch
         if self.family == "convmixer":
             out["kernel"] = self.kernel or base["kernel"]
@@ -123,6 +160,22 @@ class ModelConfig:
         out["drop_path"] = self.drop_path
         return out
 
+    def _resolved_sequence(self, base: Dict[str, Any], out: Dict[str, Any]) -> Dict[str, Any]:
+        if self.family == "cnn-1d":
+            out["kernel"] = self.kernel or base["kernel"]
+        else:
+            out["heads"] = self.heads or base["heads"]
+            out["mlp_ratio"] = float(self.mlp_ratio or base.get("mlp_ratio", 4.0))
+            out["window"] = self.window or base["window"]
+            out["pool"] = "avg"
+            out["pos_embed"] = self.pos_embed or "sincos"
+            if out["dim"] % out["heads"]:
+                raise UsageError(f"{param('dim')} {out['dim']} is not divisible by {param('heads')} {out['heads']}")
+            if out["pos_embed"] == "sincos" and out["dim"] % 2:
+                raise UsageError(f"{param('dim')} {out['dim']} must be even for the 1-D sin-cos position embedding")
+        out["drop_path"] = self.drop_path
+        return out
+
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -135,7 +188,8 @@ def _grid(image_size: int, patch: int) -> Grid:
 
 def build_model(config: ModelConfig, *, num_classes: int, image_size: int, in_chans: int,
                 default_patch: Optional[int] = None, seed: Optional[int] = None):
-    """A fresh timm model for images ``[B, in_chans, image_size, image_size]`` -> logits ``[B, num_classes]``.
+    """A fresh timm model for images ``[B, in_chans, image_size, image_size]`` -> logits ``[B, num_classes]``
+    (a sequence preset: sequences ``[B, in_chans, image_size]``, ``image_size`` being their length).
 
     ViTs get their position embedding per ``pos_embed``: ``sincos`` writes structinit's fixed 2-D
     sin-cos embedding (zeros at a class token) and freezes it. ``seed`` seeds torch first.
@@ -145,6 +199,8 @@ def build_model(config: ModelConfig, *, num_classes: int, image_size: int, in_ch
     if seed is not None:
         torch.manual_seed(seed)
     arch = config.resolved(default_patch or 1)
+    if config.is_sequence:
+        return _build_sequence_model(arch, num_classes=num_classes, length=image_size, in_chans=in_chans)
     grid = _grid(image_size, arch["patch"])
     family = arch["family"]
     if family == "vit":
@@ -174,6 +230,21 @@ def build_model(config: ModelConfig, *, num_classes: int, image_size: int, in_ch
                           in_chans=in_chans, num_classes=num_classes)
         set_convmixer_filters(model, arch["filters"], seed=seed or 0)
     model.structinit_arch = dict(arch, grid=list(grid), image_size=image_size, in_chans=in_chans,
+                                 num_classes=num_classes)
+    return model
+
+
+def _build_sequence_model(arch: Dict[str, Any], *, num_classes: int, length: int, in_chans: int):
+    """The ``transformer-1d`` or ``cnn-1d`` model of ``arch`` for sequences ``[B, in_chans, length]``."""
+    from structinit.training.sequence_models import SequenceCNN, SequenceTransformer
+
+    if arch["family"] == "cnn-1d":
+        model = SequenceCNN(length, in_chans, num_classes, dim=arch["dim"], depth=arch["depth"], kernel=arch["kernel"])
+    else:
+        model = SequenceTransformer(length, in_chans, num_classes, dim=arch["dim"], depth=arch["depth"],
+                                    heads=arch["heads"], mlp_ratio=arch["mlp_ratio"], window=arch["window"],
+                                    pos_embed=arch["pos_embed"], drop_path=arch["drop_path"])
+    model.structinit_arch = dict(arch, grid=[int(length)], length=int(length), in_chans=in_chans,
                                  num_classes=num_classes)
     return model
 
