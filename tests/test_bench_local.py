@@ -172,3 +172,17 @@ def test_a_failing_run_is_reported_and_retried(tmp_path):
                 data_root=tmp_path / "empty")
     assert grid_status(ex).counts["failed"] == 2
     assert len(prepare(ex)) == 2  # a rerun retries failed runs
+
+
+@pytest.mark.slow
+def test_a_task_with_two_processes_trains_under_torchrun(tmp_path):
+    ex = expand(parse_grid_text(TINY, "tiny.toml", "tiny"), seeds=1, runs_dir=tmp_path, only=["init=mimetic"])
+    run = ex.run_dir(prepare(ex)[0])
+    r = structinit("bench", "run", run, "--nproc", "2", "--threads", "1", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)[0]["state"] == "finished"
+    final = json.loads((run / "final.json").read_text())
+    assert final["world_size"] == 2 and epochs_of(run) == [1, 2]
+    assert "torchrun: " in (run / "log.txt").read_text()
+    # the number of processes is an execution setting: the run keeps its key
+    assert json.loads((run / "config.json").read_text())["key"] == run.name

@@ -61,6 +61,7 @@ class Expansion:
     overrides: Dict[str, Any] = field(default_factory=dict)
     command: Optional[str] = None
     created: Optional[str] = None
+    warnings: List[str] = field(default_factory=list)
 
     def run_dir(self, cell_or_key: Union[Cell, str]) -> Path:
         key = cell_or_key.key if isinstance(cell_or_key, Cell) else cell_or_key
@@ -218,6 +219,7 @@ def expand(spec: GridSpec, *, overrides: Union[Iterable[str], Dict[str, Any], No
     init_over = {k[len(INIT_PARAM_PREFIX):]: v for k, v in overrides.items() if k.startswith(INIT_PARAM_PREFIX)}
     used_init_over = set()
 
+    long_warmup: Dict[Tuple[float, int], int] = {}
     row_axis = spec.row_axis
     col_cells = spec.column_cells()
     layout = [spec.rows] + list(spec.columns)
@@ -247,7 +249,10 @@ def expand(spec: GridSpec, *, overrides: Union[Iterable[str], Dict[str, Any], No
                 cfg["data_dir"] = str(root)
             try:
                 base = TrainConfig(**cfg)
-                base.validate()
+                hp = base.validate()
+                if hp["warmup_epochs"] >= hp["epochs"]:
+                    k = (hp["warmup_epochs"], hp["epochs"])
+                    long_warmup[k] = long_warmup.get(k, 0) + 1
                 info = dataset_info(base.dataset)
                 base.model_config().resolved(info.default_patch)
             except UsageError as exc:
@@ -265,7 +270,9 @@ def expand(spec: GridSpec, *, overrides: Union[Iterable[str], Dict[str, Any], No
         raise GridError(f"{param('overrides')} {', '.join(INIT_PARAM_PREFIX + u for u in unused)}: no init method of "
                         f"this grid takes {'it' if len(unused) == 1 else 'them'}")
     spec_seeds = GridSpec(**{**spec.__dict__, "seeds": tuple(seed_list)})
-    return Expansion(spec_seeds, runs_dir, cells, dict(overrides), command)
+    warnings = [f"{n} cell(s) warm up for {w:g} epochs but train for only {e}: the learning rate never reaches its "
+                f"peak (set warmup_epochs too)" for (w, e), n in sorted(long_warmup.items())]
+    return Expansion(spec_seeds, runs_dir, cells, dict(overrides), command, warnings=warnings)
 
 
 def load_manifests(runs_dir: os.PathLike) -> List[Expansion]:

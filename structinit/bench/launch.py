@@ -68,10 +68,16 @@ def prepare(ex: Expansion) -> List[Cell]:
 
 def impulse_solves(cells: List[Cell]) -> list:
     """The distinct :class:`~structinit.solver.config.SolveConfig` the impulse runs of ``cells``
-    will ask for (the shape of each run's model, its init parameters and its seed)."""
+    will ask for. The shape comes from the run's model itself (built once per architecture and
+    read as the init reads it), so any model the init supports is solved for correctly."""
+    import json
+
+    from structinit.init.target import AttentionTarget
     from structinit.training.datasets import dataset_info
+    from structinit.training.models import build_model
 
     out: Dict[str, Any] = {}
+    shapes: Dict[str, Any] = {}
     for cell in cells:
         cfg = cell.config
         if cfg is None or cfg.init != "impulse":
@@ -80,9 +86,15 @@ def impulse_solves(cells: List[Cell]) -> list:
         if spec.artifact is not None:
             continue
         info = dataset_info(cfg.dataset)
-        arch = cfg.model_config().resolved(info.default_patch)
-        side = (cfg.image_size or info.image_size) // arch["patch"]
-        sc = spec.solve_config((side, side), arch["dim"], arch["heads"], arch["depth"], seed=cfg.seed)
+        arch = json.dumps([cfg.model_config().to_dict(), cfg.dataset, cfg.image_size], sort_keys=True, default=str)
+        if arch not in shapes:
+            model = build_model(cfg.model_config(), num_classes=info.num_classes or 1000,
+                                image_size=cfg.image_size or info.image_size, in_chans=info.in_chans,
+                                default_patch=info.default_patch)
+            t = AttentionTarget(model, need_grid=True)
+            shapes[arch] = (t.grid, t.dim, t.heads, t.depth)
+        grid, dim, heads, depth = shapes[arch]
+        sc = spec.solve_config(grid, dim, heads, depth, seed=cfg.seed)
         out.setdefault(sc.filename, sc)
     return list(out.values())
 
@@ -159,10 +171,9 @@ def warm_up() -> None:
     import structinit.training.models  # noqa: F401
 
 
-def _worker(tasks, results, threads: Optional[int], device: Optional[str]) -> None:
+def _worker(tasks, results, threads: Optional[int], default_threads: int, device: Optional[str]) -> None:
     """A local worker process: runs tasks from ``tasks`` until it gets ``None`` or SIGTERM."""
-    if threads is not None:
-        os.environ["OMP_NUM_THREADS"] = str(threads)  # before torch is imported
+    os.environ["OMP_NUM_THREADS"] = str(threads or default_threads)  # before torch is imported
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides; it sends SIGTERM
     from structinit.bench.task import Stopper, run_task
 
@@ -186,7 +197,8 @@ def _worker(tasks, results, threads: Optional[int], device: Optional[str]) -> No
             break
         results.put(("start", path, None))
         try:
-            outcome = run_task(path, threads=threads, device=device, stopper=stopper).to_dict()
+            outcome = run_task(path, threads=threads, default_threads=default_threads, device=device,
+                               stopper=stopper).to_dict()
         except Exception as exc:  # noqa: BLE001 - the launcher reports it and goes on
             msg = exc.render() if hasattr(exc, "render") else f"{type(exc).__name__}: {exc}"
             outcome = {"key": Path(path).name, "path": path, "state": "failed", "seconds": 0.0,
@@ -200,18 +212,18 @@ def run_local(ex: Expansion, cells: List[Cell], *, jobs: int = 1, threads: Optio
     """Train ``cells`` in ``jobs`` worker processes on this machine, ``threads`` torch threads each
     (default: the CPUs divided between the workers). ``progress(done, total)`` after every run;
     ``log`` gets one line per finished run. Ctrl-C (KeyboardInterrupt) or SIGTERM stops the workers
-    at their next step and returns with ``interrupted``; a second one kills them. Runs whose settings set
-    ``threads`` keep them."""
+    at their next step and returns with ``interrupted``; a second one kills them. Without
+    ``threads``, runs whose settings set ``threads`` keep them."""
     import multiprocessing as mp
 
     if not isinstance(jobs, int) or jobs < 1:
         raise UsageError(f"{param('jobs')} must be at least 1, got {jobs!r}")
     t0 = time.perf_counter()
     jobs = min(jobs, max(len(cells), 1))
-    threads = threads or max(1, cpu_count() // jobs)
+    default_threads = max(1, cpu_count() // jobs)
     outcomes: Dict[str, int] = {}
     runs: List[Dict[str, Any]] = []
-    summary = LocalSummary(len(cells), outcomes, 0.0, 0.0, jobs, threads)
+    summary = LocalSummary(len(cells), outcomes, 0.0, 0.0, jobs, threads or default_threads)
     if not cells:
         return summary
     ctx = mp.get_context("spawn")
@@ -221,7 +233,7 @@ def run_local(ex: Expansion, cells: List[Cell], *, jobs: int = 1, threads: Optio
         tasks.put(path)
     for _ in range(jobs):
         tasks.put(None)
-    workers = [ctx.Process(target=_worker, args=(tasks, results, threads, device), daemon=True)
+    workers = [ctx.Process(target=_worker, args=(tasks, results, threads, default_threads, device), daemon=True)
                for _ in range(jobs)]
     for w in workers:
         w.start()

@@ -77,9 +77,17 @@ class Stopper:
         self.event.set()
 
     def install(self) -> None:
-        """Handle SIGTERM (stop) and SIGUSR2 (stop and requeue) in this (main) thread."""
-        signal.signal(signal.SIGTERM, lambda s, f: self.request("SIGTERM"))
-        signal.signal(signal.SIGUSR2, lambda s, f: self.request("SIGUSR2 (time limit or preemption)", requeue=True))
+        """Handle SIGTERM (stop) and SIGUSR2 (stop and requeue) in this (main) thread until
+        :meth:`restore`."""
+        self._saved = {signal.SIGTERM: signal.signal(signal.SIGTERM, lambda s, f: self.request("SIGTERM")),
+                       signal.SIGUSR2: signal.signal(signal.SIGUSR2, lambda s, f: self.request(
+                           "SIGUSR2 (time limit or preemption)", requeue=True))}
+
+    def restore(self) -> None:
+        """Put back the signal handlers :meth:`install` replaced."""
+        for sig, handler in getattr(self, "_saved", {}).items():
+            signal.signal(sig, handler)
+        self._saved = {}
 
     # ---- training callbacks
     def on_step(self, epoch: int, step: int, steps: int) -> None:
@@ -275,14 +283,15 @@ def _heartbeat(path: Path, stop: threading.Event) -> None:
 
 def run_task(run_dir: os.PathLike, *, threads: Optional[int] = None, device: Optional[str] = None, nproc: int = 1,
              stopper: Optional[Stopper] = None, echo: Optional[Callable[[str], None]] = None,
-             launcher: str = "local") -> TaskOutcome:
+             launcher: str = "local", default_threads: Optional[int] = None) -> TaskOutcome:
     """Train the run in ``run_dir`` (see the module docstring) and say what happened.
 
     ``threads``/``device`` override the run's execution settings (they are not part of its key);
-    ``nproc > 1`` trains under ``torchrun`` with that many processes. ``stopper`` is how the caller
-    (or a signal) asks the task to stop. Errors of the run are caught and reported as ``failed``
-    (with the message in ``task.json`` and ``log.txt``); only a run folder that cannot be used at
-    all raises.
+    ``default_threads`` applies when neither ``threads`` nor the run's settings choose. ``nproc >
+    1`` trains under ``torchrun`` with that many processes. ``stopper`` is how the caller (or a
+    signal) asks the task to stop. Errors of the run are caught and reported as ``failed`` (with
+    the message in ``task.json`` and ``log.txt``); only a run folder that cannot be used at all
+    raises.
     """
     from filelock import FileLock, Timeout
 
@@ -317,6 +326,8 @@ def run_task(run_dir: os.PathLike, *, threads: Optional[int] = None, device: Opt
         config = dataclasses.replace(config, out=str(run_dir), resume=True)
         if threads is not None:
             config.threads = threads
+        elif config.threads is None:
+            config.threads = default_threads
         if device is not None:
             config.device = device
         where = f" (SLURM job {record['slurm']['job_id']})" if record["slurm"] else ""

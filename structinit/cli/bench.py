@@ -195,6 +195,8 @@ def bench_grid(
     command = _grid_command(grid, out, overrides, seeds, data_dir, only)
     ex = expand(load_grid(grid), overrides=overrides, seeds=seeds, runs_dir=out, data_root=data_dir, command=command,
                 only=only)
+    for warning in ex.warnings:
+        typer.echo(f"warning: {warning}", err=True)
     if status:
         st = grid_status(ex)
         emit_json(st.to_dict()) if json_out else typer.echo(status_text(st))
@@ -371,16 +373,19 @@ def bench_run(
     stopper = Stopper(grace=signal_seconds)
     stopper.install()
     outcomes = []
-    for run in runs:
-        if stopper.event.is_set():
-            break
-        outcome = run_task(run, threads=threads, device=device, nproc=nproc, stopper=stopper,
-                           echo=lambda line: print(line, file=sys.stderr, flush=True), launcher="bench run")
-        outcomes.append(outcome.to_dict())
-        if not json_out:
-            acc = f": final {outcome.final_acc:.2f}%" if outcome.final_acc is not None else ""
-            err = f": {outcome.error}" if outcome.error else ""
-            typer.echo(f"{outcome.state} {run}{acc}{err}")
+    try:
+        for run in runs:
+            if stopper.event.is_set():
+                break
+            outcome = run_task(run, threads=threads, device=device, nproc=nproc, stopper=stopper,
+                               echo=lambda line: print(line, file=sys.stderr, flush=True), launcher="bench run")
+            outcomes.append(outcome.to_dict())
+            if not json_out:
+                acc = f": final {outcome.final_acc:.2f}%" if outcome.final_acc is not None else ""
+                err = f": {outcome.error}" if outcome.error else ""
+                typer.echo(f"{outcome.state} {run}{acc}{err}")
+    finally:
+        stopper.restore()
     if json_out:
         emit_json(outcomes)
     if any(o["state"] == "failed" for o in outcomes):
