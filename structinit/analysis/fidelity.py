@@ -1,19 +1,305 @@
-"""How closely a model's attention follows its impulse offsets on *real* inputs, not the pseudo input.
+"""The attention a model actually computes on real inputs, per layer and head, and how well it
+keeps a convolutional structure: the real-data counterpart of the pseudo-input measures of
+:mod:`structinit.analysis.quality`.
 
-An impulse init is fitted on the LayerNorm'd position embedding alone; in a model the attention
-sees the position embedding plus the content embedding (and, after the first layer, whatever the
-previous layers made of them), which can swamp the fit. :func:`data_attention_quality` runs a batch
-of real inputs through a timm-style model (``model.blocks[i].attn`` with a fused ``qkv`` Linear, as
-timm's ViT and structinit's ``transformer-1d``) and measures each layer's hit rate and target mass
-against the offsets the init solved for.
+The attention is captured from timm's own attention modules (``timm.layers.Attention`` and any
+module that has its ``fused_attn`` switch and an ``attn_drop`` applied to the softmax output): for
+the duration of the capture each one runs its non-fused path, and a forward hook on ``attn_drop``
+reads the attention probabilities ``[B, heads, T, T]`` (rows are queries; ``T`` = prefix tokens +
+grid tokens). Nothing of the model is changed: its mode, the fused switches and the hooks are
+restored afterwards.
+
+Measures, per layer and head, averaged over the images and over the query rows of grid tokens
+(see :class:`Fidelity`):
+
+- ``hit_rate``: share of rows whose argmax is the impulse target ``(y + dy, x + dx)`` (rows whose
+  target falls outside the grid are left out), when offsets are given;
+- ``target_mass``: mean attention on that target;
+- ``window_mass``: share of the attention inside the ``f x f`` window centred on the query (on a
+  sequence, the ``f`` positions around it), with or without offsets.
+
+:func:`data_attention_quality` is the light-weight per-layer version for models built of
+``model.blocks[i].attn`` with a fused ``qkv`` Linear (timm's ViT, structinit's ``transformer-1d``),
+with a causal mask where the model has one; the training loop records it after the init.
+
+Example::
+
+    from structinit.analysis.fidelity import attention_fidelity
+    report = initialize_model(model, "impulse")                 # offsets per layer in the report
+    fid = attention_fidelity(model, images, offsets=offsets_from_report(report), filter=3)
+    fid.hit_rate.shape      # (layers, heads)
+    fid.maps.shape          # (layers, heads, T, T): the attention averaged over the images
+    fid.layer_rows()[0]     # {"layer": 0, "hit_rate": ..., "target_mass": ..., "window_mass": ...}
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from structinit.errors import UsageError, param
+from structinit.geometry.grid import Grid
+from structinit.geometry.targets import PADDINGS, check_choice, impulse_columns
+
+OffsetsLike = Union[np.ndarray, Sequence, Mapping[int, Any]]
+
+
+@dataclass
+class Fidelity:
+    """The attention of a model on a batch of real inputs and its structure measures.
+
+    ``maps``: float32 ``[layers, heads, T, T]``, the attention averaged over the images (``T =
+    prefix + N``; ``None`` when not kept); ``hit_rate``, ``target_mass``: float64 ``[layers,
+    heads]`` (NaN where no offsets were given for a layer; ``None`` without offsets);
+    ``window_mass``: float64 ``[layers, heads]``; ``offsets``: int ``[layers, heads, 2]`` as
+    ``(dy, dx)`` (``None`` without offsets; ``-9999`` where a layer had none).
+    """
+
+    grid: Grid
+    prefix: int
+    filter: int
+    images: int
+    window_mass: np.ndarray
+    hit_rate: Optional[np.ndarray] = None
+    target_mass: Optional[np.ndarray] = None
+    offsets: Optional[np.ndarray] = None
+    maps: Optional[np.ndarray] = None
+    padding: str = "zero"
+
+    @property
+    def layers(self) -> int:
+        return int(self.window_mass.shape[0])
+
+    @property
+    def heads(self) -> int:
+        return int(self.window_mass.shape[1])
+
+    def grid_maps(self) -> np.ndarray:
+        """``maps`` without the prefix tokens: ``[layers, heads, N, N]`` (grid queries x grid keys)."""
+        if self.maps is None:
+            raise UsageError("the attention maps were not kept (keep_maps=False)")
+        p = self.prefix
+        return self.maps[:, :, p:, p:]
+
+    def layer_rows(self) -> List[Dict[str, Any]]:
+        """One dict per layer: ``layer`` and each measure averaged over heads (``None`` if absent)."""
+        rows = []
+        for l in range(self.layers):
+            row: Dict[str, Any] = {"layer": l, "window_mass": float(self.window_mass[l].mean())}
+            for name in ("hit_rate", "target_mass"):
+                v = getattr(self, name)
+                row[name] = None if v is None or np.isnan(v[l]).all() else float(np.nanmean(v[l]))
+            rows.append(row)
+        return rows
+
+    def summary(self) -> Dict[str, Any]:
+        """Means over layers and heads (``None`` where a measure is absent)."""
+        out: Dict[str, Any] = {"window_mass": float(self.window_mass.mean())}
+        for name in ("hit_rate", "target_mass"):
+            v = getattr(self, name)
+            out[name] = None if v is None or np.isnan(v).all() else float(np.nanmean(v))
+        return out
+
+    def to_dict(self) -> Dict[str, Any]:
+        """JSON-able: shape facts, per layer and head measures, the summary (no maps)."""
+
+        def arr(v):
+            return None if v is None else np.where(np.isnan(v), None, np.round(v, 6)).tolist()
+
+        return {"grid": list(self.grid), "prefix": self.prefix, "filter": self.filter, "images": self.images,
+                "padding": self.padding, "window_mass": arr(self.window_mass), "hit_rate": arr(self.hit_rate),
+                "target_mass": arr(self.target_mass),
+                "offsets": None if self.offsets is None else self.offsets.tolist(),
+                "layers": self.layer_rows(), "summary": self.summary()}
+
+
+def attention_modules(model) -> list:
+    """The attention modules of ``model`` whose probabilities can be captured (timm's
+    ``Attention`` and its kind: a ``fused_attn`` switch, ``num_heads`` and an ``attn_drop``
+    module applied to the softmax output), in forward order."""
+    import torch
+
+    found = [m for m in model.modules()
+             if hasattr(m, "fused_attn") and hasattr(m, "num_heads")
+             and isinstance(getattr(m, "attn_drop", None), torch.nn.Module)]
+    if not found:
+        raise UsageError(f"the {param('model')} has no timm attention layers (modules with fused_attn, num_heads "
+                         "and attn_drop); the attention of other implementations cannot be captured")
+    return found
+
+
+def offsets_from_report(report: Mapping[str, Any]) -> Dict[int, np.ndarray]:
+    """``{layer: offsets [heads, 2]}`` from the report of an impulse init (``initialize_model``)."""
+    rows = report.get("layers") if isinstance(report, Mapping) else None
+    if not rows or not all(isinstance(r, Mapping) and "offsets" in r for r in rows):
+        raise UsageError("the init report holds no offsets (only impulse init writes them)")
+    return {int(r["layer"]): np.asarray(r["offsets"], dtype=np.int64) for r in rows}
+
+
+def _offsets_array(offsets: OffsetsLike, layers: int, heads: int) -> np.ndarray:
+    missing = np.full((heads, 2), -9999, dtype=np.int64)
+    if isinstance(offsets, Mapping):
+        out = np.stack([np.asarray(offsets.get(l, missing), dtype=np.int64) for l in range(layers)])
+        bad = [l for l in offsets if not 0 <= int(l) < layers]
+        if bad:
+            raise UsageError(f"{param('offsets')} name layer(s) {bad} but the model has {layers} attention layers")
+    else:
+        out = np.asarray(offsets, dtype=np.int64)
+    if out.shape != (layers, heads, 2):
+        raise UsageError(f"{param('offsets')} must have shape [layers, heads, 2] = [{layers}, {heads}, 2], got "
+                         f"{list(out.shape)}")
+    return out
+
+
+def window_mask(grid: Grid, filter_size: int, prefix: int = 0) -> np.ndarray:
+    """``[N, prefix + N]`` 0/1: grid query ``(y, x)`` against every key, 1 on grid keys inside the
+    ``f x f`` window centred on it (``f`` positions along a sequence)."""
+    h, w = Grid(grid).hw
+    n = h * w
+    ys, xs = np.divmod(np.arange(n), w)
+    # Kernel offsets run from -(f // 2) to f - 1 - f // 2 on each axis (as impulse offsets do).
+    lo, hi = -(filter_size // 2), filter_size - 1 - filter_size // 2
+    ddy = ys[None, :] - ys[:, None]
+    ddx = xs[None, :] - xs[:, None]
+    inside = (ddy >= lo) & (ddy <= hi) & (ddx >= lo) & (ddx <= hi)
+    mask = np.zeros((n, prefix + n), dtype=np.float32)
+    mask[:, prefix:] = inside.astype(np.float32)
+    return mask
+
+
+def capture_attention(model, images, *, batch_size: int = 64, on_batch=None) -> List[Any]:
+    """Run ``model`` on ``images`` (a float tensor ``[B, C, H, W]``, normalized as the model
+    expects) in inference mode and return, per attention layer, the probabilities ``[B, heads, T,
+    T]`` (float32, on the CPU). For large batches prefer :func:`attention_fidelity`, which reduces
+    batch by batch. ``on_batch(layers)`` (optional) receives each batch's list instead and then
+    nothing is returned."""
+    import torch
+
+    mods = attention_modules(model)
+    kept: List[List[Any]] = [[] for _ in mods]
+    current: List[Any] = [None] * len(mods)
+    hooks, fused = [], [m.fused_attn for m in mods]
+    was_training = model.training
+
+    def hook_for(i):
+        def hook(_module, inputs, _output):
+            current[i] = inputs[0].detach().float().cpu()
+        return hook
+
+    try:
+        for i, m in enumerate(mods):
+            m.fused_attn = False
+            hooks.append(m.attn_drop.register_forward_hook(hook_for(i)))
+        model.eval()
+        device = next(model.parameters()).device
+        with torch.inference_mode():
+            for start in range(0, int(images.shape[0]), batch_size):
+                model(images[start:start + batch_size].to(device))
+                if any(c is None for c in current):
+                    raise UsageError("an attention layer did not run (is the model's forward using it?)")
+                if on_batch is not None:
+                    on_batch(list(current))
+                else:
+                    for i, c in enumerate(current):
+                        kept[i].append(c)
+                current = [None] * len(mods)
+    finally:
+        for h in hooks:
+            h.remove()
+        for m, f in zip(mods, fused):
+            m.fused_attn = f
+        model.train(was_training)
+    return [] if on_batch is not None else [torch.cat(k) for k in kept]
+
+
+def attention_fidelity(model, images, *, offsets: Optional[OffsetsLike] = None, filter: int = 3,
+                       padding: str = "zero", grid=None, prefix: Optional[int] = None, batch_size: int = 64,
+                       keep_maps: bool = True) -> Fidelity:
+    """Capture ``model``'s attention on ``images`` (float ``[B, C, H, W]``, normalized as in
+    training) and measure its structure (see the module docstring).
+
+    ``offsets``: the impulse offsets ``(dy, dx)`` per layer and head, ``[layers, heads, 2]`` or
+    ``{layer: [heads, 2]}`` (see :func:`offsets_from_report`); without them only ``window_mass``
+    is measured. ``grid``/``prefix`` default to the model's ``patch_embed.grid_size`` and
+    ``num_prefix_tokens``. ``keep_maps`` keeps the batch-mean maps ``[layers, heads, T, T]``.
+    """
+    import torch
+
+    from structinit.analysis.quality import attention_quality
+
+    check_choice("padding", padding, PADDINGS)
+    if not isinstance(filter, int) or isinstance(filter, bool) or filter < 1:
+        raise UsageError(f"{param('filter')} must be a positive integer, got {filter!r}")
+    if not hasattr(images, "shape") or len(images.shape) < 2 or int(images.shape[0]) < 1:
+        raise UsageError(f"{param('images')} must be a non-empty batch tensor [B, ...]")
+    if grid is None:
+        pe = getattr(model, "patch_embed", None)
+        if pe is None or getattr(pe, "grid_size", None) is None:
+            raise UsageError(f"give {param('grid')}: the model has no patch_embed.grid_size")
+        grid = tuple(int(s) for s in pe.grid_size)
+    grid = Grid(grid)
+    if prefix is None:
+        prefix = int(getattr(model, "num_prefix_tokens", 0) or 0)
+    mods = attention_modules(model)
+    layers, heads = len(mods), int(mods[0].num_heads)
+    n = grid.tokens
+    if filter > max(grid.hw):
+        raise UsageError(f"{param('filter')} {filter} is larger than the {grid.describe()} grid")
+    offs = _offsets_array(offsets, layers, heads) if offsets is not None else None
+    window = torch.from_numpy(window_mask(grid, filter, prefix))
+    cols = None
+    if offs is not None:
+        cols = []
+        for l in range(layers):
+            if (offs[l] == -9999).any():
+                cols.append(None)
+            else:
+                c = torch.from_numpy(impulse_columns(grid, offs[l], padding))
+                cols.append(torch.where(c >= 0, c + prefix, c))  # key index among all T tokens
+
+    sums = {"window": torch.zeros(layers, heads, dtype=torch.float64),
+            "hit": torch.zeros(layers, heads, dtype=torch.float64),
+            "mass": torch.zeros(layers, heads, dtype=torch.float64)}
+    maps = torch.zeros(layers, heads, prefix + n, prefix + n, dtype=torch.float64) if keep_maps else None
+    count = [0]
+
+    def reduce(batch: List[Any]) -> None:
+        for l, a in enumerate(batch):
+            if a.shape[-1] != prefix + n or a.shape[1] != heads:
+                raise UsageError(f"attention layer {l} has shape {list(a.shape[1:])} but the {grid.describe()} grid "
+                                 f"with {prefix} prefix token(s) and {heads} heads needs "
+                                 f"[{heads}, {prefix + n}, {prefix + n}]; pass {param('grid')}/{param('prefix')}")
+            rows = a[:, :, prefix:, :]  # grid queries x all keys
+            sums["window"][l] += (rows * window).sum(-1).mean(-1).sum(0).double()
+            if cols is not None and cols[l] is not None:
+                q = attention_quality(rows, cols[l])
+                sums["hit"][l] += q["hit_rate"].sum(0).double()
+                sums["mass"][l] += q["target_mass"].sum(0).double()
+            if maps is not None:
+                maps[l] += a.sum(0).double()
+        count[0] += int(batch[0].shape[0])
+
+    capture_attention(model, images, batch_size=batch_size, on_batch=reduce)
+    b = count[0]
+    hit = mass = None
+    if cols is not None:
+        missing = torch.tensor([c is None for c in cols])
+        hit = (sums["hit"] / b).numpy()
+        mass = (sums["mass"] / b).numpy()
+        hit[missing.numpy()] = np.nan
+        mass[missing.numpy()] = np.nan
+    return Fidelity(grid=grid, prefix=prefix, filter=filter, images=b, window_mass=(sums["window"] / b).numpy(),
+                    hit_rate=hit, target_mass=mass, offsets=offs,
+                    maps=(maps / b).float().numpy() if maps is not None else None, padding=padding)
+
+
+__all__ = ["Fidelity", "attention_fidelity", "capture_attention", "attention_modules", "offsets_from_report",
+           "window_mask"]
+
+
+# ---- per-layer quality on one batch (timm-style blocks; sequences and causal masks too)
 
 def attention_inputs(model, x) -> List[Any]:
     """The input of every ``model.blocks[i].attn`` (after the block's norm) on batch ``x``:

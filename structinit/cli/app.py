@@ -39,11 +39,15 @@ def build_app() -> typer.Typer:
     app.command("inspect", epilog=inspect.EXAMPLES)(handle_errors(inspect.inspect))
     app.command("apply", epilog=apply.EXAMPLES)(handle_errors(apply.apply))
     app.command("train", epilog=train.EXAMPLES)(handle_errors(train.train))
-    bench_app = typer.Typer(help="Benchmarks: the solver recipes side by side.", no_args_is_help=True,
+    bench_app = typer.Typer(help="Benchmarks: the solver recipes side by side, and the paper's comparison as "
+                            "training grids (run locally or on SLURM) with their reports.", no_args_is_help=True,
                             rich_markup_mode=None)
     bench_app.command("solver", epilog=bench.SOLVER_EXAMPLES)(handle_errors(bench.bench_solver, solve.ALIASES))
     bench_app.command("exactness", epilog=exactness.EXAMPLES)(handle_errors(exactness.bench_exactness,
                                                                             {"padding": "--paddings"}))
+    bench_app.command("grid", epilog=bench.GRID_EXAMPLES)(handle_errors(bench.bench_grid, bench.ALIASES))
+    bench_app.command("report", epilog=bench.REPORT_EXAMPLES)(handle_errors(bench.bench_report, bench.ALIASES))
+    bench_app.command("run", epilog=bench.RUN_EXAMPLES)(handle_errors(bench.bench_run, bench.ALIASES))
     app.add_typer(bench_app, name="bench")
     return app
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
+from pathlib import Path
+from typing import Any, Dict, List, Optional
 
 import typer
 from typing_extensions import Annotated
@@ -92,3 +93,327 @@ def bench_solver(
         emit_json(result)
     else:
         typer.echo(solver_bench_table(result))
+
+
+# --------------------------------------------------------------------------- bench grid / report / run
+
+GRID_EXAMPLES = examples(
+    'structinit bench grid --list                                   # the shipped grids and their run counts',
+    'structinit bench grid digits --jobs 2                          # the digits learning curve on this machine',
+    'structinit bench grid digits --set epochs=1 --seeds 1 --only train_size=100 --jobs 2   # a quick reduced run',
+    'structinit bench grid digits --status                          # finished / running / failed / pending',
+    'structinit bench grid table2 --data-dir ~/data --launcher slurm --partition gpu --gpus 1 --cpus 8 '
+    '--time 12:00:00 --max-concurrent 16',
+    'structinit bench grid my-grid.toml --launcher print > commands.txt',
+)
+REPORT_EXAMPLES = examples(
+    'structinit bench report runs                                   # every grid launched into ./runs',
+    'structinit bench report digits --set epochs=1 --seeds 1 --only train_size=100   # the runs of that expansion',
+    'structinit bench report runs --report-dir report --attention  # + CSV, figures, attention after init',
+    'structinit bench report runs --json',
+)
+RUN_EXAMPLES = examples(
+    'structinit bench run runs/3f2a9c1b7d4e                         # train (or resume) one run of a grid',
+    'structinit bench run runs/3f2a9c1b7d4e --nproc 4               # under torchrun, 4 processes',
+)
+
+Opt = typer.Option
+Sets = Annotated[List[str], Opt("--set", help="Change a training setting for every run: NAME=VALUE (repeatable), "
+                                "e.g. epochs=1 or device=cuda; init_params.NAME=VALUE changes the runs whose init "
+                                "method takes NAME.")]
+Seeds = Annotated[Optional[str], Opt("--seeds", help="Seeds: a count N (seeds 0..N-1) or a list such as 0,3,7.",
+                                     show_default="the grid's")]
+Only = Annotated[List[str], Opt("--only", help="Keep only some values of an axis: AXIS=ID[,ID...] (repeatable), "
+                                "e.g. train_size=100,250.")]
+RunsDir = Annotated[Path, Opt("--out", "-o", help="Where the runs live: one folder per run, named by its key.")]
+DataDir = Annotated[Optional[Path], Opt("--data-dir", help="Data root: every run reads its dataset from here; a "
+                                        "grid's relative data_dir is read below it.",
+                                        show_default="$STRUCTINIT_DATA, else ./data")]
+
+
+def _grid_command(grid: str, out: Path, overrides: List[str], seeds: Optional[str],
+                  data_dir: Optional[Path], only: List[str] = ()) -> str:
+    import shlex
+
+    args = ["structinit", "bench", "grid", grid, "--out", str(out)]
+    for item in only:
+        args += ["--only", item]
+    if seeds is not None:
+        args += ["--seeds", seeds]
+    for item in overrides:
+        args += ["--set", item]
+    if data_dir is not None:
+        args += ["--data-dir", str(data_dir)]
+    return shlex.join(args)
+
+
+def _list_grids(json_out: bool) -> None:
+    from structinit.bench.gridspec import load_grid, shipped_grids
+
+    rows = [load_grid(name).summary() for name in shipped_grids()]
+    if json_out:
+        emit_json(rows)
+        return
+    width = max(len(r["name"]) for r in rows)
+    for r in rows:
+        shape = " x ".join(f"{len(v)} {k}" for k, v in r["axes"].items())
+        typer.echo(f"{r['name']:<{width}}  {r['runs']:>4} runs ({shape} x {len(r['seeds'])} seeds)  {r['title']}")
+
+
+def bench_grid(
+    grid: Annotated[Optional[str], typer.Argument(help="A shipped grid (see --list) or a grid file (.toml).",
+                                                  show_default=False)] = None,
+    list_grids: Annotated[bool, Opt("--list", help="List the shipped grids with their run counts.")] = False,
+    status: Annotated[bool, Opt("--status", help="Say how many runs are finished, running, failed (with the last "
+                                "line of their log) and pending; launch nothing.")] = False,
+    overrides: Sets = [],  # noqa: B006
+    seeds: Seeds = None,
+    only: Only = [],  # noqa: B006
+    out: RunsDir = Path("runs"),
+    data_dir: DataDir = None,
+    launcher: Annotated[str, Opt("--launcher", help="local (this machine), slurm (a job array) or print (the "
+                                 "commands, for any other scheduler).")] = "local",
+    jobs: Annotated[int, Opt("--jobs", min=1, help="local: runs at once (CPU threads are divided between "
+                             "them).")] = 1,
+    threads: Threads = None,
+    partition: Annotated[Optional[str], Opt("--partition", help="slurm: partition.")] = None,
+    time_limit: Annotated[Optional[str], Opt("--time", help="slurm: time limit per task (HH:MM:SS or "
+                                             "D-HH:MM:SS).")] = None,
+    gpus: Annotated[int, Opt("--gpus", min=0, help="slurm: GPUs per task (more than one: torchrun).")] = 0,
+    cpus: Annotated[Optional[int], Opt("--cpus", min=1, help="slurm: CPUs per task.")] = None,
+    mem: Annotated[Optional[str], Opt("--mem", help="slurm: memory per task, e.g. 32G.")] = None,
+    account: Annotated[Optional[str], Opt("--account", help="slurm: account.")] = None,
+    qos: Annotated[Optional[str], Opt("--qos", help="slurm: quality of service.")] = None,
+    sbatch: Annotated[List[str], Opt("--sbatch", help="slurm: one more #SBATCH option (repeatable), e.g. "
+                                     "--sbatch=--constraint=a100.")] = [],  # noqa: B006
+    max_concurrent: Annotated[Optional[int], Opt("--max-concurrent", min=1, help="slurm: at most this many tasks "
+                                                 "at once (the array's %K).")] = None,
+    signal_seconds: Annotated[int, Opt("--signal-seconds", min=1, help="slurm: USR2 this long before the time "
+                                       "limit: checkpoint and requeue.")] = 120,
+    dry_run: Annotated[bool, Opt("--dry-run", help="slurm: write the job script, do not submit it.")] = False,
+    json_out: JsonOut = False,
+):
+    """Run the comparison of a grid: every cell and seed a training run, in a folder named by its run key.
+
+    Finished runs are skipped and interrupted ones resume from their checkpoint, so the same
+    command continues a grid; impulse artifacts are solved into the cache once, before anything
+    starts. Then `structinit bench report` turns what has finished into the paper's tables.
+    """
+    import time
+
+    from structinit.bench.expand import expand
+    from structinit.bench.gridspec import load_grid
+    from structinit.bench.launch import check_launcher, prepare, presolve, print_commands, run_local
+    from structinit.bench.status import grid_status, status_text
+    from structinit.errors import UsageError
+
+    t0 = time.perf_counter()
+    if list_grids:
+        _list_grids(json_out)
+        return
+    if grid is None:
+        raise UsageError("give a grid: a shipped name (structinit bench grid --list) or a .toml file")
+    check_launcher(launcher)
+    options = None
+    if launcher == "slurm":  # bad cluster options are refused before anything else is said or done
+        from structinit.bench.slurm import SlurmOptions, check_sbatch
+
+        options = SlurmOptions(partition=partition, time=time_limit, gpus=gpus, cpus=cpus, mem=mem, account=account,
+                               qos=qos, extra=list(sbatch), max_concurrent=max_concurrent,
+                               signal_seconds=signal_seconds)
+        options.validate()
+        if not dry_run:
+            check_sbatch()
+    command = _grid_command(grid, out, overrides, seeds, data_dir, only)
+    ex = expand(load_grid(grid), overrides=overrides, seeds=seeds, runs_dir=out, data_root=data_dir, command=command,
+                only=only)
+    for warning in ex.warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    if status:
+        st = grid_status(ex)
+        emit_json(st.to_dict()) if json_out else typer.echo(status_text(st))
+        return
+    todo = prepare(ex)
+    report_cmd = f"structinit bench report {out}"
+    result: Dict[str, Any] = {"grid": ex.spec.name, "runs_dir": str(out), "total": len(ex.unique_cells()),
+                              "to_launch": len(todo), "launcher": launcher, "manifest": str(ex.manifest_path)}
+    if not todo:
+        st = grid_status(ex)
+        result.update(counts=st.counts, seconds=round(time.perf_counter() - t0, 3))
+        if json_out:
+            emit_json(result)
+        else:
+            running = f" ({st.counts['running']} still running)" if st.counts["running"] else ""
+            typer.echo(f"grid {ex.spec.name}: nothing to launch: {st.counts['finished']} of {st.total} runs finished"
+                       f"{running}. Report: {report_cmd}")
+        return
+    with Progress("grid", enabled=not json_out) as bar:
+        bar.log(f"grid {ex.spec.name}: {len(todo)} of {len(ex.unique_cells())} runs to launch into {out}")
+        result["presolve"] = presolve(todo, log=bar.log, threads=threads)
+    if launcher == "print":
+        cmds = print_commands(ex, todo)
+        if json_out:
+            emit_json(dict(result, commands=cmds))
+        else:
+            typer.echo("\n".join(c["command"] for c in cmds))
+        return
+    if launcher == "slurm":
+        from structinit.bench.slurm import submit, write_job
+
+        job = write_job(ex, todo, options, command=command)
+        result.update(script=str(job.script), tasks=str(job.tasks), logs=str(job.folder / "logs"))
+        if dry_run:
+            result["submitted"] = False
+            emit_json(result) if json_out else typer.echo(
+                f"wrote {job.script} ({job.count} array tasks); submit it with: sbatch {job.script}")
+            return
+        job_id = submit(job)
+        result.update(submitted=True, job_id=job_id)
+        emit_json(result) if json_out else typer.echo(
+            f"submitted job {job_id}: {job.count} array tasks (script {job.script}, logs in {job.folder / 'logs'}). "
+            f"Follow it with: {command} --status")
+        return
+    with Progress("runs", enabled=not json_out, transient=False) as bar:
+        summary = run_local(ex, todo, jobs=jobs, threads=threads, progress=bar.update, log=bar.log)
+    result.update(summary.to_dict())
+    failed = summary.outcomes.get("failed", 0)
+    if json_out:
+        emit_json(result)
+    else:
+        parts = ", ".join(f"{n} {k}" for k, n in sorted(summary.outcomes.items()))
+        over = summary.overhead_seconds
+        typer.echo(f"grid {ex.spec.name}: {summary.launched} run(s) launched: {parts or 'none finished'} in "
+                   f"{summary.wall_seconds:.1f}s ({summary.train_seconds:.1f}s training"
+                   + (f", {over:.2f}s per run outside training" if over is not None else "") + f"). Report: "
+                   f"{report_cmd}")
+    if summary.interrupted:
+        typer.echo(f"interrupted; the same command continues the grid (status: {command} --status)", err=True)
+        raise typer.Exit(130)
+    if failed:
+        raise typer.Exit(1)
+
+
+def bench_report(
+    target: Annotated[str, typer.Argument(help="A folder of runs (bench grid's --out), or a grid (name or file) "
+                                          "whose runs are in --out.", show_default=False)],
+    out: RunsDir = Path("runs"),
+    overrides: Sets = [],  # noqa: B006
+    seeds: Seeds = None,
+    only: Only = [],  # noqa: B006
+    grid_name: Annotated[Optional[str], Opt("--grid", help="With a folder: report only this grid.")] = None,
+    report_dir: Annotated[Optional[Path], Opt("--report-dir", help="Write report.md, cells.csv, runs.csv, "
+                                              "report.json and the figures (PNG) into this folder.")] = None,
+    force: Annotated[bool, Opt("--force", help="Replace files of an earlier report in --report-dir.")] = False,
+    figures: Annotated[bool, Opt("--figures/--no-figures", help="Draw the figures (with --report-dir).")] = True,
+    attention: Annotated[bool, Opt("--attention", help="Also draw the attention after init averaged over real "
+                                   "training images, first / middle / last layer, one column per method (with "
+                                   "--report-dir).")] = False,
+    attention_column: Annotated[Optional[str], Opt("--attention-column", help="The grid column whose models are "
+                                                   "drawn, as value ids joined by '/'.",
+                                                   show_default="the first")] = None,
+    attention_images: Annotated[int, Opt("--attention-images", min=1, help="Training images to average "
+                                         "over.")] = 64,
+    json_out: JsonOut = False,
+):
+    """Turn whatever runs have finished into the paper's tables (markdown, CSV, JSON) and figures.
+
+    Final-epoch test accuracy is the headline (mean ± std over seeds, the seed count, the
+    difference to the baseline paired by seed, the paper's number beside ours); unfinished cells
+    are marked; the best epoch is shown as such, chosen on the validation split when there is one.
+    """
+    from structinit.bench.expand import expand
+    from structinit.bench.gridspec import load_grid
+    from structinit.bench.output import render_report, write_report
+    from structinit.bench.report import collect, markdown, reports_for_folder
+    from structinit.errors import UsageError
+
+    if Path(target).expanduser().is_dir():
+        if overrides or seeds is not None or only:
+            raise UsageError("--set, --seeds and --only choose the runs of a grid; with a folder the grids recorded "
+                             "in it are reported")
+        reports = reports_for_folder(Path(target).expanduser(), grid_name)
+    else:
+        spec = load_grid(target)
+        ex = expand(spec, overrides=overrides, seeds=seeds, runs_dir=out, only=only,
+                    command=_grid_command(target, out, overrides, seeds, None, only))
+        if not out.is_dir():
+            raise UsageError(f"no runs: {out} does not exist (launch the grid with structinit bench grid {target} "
+                             f"--out {out})")
+        reports = [collect(ex)]
+    if not any(r.ex.run_dir(c).is_dir() for r in reports for c in r.ex.cells):
+        raise UsageError(f"no runs of {target} in {reports[0].ex.runs_dir} yet; launch them with structinit bench "
+                         "grid")
+    att = None
+    if attention:
+        if report_dir is None:
+            raise UsageError("--attention draws a figure: give --report-dir")
+        from structinit.analysis.figures import save_png  # noqa: F401  (matplotlib is needed)
+        from structinit.bench.attention import attention_grid_figure, column_arg, grid_attention
+
+        att = {}
+        for rep in reports:
+            entries = grid_attention(rep.ex, column=column_arg(attention_column), images=attention_images)
+            att[rep.spec.name] = (attention_grid_figure(entries, title=rep.spec.title), entries)
+    if report_dir is not None:
+        files = render_report(reports, figures=figures, attention=att)
+        written = write_report(files, report_dir, force=force)
+        if not json_out:
+            typer.echo(f"wrote {len(written)} files into {report_dir}: {', '.join(p.name for p in written)}")
+    if json_out:
+        emit_json({"grids": [r.to_dict() for r in reports]})
+    elif report_dir is None:
+        typer.echo("\n".join(markdown(r) for r in reports))
+
+
+def bench_run(
+    runs: Annotated[List[Path], typer.Argument(help="Run folders of a grid (RUNS/<key>, holding config.json).",
+                                               show_default=False)],
+    threads: Threads = None,
+    device: Annotated[Optional[str], Opt("--device", help="auto, cpu, cuda or cuda:N.",
+                                         show_default="the run's")] = None,
+    nproc: Annotated[int, Opt("--nproc", min=1, help="Train under torchrun with this many processes (one per "
+                              "GPU).")] = 1,
+    signal_seconds: Annotated[Optional[int], Opt("--signal-seconds", min=1, help="Seconds between SIGUSR2 and the "
+                                                 "kill: finish the epoch first when it fits.")] = None,
+    json_out: JsonOut = False,
+):
+    """Train (or resume) runs of a grid, one after another: the task of the SLURM and local launchers.
+
+    A finished run is skipped; a run trained by another task right now is left to it. SIGTERM
+    stops at the next optimizer step (the last epoch's checkpoint is kept); SIGUSR2 does the same
+    and then asks SLURM to requeue the job.
+    """
+    import sys
+
+    from structinit.bench.task import Stopper, check_nproc, run_task
+    from structinit.runtime import check_device, check_threads
+
+    check_threads(threads)
+    check_nproc(nproc)
+    if device is not None:
+        check_device(device)
+    stopper = Stopper(grace=signal_seconds)
+    stopper.install()
+    outcomes = []
+    try:
+        for run in runs:
+            if stopper.event.is_set():
+                break
+            outcome = run_task(run, threads=threads, device=device, nproc=nproc, stopper=stopper,
+                               echo=lambda line: print(line, file=sys.stderr, flush=True), launcher="bench run")
+            outcomes.append(outcome.to_dict())
+            if not json_out:
+                acc = f": final {outcome.final_acc:.2f}%" if outcome.final_acc is not None else ""
+                err = f": {outcome.error}" if outcome.error else ""
+                typer.echo(f"{outcome.state} {run}{acc}{err}")
+    finally:
+        stopper.restore()
+    if json_out:
+        emit_json(outcomes)
+    if any(o["state"] == "failed" for o in outcomes):
+        raise typer.Exit(1)
+
+
+#: Library parameter names that the bench commands spell with another flag.
+ALIASES = {"overrides": "--set", "only": "--only", "time": "--time", "seeds": "--seeds",
+           "attention_column": "--attention-column"}

@@ -1,0 +1,179 @@
+"""The attention of a grid's models right after initialization, averaged over a batch of real
+training images, at the first, middle and last layer, one column per init method: the analogue
+of Fig. 3 of "Structured Initialization for Attention in Vision Transformers".
+
+Each model is built and initialized exactly as ``train`` does for the run (same preset, init,
+seed), the batch is the run's own training split (normalized as in training), and the attention
+is captured from timm's attention modules by :func:`structinit.analysis.fidelity.attention_fidelity`.
+
+Example::
+
+    entries = grid_attention(expansion, images=64)        # the first column, the first seed
+    fig = attention_grid_figure(entries, title="digits")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from structinit.bench.expand import Cell, Expansion
+from structinit.errors import UsageError, param
+
+
+@dataclass
+class AttentionEntry:
+    """One init method: its row id and label, the run's settings, and the :class:`Fidelity` of its
+    initialized model (``None`` with a ``note`` when the model has no attention to show)."""
+
+    row: str
+    label: str
+    config: Any
+    fidelity: Any = None
+    note: Optional[str] = None
+
+
+def initialized_model(config):
+    """The model of ``config`` as ``train`` builds it before the first step: ``(model, init
+    report, dataset info)`` (the report is ``None`` for the model's own init)."""
+    import torch
+
+    from structinit.training.datasets import dataset_info
+    from structinit.training.models import build_model
+
+    info = dataset_info(config.dataset)
+    image_size = config.image_size or info.image_size
+    torch.manual_seed(config.seed)
+    model = build_model(config.model_config(), num_classes=info.num_classes or 1000, image_size=image_size,
+                        in_chans=info.in_chans, default_patch=info.default_patch, seed=config.seed)
+    report = None
+    spec = config.init_spec()
+    if spec is not None:
+        from structinit.init.specs import initialize_model
+
+        report = initialize_model(model, spec, seed=config.seed)
+    return model, report, info
+
+
+def training_images(config, n: int):
+    """The first ``n`` images of the run's training split (its subset and validation hold-out
+    applied), normalized as in training: float ``[n, C, H, W]``."""
+    import torch
+
+    from structinit.training.augment import normalize
+    from structinit.training.datasets import load_dataset, split_train
+
+    data = load_dataset(config.dataset, config.data_dir, image_size=config.image_size)
+    data = split_train(data, config.train_size, config.val_size,
+                       config.seed if config.data_seed is None else config.data_seed)
+    n = min(n, len(data.train))
+    if data.info.in_memory:
+        return normalize(data.train.images[:n], data.info.mean, data.info.std)
+    return torch.stack([data.train[i][0] for i in range(n)])
+
+
+def _config_of(ex: Expansion, cell: Cell):
+    if cell.config is not None:
+        return cell.config
+    from structinit.bench.task import read_run_config
+
+    return read_run_config(ex.run_dir(cell))
+
+
+def grid_attention(ex: Expansion, column: Optional[Sequence[str]] = None, seed: Optional[int] = None,
+                   images: int = 64) -> List[AttentionEntry]:
+    """One :class:`AttentionEntry` per row of ``ex`` for the cell in ``column`` (column value ids;
+    default: the first column) and ``seed`` (default: the grid's first)."""
+    from structinit.analysis.fidelity import attention_fidelity, offsets_from_report
+
+    columns = [tuple(v.id for v in c) for c in ex.spec.column_cells()]
+    col = tuple(column) if column is not None else columns[0]
+    if col not in columns:
+        raise UsageError(f"{param('attention_column')} {'/'.join(col) or '(none)'} is not a column of grid "
+                         f"{ex.spec.name}; its columns are {', '.join('/'.join(c) for c in columns)}")
+    seed = ex.spec.seeds[0] if seed is None else seed
+    if not isinstance(images, int) or images < 1:
+        raise UsageError(f"{param('attention_images')} must be at least 1, got {images!r}")
+    out = []
+    batch_cache: dict = {}
+    for row in ex.spec.row_axis.values:
+        cell = next((c for c in ex.cells if c.row == row.id and tuple(c.column) == col and c.seed == seed), None)
+        if cell is None:
+            continue
+        config = _config_of(ex, cell)
+        model, report, info = initialized_model(config)
+        if config.model_config().family != "vit":
+            out.append(AttentionEntry(row.id, row.label, config, None, f"{config.model}: no attention"))
+            continue
+        data_key = (config.dataset, config.train_size, config.val_size, config.data_seed, config.seed, config.data_dir)
+        if data_key not in batch_cache:
+            batch_cache[data_key] = training_images(config, images)
+        offsets, filt = None, 3
+        if report is not None and report.get("method") == "impulse":
+            offsets = offsets_from_report(report)
+            filt = int(config.init_spec().filter)
+        fid = attention_fidelity(model, batch_cache[data_key], offsets=offsets, filter=filt)
+        out.append(AttentionEntry(row.id, row.label, config, fid))
+    return out
+
+
+def shown_layers(depth: int) -> List[int]:
+    """The first, middle and last layer (0-based; fewer when the model has fewer)."""
+    return sorted({0, (depth - 1) // 2, depth - 1})
+
+
+def attention_grid_figure(entries: List[AttentionEntry], title: str = "attention after initialization",
+                          layers: Optional[Sequence[int]] = None):
+    """Rows: the first, middle and last layer (or ``layers``); columns: the init methods. Each
+    panel is the attention between grid tokens (queries as rows, keys as columns, averaged over
+    the images and the heads), with its own colour bar; its title gives the share of attention in
+    the ``f x f`` window and, for impulse init, the hit rate on the solved offsets."""
+    from matplotlib.figure import Figure
+
+    from structinit.analysis.figures import CMAP
+
+    shown = [e for e in entries if e.fidelity is not None]
+    if not shown:
+        raise UsageError("no init method of this grid has a model with attention layers to show")
+    depth = shown[0].fidelity.layers
+    rows = list(layers) if layers is not None else shown_layers(depth)
+    fig = Figure(figsize=(3.3 * len(shown), 3.1 * len(rows) + 0.9), layout="constrained")
+    axes = fig.subplots(len(rows), len(shown), squeeze=False)
+    for j, e in enumerate(shown):
+        fid = e.fidelity
+        maps = fid.grid_maps().mean(axis=1)  # [layers, N, N], mean over heads
+        for i, l in enumerate(rows):
+            ax = axes[i, j]
+            if l >= fid.layers:
+                ax.set_visible(False)
+                continue
+            m = maps[l]
+            im = ax.imshow(m, cmap=CMAP, vmin=0.0, vmax=max(float(m.max()), 1e-12), interpolation="nearest")
+            text = f"{e.label}\nlayer {l + 1}/{fid.layers}: window {fid.window_mass[l].mean():.2f}"
+            if fid.hit_rate is not None and not np.isnan(fid.hit_rate[l]).all():
+                text += f", hit {np.nanmean(fid.hit_rate[l]):.2f}"
+            ax.set_title(text, fontsize=8)
+            ax.set_xlabel("key token", fontsize=7)
+            ax.set_ylabel("query token", fontsize=7)
+            ax.tick_params(labelsize=6)
+            cb = fig.colorbar(im, ax=ax, shrink=0.8)
+            cb.ax.tick_params(labelsize=6)
+            cb.set_label("attention weight", fontsize=6)
+    skipped = [f"{e.label} ({e.note})" for e in entries if e.fidelity is None]
+    f0 = shown[0].fidelity
+    fig.suptitle(f"{title}\nattention after initialization, averaged over {f0.images} real training images and "
+                 f"the heads ({f0.grid.describe()} tokens, row-major); window: share of attention in the "
+                 f"{f0.filter}x{f0.filter} window around the query" + (f"\nnot shown: {', '.join(skipped)}"
+                                                                       if skipped else ""), fontsize=9)
+    return fig
+
+
+def column_arg(text: Optional[str]) -> Optional[Tuple[str, ...]]:
+    """``"256/h8"`` -> ``("256", "h8")`` (``None`` stays ``None``)."""
+    return None if text is None else tuple(p for p in text.split("/") if p)
+
+
+__all__ = ["grid_attention", "attention_grid_figure", "initialized_model", "training_images", "AttentionEntry",
+           "shown_layers", "column_arg"]

@@ -1,0 +1,303 @@
+"""A grid expanded into runs: one :class:`~structinit.training.config.TrainConfig` per cell and
+seed, each living in the folder named by its run key (``RUNS/<key>/``), so the same run in two
+grids is one run. The expansion is recorded in ``RUNS/grids/<name>-<digest>.json`` (the
+*manifest*: the layout, the paper's numbers, every cell's key and the command that made it), which
+is what ``structinit bench report RUNS`` reads.
+
+Example::
+
+    from structinit.bench.gridspec import load_grid
+    from structinit.bench.expand import expand
+    ex = expand(load_grid("digits"), overrides=["epochs=2"], seeds="2", runs_dir="runs")
+    len(ex.cells), ex.cells[0].key, ex.run_dir(ex.cells[0])
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+from structinit.bench.gridspec import (
+    Axis,
+    AxisValue,
+    GridError,
+    GridSpec,
+    coerce_setting,
+    parse_seeds,
+    settable_fields,
+    suggest,
+)
+from structinit.errors import UsageError, param
+
+MANIFEST_FORMAT = "structinit-grid/1"
+INIT_PARAM_PREFIX = "init_params."
+
+
+@dataclass
+class Cell:
+    """One run of a grid: the row value, the column values (one per column axis), the seed, the
+    run key and (when expanded here, not read from a manifest) the config."""
+
+    row: str
+    column: Tuple[str, ...]
+    seed: int
+    key: str
+    config: Any = None
+
+
+@dataclass
+class Expansion:
+    """A grid's runs (see the module docstring). ``overrides`` are the ``--set`` settings."""
+
+    spec: GridSpec
+    runs_dir: Path
+    cells: List[Cell]
+    overrides: Dict[str, Any] = field(default_factory=dict)
+    command: Optional[str] = None
+    created: Optional[str] = None
+    warnings: List[str] = field(default_factory=list)
+
+    def run_dir(self, cell_or_key: Union[Cell, str]) -> Path:
+        key = cell_or_key.key if isinstance(cell_or_key, Cell) else cell_or_key
+        return self.runs_dir / key
+
+    def unique_cells(self) -> List[Cell]:
+        """The first cell of every distinct run key (two cells with equal settings are one run)."""
+        seen, out = set(), []
+        for c in self.cells:
+            if c.key not in seen:
+                seen.add(c.key)
+                out.append(c)
+        return out
+
+    def row_label(self, row: str) -> str:
+        return self.spec.row_axis.value(row).label
+
+    def column_label(self, column: Sequence[str]) -> str:
+        return " / ".join(a.value(v).label for a, v in zip(self.spec.column_axes, column)) or "accuracy"
+
+    def describe(self, cell: Cell) -> str:
+        """``Impulse / 100 / seed 3``."""
+        parts = [self.row_label(cell.row)] + ([self.column_label(cell.column)] if cell.column else [])
+        return " / ".join(parts + [f"seed {cell.seed}"])
+
+    @property
+    def digest(self) -> str:
+        text = json.dumps([[c.row, list(c.column), c.seed, c.key] for c in self.cells], separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.runs_dir / "grids" / f"{self.spec.name}-{self.digest}.json"
+
+    # ---- manifest
+    def manifest(self) -> Dict[str, Any]:
+        s = self.spec
+
+        def axis(a: Axis) -> Dict[str, Any]:
+            return {"name": a.name, "values": [{"id": v.id, "label": v.label, "settings": v.settings}
+                                               for v in a.values]}
+
+        return {"format": MANIFEST_FORMAT, "name": s.name, "title": s.title, "description": s.description,
+                "source": s.source, "rows": s.rows, "columns": list(s.columns), "axes": [axis(a) for a in s.axes],
+                "seeds": list(s.seeds), "settings": s.settings, "baseline": s.baseline,
+                "paper": {"source": s.paper_source, "note": s.paper_note, "values": s.paper},
+                "overrides": self.overrides, "command": self.command,
+                "created": self.created or datetime.datetime.now().isoformat(timespec="seconds"),
+                "cells": [{"row": c.row, "column": list(c.column), "seed": c.seed, "key": c.key} for c in self.cells]}
+
+    def write_manifest(self) -> Path:
+        """Write the manifest (kept as it is when the same expansion was recorded before)."""
+        from structinit.atomic import atomic_write
+
+        path = self.manifest_path
+        if path.is_file():
+            return path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_write(path, "w") as f:
+                f.write(json.dumps(self.manifest(), indent=1, sort_keys=True, default=str) + "\n")
+        except OSError as exc:
+            raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+        return path
+
+    @classmethod
+    def from_manifest(cls, doc: Dict[str, Any], runs_dir: os.PathLike) -> "Expansion":
+        """The expansion recorded in a manifest (cells without configs)."""
+        if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
+            raise UsageError("not a structinit grid manifest")
+        try:
+            axes = tuple(Axis(a["name"], tuple(AxisValue(v["id"], v["label"], v.get("settings", {}))
+                                               for v in a["values"])) for a in doc["axes"])
+            paper = doc.get("paper") or {}
+            spec = GridSpec(name=doc["name"], title=doc.get("title", doc["name"]), source=doc.get("source", ""),
+                            axes=axes, rows=doc["rows"], columns=tuple(doc["columns"]), seeds=tuple(doc["seeds"]),
+                            settings=doc.get("settings", {}), baseline=doc.get("baseline"),
+                            description=doc.get("description", ""), paper_source=paper.get("source"),
+                            paper_note=paper.get("note"), paper=paper.get("values") or {})
+            cells = [Cell(c["row"], tuple(c["column"]), int(c["seed"]), c["key"]) for c in doc["cells"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"the grid manifest is incomplete ({type(exc).__name__}: {exc})") from None
+        return cls(spec, Path(runs_dir), cells, doc.get("overrides") or {}, doc.get("command"), doc.get("created"))
+
+
+# --------------------------------------------------------------------------- overrides
+
+def parse_overrides(items: Iterable[str]) -> Dict[str, Any]:
+    """``["epochs=2", "init_params.target_mass=0.5"]`` -> typed settings. A training setting
+    applies to every run; ``init_params.NAME`` to the runs whose init method takes ``NAME``."""
+    from structinit.init.specs import parse_assignments
+
+    raw = parse_assignments(items, what="overrides")
+    fields = settable_fields()
+    out: Dict[str, Any] = {}
+    for name, value in raw.items():
+        if name.startswith(INIT_PARAM_PREFIX):
+            if not name[len(INIT_PARAM_PREFIX):]:
+                raise GridError(f"{param('overrides')} {name}: give the init parameter after '{INIT_PARAM_PREFIX}'")
+            out[name] = value
+            continue
+        try:
+            out[name] = coerce_setting(name, value, fields)
+        except GridError as exc:
+            raise GridError(f"{param('overrides')} {name}={value}: {exc}") from None
+    return out
+
+
+def _merge(cfg: Dict[str, Any], settings: Dict[str, Any]) -> None:
+    for k, v in settings.items():
+        if k == "init_params":
+            cfg.setdefault("init_params", {}).update(copy.deepcopy(v))
+        else:
+            cfg[k] = copy.deepcopy(v)
+
+
+def _data_dir(value: Optional[str], root: Path) -> Optional[str]:
+    if value is None:
+        return None
+    p = Path(value).expanduser()
+    return str(p if p.is_absolute() else root / p)
+
+
+# --------------------------------------------------------------------------- expansion
+
+def expand(spec: GridSpec, *, overrides: Union[Iterable[str], Dict[str, Any], None] = None,
+           seeds: Union[None, int, str, Sequence[int]] = None, runs_dir: os.PathLike = "runs",
+           data_root: Optional[os.PathLike] = None, command: Optional[str] = None,
+           only: Union[None, Sequence[str], Dict[str, Sequence[str]]] = None) -> Expansion:
+    """Every run of ``spec``: cells (rows x column cells) x seeds, each a validated TrainConfig.
+
+    ``overrides``: ``NAME=VALUE`` strings or a dict from :func:`parse_overrides`, applied over the
+    file's settings and axis values. ``seeds``: a count, a list, or ``None`` for the file's.
+    ``data_root``: where a relative ``data_dir`` of the grid is read from (``None``:
+    ``$STRUCTINIT_DATA``, else ``./data``); given, it is also the data folder of every run that
+    sets none. ``only``: some values of some axes (``["train_size=100,250"]`` or ``{"train_size":
+    ["100", "250"]}``, see :func:`~structinit.bench.gridspec.restrict`). Raises :class:`GridError`
+    naming the cell of an invalid combination.
+    """
+    from structinit.bench.gridspec import parse_selection, restrict
+    from structinit.training.config import TrainConfig
+    from structinit.training.datasets import dataset_info, default_data_dir
+
+    if only:
+        spec = restrict(spec, only if isinstance(only, dict) else parse_selection(only))
+    if overrides is None:
+        overrides = {}
+    elif not isinstance(overrides, dict):
+        overrides = parse_overrides(overrides)
+    seed_list = spec.seeds if seeds is None else parse_seeds(seeds if not isinstance(seeds, tuple) else list(seeds),
+                                                             where=param("seeds"))
+    root = Path(data_root if data_root is not None else default_data_dir()).expanduser().absolute()
+    runs_dir = Path(runs_dir).expanduser()
+    plain = {k: v for k, v in overrides.items() if not k.startswith(INIT_PARAM_PREFIX)}
+    init_over = {k[len(INIT_PARAM_PREFIX):]: v for k, v in overrides.items() if k.startswith(INIT_PARAM_PREFIX)}
+    used_init_over = set()
+
+    long_warmup: Dict[Tuple[float, int], int] = {}
+    row_axis = spec.row_axis
+    col_cells = spec.column_cells()
+    layout = [spec.rows] + list(spec.columns)
+    cells: List[Cell] = []
+    for row in row_axis.values:
+        for col in col_cells:
+            chosen = dict(zip(layout, (row,) + tuple(col)))
+            cfg: Dict[str, Any] = copy.deepcopy(spec.settings)
+            for axis in spec.axes:  # file order, whatever the layout
+                _merge(cfg, chosen[axis.name].settings)
+            _merge(cfg, plain)
+            where = ", ".join(f"{a}={chosen[a].id}" for a in layout)
+            if init_over and cfg.get("init"):
+                from structinit.init.specs import spec_class
+
+                try:
+                    names = {f for f in spec_class(cfg["init"]).__dataclass_fields__}
+                except UsageError as exc:
+                    raise GridError(f"{spec.source}: cell {where}: {exc}") from None
+                for k, v in init_over.items():
+                    if k in names:
+                        cfg.setdefault("init_params", {})[k] = v
+                        used_init_over.add(k)
+            if "data_dir" in cfg:
+                cfg["data_dir"] = _data_dir(cfg["data_dir"], root)
+            elif data_root is not None:
+                cfg["data_dir"] = str(root)
+            try:
+                base = TrainConfig(**cfg)
+                hp = base.validate()
+                if hp["warmup_epochs"] >= hp["epochs"]:
+                    k = (hp["warmup_epochs"], hp["epochs"])
+                    long_warmup[k] = long_warmup.get(k, 0) + 1
+                info = dataset_info(base.dataset)
+                base.model_config().resolved(info.default_patch)
+            except UsageError as exc:
+                raise GridError(f"{spec.source}: cell {where}: {exc}") from None
+            except TypeError as exc:  # a value of a type the config cannot take
+                raise GridError(f"{spec.source}: cell {where}: {exc}") from None
+            for seed in seed_list:
+                config = TrainConfig(**dict(copy.deepcopy(cfg), seed=seed))
+                key = config.key
+                config.out = str(runs_dir / key)
+                config.resume = True
+                cells.append(Cell(row.id, tuple(v.id for v in col), seed, key, config))
+    unused = sorted(set(init_over) - used_init_over)
+    if unused:
+        raise GridError(f"{param('overrides')} {', '.join(INIT_PARAM_PREFIX + u for u in unused)}: no init method of "
+                        f"this grid takes {'it' if len(unused) == 1 else 'them'}")
+    spec_seeds = GridSpec(**{**spec.__dict__, "seeds": tuple(seed_list)})
+    warnings = [f"{n} cell(s) warm up for {w:g} epochs but train for only {e}: the learning rate never reaches its "
+                f"peak (set warmup_epochs too)" for (w, e), n in sorted(long_warmup.items())]
+    return Expansion(spec_seeds, runs_dir, cells, dict(overrides), command, warnings=warnings)
+
+
+def load_manifests(runs_dir: os.PathLike) -> List[Expansion]:
+    """Every grid recorded in ``runs_dir/grids/``, oldest first (unreadable manifests are errors)."""
+    folder = Path(runs_dir) / "grids"
+    out = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            doc = json.loads(path.read_text())
+            out.append(Expansion.from_manifest(doc, runs_dir))
+        except (OSError, ValueError, UsageError) as exc:
+            raise UsageError(f"{path} is not a readable grid manifest ({exc})") from None
+    out.sort(key=lambda e: (e.created or "", e.spec.name))
+    return out
+
+
+def pick_manifest(expansions: List[Expansion], name: Optional[str]) -> List[Expansion]:
+    """The expansions named ``name`` (all when ``None``)."""
+    if name is None:
+        return expansions
+    chosen = [e for e in expansions if e.spec.name == name or e.manifest_path.stem == name]
+    if not chosen:
+        names = sorted({e.spec.name for e in expansions})
+        raise UsageError(f"no grid {name!r} in this folder{suggest(name, names)}; it holds {', '.join(names)}")
+    return chosen
+
+
+__all__ = ["Cell", "Expansion", "expand", "parse_overrides", "load_manifests", "pick_manifest"]

@@ -1,0 +1,308 @@
+"""Launching a grid's pending runs: preparing them (the manifest, each run's ``config.json``, every
+impulse artifact solved once into the cache), then the ``local`` launcher (worker processes on this
+machine) or the ``print`` launcher (the ``structinit train`` command of every run, for any
+scheduler). The SLURM launcher is :mod:`structinit.bench.slurm`.
+
+Example::
+
+    ex = expand(load_grid("digits"), overrides=["epochs=2"], seeds=2, runs_dir="runs")
+    todo = prepare(ex)                       # the cells to run (pending or failed)
+    presolve(ex, todo)                       # impulse artifacts into the cache, once
+    summary = run_local(ex, todo, jobs=2)    # two runs at a time, one thread each on 2 cores
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+from structinit.bench.expand import Cell, Expansion
+from structinit.bench.status import grid_status
+from structinit.errors import UsageError, param
+
+LAUNCHERS = ("local", "slurm", "print")
+
+
+def check_launcher(name: str) -> str:
+    if name not in LAUNCHERS:
+        raise UsageError(f"unknown {param('launcher')} {name!r}; choose one of {', '.join(LAUNCHERS)}")
+    return name
+
+
+def cpu_count() -> int:
+    """CPUs this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS
+        return os.cpu_count() or 1
+
+
+# --------------------------------------------------------------------------- preparing
+
+def prepare(ex: Expansion) -> List[Cell]:
+    """Record the grid (its manifest) and give every run to launch (pending, or failed: a rerun
+    retries it) its folder with ``config.json``. Running and finished runs are left alone.
+    Returns the cells to launch, one per distinct run."""
+    from structinit.training.rundir import RunDir
+
+    st = grid_status(ex)
+    todo_keys = {r["key"] for r in st.runs if r["state"] in ("pending", "failed")}
+    ex.write_manifest()
+    todo = [c for c in ex.unique_cells() if c.key in todo_keys]
+    for cell in todo:
+        rd = RunDir(ex.run_dir(cell))
+        if rd.file(rd.CONFIG).is_file():
+            continue
+        if cell.config is None:
+            raise UsageError(f"run {cell.key} has no config.json and the grid was not expanded from its file")
+        rd.create()
+        rd.write_config({"config": cell.config.to_dict(), "key": cell.key, "grid": ex.spec.name})
+    return todo
+
+
+def impulse_solves(cells: List[Cell]) -> list:
+    """The distinct :class:`~structinit.solver.config.SolveConfig` the impulse runs of ``cells``
+    will ask for. The shape comes from the run's model itself (built once per architecture and
+    read as the init reads it), so any model the init supports is solved for correctly."""
+    import json
+
+    from structinit.init.target import AttentionTarget
+    from structinit.training.datasets import dataset_info
+    from structinit.training.models import build_model
+
+    out: Dict[str, Any] = {}
+    shapes: Dict[str, Any] = {}
+    for cell in cells:
+        cfg = cell.config
+        if cfg is None or cfg.init != "impulse":
+            continue
+        spec = cfg.init_spec()
+        if spec.artifact is not None:
+            continue
+        info = dataset_info(cfg.dataset)
+        arch = json.dumps([cfg.model_config().to_dict(), cfg.dataset, cfg.image_size], sort_keys=True, default=str)
+        if arch not in shapes:
+            model = build_model(cfg.model_config(), num_classes=info.num_classes or 1000,
+                                image_size=cfg.image_size or info.image_size, in_chans=info.in_chans,
+                                default_patch=info.default_patch)
+            t = AttentionTarget(model, need_grid=True)
+            shapes[arch] = (t.grid, t.dim, t.heads, t.depth)
+        grid, dim, heads, depth = shapes[arch]
+        sc = spec.solve_config(grid, dim, heads, depth, seed=cfg.seed)
+        out.setdefault(sc.filename, sc)
+    return list(out.values())
+
+
+def presolve(cells: List[Cell], log: Callable[[str], None] = lambda m: None, device: str = "auto",
+             threads: Optional[int] = None) -> Dict[str, Any]:
+    """Solve every impulse artifact ``cells`` need into the cache (one at a time, before any run
+    starts, so that no two tasks wait on the same solve). Returns counts and seconds."""
+    solves = impulse_solves(cells)
+    if not solves:
+        return {"artifacts": 0, "solved": 0, "seconds": 0.0}
+    from structinit.solver.run import solve
+
+    t0 = time.perf_counter()
+    solved = 0
+    for i, sc in enumerate(solves):
+        result = solve(sc, device=device, threads=threads)
+        if not result.cached:
+            solved += 1
+            log(f"solved impulse artifact {i + 1}/{len(solves)}: {result.artifact.path.name}")
+    return {"artifacts": len(solves), "solved": solved, "seconds": round(time.perf_counter() - t0, 3)}
+
+
+# --------------------------------------------------------------------------- print
+
+def print_commands(ex: Expansion, cells: List[Cell]) -> List[Dict[str, Any]]:
+    """``structinit train`` commands for ``cells``: ``[{"key", "cell", "out", "argv", "command"}]``."""
+    from structinit.bench.task import shell_command, train_command
+
+    out = []
+    for cell in cells:
+        argv = train_command(cell.config)
+        out.append({"key": cell.key, "cell": ex.describe(cell), "out": str(ex.run_dir(cell)), "argv": argv,
+                    "command": shell_command(argv)})
+    return out
+
+
+# --------------------------------------------------------------------------- local
+
+@dataclass
+class LocalSummary:
+    """What :func:`run_local` did. ``overhead_seconds``: wall time outside ``train`` per run,
+    measured on this launch (worker start-up included)."""
+
+    launched: int
+    outcomes: Dict[str, int]
+    wall_seconds: float
+    train_seconds: float
+    jobs: int
+    threads: Optional[int]
+    interrupted: bool = False
+    runs: List[Dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def overhead_seconds(self) -> Optional[float]:
+        if not self.launched:
+            return None
+        return max(0.0, self.wall_seconds * self.jobs - self.train_seconds) / self.launched
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"launched": self.launched, "outcomes": self.outcomes, "wall_seconds": round(self.wall_seconds, 3),
+                "train_seconds": round(self.train_seconds, 3), "jobs": self.jobs, "threads": self.threads,
+                "interrupted": self.interrupted, "overhead_seconds_per_run": None if self.overhead_seconds is None
+                else round(self.overhead_seconds, 3), "runs": self.runs}
+
+
+def warm_up() -> None:
+    """Import what training needs (torch, timm, the training modules) once per worker, so that
+    the runs do not pay for it."""
+    import timm  # noqa: F401
+    import torch  # noqa: F401
+
+    import structinit.training.loop  # noqa: F401
+    import structinit.training.models  # noqa: F401
+
+
+def _worker(tasks, results, threads: Optional[int], default_threads: int, device: Optional[str]) -> None:
+    """A local worker process: runs tasks from ``tasks`` until it gets ``None`` or SIGTERM."""
+    os.environ["OMP_NUM_THREADS"] = str(threads or default_threads)  # before torch is imported
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides; it sends SIGTERM
+    from structinit.bench.task import Stopper, run_task
+
+    warm_up()
+    stopper = Stopper()
+    stopper.install()
+    parent = os.getppid()
+
+    def watch_parent():  # a launcher killed outright must not leave its workers training
+        while not stopper.event.wait(2.0):
+            if os.getppid() != parent:
+                stopper.request("the launcher is gone")
+
+    threading.Thread(target=watch_parent, daemon=True).start()
+    while not stopper.event.is_set():
+        try:
+            path = tasks.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        if path is None:
+            break
+        results.put(("start", path, None))
+        try:
+            outcome = run_task(path, threads=threads, default_threads=default_threads, device=device,
+                               stopper=stopper).to_dict()
+        except Exception as exc:  # noqa: BLE001 - the launcher reports it and goes on
+            msg = exc.render() if hasattr(exc, "render") else f"{type(exc).__name__}: {exc}"
+            outcome = {"key": Path(path).name, "path": path, "state": "failed", "seconds": 0.0,
+                       "train_seconds": 0.0, "final_acc": None, "error": msg.splitlines()[0], "requeued": False}
+        results.put(("done", path, outcome))
+
+
+def run_local(ex: Expansion, cells: List[Cell], *, jobs: int = 1, threads: Optional[int] = None,
+              device: Optional[str] = None, progress: Optional[Callable[[int, int], None]] = None,
+              log: Callable[[str], None] = lambda m: None, stop_timeout: float = 120.0) -> LocalSummary:
+    """Train ``cells`` in ``jobs`` worker processes on this machine, ``threads`` torch threads each
+    (default: the CPUs divided between the workers). ``progress(done, total)`` after every run;
+    ``log`` gets one line per finished run. Ctrl-C (KeyboardInterrupt) or SIGTERM stops the workers
+    at their next step and returns with ``interrupted``; a second one kills them. Without
+    ``threads``, runs whose settings set ``threads`` keep them."""
+    import multiprocessing as mp
+
+    if not isinstance(jobs, int) or jobs < 1:
+        raise UsageError(f"{param('jobs')} must be at least 1, got {jobs!r}")
+    t0 = time.perf_counter()
+    jobs = min(jobs, max(len(cells), 1))
+    default_threads = max(1, cpu_count() // jobs)
+    outcomes: Dict[str, int] = {}
+    runs: List[Dict[str, Any]] = []
+    summary = LocalSummary(len(cells), outcomes, 0.0, 0.0, jobs, threads or default_threads)
+    if not cells:
+        return summary
+    ctx = mp.get_context("spawn")
+    tasks, results = ctx.Queue(), ctx.Queue()
+    by_path = {str(ex.run_dir(c)): c for c in cells}
+    for path in by_path:
+        tasks.put(path)
+    for _ in range(jobs):
+        tasks.put(None)
+    workers = [ctx.Process(target=_worker, args=(tasks, results, threads, default_threads, device), daemon=True)
+               for _ in range(jobs)]
+    for w in workers:
+        w.start()
+    done = 0
+    total = len(cells)
+    if progress:
+        progress(0, total)
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    old_term = signal.signal(signal.SIGTERM, on_term) if threading.current_thread() is threading.main_thread() \
+        else None
+
+    def collect(block: float) -> bool:
+        nonlocal done
+        try:
+            kind, path, outcome = results.get(timeout=block)
+        except queue.Empty:
+            return False
+        if kind == "start":
+            return True
+        done += 1
+        outcomes[outcome["state"]] = outcomes.get(outcome["state"], 0) + 1
+        summary.train_seconds += outcome.get("train_seconds") or 0.0
+        cell = by_path.get(path)
+        outcome["cell"] = ex.describe(cell) if cell else path
+        runs.append(outcome)
+        acc = f"final {outcome['final_acc']:.2f}%" if outcome.get("final_acc") is not None else ""
+        err = f": {outcome['error']}" if outcome.get("error") else ""
+        log(f"[{done}/{total}] {outcome['state']} {outcome['cell']} {acc} ({outcome['seconds']:.1f}s) {path}{err}")
+        if progress:
+            progress(done, total)
+        return True
+
+    try:
+        while done < total and any(w.is_alive() for w in workers):
+            collect(0.5)
+        while collect(0.2):  # results sent just before the workers exited
+            pass
+    except KeyboardInterrupt:
+        summary.interrupted = True
+        log("interrupted: stopping the runs at their next step (Ctrl-C again to kill them)")
+        for w in workers:
+            if w.is_alive():
+                os.kill(w.pid, signal.SIGTERM)
+        deadline = time.monotonic() + stop_timeout
+        try:
+            while any(w.is_alive() for w in workers) and time.monotonic() < deadline:
+                collect(0.2)
+            while collect(0.2):
+                pass
+        except KeyboardInterrupt:
+            pass
+    finally:
+        for w in workers:
+            if w.is_alive():
+                w.kill()
+            w.join(timeout=5)
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+    lost = total - done
+    if lost and not summary.interrupted:
+        outcomes["failed"] = outcomes.get("failed", 0) + lost
+        log(f"{lost} run(s) got no result: a worker process died (out of memory?); see their log.txt")
+    summary.runs = runs
+    summary.wall_seconds = time.perf_counter() - t0
+    return summary
+
+
+__all__ = ["prepare", "presolve", "impulse_solves", "print_commands", "run_local", "LocalSummary", "LAUNCHERS",
+           "cpu_count", "check_launcher"]

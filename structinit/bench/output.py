@@ -1,0 +1,91 @@
+"""Writing a report folder: ``report.md`` (every grid's tables, the figures linked), ``cells.csv``,
+``runs.csv``, ``report.json`` and the PNG figures, all or nothing: everything is rendered into a
+temporary folder first and only then moved into place, and existing files are replaced only when
+asked (``force``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from structinit.bench.report import GridReport, cells_csv, markdown, runs_csv
+from structinit.errors import StructinitError, UsageError, param
+
+
+def render_report(reports: List[GridReport], figures: bool = True, attention: Optional[Dict[str, Any]] = None,
+                  command: Optional[str] = None) -> Dict[str, Any]:
+    """File name -> content (text, or a matplotlib figure for ``.png``). ``attention``: grid name
+    -> ``(figure, entries)`` from :mod:`structinit.bench.attention`."""
+    from structinit.bench.plots import report_figures
+
+    files: Dict[str, Any] = {}
+    parts = []
+    if command:
+        parts += [f"Report written by `{command}`.", ""]
+    for rep in reports:
+        figs: Dict[str, str] = {}
+        if figures:
+            for kind, fig in report_figures(rep).items():
+                name = f"{rep.spec.name}-{kind}.png"
+                files[name] = fig
+                figs[kind] = name
+        if attention and rep.spec.name in attention:
+            name = f"{rep.spec.name}-attention.png"
+            files[name] = attention[rep.spec.name][0]
+            figs["attention after init"] = name
+        parts.append(markdown(rep, figs))
+    files["report.md"] = "\n".join(parts)
+    files["cells.csv"] = cells_csv(reports)
+    files["runs.csv"] = runs_csv(reports)
+    doc = {"grids": [r.to_dict(metrics=False) for r in reports]}
+    if attention:
+        doc["attention"] = {name: [{"row": e.row, "label": e.label, "note": e.note,
+                                    "fidelity": e.fidelity.to_dict() if e.fidelity is not None else None}
+                                   for e in entries] for name, (_, entries) in attention.items()}
+    files["report.json"] = json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n"
+    return files
+
+
+def write_report(files: Dict[str, Any], folder: os.PathLike, force: bool = False) -> List[Path]:
+    """Write ``files`` (from :func:`render_report`) into ``folder`` (created if needed). Refuses,
+    before writing anything, to replace an existing file unless ``force``."""
+    from structinit.analysis.figures import save_png
+
+    folder = Path(folder).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{param('report_dir')} {folder} exists and is not a folder")
+    clash = sorted(n for n in files if (folder / n).exists())
+    if clash and not force:
+        raise UsageError(f"{param('report_dir')} {folder} already holds {', '.join(clash)}; choose another folder or "
+                         f"pass {param('force')} to replace them")
+    created = not folder.exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".report-", dir=folder))
+    except OSError as exc:
+        raise StructinitError(f"cannot create {folder}: {exc.strerror or exc}") from None
+    try:
+        for name, content in files.items():
+            if name.endswith(".png"):
+                save_png(content, tmp / name)
+            else:
+                (tmp / name).write_text(content)
+        written = []
+        for name in files:
+            os.replace(tmp / name, folder / name)
+            written.append(folder / name)
+        return written
+    except OSError as exc:
+        raise StructinitError(f"cannot write the report into {folder}: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if created and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+
+
+__all__ = ["render_report", "write_report"]

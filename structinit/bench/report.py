@@ -1,0 +1,435 @@
+"""Whatever runs of a grid have finished, as the paper's tables: methods as rows, settings as
+columns, the final-epoch test accuracy as mean ± std over seeds with the seed count, the
+difference to the baseline row paired by seed (± its standard error), the paper's number beside
+ours where it has one, unfinished cells marked, and the best epoch shown as such (chosen on the
+validation split when the runs hold one out).
+
+Example::
+
+    from structinit.bench.report import collect, markdown
+    rep = collect(expansion)          # an Expansion: expanded from a grid file or read from a manifest
+    print(markdown(rep))
+    rep.to_dict()                     # the same as JSON (``structinit bench report --json``)
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from structinit.bench.expand import Cell, Expansion, load_manifests, pick_manifest
+from structinit.bench.status import run_status
+from structinit.errors import UsageError, param
+
+
+@dataclass
+class RunResult:
+    """One cell's run as the report sees it. Accuracies in %; ``metrics``: the epoch records."""
+
+    key: str
+    row: str
+    column: Tuple[str, ...]
+    seed: int
+    state: str
+    final_acc: Optional[float] = None
+    best_acc: Optional[float] = None
+    best_epoch: Optional[int] = None
+    best_on: Optional[str] = None
+    final_val_acc: Optional[float] = None
+    epochs: Optional[int] = None
+    epochs_expected: Optional[int] = None
+    train_images: Optional[int] = None
+    wall_seconds: Optional[float] = None
+    metrics: List[Dict[str, Any]] = field(default_factory=list)
+    problem: Optional[str] = None
+
+    def to_dict(self, metrics: bool = False) -> Dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if k != "metrics"}
+        d["column"] = list(self.column)
+        if metrics:
+            d["metrics"] = self.metrics
+        return d
+
+
+@dataclass
+class CellStats:
+    """Aggregates of one (row, column) cell over its seeds. ``delta_*``: paired by seed against
+    the baseline row of the same column (``n_paired`` seeds finished in both)."""
+
+    row: str
+    column: Tuple[str, ...]
+    n: int
+    expected: int
+    final: Dict[int, float]
+    final_mean: Optional[float] = None
+    final_std: Optional[float] = None
+    best_mean: Optional[float] = None
+    best_std: Optional[float] = None
+    best_on: Optional[str] = None
+    delta_mean: Optional[float] = None
+    delta_se: Optional[float] = None
+    n_paired: int = 0
+    paper: Optional[float] = None
+    paper_delta: Optional[float] = None
+
+    def to_dict(self) -> Dict[str, Any]:
+        d = dict(self.__dict__)
+        d["column"] = list(self.column)
+        d["final"] = {str(k): v for k, v in self.final.items()}
+        return d
+
+
+def mean_std(xs: List[float]) -> Tuple[Optional[float], Optional[float]]:
+    """Mean and sample standard deviation (``None`` for no values; std 0 for one)."""
+    if not xs:
+        return None, None
+    m = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return m, 0.0
+    return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+@dataclass
+class GridReport:
+    """The report of one expansion (see the module docstring)."""
+
+    ex: Expansion
+    runs: List[RunResult]
+    cells: Dict[Tuple[str, Tuple[str, ...]], CellStats]
+
+    @property
+    def spec(self):
+        return self.ex.spec
+
+    @property
+    def columns(self) -> List[Tuple[str, ...]]:
+        return [tuple(v.id for v in c) for c in self.spec.column_cells()]
+
+    @property
+    def rows(self) -> List[str]:
+        return [v.id for v in self.spec.row_axis.values]
+
+    def counts(self) -> Dict[str, int]:
+        out: Dict[str, int] = {}
+        seen = set()
+        for r in self.runs:
+            if r.key not in seen:
+                seen.add(r.key)
+                out[r.state] = out.get(r.state, 0) + 1
+        return out
+
+    def problems(self) -> List[str]:
+        return [f"{self.ex.run_dir(r.key)}: {r.problem}" for r in self.runs if r.problem]
+
+    def learning_curve_axis(self) -> Optional[str]:
+        """The column axis whose values set ``train_size`` (a learning-curve grid), if any."""
+        for axis in self.spec.column_axes:
+            sizes = {str(v.settings.get("train_size")) for v in axis.values}
+            if len(sizes) > 1:
+                return axis.name
+        return None
+
+    def to_dict(self, metrics: bool = False) -> Dict[str, Any]:
+        s = self.spec
+        return {"grid": s.name, "title": s.title, "description": s.description, "command": self.ex.command,
+                "runs_dir": str(self.ex.runs_dir), "seeds": list(s.seeds), "overrides": self.ex.overrides,
+                "rows": [{"id": v.id, "label": v.label} for v in s.row_axis.values], "row_axis": s.rows,
+                "column_axes": list(s.columns),
+                "columns": [{"ids": list(c), "label": self.ex.column_label(c)} for c in self.columns],
+                "baseline": s.baseline, "paper": {"source": s.paper_source, "note": s.paper_note},
+                "metric": "final-epoch test accuracy (%)", "counts": self.counts(), "problems": self.problems(),
+                "cells": [self.cells[(r, c)].to_dict() for r in self.rows for c in self.columns],
+                "runs": [r.to_dict(metrics) for r in self.runs]}
+
+
+def read_run(ex: Expansion, cell: Cell) -> RunResult:
+    """What the run of ``cell`` has: its state, and for a finished run its results, with a
+    ``problem`` when its files disagree (a missing or repeated epoch, no final accuracy)."""
+    path = ex.run_dir(cell)
+    st = run_status(path)
+    r = RunResult(cell.key, cell.row, tuple(cell.column), cell.seed, st.state)
+    cfg = _read_json(path / "config.json") or {}
+    resolved = cfg.get("resolved") or {}
+    r.train_images = resolved.get("train_images")
+    r.epochs_expected = (resolved.get("hparams") or {}).get("epochs")
+    if st.state != "finished":
+        return r
+    final = _read_json(path / "final.json")
+    metrics = _read_metrics(path / "metrics.jsonl")
+    r.metrics = metrics
+    if not isinstance(final, dict) or not isinstance(final.get("final_acc"), (int, float)):
+        r.problem = "final.json has no final_acc"
+        return r
+    r.final_acc = float(final["final_acc"])
+    r.final_val_acc = final.get("final_val_acc")
+    best = final.get("best_epoch") or {}
+    r.best_acc, r.best_epoch, r.best_on = best.get("test_acc"), best.get("epoch"), best.get("selected_on")
+    r.epochs = final.get("epochs")
+    r.wall_seconds = final.get("wall_seconds")
+    epochs = [m.get("epoch") for m in metrics]
+    want = list(range(1, (r.epochs_expected or r.epochs or 0) + 1))
+    if epochs != want:
+        r.problem = f"metrics.jsonl has epochs {_ranges(epochs)}, expected 1-{len(want)} once each"
+    elif metrics and metrics[-1].get("test_acc") != r.final_acc:
+        r.problem = "final_acc differs from the last epoch's test accuracy"
+    return r
+
+
+def _ranges(xs: List[Any]) -> str:
+    return ",".join(str(x) for x in xs[:12]) + (",..." if len(xs) > 12 else "")
+
+
+def _read_json(path: Path) -> Optional[Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_metrics(path: Path) -> List[Dict[str, Any]]:
+    rows = []
+    try:
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                pass
+    except OSError:
+        pass
+    return rows
+
+
+def collect(ex: Expansion) -> GridReport:
+    """Read every run of ``ex`` and aggregate the cells (unfinished runs are counted, not hidden)."""
+    runs = [read_run(ex, c) for c in ex.cells]
+    spec = ex.spec
+    by_cell: Dict[Tuple[str, Tuple[str, ...]], List[RunResult]] = {}
+    for r in runs:
+        by_cell.setdefault((r.row, r.column), []).append(r)
+    columns = [tuple(v.id for v in c) for c in spec.column_cells()]
+    cells: Dict[Tuple[str, Tuple[str, ...]], CellStats] = {}
+    for row in [v.id for v in spec.row_axis.values]:
+        for ci, col in enumerate(columns):
+            done = [r for r in by_cell.get((row, col), []) if r.final_acc is not None]
+            final = {r.seed: r.final_acc for r in done}
+            c = CellStats(row, col, len(done), len(by_cell.get((row, col), [])), final)
+            c.final_mean, c.final_std = mean_std(list(final.values()))
+            bests = [r.best_acc for r in done if r.best_acc is not None]
+            c.best_mean, c.best_std = mean_std(bests)
+            ons = sorted({r.best_on for r in done if r.best_on})
+            c.best_on = "/".join(ons) if ons else None
+            paper = spec.paper.get(row)
+            c.paper = paper[ci] if paper else None
+            cells[(row, col)] = c
+    if spec.baseline is not None:
+        for (row, col), c in cells.items():
+            base = cells[(spec.baseline, col)]
+            if row == spec.baseline:
+                continue
+            pairs = [c.final[s] - base.final[s] for s in c.final if s in base.final]
+            c.n_paired = len(pairs)
+            m, sd = mean_std(pairs)
+            c.delta_mean = m
+            c.delta_se = sd / math.sqrt(len(pairs)) if pairs and len(pairs) > 1 else None
+            if c.paper is not None and base.paper is not None:
+                c.paper_delta = c.paper - base.paper
+    return GridReport(ex, runs, cells)
+
+
+# --------------------------------------------------------------------------- text
+
+def _num(x: Optional[float], sign: bool = False) -> str:
+    if x is None:
+        return "—"
+    return f"{x:+.2f}" if sign else f"{x:.2f}"
+
+
+def _cell_text(c: CellStats, show_paper: bool) -> str:
+    if c.n == 0:
+        text = f"pending (0/{c.expected})"
+    else:
+        text = f"{c.final_mean:.2f} ± {c.final_std:.2f}"
+        if c.n < c.expected:
+            text += f" ({c.n}/{c.expected})"
+    if show_paper and c.paper is not None:
+        text += f" [{c.paper:.2f}]"
+    return text
+
+
+def _table(header: List[str], rows: List[List[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def markdown(rep: GridReport, figures: Optional[Dict[str, str]] = None, heading: int = 2) -> str:
+    """The report of one grid as markdown (``figures``: name -> file name, linked below the tables)."""
+    s, ex = rep.spec, rep.ex
+    h = "#" * heading
+    counts = rep.counts()
+    total = sum(counts.values())
+    has_paper = any(c.paper is not None for c in rep.cells.values())
+    lines = [f"{h} {s.title}", ""]
+    if s.description:
+        lines += [s.description, ""]
+    if ex.command:
+        lines += ["Command:", "", "```bash", ex.command, "```", ""]
+    state_text = ", ".join(f"{counts[k]} {k}" for k in ("finished", "running", "failed", "pending") if counts.get(k))
+    lines += [f"Seeds {', '.join(map(str, s.seeds))} ({len(s.seeds)} per cell); {total} runs: {state_text}. "
+              f"Runs in `{ex.runs_dir}`." + (f" Settings changed for the whole grid: "
+                                             f"{', '.join(f'{k}={v}' for k, v in ex.overrides.items())}."
+                                             if ex.overrides else ""), ""]
+    col_labels = [ex.column_label(c) for c in rep.columns]
+    row_title = s.rows.replace("_", " ")
+
+    lines += [f"{h}# Final-epoch test accuracy (%)", "",
+              "Mean ± standard deviation over the seeds that finished; (k/n): only k of n seeds finished; "
+              "pending: none yet." + (f" [x]: the paper's number ({s.paper_source})." if has_paper else ""), ""]
+    body = [[ex.row_label(r)] + [_cell_text(rep.cells[(r, c)], has_paper) for c in rep.columns] for r in rep.rows]
+    lines += [_table([row_title] + col_labels, body), ""]
+
+    if s.baseline is not None:
+        base = ex.row_label(s.baseline)
+        lines += [f"{h}# Difference to {base} (percentage points)", "",
+                  f"Paired by seed: the mean over seeds of (method − {base}) with its standard error; (k): seeds "
+                  "finished in both." + (" [x]: the paper's difference." if has_paper else ""), ""]
+        body = []
+        for r in rep.rows:
+            if r == s.baseline:
+                continue
+            row = [ex.row_label(r)]
+            for c in rep.columns:
+                st = rep.cells[(r, c)]
+                if st.delta_mean is None:
+                    text = "—"
+                else:
+                    text = _num(st.delta_mean, True) + (f" ± {st.delta_se:.2f}" if st.delta_se is not None else "")
+                    text += f" ({st.n_paired})"
+                if has_paper and st.paper_delta is not None:
+                    text += f" [{st.paper_delta:+.2f}]"
+                row.append(text)
+            body.append(row)
+        lines += [_table([row_title] + col_labels, body), ""]
+
+    ons = sorted({c.best_on for c in rep.cells.values() if c.best_on})
+    chosen = {"val": "the validation split", "test": "the test split itself (optimistic: no validation split)"}
+    lines += [f"{h}# Best epoch (%)", "",
+              "Test accuracy at the evaluated epoch with the best accuracy on "
+              + (" / ".join(chosen.get(o, o) for o in ons) if ons else "the validation split")
+              + "; mean ± std. The final epoch above is the headline.", ""]
+    body = [[ex.row_label(r)] + [(f"{c.best_mean:.2f} ± {c.best_std:.2f}" if c.best_mean is not None else "—")
+                                 for c in (rep.cells[(r, col)] for col in rep.columns)] for r in rep.rows]
+    lines += [_table([row_title] + col_labels, body), ""]
+
+    if s.paper_note:
+        lines += [f"Paper: {s.paper_note}.", ""]
+    problems = rep.problems()
+    if problems:
+        lines += [f"{h}# Problems", ""] + [f"- {p}" for p in problems] + [""]
+    if figures:
+        lines += [f"{h}# Figures", ""] + [f"![{name}]({fname})" for name, fname in figures.items()] + [""]
+    return "\n".join(lines)
+
+
+def cells_csv(reports: List[GridReport]) -> str:
+    """One line per (grid, row, column): the aggregates, the paper's number and difference."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["grid", "row_id", "row", "column_id", "column", "n", "expected", "final_mean", "final_std",
+                "best_mean", "best_std", "best_on", "delta_mean", "delta_se", "n_paired", "paper", "paper_delta"])
+    for rep in reports:
+        for r in rep.rows:
+            for c in rep.columns:
+                st = rep.cells[(r, c)]
+                w.writerow([rep.spec.name, r, rep.ex.row_label(r), "/".join(c), rep.ex.column_label(c), st.n,
+                            st.expected] + [_csv(x) for x in (st.final_mean, st.final_std, st.best_mean, st.best_std)]
+                           + [st.best_on or ""] + [_csv(st.delta_mean), _csv(st.delta_se), st.n_paired,
+                                                   _csv(st.paper), _csv(st.paper_delta)])
+    return buf.getvalue()
+
+
+def runs_csv(reports: List[GridReport]) -> str:
+    """One line per run of every grid."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["grid", "key", "row_id", "column_id", "seed", "state", "final_acc", "best_acc", "best_epoch",
+                "best_on", "final_val_acc", "epochs", "train_images", "wall_seconds", "problem"])
+    for rep in reports:
+        for r in rep.runs:
+            w.writerow([rep.spec.name, r.key, r.row, "/".join(r.column), r.seed, r.state, _csv(r.final_acc),
+                        _csv(r.best_acc), r.best_epoch or "", r.best_on or "", _csv(r.final_val_acc), r.epochs or "",
+                        r.train_images or "", r.wall_seconds or "", r.problem or ""])
+    return buf.getvalue()
+
+
+def _csv(x: Optional[float]) -> str:
+    return "" if x is None else f"{x:.4f}"
+
+
+# --------------------------------------------------------------------------- sources
+
+def reports_for_folder(runs_dir: os.PathLike, grid: Optional[str] = None) -> List[GridReport]:
+    """Reports of every grid recorded in ``runs_dir`` (or of the one named ``grid``); a folder of
+    runs made without a grid (e.g. by ``structinit train``) is reported as one table of its runs."""
+    folder = Path(runs_dir)
+    if not folder.is_dir():
+        raise UsageError(f"{param('target')} {folder} is not a folder of runs")
+    expansions = pick_manifest(load_manifests(folder), grid)
+    if not expansions:
+        ex = loose_runs(folder)
+        return [collect(ex)]
+    return [collect(ex) for ex in expansions]
+
+
+def loose_runs(folder: Path) -> Expansion:
+    """The runs in ``folder``'s sub-folders (each with a ``config.json``) as a one-column grid:
+    one row per distinct setting (seeds pooled), labelled by the settings that differ."""
+    from structinit.bench.gridspec import Axis, AxisValue, GridSpec
+    from structinit.training.config import EXECUTION_FIELDS
+
+    found = []
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
+        cfg = _read_json(sub / "config.json")
+        if isinstance(cfg, dict) and isinstance(cfg.get("config"), dict):
+            found.append((sub, cfg["config"]))
+    if not found:
+        raise UsageError(f"no runs in {folder}: no sub-folder holds a config.json (run structinit bench grid or "
+                         "structinit train --out first)")
+
+    def settings(c: Dict[str, Any]) -> Dict[str, Any]:
+        return {k: v for k, v in c.items() if k not in EXECUTION_FIELDS and k not in ("seed",)}
+
+    groups: Dict[str, List[Tuple[Path, Dict[str, Any]]]] = {}
+    for sub, c in found:
+        groups.setdefault(json.dumps(settings(c), sort_keys=True, default=str), []).append((sub, c))
+    keys = list(groups)
+    differing = sorted({k for g in keys for k, v in json.loads(g).items()
+                        if any(json.loads(o).get(k) != v for o in keys)})
+    values, cells = [], []
+    for i, g in enumerate(keys):
+        s = json.loads(g)
+        label = ", ".join(f"{k}={_short(s.get(k))}" for k in differing) or (s.get("init") or "default")
+        vid = f"r{i}"
+        values.append(AxisValue(vid, label, {}))
+        for sub, c in groups[g]:
+            cells.append(Cell(vid, (), int(c.get("seed", 0)), sub.name))
+    seeds = tuple(sorted({c.seed for c in cells}))
+    spec = GridSpec(name=folder.name or "runs", title=f"Runs in {folder}", source=str(folder),
+                    axes=(Axis("run", tuple(values)),), rows="run", columns=(), seeds=seeds)
+    return Expansion(spec, folder, cells)
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}={_short(x)}" for k, x in v.items()) + "}"
+    return str(v)
+
+
+__all__ = ["collect", "markdown", "cells_csv", "runs_csv", "GridReport", "CellStats", "RunResult",
+           "reports_for_folder", "loose_runs", "mean_std"]

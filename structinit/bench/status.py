@@ -1,0 +1,130 @@
+"""Where the runs of a grid stand: ``finished`` (a ``final.json``), ``running`` (a task's heartbeat
+younger than :data:`STALE_SECONDS`, or a fresh checkpoint), ``failed`` (the last task ended with an
+error; its last log line says which) or ``pending`` (not started, or stopped with a checkpoint to
+resume from). Reading the status touches no run and imports no torch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from structinit.bench.expand import Cell, Expansion
+from structinit.bench.task import HEARTBEAT_FILE, last_log_line, task_record
+
+STATES = ("finished", "running", "failed", "pending")
+#: A heartbeat older than this (seconds) is a task that is gone.
+STALE_SECONDS = 120.0
+#: A checkpoint younger than this (or than three epochs of the run) counts as a running run
+#: started by hand (e.g. a printed command) that writes no heartbeat.
+FRESH_CHECKPOINT_SECONDS = 600.0
+
+
+@dataclass
+class RunStatus:
+    """One run: ``state`` (one of :data:`STATES`), ``epochs_done``, whether it has a checkpoint to
+    resume from, and ``detail``: the error of a failed run, the age of a running one."""
+
+    key: str
+    path: str
+    state: str
+    epochs_done: int = 0
+    resumable: bool = False
+    detail: Optional[str] = None
+
+
+def _age(path: Path, now: float) -> Optional[float]:
+    try:
+        return now - path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def _epochs_done(run: Path) -> int:
+    """Epoch records in ``metrics.jsonl`` (counted by lines; cheap)."""
+    try:
+        with open(run / "metrics.jsonl", "rb") as f:
+            return sum(1 for line in f if line.strip())
+    except OSError:
+        return 0
+
+
+def run_status(run: Path, now: Optional[float] = None) -> RunStatus:
+    """The state of the run in folder ``run`` (see the module docstring)."""
+    now = time.time() if now is None else now
+    run = Path(run)
+    key = run.name
+    if (run / "final.json").is_file():
+        return RunStatus(key, str(run), "finished", _epochs_done(run))
+    checkpoint = run / "checkpoint.pt"
+    resumable = checkpoint.is_file()
+    done = _epochs_done(run)
+    beat = _age(run / HEARTBEAT_FILE, now)
+    task = task_record(run) or {}
+    if task.get("state") == "running" and beat is not None and beat < STALE_SECONDS:
+        return RunStatus(key, str(run), "running", done, resumable, f"heartbeat {beat:.0f}s ago on {task.get('host')}")
+    ck_age = _age(checkpoint, now) if resumable else None
+    if ck_age is not None and (task.get("state") in (None, "running")) and ck_age < FRESH_CHECKPOINT_SECONDS:
+        return RunStatus(key, str(run), "running", done, resumable, f"checkpoint written {ck_age:.0f}s ago")
+    if task.get("state") == "failed":
+        return RunStatus(key, str(run), "failed", done, resumable, task.get("error") or last_log_line(run))
+    return RunStatus(key, str(run), "pending", done, resumable,
+                     f"checkpoint after epoch {done}" if resumable else None)
+
+
+@dataclass
+class GridStatus:
+    """Counts per state and every run's :class:`RunStatus` (with its cell), for one expansion."""
+
+    name: str
+    runs_dir: str
+    counts: Dict[str, int]
+    runs: List[Dict[str, Any]]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def pending_keys(self) -> List[str]:
+        return [r["key"] for r in self.runs if r["state"] == "pending"]
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"grid": self.name, "runs_dir": self.runs_dir, "total": self.total, "counts": self.counts,
+                "runs": self.runs}
+
+
+def grid_status(ex: Expansion, now: Optional[float] = None) -> GridStatus:
+    """The status of every distinct run of ``ex``."""
+    now = time.time() if now is None else now
+    counts = {s: 0 for s in STATES}
+    runs = []
+    cells: List[Cell] = ex.unique_cells()
+    for cell in cells:
+        st = run_status(ex.run_dir(cell), now)
+        counts[st.state] += 1
+        runs.append(dict(asdict(st), cell=ex.describe(cell), row=cell.row, column=list(cell.column), seed=cell.seed))
+    return GridStatus(ex.spec.name, str(ex.runs_dir), counts, runs)
+
+
+def status_text(st: GridStatus, limit: int = 20) -> str:
+    """A few lines for people: the counts, then the failed runs with their last log line and the
+    running ones (at most ``limit`` of each)."""
+    c = st.counts
+    resumable = sum(1 for r in st.runs if r["state"] == "pending" and r["resumable"])
+    lines = [f"grid {st.name}: {st.total} runs in {st.runs_dir}: {c['finished']} finished, {c['running']} running, "
+             f"{c['failed']} failed, {c['pending']} pending" + (f" ({resumable} with a checkpoint)" if resumable
+                                                                 else "")]
+    for state in ("failed", "running"):
+        chosen = [r for r in st.runs if r["state"] == state]
+        if chosen:
+            lines.append(f"{state}:")
+            for r in chosen[:limit]:
+                lines.append(f"  {r['path']}  {r['cell']}, {r['epochs_done']} epoch(s) done: {r['detail'] or ''}")
+            if len(chosen) > limit:
+                lines.append(f"  ... and {len(chosen) - limit} more")
+    return "\n".join(lines)
+
+
+__all__ = ["RunStatus", "GridStatus", "run_status", "grid_status", "status_text", "STATES"]

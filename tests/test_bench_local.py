@@ -1,0 +1,188 @@
+"""The local launcher and the task runner with real training runs on digits: every run once, a rerun
+launches nothing, Ctrl-C stops cleanly and a rerun continues, a task stopped by SIGTERM resumes from
+its checkpoint, failures are reported with their last log line."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from structinit.bench.expand import expand
+from structinit.bench.gridspec import parse_grid_text
+from structinit.bench.launch import prepare
+from structinit.bench.status import grid_status, run_status
+from structinit.training.rundir import RunDir
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = """\
+name = "tiny"
+title = "Tiny digits grid"
+seeds = 2
+rows = "init"
+baseline = "mimetic"
+[settings]
+model = "vit-digits"
+dataset = "digits"
+patch = 2
+depth = 1
+dim = 32
+heads = 2
+lr = 0.01
+batch_size = 32
+epochs = 2
+warmup_epochs = 0.5
+val_size = 100
+[[axes.init]]
+id = "mimetic"
+label = "Mimetic"
+init = "mimetic"
+[[axes.init]]
+id = "impulse"
+label = "Impulse"
+init = "impulse"
+"""
+
+
+def structinit(*args, cwd, timeout=600, **kw):
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "structinit", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def popen(*args, cwd):
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    return subprocess.Popen([sys.executable, "-m", "structinit", *map(str, args)], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def wait_for(cond, timeout=300, every=0.2):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        value = cond()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError("timed out waiting")
+
+
+def epochs_of(run: Path):
+    return [m["epoch"] for m in RunDir(run).read_metrics()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie of this test's own children does not count
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_local_grid_runs_every_run_once_and_a_rerun_launches_nothing(tmp_path):
+    (tmp_path / "tiny.toml").write_text(TINY)
+    r = structinit("bench", "grid", "tiny.toml", "--jobs", "2", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["to_launch"] == 4 and doc["outcomes"] == {"finished": 4} and doc["jobs"] == 2 and doc["threads"] == 1
+    assert doc["presolve"]["artifacts"] == 2  # impulse at seeds 0 and 1, solved before the runs started
+    assert 0 <= doc["overhead_seconds_per_run"] < 60
+    runs = sorted(p for p in (tmp_path / "runs").iterdir() if p.name not in ("grids",))
+    assert len(runs) == 4
+    for run in runs:
+        final = json.loads((run / "final.json").read_text())
+        assert epochs_of(run) == [1, 2] and final["final_acc"] > 20 and final["best_epoch"]["selected_on"] == "val"
+        task = json.loads((run / "task.json").read_text())
+        assert task["state"] == "finished" and not alive(task["pid"])
+        # the impulse runs found their artifact solved already
+        cfg = json.loads((run / "config.json").read_text())
+        if cfg["config"]["init"] == "impulse":
+            assert cfg["init_report"]["artifact"]["cached"] is True
+    again = structinit("bench", "grid", "tiny.toml", cwd=tmp_path)
+    assert again.returncode == 0 and "nothing to launch: 4 of 4 runs finished" in again.stdout
+    status = structinit("bench", "grid", "tiny.toml", "--status", "--json", cwd=tmp_path)
+    assert json.loads(status.stdout)["counts"] == {"finished": 4, "running": 0, "failed": 0, "pending": 0}
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_cleanly_and_a_rerun_continues(tmp_path):
+    (tmp_path / "tiny.toml").write_text(TINY)
+    proc = popen("bench", "grid", "tiny.toml", "--set", "epochs=12", "--seeds", "1", cwd=tmp_path)
+    runs = tmp_path / "runs"
+    first = wait_for(lambda: next((p for p in runs.glob("*") if len(epochs_of(p)) >= 2), None))
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "the same command continues the grid" in err and "Traceback" not in err
+    task = json.loads((first / "task.json").read_text())
+    assert task["state"] == "interrupted" and not alive(task["pid"])
+    stopped_at = len(epochs_of(first))
+    assert 2 <= stopped_at < 12 and not (first / "final.json").exists()
+    st = run_status(first)
+    assert st.state == "pending" and st.resumable
+    again = structinit("bench", "grid", "tiny.toml", "--set", "epochs=12", "--seeds", "1", "--json", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["outcomes"] == {"finished": 2}
+    final = json.loads((first / "final.json").read_text())
+    assert final["resumed_from"] == stopped_at and epochs_of(first) == list(range(1, 13))
+
+
+@pytest.mark.slow
+def test_a_task_stopped_by_sigterm_resumes_from_its_checkpoint(tmp_path):
+    ex = expand(parse_grid_text(TINY, "tiny.toml", "tiny"), overrides=["epochs=10"], seeds=1, runs_dir=tmp_path)
+    run = ex.run_dir(prepare(ex)[0])
+    proc = popen("bench", "run", run, "--threads", "1", cwd=tmp_path)
+    wait_for(lambda: len(epochs_of(run)) >= 2)
+    assert run_status(run).state == "running"  # a live heartbeat
+    busy = structinit("bench", "run", run, "--json", cwd=tmp_path)  # a second task leaves the run alone
+    assert json.loads(busy.stdout)[0]["state"] == "busy"
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and f"interrupted {run}" in out
+    assert "task stopped (SIGTERM); the last epoch's checkpoint is kept" in (run / "log.txt").read_text()
+    k = len(epochs_of(run))
+    assert RunDir(run).state == "resumable" and run_status(run).state == "pending"
+    done = structinit("bench", "run", run, "--json", cwd=tmp_path)
+    assert done.returncode == 0 and json.loads(done.stdout)[0]["state"] == "finished"
+    assert json.loads((run / "final.json").read_text())["resumed_from"] == k and epochs_of(run) == list(range(1, 11))
+    again = structinit("bench", "run", run, "--json", cwd=tmp_path)
+    assert json.loads(again.stdout)[0]["state"] == "already-finished"
+
+
+@pytest.mark.slow
+def test_a_failing_run_is_reported_and_retried(tmp_path):
+    grid = TINY.replace('dataset = "digits"', 'dataset = "cifar10"').replace("patch = 2\n", "patch = 8\n")
+    (tmp_path / "bad.toml").write_text(grid)
+    (tmp_path / "empty").mkdir()
+    r = structinit("bench", "grid", "bad.toml", "--seeds", "1", "--data-dir", "empty", cwd=tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "2 failed" in r.stdout and "expected torchvision's files" in r.stderr
+    st = structinit("bench", "grid", "bad.toml", "--seeds", "1", "--data-dir", "empty", "--status", cwd=tmp_path)
+    assert st.returncode == 0 and "0 finished, 0 running, 2 failed, 0 pending" in st.stdout
+    assert st.stdout.count("cifar10: expected torchvision's files") == 2
+    ex = expand(parse_grid_text(grid, "bad.toml", "bad"), seeds=1, runs_dir=tmp_path / "runs",
+                data_root=tmp_path / "empty")
+    assert grid_status(ex).counts["failed"] == 2
+    assert len(prepare(ex)) == 2  # a rerun retries failed runs
+
+
+@pytest.mark.slow
+def test_a_task_with_two_processes_trains_under_torchrun(tmp_path):
+    ex = expand(parse_grid_text(TINY, "tiny.toml", "tiny"), seeds=1, runs_dir=tmp_path, only=["init=mimetic"])
+    run = ex.run_dir(prepare(ex)[0])
+    r = structinit("bench", "run", run, "--nproc", "2", "--threads", "1", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)[0]["state"] == "finished"
+    final = json.loads((run / "final.json").read_text())
+    assert final["world_size"] == 2 and epochs_of(run) == [1, 2]
+    assert "torchrun: " in (run / "log.txt").read_text()
+    # the number of processes is an execution setting: the run keeps its key
+    assert json.loads((run / "config.json").read_text())["key"] == run.name

@@ -1,0 +1,179 @@
+"""bench report: the numbers of real finished runs aggregated by hand and compared with the tables,
+CSV and JSON; unfinished cells marked; the paper's numbers beside ours; figures; the report folder
+written all or nothing."""
+
+import csv
+import io
+import json
+import math
+import statistics
+
+import pytest
+import torch
+
+from structinit.bench.expand import expand
+from structinit.bench.gridspec import parse_grid_text
+from structinit.bench.launch import prepare
+from structinit.bench.output import render_report, write_report
+from structinit.bench.report import collect, markdown, reports_for_folder
+from structinit.bench.task import run_task
+from structinit.errors import UsageError
+
+GRID = """\
+name = "mini"
+title = "Mini digits grid"
+seeds = 2
+rows = "init"
+columns = ["train_size"]
+baseline = "mimetic"
+[settings]
+model = "vit-digits"
+dataset = "digits"
+patch = 2
+depth = 1
+dim = 32
+heads = 2
+lr = 0.01
+batch_size = 32
+epochs = 2
+warmup_epochs = 0.5
+val_size = 100
+[[axes.init]]
+id = "mimetic"
+label = "Mimetic"
+init = "mimetic"
+[[axes.init]]
+id = "kaiming"
+label = "Kaiming"
+init = "kaiming"
+[[axes.train_size]]
+id = "200"
+train_size = 200
+[[axes.train_size]]
+id = "all"
+label = "all (1337)"
+[paper]
+source = "a made-up table"
+values.mimetic = [70.0, 90.0]
+values.kaiming = [65.5, nan]
+"""
+
+
+@pytest.fixture(scope="module")
+def grid_runs(tmp_path_factory):
+    """The mini grid with every run finished but Kaiming / all / seed 1 (left pending)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    runs = tmp_path_factory.mktemp("report") / "runs"
+    ex = expand(parse_grid_text(GRID, "mini.toml", "mini"), runs_dir=runs, command="structinit bench grid mini.toml")
+    for cell in prepare(ex):
+        if (cell.row, cell.column, cell.seed) != ("kaiming", ("all",), 1):
+            assert run_task(ex.run_dir(cell), threads=1).state == "finished"
+    torch.set_num_threads(old)
+    return ex
+
+
+def finals(ex, row, col):
+    out = {}
+    for c in ex.cells:
+        if c.row == row and c.column == (col,):
+            path = ex.run_dir(c) / "final.json"
+            if path.exists():
+                out[c.seed] = json.loads(path.read_text())["final_acc"]
+    return out
+
+
+@pytest.mark.slow
+def test_cells_aggregate_the_runs_final_accuracies(grid_runs):
+    ex = grid_runs
+    rep = collect(ex)
+    for row in ("mimetic", "kaiming"):
+        for col in ("200", "all"):
+            want = finals(ex, row, col)
+            c = rep.cells[(row, (col,))]
+            assert c.final == want and c.n == len(want) and c.expected == 2
+            assert c.final_mean == pytest.approx(statistics.mean(want.values()))
+            assert c.final_std == pytest.approx(statistics.stdev(want.values()) if len(want) > 1 else 0.0)
+    # paired by seed against the baseline; the pending seed is left out of the pairs
+    m, k = finals(ex, "mimetic", "all"), finals(ex, "kaiming", "all")
+    c = rep.cells[("kaiming", ("all",))]
+    assert c.n_paired == 1 and c.delta_mean == pytest.approx(k[0] - m[0]) and c.delta_se is None
+    m, k = finals(ex, "mimetic", "200"), finals(ex, "kaiming", "200")
+    diffs = [k[s] - m[s] for s in (0, 1)]
+    c = rep.cells[("kaiming", ("200",))]
+    assert c.delta_mean == pytest.approx(statistics.mean(diffs))
+    assert c.delta_se == pytest.approx(statistics.stdev(diffs) / math.sqrt(2))
+    assert c.paper == 65.5 and c.paper_delta == pytest.approx(-4.5)
+    assert rep.cells[("kaiming", ("all",))].paper is None  # nan in the file: no number
+    assert rep.counts() == {"finished": 7, "pending": 1} and rep.problems() == []
+    assert {r.train_images for r in rep.runs if r.column == ("200",)} == {200}
+    assert rep.learning_curve_axis() == "train_size"
+
+
+@pytest.mark.slow
+def test_markdown_marks_unfinished_cells_and_shows_the_paper(grid_runs):
+    rep = collect(grid_runs)
+    text = markdown(rep)
+    c = rep.cells[("kaiming", ("all",))]
+    assert f"| Kaiming | {rep.cells[('kaiming', ('200',))].final_mean:.2f} ± " in text
+    assert f"{c.final_mean:.2f} ± 0.00 (1/2)" in text  # one of two seeds finished: marked
+    assert "[65.50]" in text and "[70.00]" in text and "[-4.50]" in text
+    assert "### Difference to Mimetic (percentage points)" in text and "(1)" in text
+    assert "the validation split" in text and "structinit bench grid mini.toml" in text
+    assert "7 finished, 1 pending" in text
+
+
+@pytest.mark.slow
+def test_csv_json_and_the_folder_form_agree(grid_runs, tmp_path):
+    ex = grid_runs
+    reps = reports_for_folder(ex.runs_dir)
+    assert len(reps) == 1 and reps[0].spec.name == "mini"
+    files = render_report(reps, figures=True)
+    assert set(files) == {"report.md", "cells.csv", "runs.csv", "report.json", "mini-accuracy.png",
+                          "mini-learning-curve.png", "mini-curves.png"}
+    rows = list(csv.DictReader(io.StringIO(files["cells.csv"])))
+    assert len(rows) == 4
+    by = {(r["row_id"], r["column_id"]): r for r in rows}
+    assert float(by[("kaiming", "200")]["paper_delta"]) == pytest.approx(-4.5)
+    assert int(by[("kaiming", "all")]["n"]) == 1 and by[("kaiming", "all")]["paper"] == ""
+    runs = list(csv.DictReader(io.StringIO(files["runs.csv"])))
+    assert len(runs) == 8 and sum(r["state"] == "pending" for r in runs) == 1
+    doc = json.loads(files["report.json"])["grids"][0]
+    assert doc["counts"] == {"finished": 7, "pending": 1} and len(doc["cells"]) == 4
+    written = write_report(files, tmp_path / "rep")
+    assert sorted(p.name for p in written) == sorted(files)
+    png = (tmp_path / "rep" / "mini-learning-curve.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    with pytest.raises(UsageError, match="already holds .*report.md.*force"):
+        write_report(files, tmp_path / "rep")
+    before = (tmp_path / "rep" / "report.md").read_text()
+    files2 = dict(files, **{"report.md": "new"})
+    files2["broken.png"] = object()  # cannot be drawn: nothing of the new report may land
+    with pytest.raises(AttributeError):  # an object() is no matplotlib figure
+        write_report(files2, tmp_path / "rep", force=True)
+    assert (tmp_path / "rep" / "report.md").read_text() == before
+    assert not (tmp_path / "rep" / "broken.png").exists()
+    assert not [p for p in (tmp_path / "rep").iterdir() if p.name.startswith(".report-")]
+
+
+@pytest.mark.slow
+def test_the_cli_report_prints_writes_and_refuses(grid_runs, tmp_path, cli):
+    runs = grid_runs.runs_dir
+    r = cli("bench", "report", runs)
+    assert r.returncode == 0 and "## Mini digits grid" in r.stdout and "(1/2)" in r.stdout
+    r = cli("bench", "report", runs, "--json")
+    assert json.loads(r.stdout)["grids"][0]["counts"] == {"finished": 7, "pending": 1}
+    r = cli("bench", "report", runs, "--report-dir", tmp_path / "out", "--attention", "--attention-images", "16")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "out" / "mini-attention.png").stat().st_size > 10_000
+    att = json.loads((tmp_path / "out" / "report.json").read_text())["attention"]["mini"]
+    assert [e["label"] for e in att] == ["Mimetic", "Kaiming"] and att[0]["fidelity"]["images"] == 16
+    r = cli("bench", "report", runs, "--report-dir", tmp_path / "out")
+    assert r.returncode == 2 and r.stderr.startswith("error: --report-dir") and "--force" in r.stderr
+    r = cli("bench", "report", runs, "--grid", "nope")
+    assert r.returncode == 2 and "no grid 'nope' in this folder" in r.stderr
+    (tmp_path / "grid.toml").write_text(GRID)
+    r = cli("bench", "report", tmp_path / "grid.toml", "--out", runs, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["grids"][0]["counts"]["finished"] == 7
+    r = cli("bench", "report", tmp_path / "grid.toml", "--out", runs, "--seeds", "3")
+    assert r.returncode == 0 and "(2/3)" in r.stdout  # seed 2 was never run: every cell is short of it

@@ -1,0 +1,330 @@
+"""The SLURM launcher: the job script it writes, and a real single-node SLURM cluster (Debian's
+slurm-wlm and munge, configured for localhost in a temporary folder) that runs a tiny digits grid
+while one task is requeued (as a preemption does) and another is sent the time-limit signal."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from structinit.bench.expand import expand
+from structinit.bench.gridspec import parse_grid_text
+from structinit.bench.launch import prepare
+from structinit.bench.slurm import SlurmOptions, render_script, write_job
+from structinit.errors import UsageError
+from structinit.training.rundir import RunDir
+
+REPO = Path(__file__).resolve().parents[1]
+DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "sinfo")
+# 2 init methods x 2 seeds x 2 epochs; ~10 s per epoch on a busy 2-core machine, long enough to
+# requeue a task and to signal another one while they train.
+GRID = """\
+name = "slurm-tiny"
+title = "Tiny digits grid on SLURM"
+seeds = 2
+rows = "init"
+[settings]
+model = "vit-digits"
+dataset = "digits"
+epochs = 2
+batch_size = 8
+warmup_epochs = 0.5
+lr = 0.002
+val_size = 100
+[[axes.init]]
+id = "mimetic"
+init = "mimetic"
+[[axes.init]]
+id = "impulse"
+init = "impulse"
+"""
+
+
+def mini_expansion(tmp_path):
+    return expand(parse_grid_text(GRID, "grid.toml", "slurm-tiny"), runs_dir=tmp_path / "runs",
+                  command="structinit bench grid grid.toml")
+
+
+def test_the_job_script_asks_for_what_was_given(tmp_path):
+    ex = mini_expansion(tmp_path)
+    cells = prepare(ex)
+    opts = SlurmOptions(partition="gpu", time="1-00:00:00", gpus=2, cpus=8, mem="32G", account="lab", qos="high",
+                        extra=["--constraint=a100", "#SBATCH --exclusive"], max_concurrent=3, signal_seconds=300)
+    job = write_job(ex, cells, opts, command="structinit bench grid grid.toml")
+    text = job.script.read_text()
+    for line in ("#SBATCH --array=0-3%3", "#SBATCH --signal=USR2@300", "#SBATCH --requeue", "#SBATCH --gres=gpu:2",
+                 "#SBATCH --cpus-per-task=8", "#SBATCH --partition=gpu", "#SBATCH --time=1-00:00:00",
+                 "#SBATCH --mem=32G", "#SBATCH --account=lab", "#SBATCH --qos=high", "#SBATCH --constraint=a100",
+                 "#SBATCH --exclusive", f"#SBATCH --output={job.folder}/logs/%A_%a.log", "--nproc 2",
+                 f"{sys.executable} -u -m structinit bench run", "--signal-seconds 300",
+                 "structinit bench grid grid.toml"):
+        assert line in text, line
+    assert os.access(job.script, os.X_OK)
+    assert job.tasks.read_text().splitlines() == [str(ex.run_dir(c).absolute()) for c in cells]
+    assert "%%{" not in text
+    r = subprocess.run(["bash", "-n", str(job.script)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr  # valid bash
+    plain = render_script(ex, 4, SlurmOptions(), job.folder, None)
+    assert "--gres" not in plain and "--partition" not in plain and "#SBATCH --array=0-3\n" in plain
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(time="tomorrow"), "time must look like HH:MM:SS"),
+    (dict(gpus=-1), "gpus must be an integer of at least 0"),
+    (dict(max_concurrent=0), "max_concurrent must be an integer of at least 1"),
+    (dict(partition="a b"), "partition must be one word"),
+    (dict(extra=["--a\n--b"]), "sbatch takes one #SBATCH option per use"),
+])
+def test_bad_slurm_options(kwargs, message):
+    with pytest.raises(UsageError, match=message):
+        SlurmOptions(**kwargs).validate()
+
+
+def test_without_sbatch_nothing_is_written(tmp_path, cli):
+    (tmp_path / "grid.toml").write_text(GRID)
+    r = cli("bench", "grid", "grid.toml", "--launcher", "slurm", cwd=tmp_path, env={"PATH": str(tmp_path / "no")})
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "error: sbatch is not on PATH, so the job cannot be submitted here; run on a SLURM login node, pass "
+        "--dry-run to write the job script only, or use --launcher local or print"]
+    assert not (tmp_path / "runs").exists()
+    r = cli("bench", "grid", "grid.toml", "--launcher", "slurm", "--dry-run", "--json", cwd=tmp_path,
+            env={"PATH": str(tmp_path / "no")})
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["submitted"] is False and Path(doc["script"]).is_file() and doc["to_launch"] == 4
+
+
+# --------------------------------------------------------------------------- a real cluster
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """munged + slurmctld + slurmd for localhost, all state in one folder."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.env = dict(os.environ, SLURM_CONF=str(root / "slurm.conf"))
+
+    def run(self, *args, check=True, timeout=60):
+        r = subprocess.run(list(args), env=self.env, capture_output=True, text=True, timeout=timeout)
+        if check and r.returncode != 0:
+            raise AssertionError(f"{' '.join(args)} failed: {r.stderr or r.stdout}")
+        return r
+
+    def start(self):
+        root = self.root
+        for sub in ("state", "spool", "log"):
+            (root / sub).mkdir()
+        key = root / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        sock = root / "munge.sock"
+        subprocess.run(["munged", "--force", f"--socket={sock}", f"--key-file={key}", f"--log-file={root}/log/munged",
+                        f"--pid-file={root}/munged.pid", f"--seed-file={root}/munged.seed"], check=True,
+                       capture_output=True, timeout=30)
+        user = os.environ.get("USER") or __import__("pwd").getpwuid(os.getuid()).pw_name
+        cpus = os.cpu_count() or 1
+        host = socket.gethostname().split(".")[0]
+        (root / "slurm.conf").write_text(f"""\
+ClusterName=structinit-test
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
+SlurmUser={user}
+SlurmdUser={user}
+AuthType=auth/munge
+AuthInfo=socket={sock}
+CredType=cred/munge
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.pid
+SlurmctldLogFile={root}/log/slurmctld
+SlurmdLogFile={root}/log/slurmd
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+SwitchType=switch/none
+ReturnToService=2
+KillWait=20
+MinJobAge=600
+NodeName=structinit-node NodeHostname={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
+PartitionName=debug Nodes=structinit-node Default=YES MaxTime=INFINITE State=UP
+""")
+        conf = str(root / "slurm.conf")
+        subprocess.run(["slurmctld", "-f", conf], env=self.env, check=True, capture_output=True, timeout=30)
+        subprocess.run(["slurmd", "-f", conf, "-N", "structinit-node"], env=self.env, check=True, capture_output=True,
+                       timeout=30)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 60:
+            r = self.run("sinfo", "-h", "-o", "%T", check=False)
+            if r.returncode == 0 and r.stdout.strip() == "idle":
+                return
+            time.sleep(0.5)
+        log = (root / "log" / "slurmctld").read_text()[-2000:] if (root / "log" / "slurmctld").exists() else ""
+        raise AssertionError(f"the test cluster did not come up: {r.stdout} {r.stderr}\n{log}")
+
+    def stop(self):
+        self.run("scancel", "--full", "--user", os.environ.get("USER", "root"), check=False)
+        for name in ("slurmd", "slurmctld", "munged"):
+            pidfile = self.root / f"{name}.pid"
+            try:
+                pid = int(pidfile.read_text().strip())
+            except (OSError, ValueError):
+                continue
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+            for _ in range(100):
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    missing = [d for d in DAEMONS if shutil.which(d) is None]
+    if missing:
+        pytest.skip(f"SLURM cannot be used here: {', '.join(missing)} not installed (Debian: apt-get install "
+                    "slurm-wlm munge; .ci/run installs them)")
+    root = Path(tempfile_short())
+    c = Cluster(root)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+        if not os.environ.get("STRUCTINIT_KEEP_SLURM"):  # keep the logs for debugging when asked
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def tempfile_short() -> str:
+    """A short folder name (munge's socket path must stay under the UNIX socket limit)."""
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="si-slurm-", dir="/tmp")
+
+
+def squeue(cluster, job):
+    r = cluster.run("squeue", "-h", "-j", str(job), "-o", "%i %T", check=False)
+    return [line.split() for line in r.stdout.splitlines() if line.strip()]
+
+
+def structinit(*args, cwd, env, timeout=300):
+    full = dict(env, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "structinit", *map(str, args)], cwd=cwd, env=full,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_a_grid_on_slurm_survives_requeue_and_the_time_limit_signal(cluster, tmp_path):
+    (tmp_path / "grid.toml").write_text(GRID)
+    env = cluster.env
+    r = structinit("bench", "grid", "grid.toml", "--launcher", "slurm", "--cpus", "1", "--json", cwd=tmp_path,
+                   env=env)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    job = doc["job_id"]
+    assert doc["submitted"] and doc["to_launch"] == 4
+    runs = [p for p in (tmp_path / "runs").iterdir() if len(p.name) == 12]
+
+    def task(run):
+        try:
+            return json.loads((run / "task.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def metrics(run):
+        return [m["epoch"] for m in RunDir(run).read_metrics()]
+
+    requeued = signalled = None
+    started = {}  # run -> when its training was first seen running
+    deadline = time.monotonic() + 600
+    while (requeued is None or signalled is None) and time.monotonic() < deadline:
+        for run in runs:
+            t = task(run)
+            if not t or t.get("state") != "running" or not t.get("slurm") or run in (requeued, signalled):
+                continue
+            done = metrics(run)
+            log = (run / "log.txt").read_text() if (run / "log.txt").exists() else ""
+            if requeued is None and done == [1]:
+                # a preemption: the scheduler requeues the running task
+                cluster.run("scontrol", "requeue", t["slurm"]["job_id"])
+                requeued = run
+            elif signalled is None and not done and "trainable params" in log:
+                # a few steps into epoch 1 the time limit approaches: SLURM sends USR2 to the job
+                # step (--signal=USR2@...); here scancel sends it to step 0, the training process
+                if time.monotonic() - started.setdefault(run, time.monotonic()) > 1:  # an epoch takes ~5 s
+                    cluster.run("scancel", "--signal=USR2", f"{t['slurm']['job_id']}.0")
+                    signalled = run
+        time.sleep(0.2)
+    assert requeued is not None and signalled is not None, "no task could be requeued or signalled in time"
+
+    # requeued jobs wait ~2 minutes before they are eligible again; let them start now
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        states = squeue(cluster, job)
+        if not states:
+            break
+        for jid, state in states:
+            if state == "PENDING":
+                cluster.run("scontrol", "update", f"JobId={jid}", "StartTime=now", check=False)
+        time.sleep(1)
+    assert not squeue(cluster, job), "the array did not finish"
+
+    rep = structinit("bench", "report", "runs", "--json", cwd=tmp_path, env=env)
+    assert rep.returncode == 0, rep.stderr
+    grid = json.loads(rep.stdout)["grids"][0]
+    assert grid["counts"] == {"finished": 4} and grid["problems"] == []
+    assert sorted((r["row"], r["seed"]) for r in grid["runs"]) == [("impulse", 0), ("impulse", 1), ("mimetic", 0),
+                                                                  ("mimetic", 1)]
+    for r in grid["runs"]:
+        assert r["final_acc"] is not None and r["epochs"] == 2 and r["best_on"] == "val"
+    for run in runs:
+        assert metrics(run) == [1, 2]  # every epoch exactly once
+    # the requeued task resumed from its checkpoint after epoch 1, in a restarted job
+    final = json.loads((requeued / "final.json").read_text())
+    assert final["resumed_from"] == 1
+    assert task(requeued)["slurm"]["restart"] >= 1
+    assert (requeued / "log.txt").read_text().count("task start:") == 2
+    # the signalled task finished its epoch, requeued itself, and resumed
+    log = (signalled / "log.txt").read_text()
+    assert "SIGUSR2" in log and "requeued SLURM job" in log and log.count("task start:") == 2
+    assert json.loads((signalled / "final.json").read_text())["resumed_from"] == 1
+    st = structinit("bench", "grid", "grid.toml", "--status", "--json", cwd=tmp_path, env=env)
+    assert json.loads(st.stdout)["counts"]["finished"] == 4
+    again = structinit("bench", "grid", "grid.toml", "--launcher", "slurm", cwd=tmp_path, env=env)
+    assert again.returncode == 0 and "nothing to launch: 4 of 4 runs finished" in again.stdout
+
+
+@pytest.mark.slow
+def test_a_refused_submission_shows_slurms_message_and_leaves_nothing(cluster, tmp_path):
+    (tmp_path / "grid.toml").write_text(GRID)
+    r = structinit("bench", "grid", "grid.toml", "--launcher", "slurm", "--partition", "nosuch", cwd=tmp_path,
+                   env=cluster.env)
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: SLURM refused the job: ") and "invalid partition" in lines[-1].lower()
+    assert "Traceback" not in r.stderr
+    assert not list((tmp_path / "runs" / "slurm").iterdir())
