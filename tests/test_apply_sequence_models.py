@@ -76,6 +76,7 @@ def changed_keys(before, after):
     return sorted(k for k in before if not torch.equal(before[k], after[k]))
 
 
+@pytest.mark.slow
 def test_bert_impulse_round_trip_strict_reload_and_real_attention(tmp_path):
     from transformers import BertForSequenceClassification
 

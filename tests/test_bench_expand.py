@@ -161,6 +161,7 @@ def test_impulse_artifacts_are_the_ones_train_asks_for(tmp_path):
         (r, share, seed, (8, 8), 64, 4, 4) for r, share in (("fast", False), ("released", True)) for seed in (0, 1)}
 
 
+@pytest.mark.slow
 def test_printed_commands_reproduce_the_run_keys(tmp_path, cli, monkeypatch):
     """Every printed `structinit train` command, parsed by the real CLI, gives the config of its run."""
     import structinit.training.loop as loop

@@ -271,6 +271,7 @@ def test_a_class_token_grid_is_asked_for_not_guessed(work):
     assert np.array_equal(new["pos_embed"][0, 1:].numpy(), sincos_2d((14, 12), DIM))
 
 
+@pytest.mark.slow
 def test_inspect_png_never_replaces_a_file_unless_forced(work):
     (work.path / "mine.png").write_bytes(b"precious")
     before = files(work.path)
@@ -334,6 +335,7 @@ def test_existing_outputs_are_refused_unless_forced(work):
     assert r.returncode == 0 and (work.path / "taken.pt").read_bytes()[:2] == b"PK"
 
 
+@pytest.mark.slow
 def test_concurrent_writers_to_one_name_one_wins_and_the_others_are_told(work, cache_dir):
     work("solve", "--tokens", 64, "--dim", DIM, "--heads", HEADS, "--layers", 2)  # both then read the cache
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "STRUCTINIT_CACHE": str(cache_dir)}
@@ -463,6 +465,7 @@ def test_unreadable_inputs_are_one_line(work):
     one_error(work("apply", "zero.pt", "--heads", HEADS), 2, "not the sin-cos table")
 
 
+@pytest.mark.slow
 def test_a_malicious_pickle_is_named_and_nothing_else_is_printed(made, tmp_path):
     shutil.copy2(made / "evil.pth", tmp_path / "evil.pth")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -492,6 +495,7 @@ def test_a_solve_that_cannot_fit_is_refused_before_it_starts(work, cache_dir):
 
 # --------------------------------------------------------------------------- full and read-only disks
 
+@pytest.mark.slow
 def test_full_disk(work, tmp_path_factory):
     disk = tmp_path_factory.mktemp("full") / "disk"
     with small_disk(disk, "16k"):
@@ -508,6 +512,7 @@ def test_full_disk(work, tmp_path_factory):
         assert list(disk.iterdir()) == [] or [p.name for p in disk.iterdir()] == [".locks"]
 
 
+@pytest.mark.slow
 def test_files_past_a_size_limit_fail_cleanly(work):
     """The full-disk cases without a mount: RLIMIT_FSIZE makes every write past the limit fail."""
     import matplotlib.font_manager  # noqa: F401  (its font cache exists before the limited runs)

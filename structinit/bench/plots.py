@@ -182,7 +182,10 @@ def curves_figure(rep: GridReport):
         ax.set_ylabel("test accuracy (%)")
         ax.set_title(rep.ex.column_label(col), fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="lower right")
+        else:
+            ax.text(0.5, 0.5, "no finished runs yet", ha="center", va="center", transform=ax.transAxes, color="0.5")
     fig.suptitle(f"{rep.spec.title}\n{rep.spec.name}: test accuracy at every evaluated epoch, mean over seeds "
                  "(band: min to max; in brackets: seeds)", fontsize=10)
     return fig
