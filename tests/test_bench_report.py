@@ -94,6 +94,10 @@ def test_cells_aggregate_the_runs_final_accuracies(grid_runs):
             assert c.final == want and c.n == len(want) and c.expected == 2
             assert c.final_mean == pytest.approx(statistics.mean(want.values()))
             assert c.final_std == pytest.approx(statistics.stdev(want.values()) if len(want) > 1 else 0.0)
+            vals = [r.final_val_acc for r in rep.runs
+                    if r.row == row and r.column == (col,) and r.final_acc is not None]
+            assert len(vals) == len(want) and all(v is not None for v in vals)
+            assert c.val_mean == pytest.approx(statistics.mean(vals))
     # paired by seed against the baseline; the pending seed is left out of the pairs
     m, k = finals(ex, "mimetic", "all"), finals(ex, "kaiming", "all")
     c = rep.cells[("kaiming", ("all",))]
@@ -121,6 +125,9 @@ def test_markdown_marks_unfinished_cells_and_shows_the_paper(grid_runs):
     assert "### Difference to Mimetic (percentage points)" in text and "(1)" in text
     assert "the validation split" in text and "structinit bench grid mini.toml" in text
     assert "7 finished, 1 pending" in text
+    m = rep.cells[("mimetic", ("200",))]
+    assert "### Final-epoch validation accuracy (%)" in text
+    assert f"| Mimetic | {m.val_mean:.2f} ± {m.val_std:.2f} |" in text
 
 
 @pytest.mark.slow
@@ -136,6 +143,8 @@ def test_csv_json_and_the_folder_form_agree(grid_runs, tmp_path):
     by = {(r["row_id"], r["column_id"]): r for r in rows}
     assert float(by[("kaiming", "200")]["paper_delta"]) == pytest.approx(-4.5)
     assert int(by[("kaiming", "all")]["n"]) == 1 and by[("kaiming", "all")]["paper"] == ""
+    c = collect(ex).cells[("kaiming", ("200",))]
+    assert float(by[("kaiming", "200")]["val_mean"]) == pytest.approx(c.val_mean, abs=1e-4)
     runs = list(csv.DictReader(io.StringIO(files["runs.csv"])))
     assert len(runs) == 8 and sum(r["state"] == "pending" for r in runs) == 1
     doc = json.loads(files["report.json"])["grids"][0]

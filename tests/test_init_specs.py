@@ -79,10 +79,15 @@ def test_init_spec_builds_copies_and_names_unknown_parameters():
     ImpulseInit(filter=5, target_mass=0.6, share=True, offset_order="centre", padding="circular",
                 pseudo_input="pe+uniform", pseudo_input_rest="gaussian", mimetic_vproj=True, pe_scale=2.0),
     ImpulseInit(recipe="paper", recipe_params={"iters": 50}),
+    ImpulseInit(data_fit=300, data_fit_mass=0.5, data_fit_samples=64),
 ])
 def test_specs_round_trip_through_their_dict_and_json(spec):
     d = spec.to_dict()
-    assert d == {"method": spec.method, "params": spec.params()}
+    params = spec.params()
+    left_out = set(params) - set(d["params"])  # only parameters added later, and only at their defaults
+    assert left_out <= set(type(spec).optional_defaults)
+    assert all(params[k] == getattr(type(spec)(), k) for k in left_out)
+    assert d == {"method": spec.method, "params": {k: v for k, v in params.items() if k not in left_out}}
     assert spec_from_dict(d) == spec
     import json
 

@@ -136,7 +136,7 @@ def test_defaults_spelled_out_are_the_same_run():
 def test_computed_settings_hold_the_resolved_run():
     d = BASE.computed_settings()
     assert not set(EXECUTION_FIELDS) & set(d) and "init_params" not in d
-    assert d["init"] == {"method": "impulse", "params": BASE.init_spec().params()}
+    assert d["init"] == BASE.init_spec().to_dict() and d["init"]["params"]["filter"] == BASE.init_spec().filter
     assert d["epochs"] == 40 and d["augment"] == "none" and d["data_seed"] == 0 and d["eval_every"] == 1
     assert TrainConfig().computed_settings()["init"] is None and TrainConfig().init_spec() is None
 

@@ -77,6 +77,8 @@ class CellStats:
     n_paired: int = 0
     paper: Optional[float] = None
     paper_delta: Optional[float] = None
+    val_mean: Optional[float] = None
+    val_std: Optional[float] = None
 
     def to_dict(self) -> Dict[str, Any]:
         d = dict(self.__dict__)
@@ -222,6 +224,7 @@ def collect(ex: Expansion) -> GridReport:
             c.final_mean, c.final_std = mean_std(list(final.values()))
             bests = [r.best_acc for r in done if r.best_acc is not None]
             c.best_mean, c.best_std = mean_std(bests)
+            c.val_mean, c.val_std = mean_std([r.final_val_acc for r in done if r.final_val_acc is not None])
             ons = sorted({r.best_on for r in done if r.best_on})
             c.best_on = "/".join(ons) if ons else None
             paper = spec.paper.get(row)
@@ -317,6 +320,14 @@ def markdown(rep: GridReport, figures: Optional[Dict[str, str]] = None, heading:
             body.append(row)
         lines += [_table([row_title] + col_labels, body), ""]
 
+    if any(c.val_mean is not None for c in rep.cells.values()):
+        lines += [f"{h}# Final-epoch validation accuracy (%)", "",
+                  "On the images held out of training (the same for every seed): the split to make choices on; "
+                  "mean ± std.", ""]
+        body = [[ex.row_label(r)] + [(f"{c.val_mean:.2f} ± {c.val_std:.2f}" if c.val_mean is not None else "—")
+                                     for c in (rep.cells[(r, col)] for col in rep.columns)] for r in rep.rows]
+        lines += [_table([row_title] + col_labels, body), ""]
+
     ons = sorted({c.best_on for c in rep.cells.values() if c.best_on})
     chosen = {"val": "the validation split", "test": "the test split itself (optimistic: no validation split)"}
     lines += [f"{h}# Best epoch (%)", "",
@@ -342,7 +353,8 @@ def cells_csv(reports: List[GridReport]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["grid", "row_id", "row", "column_id", "column", "n", "expected", "final_mean", "final_std",
-                "best_mean", "best_std", "best_on", "delta_mean", "delta_se", "n_paired", "paper", "paper_delta"])
+                "best_mean", "best_std", "best_on", "delta_mean", "delta_se", "n_paired", "paper", "paper_delta",
+                "val_mean", "val_std"])
     for rep in reports:
         for r in rep.rows:
             for c in rep.columns:
@@ -350,7 +362,8 @@ def cells_csv(reports: List[GridReport]) -> str:
                 w.writerow([rep.spec.name, r, rep.ex.row_label(r), "/".join(c), rep.ex.column_label(c), st.n,
                             st.expected] + [_csv(x) for x in (st.final_mean, st.final_std, st.best_mean, st.best_std)]
                            + [st.best_on or ""] + [_csv(st.delta_mean), _csv(st.delta_se), st.n_paired,
-                                                   _csv(st.paper), _csv(st.paper_delta)])
+                                                   _csv(st.paper), _csv(st.paper_delta), _csv(st.val_mean),
+                                                   _csv(st.val_std)])
     return buf.getvalue()
 
 

@@ -16,6 +16,8 @@ EXAMPLES = examples(
     'structinit train --out runs/digits-imp --resume          # continue a run (its own settings) or say it is done',
     'structinit train --dataset digits --train-size 250 --val-size 300 --init mimetic --epochs 2 --json',
     'structinit train --dataset digits --init impulse -p filter=5 -p target_mass=0.5 -p mimetic_vproj=true --epochs 2',
+    'structinit train --dataset digits --train-size 100 --val-size 300 --init impulse -p data_fit=300 '
+    '-p mimetic_vproj=true --epochs 2   # Q/K fitted to the training images',
     'structinit train --model convmixer-256 --kernel 3 --filters box --dataset synthetic --epochs 1 --dim 64',
     'structinit train --model transformer-1d --dataset mnist1d --init impulse -p filter=5 --epochs 1 --out runs/m1',
     'structinit train --model cnn-1d --dataset mnist1d --shuffle-seq --epochs 1 --out runs/m1-cnn-shuffled',

@@ -13,7 +13,7 @@ import json
 import math
 import typing
 from dataclasses import dataclass
-from typing import Any, ClassVar, Dict, List, Union
+from typing import Any, ClassVar, Dict, List, Tuple, Union
 
 from structinit.errors import UsageError, param
 
@@ -85,6 +85,14 @@ class InitSpec:
     method: ClassVar[str] = ""
     writes: ClassVar[str] = ""
     needs_grid: ClassVar[bool] = False
+    #: Parameters added after run keys were in use: :meth:`to_dict` leaves them out at their
+    #: defaults, so the keys of runs made before them stay valid.
+    optional_defaults: ClassVar[Tuple[str, ...]] = ()
+
+    @property
+    def uses_data(self) -> bool:
+        """Whether :meth:`apply` needs a batch of real inputs (``data``)."""
+        return False
 
     def __post_init__(self):
         hints = typing.get_type_hints(type(self))
@@ -101,7 +109,11 @@ class InitSpec:
 
     def to_dict(self) -> Dict[str, Any]:
         """``{"method": NAME, "params": {...}}``: the spec as one axis value of a comparison grid."""
-        return {"method": self.method, "params": self.params()}
+        params = self.params()
+        for f in dataclasses.fields(self):
+            if f.name in self.optional_defaults and params[f.name] == f.default:
+                del params[f.name]
+        return {"method": self.method, "params": params}
 
     def canonical_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))

@@ -96,12 +96,26 @@ class ImpulseInit(InitSpec):
     fit_pe: bool = False
     tolerance: float = 0.02
     causal: bool = False
+    data_fit: int = 0
+    data_fit_mass: float = 0.6
+    data_fit_l2: float = 1e-4
+    data_fit_lr: float = 1e-2
+    data_fit_norm: float = 5.0
+    data_fit_samples: int = 256
+
+    #: Parameters added after run keys were in use: left out of :meth:`to_dict` at their defaults.
+    optional_defaults = ("data_fit", "data_fit_mass", "data_fit_l2", "data_fit_lr", "data_fit_norm",
+                         "data_fit_samples")
 
     def validate(self) -> None:
         from structinit.solver.artifact import Artifact
 
         self.check_positive("filter", "pe_scale")
-        self.check_positive("tolerance", allow_zero=True)
+        self.check_positive("tolerance", "data_fit", "data_fit_l2", allow_zero=True)
+        self.check_positive("data_fit_lr", "data_fit_norm", "data_fit_samples")
+        if not 0 < self.data_fit_mass < 1:
+            raise UsageError(f"impulse parameter {param('data_fit_mass')} must lie strictly between 0 and 1, "
+                             f"got {self.data_fit_mass}")
         check_recipe(self.recipe)
         recipe_params(self.recipe, {**self.recipe_params, "target_mass": self.target_mass}
                       if self.target_mass is not None else self.recipe_params)  # refuse bad values now
@@ -135,10 +149,28 @@ class ImpulseInit(InitSpec):
     def planned(self, slot) -> List[str]:
         return super().planned(slot) + (vproj_keys(slot) if self.mimetic_vproj else [])
 
+    @property
+    def uses_data(self) -> bool:
+        """Whether :meth:`apply` needs a batch of real inputs (``data_fit``)."""
+        return self.data_fit > 0
+
     def check_target(self, target) -> None:
         """A decoder that masks later tokens (GPT-2) needs causal offsets; a model known to attend
         both ways (BERT) must not get them (they were solved under a mask it does not apply). An
-        artifact given by path or key is checked once it is read (in :meth:`apply`)."""
+        artifact given by path or key is checked once it is read (in :meth:`apply`). ``data_fit``
+        needs a model with timm-style blocks (it runs inputs through them)."""
+        if self.data_fit:
+            model = target.model
+            if model is None or not hasattr(model, "blocks"):
+                what = "a checkpoint or state dict" if model is None else f"a {type(model).__name__}"
+                raise UsageError(f"impulse parameter {param('data_fit')} runs real inputs through the model, so it "
+                                 f"needs a model with timm-style blocks, not {what}")
+            for i in target.layers:
+                attn = model.blocks[i].attn
+                if any(type(getattr(attn, n, None)).__name__ not in ("Identity", "NoneType")
+                       for n in ("q_norm", "k_norm")):
+                    raise UsageError(f"impulse parameter {param('data_fit')} fits q and k as linear maps; layer {i} "
+                                     "normalizes them (q_norm/k_norm)")
         if self.artifact is None:
             check_causal(target, self.causal)
         elif hasattr(self.artifact, "config"):
@@ -206,14 +238,15 @@ class ImpulseInit(InitSpec):
                 f"({param('set_pe')} sincos for a checkpoint, {param('pe_scale')} for a model)")
 
     def apply(self, target, *, seed: int = 0, cache_dir=None, device: str = "cpu", artifact=None,
-              cached: Optional[bool] = None, progress=None, check_pe: bool = True) -> Dict[str, Any]:
+              cached: Optional[bool] = None, progress=None, check_pe: bool = True, data=None) -> Dict[str, Any]:
         """Write the artifact's Q/K (``artifact`` if given, else :meth:`artifact_for`) into
         ``target``. The report's per-layer ``hit_rate``/``target_mass``/``mse`` are measured from
         the written weights on the target's own LayerNorm'd position embedding (``measured_on``
         says which input), ``solved`` on the artifact's pseudo input (where the write is checked
         against the solve). ``progress(done, total)`` follows the solve. ``check_pe=False`` skips
         :meth:`check_embedding` (for a copy of a model already checked, e.g. an EMA state dict,
-        which gets the same weights)."""
+        which gets the same weights). ``data``: a batch of real, normalized model inputs (``[B, C, H, W]``
+        images or ``[B, L]`` sequences), needed by ``data_fit``."""
         import torch
 
         from structinit.analysis.quality import measure
@@ -222,6 +255,12 @@ class ImpulseInit(InitSpec):
         from structinit.init.pos_embed import set_sincos_pos_embed
 
         t = target
+        if self.data_fit:
+            if data is None:
+                raise UsageError(f"impulse parameter {param('data_fit')} needs a batch of real inputs "
+                                 f"({param('data')})")
+            self.check_target(t)
+            data = data[: self.data_fit_samples]
         if self.pe_scale is not None:
             if t.model is None:
                 raise UsageError(f"impulse parameter {param('pe_scale')} needs a model; on a checkpoint write the "
@@ -261,15 +300,52 @@ class ImpulseInit(InitSpec):
                         raise StructinitError(
                             f"layer {slot.index}: the written weights give {name} {got:.3f} but the solve has "
                             f"{want:.3f}; the Q/K rows were not placed as the layout expects")
+            if self.data_fit:
+                self._fit_on_data(t, slot, rq, rk, cols, mask, data)
+                rq, rk = read_qk(t.sd, slot, t.heads)
+                placed = measure(art.layer_input(src), rq, rk, cols, mask)
             same = own is None or np.allclose(own, art.layer_input(src), atol=1e-5)
             got = placed if same else measure(own, rq, rk, cols, mask)
             row = {"layer": slot.index, "replaced": keys, "offsets": art.offsets[src].tolist(), **got.layer_row(),
                    "solved": {m: float(getattr(placed, m).mean()) for m in ("hit_rate", "target_mass")}}
             rows.append(row)
+        fitted = None
+        if self.data_fit:
+            from structinit.analysis.fidelity import data_attention_quality
+
+            fitted = data_attention_quality(t.model, data, [r["offsets"] for r in rows], art.config.grid,
+                                            padding=art.config.padding, causal=art.config.causal,
+                                            layers=[r["layer"] for r in rows])
+            fitted.update(steps=self.data_fit, mass=self.data_fit_mass, l2=self.data_fit_l2, lr=self.data_fit_lr,
+                          norm=self.data_fit_norm, calibrated_to=self.calibration_mass())
         return {"method": "impulse", "layout": t.layout, "grid": list(t.grid), "dim": t.dim, "heads": t.heads,
                 "artifact": {"key": art.key, "path": str(art.path) if art.path else None, "cached": cached,
                              "config": art.config.to_dict()},
                 "mimetic_vproj": self.mimetic_vproj, "pe_scale": self.pe_scale, "fit_pe": self.fit_pe,
+                "data_fit": fitted,
                 "measured_on": measured_on, "layers": rows,
                 "hit_rate": float(np.mean([r["hit_rate"] for r in rows])),
                 "target_mass": float(np.mean([r["target_mass"] for r in rows]))}
+
+    def calibration_mass(self) -> float:
+        """The mean attention on the target token that ``data_fit`` calibrates each head to:
+        ``target_mass``, or the ``fast`` recipe's default."""
+        if self.target_mass is not None:
+            return float(self.target_mass)
+        return float(recipe_params("fast", {})["target_mass"])
+
+    def _fit_on_data(self, t, slot, q, k, cols, mask, data) -> None:
+        """Refine layer ``slot`` on ``data`` (see :mod:`structinit.init.data_fit`) and write it."""
+        import torch
+
+        from structinit.analysis.fidelity import attention_inputs
+        from structinit.init.data_fit import calibrate_on_batch, refine_qk
+        from structinit.init.inject import write_qk
+
+        x = attention_inputs(t.model, data)[slot.index].float()
+        columns = torch.from_numpy(np.asarray(cols)).long()
+        visible = None if mask is None else torch.from_numpy(np.asarray(mask))
+        q, k = refine_qk(x, q, k, columns, steps=self.data_fit, mass=self.data_fit_mass, l2=self.data_fit_l2,
+                         lr=self.data_fit_lr, norm=self.data_fit_norm, mask=visible)
+        q, k = calibrate_on_batch(x, q, k, columns, self.calibration_mass(), visible)
+        write_qk(t.sd, slot, q, k)

@@ -82,32 +82,39 @@ def spec_from_dict(d: Mapping[str, Any]) -> InitSpec:
 
 def initialize(target, spec: Union[str, InitSpec], *, grid=None, heads: Optional[int] = None,
                layers: Union[None, str, Sequence[int]] = None, seed: int = 0, cache_dir=None, device: str = "cpu",
-               **params: Any) -> Dict[str, Any]:
+               data=None, **params: Any) -> Dict[str, Any]:
     """Initialize a model or a state dict (written in place) with ``spec`` (a spec, or a method name
     with ``params``) and return the method's JSON-able report.
 
     ``grid``/``heads`` are needed only where the target does not tell; ``layers`` selects attention
-    layers (``None``: all; a spec such as ``"0-3,5"`` or a list of indices).
+    layers (``None``: all; a spec such as ``"0-3,5"`` or a list of indices). ``data``: a batch of
+    real, normalized inputs for a method that fits to them (impulse with ``data_fit``); the others
+    do not use it.
     """
     from structinit.init.target import AttentionTarget
 
     spec = init_spec(spec, **params)
     t = AttentionTarget(target, grid, heads, layers, need_grid=spec.needs_grid)
     spec.check_target(t)
+    if spec.uses_data:
+        return spec.apply(t, seed=seed, cache_dir=cache_dir, device=device, data=data)
     return spec.apply(t, seed=seed, cache_dir=cache_dir, device=device)
 
 
-def initialize_model(model, spec: Union[str, InitSpec], *, grid=None, seed: int = 0, **params: Any) -> Dict[str, Any]:
+def initialize_model(model, spec: Union[str, InitSpec], *, grid=None, seed: int = 0, data=None,
+                     **params: Any) -> Dict[str, Any]:
     """Initialize a timm-style model in place (``grid`` defaults to ``model.patch_embed.grid_size``)
-    and return the report. Example::
+    and return the report; ``data``: real inputs for a method that fits to them (see
+    :func:`initialize`). Example::
 
         model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=2,
                                   class_token=False, global_pool="avg", num_classes=10)
         set_sincos_pos_embed(model)
         report = initialize_model(model, "impulse", filter=3, target_mass=0.3)
+        report = initialize_model(model, "impulse", data_fit=300, data=images[:256])  # fitted to real inputs
     """
     from structinit.init.target import is_module
 
     if not is_module(model):
         raise UsageError("initialize_model needs an nn.Module; use initialize() for a state dict")
-    return initialize(model, spec, grid=grid, seed=seed, **params)
+    return initialize(model, spec, grid=grid, seed=seed, data=data, **params)

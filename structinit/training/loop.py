@@ -195,16 +195,24 @@ def evaluate(model, chunks: Iterable[Tuple[Any, Any]], autocast: Callable[[], An
 FIDELITY_SAMPLES = 256
 
 
+def init_inputs(split, info):
+    """The first :data:`FIDELITY_SAMPLES` training inputs of an in-memory split, as the model sees
+    them (images normalized; sequences as stored): what the init fits to (``data_fit``) and where
+    its attention is measured at init."""
+    from structinit.training.augment import normalize
+
+    x = split.images[:FIDELITY_SAMPLES]
+    return x if info.is_sequence else normalize(x, info.mean, info.std)
+
+
 def impulse_fidelity(model, split, info, report: Dict[str, Any]) -> Dict[str, Any]:
     """The hit rate and target mass, per layer, of a freshly impulse-initialized model's attention on
     the first :data:`FIDELITY_SAMPLES` training inputs (see
     :func:`structinit.analysis.fidelity.data_attention_quality`); ``report`` is the init's report."""
     from structinit.analysis.fidelity import data_attention_quality
     from structinit.geometry.grid import Grid
-    from structinit.training.augment import normalize
 
-    x = split.images[:FIDELITY_SAMPLES]
-    x = x if info.is_sequence else normalize(x, info.mean, info.std)
+    x = init_inputs(split, info)
     solved = report["artifact"]["config"]
     rows = report["layers"]
     return data_attention_quality(model, x, [r["offsets"] for r in rows], Grid(report["grid"]),
@@ -314,7 +322,13 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
         if spec is not None:
             from structinit.init.specs import initialize_model
 
-            init_report = initialize_model(model, spec, seed=config.seed)
+            fit_to = None
+            if spec.uses_data:
+                if not info.in_memory:
+                    raise UsageError(f"init parameter {param('data_fit')} fits to training inputs held in memory; "
+                                     f"{config.dataset} is read from disk (use an in-memory dataset such as digits)")
+                fit_to = init_inputs(data.train, info)
+            init_report = initialize_model(model, spec, seed=config.seed, data=fit_to)
             if info.in_memory and init_report.get("method") == "impulse":
                 init_report["data_attention"] = impulse_fidelity(model, data.train, info, init_report)
                 say(f"impulse attention at init on {init_report['data_attention']['samples']} training inputs: "
