@@ -37,10 +37,11 @@ MAX_LOGIT = 30.0
 
 def _logits(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
     """``[B, H, N, N]`` attention logits (masked keys at a large negative value)."""
-    d = q.shape[-1]
-    xq = torch.einsum("bnD,hDd->bhnd", x, q)
-    xk = torch.einsum("bnD,hDd->bhnd", x, k)
-    logits = xq @ xk.transpose(-1, -2) / math.sqrt(d)
+    b, n, dim = x.shape
+    h, _, d = q.shape
+    xq = (x @ (q / math.sqrt(d)).permute(1, 0, 2).reshape(dim, h * d)).view(b, n, h, d).transpose(1, 2)  # [B, H, N, d]
+    xk = (x @ k.permute(1, 0, 2).reshape(dim, h * d)).view(b, n, h, d).transpose(1, 2)
+    logits = xq @ xk.transpose(-1, -2)
     if mask is not None:
         logits = logits.masked_fill(~mask, -1e9)
     return logits
@@ -71,16 +72,24 @@ def refine_qk(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, columns: torch.
     k = k.detach().float()
     q = (q * (norm / q.norm(dim=(-2, -1), keepdim=True).clamp(min=1e-12))).requires_grad_(True)
     k = (k * (norm / k.norm(dim=(-2, -1), keepdim=True).clamp(min=1e-12))).requires_grad_(True)
-    target = target_distribution(columns, mass, mask)
     rows = (columns >= 0).float()  # [H, N]
     count = rows.sum() * x.shape[0]
     if count == 0:
         return q.detach(), k.detach()
-    heads = q.shape[0]
+    heads, n = columns.shape
+    # the cross-entropy against target_distribution() without building it: with c the share of every
+    # other visible key, -sum_j t_j log p_j = -(c * sum_visible log p_j + (mass - c) * log p_target)
+    visible = torch.full((n,), float(n)) if mask is None else mask.sum(-1).float()
+    c = (1 - mass) / (visible - 1).clamp(min=1)  # [N]
+    idx = columns.clamp(min=0)[None, :, :, None].expand(x.shape[0], -1, -1, 1)
     opt = torch.optim.Adam([q, k], lr=lr)
     for _ in range(steps):
-        logp = torch.log_softmax(_logits(x, q, k, mask), dim=-1)
-        loss = -((target[None] * logp).sum(-1) * rows[None]).sum() / count
+        logits = _logits(x, q, k, mask)
+        lse = torch.logsumexp(logits, dim=-1)  # [B, H, N]
+        total = (logits if mask is None else logits.masked_fill(~mask, 0.0)).sum(-1)
+        picked = logits.gather(-1, idx).squeeze(-1)
+        ce = -(c * (total - visible * lse) + (mass - c) * (picked - lse))
+        loss = (ce * rows[None]).sum() / count
         loss = loss + l2 * ((q ** 2).sum() + (k ** 2).sum()) / heads
         opt.zero_grad()
         loss.backward()
