@@ -66,6 +66,7 @@ def assert_same(a, b, path="ckpt", skip=(), ordered=True):
     assert a == b, path
 
 
+@pytest.mark.slow  # over 10 s on one core: a full training or Hugging Face round trip, or many CLI calls
 def test_timm_training_checkpoint_round_trip(tmp_path):
     m = paper_vit()
     sd = m.state_dict()

@@ -104,6 +104,7 @@ def test_bert_impulse_round_trip_strict_reload_and_real_attention(tmp_path):
     assert hit > 0.95 and mass == pytest.approx(0.3, abs=0.03)
 
 
+@pytest.mark.slow  # over 10 s on one core: a full training or Hugging Face round trip, or many CLI calls
 def test_gpt2_fused_conv1d_causal_round_trip(tmp_path):
     from transformers import GPT2LMHeadModel
 

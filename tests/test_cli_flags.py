@@ -291,6 +291,7 @@ def test_inspect_artifact_numbers_are_the_artifacts(cli, cache_dir):
     assert "layer 0 head 0 query token 10 (y=2, x=2)" in default.stdout  # the grid centre
 
 
+@pytest.mark.slow  # over 10 s on one core: a full training or Hugging Face round trip, or many CLI calls
 def test_inspect_ranges_png_and_listing(cli, cache_dir, tmp_path):
     art = read_artifact(run_json(cli, "solve", *SHAPE)["path"])
     for args, message in ((["--layer", "1"], "--layer 1 is out of range: the artifact has 1 layer(s)"),

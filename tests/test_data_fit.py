@@ -73,7 +73,7 @@ def test_data_fit_refines_layers_in_order_on_what_the_earlier_layers_give(digits
     layer 1 alone on the final model's layer-1 input changes nothing."""
     fit, _ = digits
     model = vit(seed=1)
-    report = initialize_model(model, "impulse", seed=1, data=fit, data_fit=40, data_fit_samples=32)
+    report = initialize_model(model, "impulse", seed=1, data=fit, data_fit=12, data_fit_samples=32)
     sd = model.state_dict()
     from structinit.init.layouts import detect_layout
 
@@ -85,7 +85,7 @@ def test_data_fit_refines_layers_in_order_on_what_the_earlier_layers_give(digits
     from structinit.solver.cache import resolve_artifact
 
     art = resolve_artifact(report["artifact"]["path"])
-    q, k = refine_qk(x, torch.from_numpy(art.q[1]), torch.from_numpy(art.k[1]), cols, steps=40, mass=0.6, l2=1e-4,
+    q, k = refine_qk(x, torch.from_numpy(art.q[1]), torch.from_numpy(art.k[1]), cols, steps=12, mass=0.6, l2=1e-4,
                      lr=1e-2, norm=5.0)
     q, k = calibrate_on_batch(x, q, k, cols, 0.3)
     assert torch.allclose(q @ k.transpose(-1, -2), q0 @ k0.transpose(-1, -2), atol=1e-4)
@@ -128,10 +128,10 @@ def test_refinement_starts_at_the_given_norm_and_lowers_the_loss(digits):
         has = cols >= 0
         return float(p.gather(-1, cols.clamp(min=0)[None, :, :, None].expand(8, -1, -1, 1)).squeeze(-1)[:, has].mean())
 
-    q1, k1 = refine_qk(x, q, k, cols, steps=200, mass=0.6, l2=0.0, lr=5e-2, norm=2.5)
+    q1, k1 = refine_qk(x, q, k, cols, steps=80, mass=0.6, l2=0.0, lr=1e-1, norm=2.5)
     assert mass(q1, k1) > mass(q0, k0) + 0.2
     # the penalty keeps the weights small
-    q2, k2 = refine_qk(x, q, k, cols, steps=200, mass=0.6, l2=1.0, lr=5e-2, norm=2.5)
+    q2, k2 = refine_qk(x, q, k, cols, steps=80, mass=0.6, l2=1.0, lr=1e-1, norm=2.5)
     assert q2.norm() < q1.norm() and k2.norm() < k1.norm()
 
 
@@ -139,8 +139,8 @@ def test_calibration_reaches_the_mass_or_stops_at_the_logit_cap():
     g = torch.Generator().manual_seed(1)
     x = torch.randn(4, 9, 12, generator=g)
     cols = torch.from_numpy(impulse_columns(Grid((3, 3)), np.array([[0, 1], [1, 0]]))).long()
-    q, k = refine_qk(x, torch.randn(2, 12, 4, generator=g), torch.randn(2, 12, 4, generator=g), cols, steps=300,
-                     mass=0.9, l2=0.0, lr=5e-2, norm=1.0)
+    q, k = refine_qk(x, torch.randn(2, 12, 4, generator=g), torch.randn(2, 12, 4, generator=g), cols, steps=100,
+                     mass=0.9, l2=0.0, lr=1e-1, norm=1.0)
     for want in (0.2, 0.5):
         qc, kc = calibrate_on_batch(x, q, k, cols, want)
         p = torch.softmax(torch.einsum("bnD,hDd->bhnd", x, qc) @ torch.einsum("bnD,hDd->bhnd", x, kc).transpose(-1, -2)
@@ -192,13 +192,14 @@ def test_new_parameters_stay_out_of_the_key_at_their_defaults():
 def test_train_fits_to_its_training_images_and_records_the_fit(tmp_path):
     from structinit.training.loop import train
 
-    cfg = TrainConfig(dataset="digits", init="impulse", init_params={"data_fit": 30, "data_fit_samples": 32},
+    cfg = TrainConfig(dataset="digits", init="impulse", init_params={"data_fit": 20, "data_fit_samples": 32},
                       train_size=100, val_size=300, epochs=1, out=str(tmp_path / "run"), threads=1)
     result = train(cfg)
     init = result.init_report
-    assert init["data_fit"]["steps"] == 30 and init["data_fit"]["samples"] == 32
-    # measured at init on the first 256 training inputs (all 100 here): above the pseudo-input solve's
-    assert init["data_attention"]["hit_rate"] > 0.6
+    assert init["data_fit"]["steps"] == 20 and init["data_fit"]["samples"] == 32
+    # measured at init on the run's training inputs (all 100, of which 32 were fitted): far above the
+    # pseudo-input solve's 0.12-0.17, even after only 20 steps
+    assert init["data_attention"]["hit_rate"] > 0.4
     assert math.isfinite(result.final_acc)
 
 

@@ -589,6 +589,7 @@ def test_train_never_writes_over_files_a_run_would_write(work):
     assert files(work.path) == before
 
 
+@pytest.mark.slow  # over 10 s on one core: a full training or Hugging Face round trip, or many CLI calls
 def test_resume_takes_the_runs_settings_and_names_real_differences(work):
     args = ["train", "--dataset", "synthetic", "--epochs", "1", "--out", "run"]
     assert work(*args, env={"OMP_NUM_THREADS": "1"}).returncode == 0

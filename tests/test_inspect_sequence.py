@@ -32,6 +32,7 @@ def test_band_figure_puts_each_head_on_its_offset(seq_artifact):
         assert np.isnan(band[0, :reach]).all()  # keys before the first token are outside the sequence
 
 
+@pytest.mark.slow  # over 10 s on one core: a full training or Hugging Face round trip, or many CLI calls
 def test_inspect_sequence_artifact_cli(seq_artifact, cli, tmp_path):
     png = tmp_path / "band.png"
     r = cli("inspect", seq_artifact.key, "--head", "1", "--query", "10", "--png", png)
