@@ -218,3 +218,21 @@ def test_a_state_dict_checkpoint_path_refuses_data_fit_with_one_line(tmp_path, c
 
         apply_checkpoint(path, init_spec("impulse", data_fit=5), out=tmp_path / "o.safetensors")
     assert not (tmp_path / "o.safetensors").exists()
+
+
+def test_grid_attention_figures_see_the_model_train_starts_from():
+    """bench report --attention rebuilds each run's initialized model: a data-fitted init gets the
+    run's own first training inputs, so its Q/K are the ones train starts from."""
+    from structinit.bench.attention import initialized_model
+    from structinit.training.datasets import split_train
+    from structinit.training.loop import init_inputs
+
+    cfg = TrainConfig(dataset="digits", init="impulse", init_params={"data_fit": 4, "data_fit_samples": 16},
+                      train_size=100, val_size=300, seed=2)
+    model, report, info = initialized_model(cfg)
+    assert report["data_fit"]["samples"] == 16
+    data = split_train(load_dataset("digits"), 100, 300, 2)
+    again = build_model(cfg.model_config(), num_classes=10, image_size=8, in_chans=1, seed=2)
+    initialize_model(again, cfg.init_spec(), seed=2, data=init_inputs(data.train, info))
+    for a, b in zip(model.blocks, again.blocks):
+        assert torch.equal(a.attn.qkv.weight, b.attn.qkv.weight)

@@ -37,7 +37,8 @@ class AttentionEntry:
 
 def initialized_model(config):
     """The model of ``config`` as ``train`` builds it before the first step: ``(model, init
-    report, dataset info)`` (the report is ``None`` for the model's own init)."""
+    report, dataset info)`` (the report is ``None`` for the model's own init). An init that fits
+    to real inputs (impulse ``data_fit``) gets the run's first training inputs, as in ``train``."""
     import torch
 
     from structinit.training.datasets import dataset_info
@@ -53,7 +54,10 @@ def initialized_model(config):
     if spec is not None:
         from structinit.init.specs import initialize_model
 
-        report = initialize_model(model, spec, seed=config.seed)
+        from structinit.training.loop import FIDELITY_SAMPLES
+
+        data = training_images(config, FIDELITY_SAMPLES) if spec.uses_data else None
+        report = initialize_model(model, spec, seed=config.seed, data=data)
     return model, report, info
 
 
