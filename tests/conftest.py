@@ -22,6 +22,18 @@ def _isolated_cache(tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def one_torch_thread():
+    """Run the test on one torch thread (contended threads on a small machine are far slower),
+    restoring the count after."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture
 def cache_dir(_isolated_cache):
     return _isolated_cache
 

@@ -21,13 +21,7 @@ from structinit.training.config import TrainConfig
 from structinit.training.datasets import load_dataset
 from structinit.training.models import ModelConfig, build_model
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
