@@ -39,7 +39,8 @@ def _size(name):
     return (8, 1, 1) if name == "vit-digits" else (32, 3, 2)
 
 
-@pytest.mark.parametrize("name", list(VIT_PRESETS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n.startswith("vit-s") else n
+                                  for n in VIT_PRESETS])  # the ViT-S presets take seconds each
 def test_vit_presets_forward_and_parameter_count(name):
     side, chans, patch = _size(name)
     model = build_model(ModelConfig(name), num_classes=10, image_size=side, in_chans=chans, default_patch=patch, seed=0)

@@ -38,6 +38,7 @@ def test_paper_recipe_learns_the_impulses():
     assert s["target_mass"] > 0.5
 
 
+@pytest.mark.slow  # 10,000 iterations of the released recipe
 def test_released_recipe_stays_soft():
     paper = compute(SolveConfig(**SMALL, params={"iters": 600, "lr": 3e-2}, recipe="paper")).stats["summary"]
     rel = compute(SolveConfig(**SMALL, params={"iters": 600, "lr": 3e-2, "norm_every": 10},

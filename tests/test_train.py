@@ -59,6 +59,7 @@ def test_parse_init_params():
         parse_init_params(["filter"])
 
 
+@pytest.mark.slow  # four digits epochs that must learn (seconds)
 def test_digits_run_learns_and_writes_its_files(tmp_path):
     out = tmp_path / "run"
     result = train(TrainConfig(epochs=4, out=str(out), **TINY))
