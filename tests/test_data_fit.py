@@ -12,7 +12,7 @@ from structinit.analysis.fidelity import attention_inputs, data_attention_qualit
 from structinit.errors import StructinitError, UsageError
 from structinit.geometry.grid import Grid
 from structinit.geometry.targets import causal_mask, impulse_columns
-from structinit.init.data_fit import MAX_LOGIT, calibrate_on_batch, refine_qk, target_distribution
+from structinit.init.data_fit import MAX_LOGIT, calibrate_on_batch, fit_loss, refine_qk, target_distribution
 from structinit.init.impulse import ImpulseInit
 from structinit.init.inject import read_qk
 from structinit.init.specs import init_spec, initialize, initialize_model
@@ -105,6 +105,24 @@ def test_target_distribution_puts_the_mass_on_the_offset_and_spreads_the_rest():
     t = target_distribution(cols, 0.5, mask)
     assert torch.all(t[0][~mask] == 0)
     assert t[0, 2].tolist() == pytest.approx([0.25, 0.5, 0.25, 0, 0])
+
+
+@pytest.mark.parametrize("grid, offsets, causal", [((3, 3), [[0, 1], [1, 1]], False), ((6,), [[0, -1], [0, 0]], True)])
+def test_the_fit_loss_is_the_cross_entropy_against_the_target_distribution(grid, offsets, causal):
+    g = torch.Generator().manual_seed(3)
+    grid = Grid(grid)
+    n = grid.tokens
+    x, q, k = torch.randn(5, n, 8, generator=g), torch.randn(2, 8, 4, generator=g), torch.randn(2, 8, 4, generator=g)
+    cols = torch.from_numpy(impulse_columns(grid, np.array(offsets))).long()
+    mask = torch.from_numpy(causal_mask(grid, True)) if causal else None
+    logits = torch.einsum("bnD,hDd->bhnd", x, q) @ torch.einsum("bnD,hDd->bhnd", x, k).transpose(-1, -2) / 2.0
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    logp = torch.log_softmax(logits, -1).nan_to_num(neginf=0.0)
+    t = target_distribution(cols, 0.7, mask)
+    rows = (cols >= 0).float()
+    want = -((t[None] * logp).sum(-1) * rows[None]).sum() / (rows.sum() * 5)
+    assert float(fit_loss(x, q, k, cols, 0.7, mask)) == pytest.approx(float(want), rel=1e-5)
 
 
 def test_refinement_starts_at_the_given_norm_and_lowers_the_loss(digits):

@@ -62,6 +62,26 @@ def target_distribution(columns: torch.Tensor, mass: float, mask: Optional[torch
     return out
 
 
+def fit_loss(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, columns: torch.Tensor, mass: float,
+             mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The mean cross-entropy, over every image and every (head, query row) with a target, between
+    the attention of ``q, k`` on ``x`` and :func:`target_distribution` (a scalar tensor)."""
+    heads, n = columns.shape
+    rows = (columns >= 0).float()  # [H, N]
+    count = rows.sum() * x.shape[0]
+    # without building the N x N target: with c the share of every other visible key,
+    # -sum_j t_j log p_j = -(c * sum_visible log p_j + (mass - c) * log p_target)
+    visible = torch.full((n,), float(n)) if mask is None else mask.sum(-1).float()
+    c = (1 - mass) / (visible - 1).clamp(min=1)  # [N]
+    idx = columns.clamp(min=0)[None, :, :, None].expand(x.shape[0], -1, -1, 1)
+    logits = _logits(x, q, k, mask)
+    lse = torch.logsumexp(logits, dim=-1)  # [B, H, N]
+    total = (logits if mask is None else logits.masked_fill(~mask, 0.0)).sum(-1)
+    picked = logits.gather(-1, idx).squeeze(-1)
+    ce = -(c * (total - visible * lse) + (mass - c) * (picked - lse))
+    return (ce * rows[None]).sum() / count.clamp(min=1)
+
+
 def refine_qk(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, columns: torch.Tensor, *, steps: int,
               mass: float, l2: float, lr: float, norm: float,
               mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -72,25 +92,12 @@ def refine_qk(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, columns: torch.
     k = k.detach().float()
     q = (q * (norm / q.norm(dim=(-2, -1), keepdim=True).clamp(min=1e-12))).requires_grad_(True)
     k = (k * (norm / k.norm(dim=(-2, -1), keepdim=True).clamp(min=1e-12))).requires_grad_(True)
-    rows = (columns >= 0).float()  # [H, N]
-    count = rows.sum() * x.shape[0]
-    if count == 0:
+    if not bool((columns >= 0).any()):
         return q.detach(), k.detach()
-    heads, n = columns.shape
-    # the cross-entropy against target_distribution() without building it: with c the share of every
-    # other visible key, -sum_j t_j log p_j = -(c * sum_visible log p_j + (mass - c) * log p_target)
-    visible = torch.full((n,), float(n)) if mask is None else mask.sum(-1).float()
-    c = (1 - mass) / (visible - 1).clamp(min=1)  # [N]
-    idx = columns.clamp(min=0)[None, :, :, None].expand(x.shape[0], -1, -1, 1)
+    heads = q.shape[0]
     opt = torch.optim.Adam([q, k], lr=lr)
     for _ in range(steps):
-        logits = _logits(x, q, k, mask)
-        lse = torch.logsumexp(logits, dim=-1)  # [B, H, N]
-        total = (logits if mask is None else logits.masked_fill(~mask, 0.0)).sum(-1)
-        picked = logits.gather(-1, idx).squeeze(-1)
-        ce = -(c * (total - visible * lse) + (mass - c) * (picked - lse))
-        loss = (ce * rows[None]).sum() / count
-        loss = loss + l2 * ((q ** 2).sum() + (k ** 2).sum()) / heads
+        loss = fit_loss(x, q, k, columns, mass, mask) + l2 * ((q ** 2).sum() + (k ** 2).sum()) / heads
         opt.zero_grad()
         loss.backward()
         opt.step()
