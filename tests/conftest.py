@@ -1,5 +1,9 @@
 """Shared test fixtures: every test gets its own empty user cache; the CLI runs in-process (``cli``)
-or as the real console entry point in a subprocess (``cli_process``)."""
+or as the real console entry point in a subprocess (``cli_process``).
+
+The suite tests what CI runs, on the CPU: CUDA is hidden (``device="auto"`` means the CPU) unless
+``STRUCTINIT_TEST_GPU=1``, which runs the GPU paths (``pytest -m gpu``, tests/test_gpu.py) on a
+machine with a GPU. Set before torch initializes CUDA, so it holds for subprocesses too."""
 
 import contextlib
 import io
@@ -12,6 +16,16 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+GPU_TESTS = os.environ.get("STRUCTINIT_TEST_GPU") == "1"
+if not GPU_TESTS:
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skip(reason="GPU test: run with STRUCTINIT_TEST_GPU=1 on a machine with CUDA")
+    for item in items:
+        if "gpu" in item.keywords and not GPU_TESTS:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

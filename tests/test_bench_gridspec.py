@@ -53,10 +53,10 @@ def parse(text, name="mini"):
 
 def test_the_shipped_grids_have_the_papers_shapes_and_numbers():
     names = list(shipped_grids())
-    assert names == ["digits", "table1", "table2", "table3", "table4", "table5", "table6", "table7"]
+    assert names == ["digits", "mnist1d", "table1", "table2", "table3", "table4", "table5", "table6", "table7"]
     runs = {n: load_grid(n).runs for n in names}
     # digits: 6 methods x 4 training-set sizes x 5 seeds; the paper's grids at 3 seeds
-    assert runs == {"digits": 120, "table1": 12, "table2": 60, "table3": 60, "table4": 72, "table5": 120,
+    assert runs == {"digits": 120, "mnist1d": 100, "table1": 12, "table2": 60, "table3": 60, "table4": 72, "table5": 120,
                     "table6": 216, "table7": 120}
     t2 = load_grid("table2")
     assert [c[0].id for c in t2.column_cells()] == ["cifar10", "cifar100", "svhn", "imagenet"]
@@ -78,6 +78,12 @@ def test_the_shipped_grids_have_the_papers_shapes_and_numbers():
         assert s["epochs"] * (n // s["batch_size"]) == pytest.approx(900, abs=17)
         assert s["warmup_epochs"] == pytest.approx(0.05 * s["epochs"])
     assert digits.settings["val_size"] == 300 and "train_size" not in sizes["all"]
+    m1 = load_grid("mnist1d")  # the sequence grid: plain and shuffled positions, the CNN as a row
+    assert m1.settings == {"model": "transformer-1d", "dataset": "mnist1d", "val_size": 500, "epochs": 20}
+    assert [v.settings for v in m1.axis("data").values] == [{"shuffle_seq": False}, {"shuffle_seq": True}]
+    assert m1.row_axis.value("impulse-5-fit").settings["init_params"] == {"filter": 5, "mimetic_vproj": True,
+                                                                          "data_fit": 300}
+    assert m1.row_axis.value("cnn-1d").settings == {"model": "cnn-1d"}
 
 
 def test_a_grid_file_parses_into_axes_values_and_layout():
@@ -159,7 +165,7 @@ def test_inline_axis_values_report_their_line():
 
 def test_unknown_grid_names_and_files(tmp_path):
     with pytest.raises(GridError, match=r"unknown grid 'digit' \(did you mean 'digits'\?\); shipped grids: digits, "
-                                        r"table1"):
+                                        r"mnist1d, table1"):
         load_grid("digit")
     with pytest.raises(GridError, match="grid file .*nope.toml does not exist"):
         load_grid(str(tmp_path / "nope.toml"))
