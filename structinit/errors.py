@@ -34,6 +34,13 @@ class StructinitError(Exception):
         return self.render()
 
 
+class StructinitWarning(UserWarning):
+    """Something the library did other than asked for or expected (marked parameters as in errors)."""
+
+    render = StructinitError.render
+    __str__ = StructinitError.__str__
+
+
 class UsageError(StructinitError, ValueError):
     """Impossible or inconsistent settings (CLI exit code 2)."""
 

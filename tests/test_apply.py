@@ -117,8 +117,12 @@ def test_stock_vit_tiny_safetensors_with_sincos(tmp_path):
 
     with safe_open(str(tmp_path / "out.safetensors"), "pt") as fh:
         assert fh.metadata() == {"note": "kept"}
-    skip = {f"blocks.{i}.attn.qkv.{w}" for i in range(12) for w in ("weight", "bias")} | {"pos_embed"}
+    # the default writes mimetic V/proj too (qkv's v rows and proj); a checkpoint gets no data fit
+    proj = {f"blocks.{i}.attn.proj.weight" for i in range(12)}
+    skip = {f"blocks.{i}.attn.qkv.{w}" for i in range(12) for w in ("weight", "bias")} | {"pos_embed"} | proj
     assert_same(orig, new, skip=skip, ordered=False)  # safetensors stores keys sorted
+    assert all(not torch.equal(new[k], orig[k]) for k in proj) and rep["mimetic_vproj"] is True
+    assert rep["data_fit"]["skipped"].startswith("not run: a checkpoint holds no model")
     assert torch.equal(new["pos_embed"][0, 0], orig["pos_embed"][0, 0])  # class-token position kept
     m.load_state_dict(new, strict=True)
     assert all(r["hit_rate"] == 1.0 for r in rep["layers"])

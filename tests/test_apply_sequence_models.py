@@ -158,8 +158,11 @@ def test_gpt2_saved_by_transformers_tells_its_heads_and_length(tmp_path, cli):
 
     a, b = load_file(src), load_file(out)
     assert sorted(a) == sorted(b)
-    assert changed_keys(a, b) == sorted(f"transformer.h.{i}.attn.c_attn.{p}" for i in range(LAYERS)
-                                        for p in ("bias", "weight"))
+    # Q/K (and V, mimetic with its proj: the default) in the fused c_attn, and c_proj; no data fit
+    assert changed_keys(a, b) == sorted([f"transformer.h.{i}.attn.c_attn.{p}" for i in range(LAYERS)
+                                         for p in ("bias", "weight")] +
+                                        [f"transformer.h.{i}.attn.c_proj.weight" for i in range(LAYERS)])
+    assert rep["mimetic_vproj"] is True and "checkpoint holds no model" in rep["data_fit"]["skipped"]
     desc = cli("inspect", out, "--heads", str(HEADS), "--json")  # no config.json beside the output
     assert desc.returncode == 0
     layers = json.loads(desc.stdout)["layers"]

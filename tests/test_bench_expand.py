@@ -67,9 +67,9 @@ def test_cells_merge_settings_then_axis_values_then_overrides(tmp_path):
                             "its peak (set warmup_epochs too)"]  # digits' default warm-up is 2 epochs
     short = expand(load_grid("digits"), overrides=["epochs=2"], seeds=1, only=["train_size=100,all"])
     assert short.warnings == [
-        "6 cell(s) warm up for 2.65 epochs but train for only 2: the learning rate never reaches its peak (set "
+        "7 cell(s) warm up for 2.65 epochs but train for only 2: the learning rate never reaches its peak (set "
         "warmup_epochs too)",
-        "6 cell(s) warm up for 22.5 epochs but train for only 2: the learning rate never reaches its peak (set "
+        "7 cell(s) warm up for 22.5 epochs but train for only 2: the learning rate never reaches its peak (set "
         "warmup_epochs too)"]
     with pytest.raises(GridError, match=r"overrides init_params.alpha9: no init method of this grid takes it"):
         expand(mini(), overrides=["init_params.alpha9=1"])

@@ -3,6 +3,7 @@ the solved offsets on real data, where the pseudo-input solve does not; its part
 distribution, refinement, calibration) do what their docstrings say; bad settings are refused."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -180,25 +181,55 @@ def test_bad_data_fit_settings_are_refused_by_name(params, message):
     assert str(e.value) == message
 
 
-def test_data_fit_needs_data_and_a_model(digits):
-    with pytest.raises(UsageError, match="impulse parameter data_fit needs a batch of real inputs"):
-        initialize_model(vit(), "impulse", data_fit=10)
+def test_data_fit_without_data_keeps_the_plain_solve_and_says_so(digits):
+    """The default fits to data; a model without data gets the plain solve, a warning and a report
+    that says why; a state dict gets it without a warning (it can never be fitted)."""
+    plain = vit()
+    want = initialize_model(plain, "impulse", data_fit=0)
+    m = vit()
+    with pytest.warns(UserWarning, match=r"impulse data_fit not run: no real inputs were given \(data\)"):
+        rep = initialize_model(m, "impulse")
+    assert rep["data_fit"]["skipped"].startswith("not run: no real inputs were given")
+    assert want["data_fit"] is None
+    for a, b in zip(plain.blocks, m.blocks):  # the same solve and the same mimetic V/proj
+        assert torch.equal(a.attn.qkv.weight, b.attn.qkv.weight) and torch.equal(a.attn.proj.weight, b.attn.proj.weight)
     sd = vit().state_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rep = initialize(sd, "impulse", heads=4)
+    assert rep["data_fit"]["skipped"].startswith("not run: a checkpoint holds no model")
     with pytest.raises(UsageError, match="needs a model with timm-style blocks, not a checkpoint or state dict"):
         initialize(sd, "impulse", heads=4, data=digits[0], data_fit=10)
 
 
-def test_new_parameters_stay_out_of_the_key_at_their_defaults():
-    """Runs made before data_fit existed keep their run keys."""
-    spec = ImpulseInit()
+def test_run_keys_of_the_old_and_the_new_default():
+    """Runs made before data_fit existed keep their keys: the plain solve without V/proj (the old
+    default) is still the literal key it was; the new default (data fit + mimetic V/proj) has the
+    key the runs of that setting had when it was an option, so they count as its runs."""
+    spec = ImpulseInit(data_fit=0)
     assert not any(k.startswith("data_fit") for k in spec.to_dict()["params"])
     assert spec.to_dict()["params"]["filter"] == 3
-    assert init_spec("impulse", data_fit=300).to_dict()["params"]["data_fit"] == 300
-    # the key of a default impulse run, as it was before data_fit was added
-    cfg = TrainConfig(dataset="digits", init="impulse", train_size=100, val_size=300, seed=0)
-    assert cfg.key == "eb1a3455b343"
-    assert TrainConfig(dataset="digits", init="impulse", init_params={"data_fit": 300}, train_size=100,
-                       val_size=300, seed=0).key != cfg.key
+    assert ImpulseInit().to_dict()["params"]["data_fit"] == 300
+    assert not any(k.startswith("data_fit_") for k in ImpulseInit().to_dict()["params"])
+
+    def key(**params):
+        return TrainConfig(dataset="digits", init="impulse", init_params=params, train_size=100, val_size=300,
+                           seed=0).key
+
+    assert key(data_fit=0, mimetic_vproj=False) == "eb1a3455b343"  # the old default's key, as it was
+    assert key() == key(data_fit=300, mimetic_vproj=True) != key(data_fit=0, mimetic_vproj=False)
+    assert key(data_fit=150) != key()
+
+
+def test_the_digits_grid_keeps_its_committed_runs():
+    """The shipped digits grid's default impulse row is the data-fit setting whose runs are committed
+    under docs/results (key of seed 0 at 100 images), and its plain row is the old default's runs."""
+    from structinit.bench.expand import expand
+    from structinit.bench.gridspec import load_grid
+
+    ex = expand(load_grid("digits"), seeds=1, only=["train_size=100", "init=impulse,impulse-plain"])
+    keys = {c.row: c.key for c in ex.cells}
+    assert keys == {"impulse": "96fbec4c6b94", "impulse-plain": "650ab8c05363"}
 
 
 def test_train_fits_to_its_training_images_and_records_the_fit(tmp_path):

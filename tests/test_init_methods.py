@@ -203,7 +203,7 @@ def test_kaiming_and_trunc_normal_match_their_definitions():
 def test_state_dict_form_changes_only_qk_rows():
     sd = {k: v.clone() for k, v in paper_vit().state_dict().items()}
     ref = {k: v.clone() for k, v in sd.items()}
-    rep = initialize(sd, "impulse", heads=HEADS)
+    rep = initialize(sd, "impulse", heads=HEADS, mimetic_vproj=False)  # Q/K only
     assert rep["layout"] == "timm-vit" and rep["hit_rate"] == 1.0
     for key in sd:
         if key.endswith("attn.qkv.weight") or key.endswith("attn.qkv.bias"):

@@ -189,10 +189,10 @@ def test_planned_rows_of_each_method():
     vproj = ["blocks.0.attn.qkv.weight[64:96]", "blocks.0.attn.proj.weight"]
     assert KaimingInit().planned(slot) == qk and TruncNormalInit().planned(slot) == qk
     assert MimeticInit().planned(slot) == qk + vproj and MimeticInit(vproj=False).planned(slot) == qk
-    assert ImpulseInit().planned(slot) == qk and ImpulseInit(mimetic_vproj=True).planned(slot) == qk + vproj
+    assert ImpulseInit().planned(slot) == qk + vproj and ImpulseInit(mimetic_vproj=False).planned(slot) == qk
     mha = torch.nn.MultiheadAttention(16, 2, bias=False)
     s = detect_layout(mha.state_dict()).slots[0]
-    assert ImpulseInit().planned(s) == ["in_proj_weight[0:16]", "in_proj_weight[16:32]"]
+    assert ImpulseInit(mimetic_vproj=False).planned(s) == ["in_proj_weight[0:16]", "in_proj_weight[16:32]"]
     with pytest.raises(NotImplementedError):
         InitSpec().apply(None)
 

@@ -107,8 +107,8 @@ def test_state_dict_and_model_entry_points_write_the_same_rows(art3):
     m = tiny_vit()
     sd = {k: v.clone() for k, v in tiny_vit().state_dict().items()}
     before = {k: v.clone() for k, v in sd.items()}
-    initialize_model(m, "impulse", artifact=art3, layers=[2, 0])
-    rep = initialize(sd, "impulse", artifact=art3, heads=HEADS, layers=[2, 0])
+    initialize_model(m, "impulse", artifact=art3, layers=[2, 0], mimetic_vproj=False, data_fit=0)
+    rep = initialize(sd, "impulse", artifact=art3, heads=HEADS, layers=[2, 0], mimetic_vproj=False)
     assert [r["layer"] for r in rep["layers"]] == [0, 2]
     msd = m.state_dict()
     for l in (0, 2):
@@ -125,7 +125,7 @@ def test_state_dict_and_model_entry_points_write_the_same_rows(art3):
 def test_hugging_face_layout_layer_l_gets_layer_l(art3):
     sd = hf_state_dict()
     before = {k: v.clone() for k, v in sd.items()}
-    rep = initialize(sd, "impulse", artifact=art3, heads=HEADS)
+    rep = initialize(sd, "impulse", artifact=art3, heads=HEADS, mimetic_vproj=False)
     assert rep["layout"] == "hf-vit"
     for l in range(DEPTH):
         assert_layer_is(*hf_qk(sd, l), art3, l)

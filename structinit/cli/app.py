@@ -6,6 +6,8 @@ line on stderr and exit code 2, any other failure one line and exit code 1, Ctrl
 from __future__ import annotations
 
 import sys
+import warnings
+from pathlib import Path
 from typing import List, Optional
 
 import typer
@@ -13,6 +15,9 @@ import typer
 from structinit import __version__
 from structinit.cli import apply, bench, exactness, inspect, solve, train
 from structinit.cli.common import handle_errors
+
+#: Warnings raised from files under this folder are the library's own.
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
 HELP = ("Convolutional structure for transformers through initialization alone: solve Q/K so that each "
         "attention head starts as an impulse filter, inject it into models and checkpoints, train and compare.\n\n"
@@ -59,7 +64,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Run the CLI on ``argv`` (default ``sys.argv[1:]``) and return the exit code. Usage errors that
     the parser finds (an unknown flag, a missing value) are one ``error:`` line too, with a hint."""
     try:
-        result = app(args=argv, prog_name="structinit", standalone_mode=False)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            result = app(args=argv, prog_name="structinit", standalone_mode=False)
         return result if isinstance(result, int) else 0
     except typer.Abort:
         typer.echo("error: interrupted", err=True)
@@ -74,6 +81,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
         typer.echo(f"error: {exc.format_message()}{hint}", err=True)
         return int(exc.exit_code)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """The library's own warnings as one ``warning:`` line on stderr; others as Python shows them."""
+    if PACKAGE_ROOT in Path(filename).resolve().parents:
+        typer.echo(f"warning: {message}", err=True)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 def run() -> None:

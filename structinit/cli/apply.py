@@ -138,6 +138,8 @@ def format_report(r: dict) -> str:
         lines.append(f"  position embedding {r['pos_embed']}: {r.get('pos_embed_kind')}")
     if r.get("measured_on"):
         lines.append(f"  hit rate and target mass measured on {r['measured_on']}")
+    if (r.get("data_fit") or {}).get("skipped"):
+        lines.append(f"  data fit {r['data_fit']['skipped']}")
     for row in r["layers"]:
         q = ""
         if "hit_rate" in row:

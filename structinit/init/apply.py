@@ -192,7 +192,7 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
     say(f"writing {target}")
     _write(ckpt, path, target, stat, in_place, force, plan)
     plan["layers"] = [rows[i] for i in first.layers]
-    for key in ("artifact", "hit_rate", "target_mass", "measured_on"):
+    for key in ("artifact", "hit_rate", "target_mass", "measured_on", "mimetic_vproj", "data_fit"):
         if key in report:
             plan[key] = report[key]
     plan["pos_embed_kind"] = first.pos_embed_kind()

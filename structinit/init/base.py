@@ -88,6 +88,9 @@ class InitSpec:
     #: Parameters added after run keys were in use: :meth:`to_dict` leaves them out at their
     #: defaults, so the keys of runs made before them stay valid.
     optional_defaults: ClassVar[Tuple[str, ...]] = ()
+    #: Of those, the ones whose default has changed since: name -> the value :meth:`to_dict` leaves
+    #: out (the old default), so an old run keeps its key and the new default gets a key of its own.
+    legacy_defaults: ClassVar[Dict[str, Any]] = {}
 
     @property
     def uses_data(self) -> bool:
@@ -111,7 +114,7 @@ class InitSpec:
         """``{"method": NAME, "params": {...}}``: the spec as one axis value of a comparison grid."""
         params = self.params()
         for f in dataclasses.fields(self):
-            if f.name in self.optional_defaults and params[f.name] == f.default:
+            if f.name in self.optional_defaults and params[f.name] == self.legacy_defaults.get(f.name, f.default):
                 del params[f.name]
         return {"method": self.method, "params": params}
 

@@ -60,13 +60,22 @@ class ImpulseInit(InitSpec):
     ``recipe_params`` (any other recipe parameter, e.g. ``{"iters": 2000}``), ``share``,
     ``offset_order``, ``padding``, ``causal`` (sequences: offsets only in the past, for a decoder's
     causal mask), ``pseudo_input``, ``pseudo_input_rest``; or ``artifact`` (a path or cache key) to
-    use a solved one. ``mimetic_vproj`` also sets V/proj as mimetic init does
+    use a solved one. ``mimetic_vproj`` (default on) also sets V/proj as mimetic init does
     (``alpha2``, ``beta2``). ``pe_scale`` (models only) writes the sin-cos position embedding times
     it (a learned embedding stays learnable, starting from the table). ``fit_pe`` solves Q/K for
     the position embedding the model or checkpoint has (LayerNorm'd, prefix-token rows dropped; a
     learned one, say) instead of the sin-cos table. ``tolerance``: the largest difference between
     the solver's and the written weights' hit rate or target mass before the write is reported as
     misplaced.
+
+    ``data_fit`` (default 300): Adam steps that refine each layer's Q/K on the inputs a batch of
+    real training data gives that layer at init (:mod:`structinit.init.data_fit`; ``data_fit_*``
+    tune it, ``data_fit_samples`` caps the batch), so the impulse structure survives the content
+    embedding. It runs when a batch is given (``data``: ``structinit train`` passes its first
+    training inputs); without one (a checkpoint, or a model initialized without ``data``) Q/K keep
+    the plain solve, a :class:`UserWarning` says so and the report's ``data_fit`` holds the reason.
+    ``data_fit=0`` pins the plain solve. The defaults (data fit + mimetic V/proj) are the setting
+    chosen on the validation split of the digits learning curve; see ``docs/results``.
 
     The solve assumes the target's first layer sees the LayerNorm'd sin-cos table on position
     alone. A target whose position embedding is something else (a learned one) is refused unless
@@ -89,14 +98,14 @@ class ImpulseInit(InitSpec):
     pseudo_input: str = "pe"
     pseudo_input_rest: Optional[str] = None
     artifact: Optional[Any] = None
-    mimetic_vproj: bool = False
+    mimetic_vproj: bool = True
     alpha2: float = 0.4
     beta2: float = 0.4
     pe_scale: Optional[float] = None
     fit_pe: bool = False
     tolerance: float = 0.02
     causal: bool = False
-    data_fit: int = 0
+    data_fit: int = 300
     data_fit_mass: float = 0.6
     data_fit_l2: float = 1e-4
     data_fit_lr: float = 1e-2
@@ -106,6 +115,8 @@ class ImpulseInit(InitSpec):
     #: Parameters added after run keys were in use: left out of :meth:`to_dict` at their defaults.
     optional_defaults = ("data_fit", "data_fit_mass", "data_fit_l2", "data_fit_lr", "data_fit_norm",
                          "data_fit_samples")
+    #: ``data_fit`` was 0 (off) when run keys began to carry it: a key leaves out 0, not the default.
+    legacy_defaults = {"data_fit": 0}
 
     def validate(self) -> None:
         from structinit.solver.artifact import Artifact
@@ -151,14 +162,22 @@ class ImpulseInit(InitSpec):
 
     @property
     def uses_data(self) -> bool:
-        """Whether :meth:`apply` needs a batch of real inputs (``data_fit``)."""
+        """Whether :meth:`apply` takes a batch of real inputs (``data_fit``; without one it keeps
+        the plain solve)."""
         return self.data_fit > 0
 
     def check_target(self, target) -> None:
         """A decoder that masks later tokens (GPT-2) needs causal offsets; a model known to attend
         both ways (BERT) must not get them (they were solved under a mask it does not apply). An
-        artifact given by path or key is checked once it is read (in :meth:`apply`). ``data_fit``
-        needs a model with timm-style blocks (it runs inputs through them)."""
+        artifact given by path or key is checked once it is read (in :meth:`apply`)."""
+        if self.artifact is None:
+            check_causal(target, self.causal)
+        elif hasattr(self.artifact, "config"):
+            check_causal(target, self.artifact.config.causal)
+
+    def check_data_target(self, target) -> None:
+        """``data_fit`` on a batch needs a model with timm-style blocks (it runs the inputs through
+        them) whose q and k are plain linear maps."""
         if self.data_fit:
             model = target.model
             if model is None or not hasattr(model, "blocks"):
@@ -171,10 +190,6 @@ class ImpulseInit(InitSpec):
                        for n in ("q_norm", "k_norm")):
                     raise UsageError(f"impulse parameter {param('data_fit')} fits q and k as linear maps; layer {i} "
                                      "normalizes them (q_norm/k_norm)")
-        if self.artifact is None:
-            check_causal(target, self.causal)
-        elif hasattr(self.artifact, "config"):
-            check_causal(target, self.artifact.config.causal)
 
     def solve_config(self, grid, dim: int, heads: int, depth: int, seed: int = 0, embedding=None):
         """The :class:`~structinit.solver.config.SolveConfig` for a model of this shape (fitted to
@@ -246,7 +261,8 @@ class ImpulseInit(InitSpec):
         against the solve). ``progress(done, total)`` follows the solve. ``check_pe=False`` skips
         :meth:`check_embedding` (for a copy of a model already checked, e.g. an EMA state dict,
         which gets the same weights). ``data``: a batch of real, normalized model inputs (``[B, C, H, W]``
-        images or ``[B, L]`` sequences), needed by ``data_fit``."""
+        images or ``[B, L]`` sequences) that ``data_fit`` fits to; without it the fit is skipped and the
+        report's ``data_fit`` says why."""
         import torch
 
         from structinit.analysis.quality import measure
@@ -255,12 +271,16 @@ class ImpulseInit(InitSpec):
         from structinit.init.pos_embed import set_sincos_pos_embed
 
         t = target
-        if self.data_fit:
-            if data is None:
-                raise UsageError(f"impulse parameter {param('data_fit')} needs a batch of real inputs "
-                                 f"({param('data')})")
-            self.check_target(t)
+        fit = bool(self.data_fit) and data is not None
+        skipped = None
+        if fit:
+            self.check_data_target(t)
             data = data[: self.data_fit_samples]
+        elif self.data_fit:
+            why = ("a checkpoint holds no model to run real inputs through" if t.model is None
+                   else f"no real inputs were given ({param('data')})")
+            skipped = (f"not run: {why}, so Q/K are the plain solve on the position embedding alone, whose "
+                       f"structure real inputs mostly wash out ({param('data_fit')}=0 asks for this explicitly)")
         if self.pe_scale is not None:
             if t.model is None:
                 raise UsageError(f"impulse parameter {param('pe_scale')} needs a model; on a checkpoint write the "
@@ -300,7 +320,7 @@ class ImpulseInit(InitSpec):
                         raise StructinitError(
                             f"layer {slot.index}: the written weights give {name} {got:.3f} but the solve has "
                             f"{want:.3f}; the Q/K rows were not placed as the layout expects")
-            if self.data_fit:
+            if fit:
                 self._fit_on_data(t, slot, rq, rk, cols, mask, data)
                 rq, rk = read_qk(t.sd, slot, t.heads)
                 placed = measure(art.layer_input(src), rq, rk, cols, mask)
@@ -309,8 +329,8 @@ class ImpulseInit(InitSpec):
             row = {"layer": slot.index, "replaced": keys, "offsets": art.offsets[src].tolist(), **got.layer_row(),
                    "solved": {m: float(getattr(placed, m).mean()) for m in ("hit_rate", "target_mass")}}
             rows.append(row)
-        fitted = None
-        if self.data_fit:
+        fitted = {"skipped": skipped} if skipped else None
+        if fit:
             from structinit.analysis.fidelity import data_attention_quality
 
             fitted = data_attention_quality(t.model, data, [r["offsets"] for r in rows], art.config.grid,

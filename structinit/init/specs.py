@@ -19,9 +19,10 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Type, Union
 
-from structinit.errors import UsageError, param
+from structinit.errors import StructinitWarning, UsageError, param
 from structinit.init.base import InitSpec, parse_value
 from structinit.init.baselines import KaimingInit, TruncNormalInit
 from structinit.init.impulse import ImpulseInit
@@ -88,17 +89,22 @@ def initialize(target, spec: Union[str, InitSpec], *, grid=None, heads: Optional
 
     ``grid``/``heads`` are needed only where the target does not tell; ``layers`` selects attention
     layers (``None``: all; a spec such as ``"0-3,5"`` or a list of indices). ``data``: a batch of
-    real, normalized inputs for a method that fits to them (impulse with ``data_fit``); the others
-    do not use it.
+    real, normalized inputs for a method that fits to them (impulse, whose ``data_fit`` is on by
+    default); the others do not use it. A model initialized by such a method without ``data`` gets
+    its unfitted form and a :class:`~structinit.errors.StructinitWarning`.
     """
     from structinit.init.target import AttentionTarget
 
     spec = init_spec(spec, **params)
     t = AttentionTarget(target, grid, heads, layers, need_grid=spec.needs_grid)
     spec.check_target(t)
-    if spec.uses_data:
-        return spec.apply(t, seed=seed, cache_dir=cache_dir, device=device, data=data)
-    return spec.apply(t, seed=seed, cache_dir=cache_dir, device=device)
+    if not spec.uses_data:
+        return spec.apply(t, seed=seed, cache_dir=cache_dir, device=device)
+    report = spec.apply(t, seed=seed, cache_dir=cache_dir, device=device, data=data)
+    skipped = (report.get("data_fit") or {}).get("skipped")
+    if skipped and t.model is not None:
+        warnings.warn(StructinitWarning(f"{spec.method} {param('data_fit')} {skipped}"), stacklevel=3)
+    return report
 
 
 def initialize_model(model, spec: Union[str, InitSpec], *, grid=None, seed: int = 0, data=None,
@@ -110,8 +116,8 @@ def initialize_model(model, spec: Union[str, InitSpec], *, grid=None, seed: int 
         model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=2,
                                   class_token=False, global_pool="avg", num_classes=10)
         set_sincos_pos_embed(model)
-        report = initialize_model(model, "impulse", filter=3, target_mass=0.3)
-        report = initialize_model(model, "impulse", data_fit=300, data=images[:256])  # fitted to real inputs
+        report = initialize_model(model, "impulse", data=images[:256])  # fitted to real inputs (the default)
+        report = initialize_model(model, "impulse", filter=5, data_fit=0)  # the plain solve, no data
     """
     from structinit.init.target import is_module
 

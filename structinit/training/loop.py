@@ -324,10 +324,11 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
 
             fit_to = None
             if spec.uses_data:
-                if not info.in_memory:
-                    raise UsageError(f"init parameter {param('data_fit')} fits to training inputs held in memory; "
-                                     f"{config.dataset} is read from disk (use an in-memory dataset such as digits)")
-                fit_to = init_inputs(data.train, info)
+                if info.in_memory:
+                    fit_to = init_inputs(data.train, info)
+                else:
+                    say(f"the init's data fit needs training inputs held in memory and {config.dataset} is read "
+                        "from disk: Q/K keep the plain solve")
             init_report = initialize_model(model, spec, seed=config.seed, data=fit_to)
             if info.in_memory and init_report.get("method") == "impulse":
                 init_report["data_attention"] = impulse_fidelity(model, data.train, info, init_report)
