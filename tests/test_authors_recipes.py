@@ -408,3 +408,16 @@ def test_train_keeps_the_2025_position_embedding_learnable(tmp_path):
     # the embedding the init wrote, recomputed: 18 x 0.02 x randn from the seed's generator
     start = torch.randn(trained.shape, generator=torch.Generator().manual_seed(0)) * 0.36
     assert not torch.equal(trained, start) and float((trained - start).abs().max()) < 0.1  # it moved, a little
+
+
+def test_authors_2025_as_a_solve_recipe():
+    from structinit.solver.config import SolveConfig
+    from structinit.solver.run import compute, estimate_memory
+
+    config = SolveConfig(grid=(8, 8), dim=32, heads=4, layers=2, recipe="authors-2025", offset_order="centre")
+    art = compute(config, device="cpu")
+    np.testing.assert_allclose(np.linalg.norm(art.q, axis=(-2, -1)), 7.0, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(art.k, axis=(-2, -1)), 7.0, atol=1e-5)
+    assert np.abs(art.q[0] - art.q[1]).max() > 1e-2  # fresh noise per layer
+    assert art.offsets[0].tolist() == art.offsets[1].tolist() == [list(o) for o in authors_offsets(4)]
+    assert 0 < estimate_memory(config) < 2 ** 27
