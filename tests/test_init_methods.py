@@ -53,7 +53,7 @@ def timm_attention(model):
 
 
 def test_registry_names():
-    assert list(INIT_METHODS) == ["kaiming", "trunc-normal", "mimetic", "impulse"]
+    assert list(INIT_METHODS) == ["kaiming", "trunc-normal", "mimetic", "impulse", "impulse-2024", "impulse-2025"]
 
 
 def test_heads_rows_round_trip_follows_spec_convention():

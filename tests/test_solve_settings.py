@@ -42,7 +42,7 @@ def test_recipe_params_fill_defaults_convert_and_skip_none():
     ("fast", {"target_mass": 0}, "target_mass of recipe 'fast' must be positive, got 0"),
     ("fast", {"target_mass": 1}, "target_mass must lie strictly between 0 and 1, got 1.0"),
     ("fast", {"target_mass": 1.5}, "target_mass must lie strictly between 0 and 1, got 1.5"),
-    ("magic", {}, "unknown recipe 'magic'; choose one of fast, paper, released, closed-form"),
+    ("magic", {}, "unknown recipe 'magic'; choose one of fast, paper, released, closed-form, authors-2025"),
 ])
 def test_recipe_params_refuse_what_cannot_solve_by_name(recipe, overrides, message):
     assert usage_message(recipe_params, recipe, overrides) == message

@@ -90,6 +90,7 @@ def grid_attention(ex: Expansion, column: Optional[Sequence[str]] = None, seed: 
     """One :class:`AttentionEntry` per row of ``ex`` for the cell in ``column`` (column value ids;
     default: the first column) and ``seed`` (default: the grid's first)."""
     from structinit.analysis.fidelity import attention_fidelity, offsets_from_report
+    from structinit.init.specs import IMPULSE_METHODS
 
     columns = [tuple(v.id for v in c) for c in ex.spec.column_cells()]
     col = tuple(column) if column is not None else columns[0]
@@ -114,7 +115,7 @@ def grid_attention(ex: Expansion, column: Optional[Sequence[str]] = None, seed: 
         if data_key not in batch_cache:
             batch_cache[data_key] = training_images(config, images)
         offsets, filt = None, 3
-        if report is not None and report.get("method") == "impulse":
+        if report is not None and report.get("method") in IMPULSE_METHODS:
             offsets = offsets_from_report(report)
             filt = int(config.init_spec().filter)
         fid = attention_fidelity(model, batch_cache[data_key], offsets=offsets, filter=filt)

@@ -51,7 +51,8 @@ Depth = Annotated[int, typer.Option("--depth", "--layers",
                                     help="Attention layers, each with its own offsets and solve.")]
 Filter = Annotated[int, typer.Option("--filter", "-f", help="Impulse filter size f (offsets from the f x f window; "
                                                             "on a sequence, from f positions).")]
-Recipe = Annotated[str, typer.Option("--recipe", "-r", help="Solver recipe: fast, paper, released or closed-form.")]
+Recipe = Annotated[str, typer.Option("--recipe", "-r", help="Solver recipe: fast, paper, released, closed-form or "
+                                                       "authors-2025.")]
 TargetMass = Annotated[Optional[float], typer.Option(
     "--target-mass", help="fast recipe: mean attention on the target token, in (1/N, 1); lower is softer.",
     show_default="0.3")]

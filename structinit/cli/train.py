@@ -70,7 +70,8 @@ def train(
     resume: Annotated[bool, Opt("--resume", help="Continue the run in --out from its last checkpoint (start it if "
                                 "there is none).")] = False,
     init: Annotated[Optional[str], Opt("--init", help="Attention init method (ViTs, transformer-1d): kaiming, "
-                                       "trunc-normal, mimetic or impulse.",
+                                       "trunc-normal, mimetic, impulse, or the authors' exact impulse-2024 / "
+                                       "impulse-2025.",
                                        show_default="timm's own")] = None,
     init_param: Annotated[List[str], Opt("--init-param", "-p", help="Init parameter NAME=VALUE (repeatable), e.g. "
                                          "filter=5, target_mass=0.3, mimetic_vproj=true.")] = [],  # noqa: B006

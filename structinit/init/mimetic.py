@@ -33,12 +33,24 @@ def mimetic_qk(dim: int, heads: int, alpha: float, beta: float, gen):
     return q.float(), k.float(), a.float()
 
 
-def mimetic_v_proj(dim: int, alpha: float, beta: float, gen):
-    """``A = alpha Z - beta I`` (``Z ~ N(0, I/D)``) factored at full rank: ``W_V = U S^1/2``,
-    ``W_proj = S^1/2 V^T`` (``x @ W`` convention, so ``W_V W_proj = A``). Returns ``(w_v, w_proj, a)``."""
+#: Distributions of ``Z`` in :func:`mimetic_v_proj` (both of variance ``1/D`` per entry).
+Z_DISTS = ("normal", "uniform")
+
+
+def mimetic_v_proj(dim: int, alpha: float, beta: float, gen, dist: str = "normal"):
+    """``A = alpha Z - beta I`` factored at full rank: ``W_V = U S^1/2``, ``W_proj = S^1/2 V^T``
+    (``x @ W`` convention, so ``W_V W_proj = A``). ``Z ~ N(0, I/D)`` (``dist="normal"``, mimetic
+    init's), or ``U(-sqrt(3/D), sqrt(3/D))`` per entry (``"uniform"``, what the authors' code of
+    "Structured Initialization for Vision Transformers" draws). Returns ``(w_v, w_proj, a)``."""
     import torch
 
-    z = torch.randn(dim, dim, generator=gen, dtype=torch.float64) / math.sqrt(dim)
+    from structinit.geometry.targets import check_choice
+
+    check_choice("dist", dist, Z_DISTS)
+    if dist == "uniform":
+        z = (2 * torch.rand(dim, dim, generator=gen, dtype=torch.float64) - 1) * math.sqrt(3.0 / dim)
+    else:
+        z = torch.randn(dim, dim, generator=gen, dtype=torch.float64) / math.sqrt(dim)
     a = alpha * z - beta * torch.eye(dim, dtype=torch.float64)
     u, s, vh = torch.linalg.svd(a)
     root = s.sqrt()

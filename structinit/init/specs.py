@@ -6,6 +6,8 @@ entry points that initialize a model or a state dict.
 ``trunc-normal``          timm's default: Linear weights trunc-normal std 0.02, biases zero
 ``mimetic``               ``W_Q W_K^T ~ a1 Z1 + b1 I`` per head, ``W_V W_proj ~ a2 Z2 - b2 I`` per layer
 ``impulse``               Q/K solved so each head's attention starts as an impulse filter
+``impulse-2024``          the authors' released 2024 code exactly (:mod:`structinit.init.authors`)
+``impulse-2025``          the authors' 2025 closed form exactly (:mod:`structinit.init.authors`)
 ========================  =========================================================================
 
 Example::
@@ -23,6 +25,7 @@ import warnings
 from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Type, Union
 
 from structinit.errors import StructinitWarning, UsageError, param
+from structinit.init.authors import Impulse2024Init, Impulse2025Init
 from structinit.init.base import InitSpec, parse_value
 from structinit.init.baselines import KaimingInit, TruncNormalInit
 from structinit.init.impulse import ImpulseInit
@@ -30,7 +33,11 @@ from structinit.init.mimetic import MimeticInit
 
 #: Registered init methods: name -> spec class.
 INIT_METHODS: Dict[str, Type[InitSpec]] = {cls.method: cls for cls in (KaimingInit, TruncNormalInit, MimeticInit,
-                                                                       ImpulseInit)}
+                                                                       ImpulseInit, Impulse2024Init, Impulse2025Init)}
+
+#: Methods whose report gives the impulse offsets of every layer (``report["layers"][i]["offsets"]``)
+#: and the ``grid``, so the attention at init can be measured against them on real inputs.
+IMPULSE_METHODS = ("impulse", "impulse-2024", "impulse-2025")
 
 
 def spec_class(method: str) -> Type[InitSpec]:

@@ -31,10 +31,25 @@ Recipes (``RECIPES``):
 - ``released``: the authors' released code: as ``paper`` but every ``norm_every`` iterations
   (from iteration 0) Q's columns and K's rows are rescaled to the mean initial column norm of Q,
   which keeps the attention soft (target mass ~0.2 on the ViT-T shape).
-- ``closed-form``: the authors' later construction: target logits (``logit`` on impulse entries,
-  truncated-normal noise elsewhere) through the pseudo-inverse of ``x``, rank-``d`` SVD, each
-  factor normalized to unit Frobenius norm and scaled by ``qk_scale``. Dense (the noise is
-  ``N x N``).
+- ``closed-form``: this project's variant of the authors' later construction, *not* their exact
+  recipe: target logits ``logit`` (10) on impulse entries and ``noise_std`` (1) times a standard
+  normal *clamped* at +-2 elsewhere, fitted through the full pseudo-inverse of ``x`` (every
+  singular direction above :data:`RCOND`) with the rank-``d`` truncation done in ``x``'s whitened
+  column space (:func:`lowrank_logit_fit`), each factor normalized to unit Frobenius norm and
+  scaled by ``qk_scale``; on whatever pseudo input the solve has (the sin-cos table by default).
+  Dense (the noise is ``N x N``). Kept for the artifacts made with it; ``authors-2025`` is the
+  exact construction.
+- ``authors-2025``: the closed form of "Structured Initialization for Vision Transformers"
+  (NeurIPS 2025) exactly as the authors' code computes it (:func:`solve_authors_2025`): logits
+  1000 on impulse entries and 3 x trunc-normal(std 0.6, truncated to [-2, 2] by inverse-CDF
+  sampling) elsewhere, fresh for every layer; the rank-``d`` pseudo-inverse
+  ``P+ = (P^T P)^+_d P^T`` of the pseudo input; ``A_h = P+ W_h P+^T``; ``Q_h = U_d S_d^1/2``,
+  ``K_h = V_d S_d^1/2`` from the SVD of ``A_h``; each factor at unit Frobenius norm per head, then
+  x7. Q/K are the authors' weights as they write them into timm's attention, which applies the
+  ``1/sqrt(d)`` itself, so the convention above holds with these Q/K unchanged (the logits a head
+  computes are not ``W_h``: their scale is set by the x7 norms). The 2025 pseudo input (LayerNorm
+  of 18 x a random learnable position embedding) belongs to the init method ``impulse-2025``;
+  this recipe uses the ``x`` it is given. Dense (the noise is ``N x N``, one layer at a time).
 """
 
 from __future__ import annotations
@@ -300,8 +315,10 @@ def solve_fast(x, columns, head_dim, heads, generator, target_mass=0.3, ridge=1e
 
 def solve_closed_form(x, columns, head_dim, heads, generator, logit=10.0, noise_std=1.0, qk_scale=7.0, progress=None,
                       mask=None):
-    """The authors' later pseudo-inverse + SVD construction. See the module docstring (``mask``
-    changes nothing here: hidden logits are simply never seen)."""
+    """This project's variant of the authors' later pseudo-inverse + SVD construction (not their
+    exact recipe, which is :func:`solve_authors_2025`): logit 10 and a clamped standard normal by
+    default, the full pseudo-inverse of ``x`` (:func:`lowrank_logit_fit`). See the module
+    docstring (``mask`` changes nothing here: hidden logits are simply never seen)."""
     n = columns.shape[-1]
     noise = torch.randn(columns.shape + (n,), generator=generator, dtype=torch.float64).clamp_(-2, 2) * noise_std
     targets = dense_targets(columns.cpu(), n)
@@ -315,10 +332,90 @@ def solve_closed_form(x, columns, head_dim, heads, generator, logit=10.0, noise_
     return q.float(), k.float()
 
 
+def trunc_normal(shape, std: float, bound: float, generator: torch.Generator, dtype=torch.float64) -> torch.Tensor:
+    """``N(0, std)`` truncated to ``[-bound, bound]``, sampled as timm's ``trunc_normal_`` does: a
+    uniform draw between the CDF values of the bounds mapped through the inverse normal CDF (the
+    final clamp only guards against rounding). The tails are redrawn inside the bounds, not clamped
+    onto them, so no mass piles up at ``+-bound``. Drawn on the CPU ``generator`` (device independent)."""
+
+    def cdf(v: float) -> float:
+        return (1.0 + math.erf(v / math.sqrt(2.0))) / 2.0
+
+    lo, hi = cdf(-bound / std), cdf(bound / std)
+    u = torch.rand(shape, generator=generator, dtype=dtype) * (2 * hi - 2 * lo) + (2 * lo - 1)
+    return (torch.erfinv(u) * (std * math.sqrt(2.0))).clamp_(-bound, bound)
+
+
+def authors_2025_logits(columns: torch.Tensor, generator: torch.Generator, logit: float = 1000.0,
+                        noise_scale: float = 3.0, noise_std: float = 0.6, noise_bound: float = 2.0) -> torch.Tensor:
+    """The 2025 closed form's target logits, float64 ``[..., N, N]`` for target columns ``[..., N]``:
+    ``logit`` on every impulse entry, ``noise_scale * trunc_normal(noise_std, +-noise_bound)``
+    (:func:`trunc_normal`) on every other entry (a border row without a target is all noise). Each
+    call draws fresh noise from ``generator``."""
+    n = columns.shape[-1]
+    noise = trunc_normal(tuple(columns.shape) + (n,), noise_std, noise_bound, generator)
+    impulse = dense_targets(columns.cpu(), n, dtype=torch.float64) > 0
+    return torch.where(impulse, torch.full_like(noise, logit), noise_scale * noise)
+
+
+def rank_d_pinv(p: torch.Tensor, rank: int, rcond: float = RCOND) -> torch.Tensor:
+    """The rank-``rank`` pseudo-inverse ``P+ = (P^T P)^+_d P^T``, float64 ``[..., D, N]`` of
+    ``p [..., N, D]``, as the authors' 2025 code forms it: the SVD of the symmetric ``P^T P`` (its
+    eigendecomposition), ``1/s`` on its ``rank`` largest singular values and 0 on the rest, so
+    ``P+`` maps onto the top-``rank`` principal directions of ``P``. Singular values of ``P^T P``
+    below ``rcond^2`` times the largest (directions ``P`` does not have) count as zero."""
+    p = p.double()
+    ptp = p.transpose(-1, -2) @ p
+    u, s, vh = torch.linalg.svd(ptp)
+    keep = torch.arange(s.shape[-1], device=s.device) < rank
+    keep = keep & (s > rcond ** 2 * s[..., :1])
+    s_inv = torch.where(keep, 1.0 / s, torch.zeros_like(s))
+    ptp_inv = vh.transpose(-1, -2) @ (s_inv.unsqueeze(-1) * u.transpose(-1, -2))  # V diag(s_inv) U^T
+    return ptp_inv @ p.transpose(-1, -2)
+
+
+def solve_authors_2025(x, columns, head_dim, heads, generator, logit=1000.0, noise_scale=3.0, noise_std=0.6,
+                       noise_bound=2.0, qk_scale=7.0, progress=None, mask=None):
+    """The closed form of "Structured Initialization for Vision Transformers" (NeurIPS 2025), as the
+    authors' code computes it, one layer at a time (fresh noise per layer, from ``generator``):
+
+    1. ``W_h``: :func:`authors_2025_logits` (``logit`` on impulse entries, noise elsewhere);
+    2. ``P+ = (P^T P)^+_d P^T`` of the layer's pseudo input ``P = x[l]`` (:func:`rank_d_pinv`,
+       ``d = head_dim``);
+    3. ``A_h = P+ W_h P+^T`` (``D x D``), SVD ``A_h = U S V^T`` truncated to rank ``d``:
+       ``Q_h = U_d S_d^1/2``, ``K_h = V_d S_d^1/2``;
+    4. each of ``Q_h`` and ``K_h`` divided by its Frobenius norm and multiplied by ``qk_scale``.
+
+    The result is written into a model as it is (``Q_h^T`` the q rows of head ``h``), which
+    attends with ``softmax(x Q_h (x K_h)^T / sqrt(d))`` as timm's attention does; see the module
+    docstring. ``mask`` changes nothing (the construction is for image grids). Memory: one layer's
+    ``[H, N, N]`` logits in float64 at a time.
+    """
+    L = columns.shape[0]
+    qs, ks = [], []
+    pinv = None
+    for l in range(L):
+        logits = authors_2025_logits(columns[l], generator, logit, noise_scale, noise_std, noise_bound).to(x.device)
+        if pinv is None or not torch.equal(x[l], x[l - 1]):
+            pinv = rank_d_pinv(x[l], head_dim)
+        a = pinv @ logits @ pinv.transpose(-1, -2)  # [H, D, D]
+        del logits
+        u, s, vh = torch.linalg.svd(a)
+        root = s[..., :head_dim].sqrt().unsqueeze(-2)
+        q = u[..., :head_dim] * root
+        k = vh.transpose(-1, -2)[..., :head_dim] * root
+        qs.append(q / q.norm(dim=(-2, -1), keepdim=True) * qk_scale)
+        ks.append(k / k.norm(dim=(-2, -1), keepdim=True) * qk_scale)
+        if progress is not None:
+            progress(l + 1, L)
+    return torch.stack(qs).float(), torch.stack(ks).float()
+
+
 SOLVERS: Dict[str, Solver] = {
     "fast": solve_fast,
     "paper": solve_paper,
     "released": solve_released,
     "closed-form": solve_closed_form,
+    "authors-2025": solve_authors_2025,
 }
 assert set(SOLVERS) == set(RECIPES)

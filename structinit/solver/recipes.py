@@ -2,6 +2,10 @@
 
 A recipe is a way to compute Q/K for impulse targets (:mod:`structinit.solver.algorithms` holds
 the solvers); its parameters all go into the artifact key.
+
+``closed-form`` is this project's own variant of the authors' later construction (logit 10, noise
+1, the full pseudo-inverse of the pseudo input); ``authors-2025`` is that construction exactly as
+the authors' NeurIPS 2025 code has it (see :func:`structinit.solver.algorithms.solve_authors_2025`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ RECIPE_DEFAULTS: Dict[str, Dict[str, Any]] = {
     "paper": {"iters": 10000, "lr": 1e-4},
     "released": {"iters": 10000, "lr": 1e-4, "norm_every": 100},
     "closed-form": {"logit": 10.0, "noise_std": 1.0, "qk_scale": 7.0},
+    # The closed form of "Structured Initialization for Vision Transformers" (NeurIPS 2025), with its constants.
+    "authors-2025": {"logit": 1000.0, "noise_scale": 3.0, "noise_std": 0.6, "noise_bound": 2.0, "qk_scale": 7.0},
 }
 RECIPES = tuple(RECIPE_DEFAULTS)
 DEFAULT_RECIPE = "fast"

@@ -70,7 +70,8 @@ def solved_layers(config: SolveConfig) -> list:
 def estimate_memory(config: SolveConfig) -> int:
     """Bytes a solve of ``config`` needs at its peak, roughly (within a factor of about 1.5; the
     Python interpreter and torch themselves not counted). The ``fast`` recipe is ``O(N D)``;
-    ``paper``, ``released`` and ``closed-form`` hold ``N x N`` maps for every head."""
+    ``paper``, ``released`` and ``closed-form`` hold ``N x N`` maps for every head; ``authors-2025``
+    those of one layer's heads at a time."""
     from structinit.analysis.quality import CHUNK_BYTES, DENSE_BYTES
     from structinit.solver import algorithms
 
@@ -88,6 +89,9 @@ def estimate_memory(config: SolveConfig) -> int:
         work = svd + per_group + calibrate + 8 * 2 * groups * dim * d + 4 * CHUNK_BYTES
     elif config.recipe == "closed-form":
         work = 8 * 4 * maps + 8 * ls * heads * r * n + min(4 * maps, DENSE_BYTES)
+    elif config.recipe == "authors-2025":  # one layer's logits at a time, then [H, D, D] targets
+        layer = heads * n * n
+        work = 8 * 3 * layer + 8 * heads * (dim * n + 3 * dim * dim) + min(4 * maps, DENSE_BYTES)
     else:  # paper, released: Adam through dense attention (forward and backward)
         work = 4 * 8 * maps + min(4 * maps, DENSE_BYTES)
     return int(inputs + weights + work)

@@ -213,7 +213,7 @@ def impulse_fidelity(model, split, info, report: Dict[str, Any]) -> Dict[str, An
     from structinit.geometry.grid import Grid
 
     x = init_inputs(split, info)
-    solved = report["artifact"]["config"]
+    solved = (report.get("artifact") or {}).get("config") or report  # impulse-2025 solves with no artifact
     rows = report["layers"]
     return data_attention_quality(model, x, [r["offsets"] for r in rows], Grid(report["grid"]),
                                   padding=solved.get("padding", "zero"), causal=bool(solved.get("causal", False)),
@@ -330,7 +330,9 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
                     say(f"the init's data fit needs training inputs held in memory and {config.dataset} is read "
                         "from disk: Q/K keep the plain solve")
             init_report = initialize_model(model, spec, seed=config.seed, data=fit_to)
-            if info.in_memory and init_report.get("method") == "impulse":
+            from structinit.init.specs import IMPULSE_METHODS
+
+            if info.in_memory and init_report.get("method") in IMPULSE_METHODS:
                 init_report["data_attention"] = impulse_fidelity(model, data.train, info, init_report)
                 say(f"impulse attention at init on {init_report['data_attention']['samples']} training inputs: "
                     f"hit rate {init_report['data_attention']['hit_rate']:.3f}, target mass "

@@ -1,0 +1,423 @@
+"""The authors' exact recipes, constant by constant: the ``authors-2025`` solver recipe and the init
+methods ``impulse-2024`` (the released code of "Structured Initialization for Attention in Vision
+Transformers") and ``impulse-2025`` (the code of "Structured Initialization for Vision
+Transformers"). Expected values are computed here independently (NumPy, literal constants, the
+model's own modules), not with the functions under test."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from timm.models.vision_transformer import VisionTransformer  # imported once, not inside the first test
+
+from structinit.errors import UsageError
+from structinit.geometry.targets import draw_offsets
+from structinit.init.specs import init_spec, initialize, initialize_model, spec_from_dict
+from structinit.solver.algorithms import (
+    authors_2025_logits,
+    rank_d_pinv,
+    solve_authors_2025,
+    trunc_normal,
+)
+from structinit.solver.recipes import recipe_params
+
+#: The 2025 code's kernel positions, head h -> ORDER[h % 9], row-major in the 3x3 kernel.
+ORDER = [4, 1, 5, 3, 7, 0, 2, 6, 8]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(one_torch_thread):
+    yield
+
+
+def vit(grid=8, dim=32, heads=4, depth=2, garbage=True):
+    """A tiny timm ViT (patch 1, no class token, average pooling) with every parameter set to 3.0, so
+    that whatever the init leaves at PyTorch's default must have been reset by it."""
+    m = VisionTransformer(img_size=grid, patch_size=1, in_chans=1, num_classes=10, embed_dim=dim, depth=depth,
+                          num_heads=heads, mlp_ratio=2, class_token=False, global_pool="avg")
+    if garbage:
+        with torch.no_grad():
+            for p in m.parameters():
+                p.fill_(3.0)
+    return m
+
+
+def qk_of(model, layer, heads):
+    """``(Q, K)`` ``[H, D, d]`` straight from the fused qkv weight (rows ``h*d:(h+1)*d`` are ``Q_h^T``)."""
+    w = model.blocks[layer].attn.qkv.weight.detach().double()
+    dim = w.shape[1]
+    d = dim // heads
+    return (w[:dim].reshape(heads, d, dim).transpose(1, 2), w[dim:2 * dim].reshape(heads, d, dim).transpose(1, 2))
+
+
+def authors_offsets(heads):
+    return [(ORDER[h % 9] // 3 - 1, ORDER[h % 9] % 3 - 1) for h in range(heads)]
+
+
+def target_columns(grid, offsets):
+    """Token (y, x) targets (y + dy, x + dx), -1 outside the grid (written out here, not imported)."""
+    h, w = grid
+    out = np.full((len(offsets), h * w), -1)
+    for i, (dy, dx) in enumerate(offsets):
+        for y in range(h):
+            for x in range(w):
+                if 0 <= y + dy < h and 0 <= x + dx < w:
+                    out[i, y * w + x] = (y + dy) * w + x + dx
+    return out
+
+
+def np_layer_norm(x, eps):
+    x = np.asarray(x, dtype=np.float64)
+    return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps)
+
+
+def np_rank_d_pinv(p, d):
+    """(P^T P)^+_d P^T from the eigendecomposition of P^T P, keeping the d largest eigenvalues."""
+    ev, vec = np.linalg.eigh(p.T @ p)
+    top = np.argsort(ev)[::-1][:d]
+    return vec[:, top] @ np.diag(1.0 / ev[top]) @ vec[:, top].T @ p.T
+
+
+def np_qk_product(p, w, d, scale=7.0):
+    """``Q_h K_h^T`` of the 2025 closed form for logits ``w [H, N, N]`` (sign-free: ``U_d S_d V_d^T``
+    times ``scale^2 / sum(S_d)``, both factors having Frobenius norm ``scale``)."""
+    pinv = np_rank_d_pinv(p, d)
+    out = []
+    for wh in w:
+        u, s, vt = np.linalg.svd(pinv @ wh @ pinv.T)
+        out.append(u[:, :d] @ np.diag(s[:d]) @ vt[:d] * scale ** 2 / s[:d].sum())
+    return np.stack(out)
+
+
+def hit_rate_through_the_model(model, layer, heads, offsets):
+    """Hit rate per head of layer ``layer``'s attention on its LayerNorm'd position embedding,
+    computed with the model's own qkv Linear (biases included), as timm's attention does."""
+    pe = model.pos_embed.detach()[0]
+    x = torch.nn.functional.layer_norm(pe, pe.shape[-1:], eps=1e-6)
+    n, dim = x.shape
+    d = dim // heads
+    qkv = model.blocks[layer].attn.qkv(x).detach().reshape(n, 3, heads, d).permute(1, 2, 0, 3)
+    attn = torch.softmax(qkv[0] @ qkv[1].transpose(-1, -2) / math.sqrt(d), dim=-1)
+    cols = torch.from_numpy(target_columns(model.patch_embed.grid_size, offsets))
+    has = cols >= 0
+    return (((attn.argmax(-1) == cols) & has).sum(-1) / has.sum(-1)).tolist()
+
+
+def rendered(fn, *args, **kwargs):
+    with pytest.raises(UsageError) as exc:
+        fn(*args, **kwargs)
+    return exc.value.render(lambda n: f"<{n}>")
+
+
+# --------------------------------------------------------------------------- the authors-2025 recipe
+
+def test_authors_2025_recipe_constants():
+    assert recipe_params("authors-2025") == {"logit": 1000.0, "noise_scale": 3.0, "noise_std": 0.6,
+                                             "noise_bound": 2.0, "qk_scale": 7.0}
+    # the project's own variant keeps its constants (and so its artifact keys)
+    assert recipe_params("closed-form") == {"logit": 10.0, "noise_std": 1.0, "qk_scale": 7.0}
+
+
+def test_target_logits_are_1000_on_impulses_and_truncated_normal_noise_elsewhere():
+    offsets = authors_offsets(4)
+    cols = torch.from_numpy(target_columns((8, 8), offsets))
+    w = authors_2025_logits(cols, torch.Generator().manual_seed(0),
+                            **{k: v for k, v in recipe_params("authors-2025").items() if k != "qk_scale"})
+    impulse = torch.zeros_like(w, dtype=torch.bool)
+    for h in range(4):
+        for row, col in enumerate(cols[h].tolist()):
+            if col >= 0:
+                impulse[h, row, col] = True
+    assert int(impulse.sum()) == int((cols >= 0).sum()) == 4 * 64 - (0 + 8 + 8 + 8)  # head 0 is the identity
+    assert torch.all(w[impulse] == 1000.0)
+    noise = w[~impulse]
+    # 3 x N(0, 0.6) truncated to [-2, 2]: std 3 * 0.6 * sqrt(1 - 2 b phi(b) / (2 Phi(b) - 1)), b = 2 / 0.6
+    b = 2.0 / 0.6
+    phi, mass = math.exp(-b * b / 2) / math.sqrt(2 * math.pi), math.erf(b / math.sqrt(2))
+    std = 3 * 0.6 * math.sqrt(1 - 2 * b * phi / mass)
+    assert std == pytest.approx(1.7907, abs=1e-4)
+    assert float(noise.std()) == pytest.approx(std, rel=0.03)
+    assert abs(float(noise.mean())) < 0.05
+    assert float(noise.abs().max()) <= 6.0
+    # truncated (redrawn inside), not clamped: clamping N(0, 0.6) at 2 would put ~14 of these exactly on +-6
+    assert int((noise.abs() == 6.0).sum()) == 0
+    more = trunc_normal((400_000,), 0.6, 2.0, torch.Generator().manual_seed(1))
+    assert int((more.abs() == 2.0).sum()) == 0 and float(more.abs().max()) <= 2.0  # clamping: ~340 on the bound
+    near = float(((more.abs() > 1.8) & (more.abs() <= 2.0)).double().mean())
+    want = (math.erf(b / math.sqrt(2)) - math.erf(1.8 / 0.6 / math.sqrt(2))) / mass
+    assert near == pytest.approx(want, rel=0.15)
+    # fresh noise on every call (the 2025 code re-draws it for every layer), the impulses stay
+    g = torch.Generator().manual_seed(0)
+    a, b2 = authors_2025_logits(cols, g), authors_2025_logits(cols, g)
+    assert torch.equal(a[impulse], b2[impulse]) and not torch.equal(a, b2)
+
+
+def test_rank_d_pseudo_inverse_is_the_formula():
+    rng = np.random.default_rng(0)
+    p = np_layer_norm(rng.standard_normal((64, 32)) * 0.36, 1e-5)
+    want = np_rank_d_pinv(p, 8)
+    got = rank_d_pinv(torch.from_numpy(p), 8).numpy()
+    assert got.shape == (32, 64)
+    np.testing.assert_allclose(got, want, atol=1e-10)
+    assert not np.allclose(got, np.linalg.pinv(p), atol=1e-3)  # not the full pseudo-inverse
+    # P+ P is the projector onto the top-8 principal directions of P
+    proj = got @ p
+    np.testing.assert_allclose(proj @ proj, proj, atol=1e-10)
+    assert np.trace(proj) == pytest.approx(8.0)
+
+
+def test_solve_is_the_authors_closed_form_with_factors_at_norm_7():
+    rng = np.random.default_rng(1)
+    p = np_layer_norm(rng.standard_normal((64, 32)) * 0.36, 1e-5)
+    cols = torch.from_numpy(target_columns((8, 8), authors_offsets(4)))
+    x = torch.from_numpy(p).unsqueeze(0).expand(2, -1, -1)
+    q, k = solve_authors_2025(x, cols.unsqueeze(0).expand(2, -1, -1), 8, 4, torch.Generator().manual_seed(5))
+    assert q.shape == k.shape == (2, 4, 32, 8)
+    np.testing.assert_allclose(q.double().norm(dim=(-2, -1)).numpy(), 7.0, atol=1e-5)
+    np.testing.assert_allclose(k.double().norm(dim=(-2, -1)).numpy(), 7.0, atol=1e-5)
+    g = torch.Generator().manual_seed(5)  # the same noise, layer after layer
+    for layer in range(2):
+        w = authors_2025_logits(cols, g).numpy()
+        want = np_qk_product(p, w, 8)
+        got = (q[layer].double() @ k[layer].double().transpose(-1, -2)).numpy()
+        np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max())
+    assert not torch.allclose(q[0], q[1], atol=1e-3)  # fresh noise per layer
+
+
+# --------------------------------------------------------------------------- impulse-2025
+
+@pytest.mark.parametrize("heads, dim", [(9, 36), (12, 48)])
+def test_2025_offsets_follow_the_authors_order(heads, dim):
+    m = vit(grid=4, dim=dim, heads=heads, depth=2)
+    report = initialize_model(m, "impulse-2025", seed=0)
+    want = [list(o) for o in authors_offsets(heads)]
+    assert want[:9] == [[0, 0], [-1, 0], [0, 1], [0, -1], [1, 0], [-1, -1], [-1, 1], [1, -1], [1, 1]]
+    assert [r["offsets"] for r in report["layers"]] == [want, want]
+    if heads == 12:
+        assert want[9:] == want[:3]
+
+
+def test_2025_model_pe_qk_and_vproj_are_the_authors():
+    m = vit(grid=8, dim=32, heads=4, depth=2)
+    report = initialize_model(m, "impulse-2025", seed=3)
+    pe = m.pos_embed
+    # PE: 18 x 0.02 x randn, learnable
+    assert isinstance(pe, torch.nn.Parameter) and pe.requires_grad
+    assert float(pe.detach().std()) == pytest.approx(0.36, rel=0.05)
+    assert abs(float(pe.detach().mean())) < 0.03
+    assert report["pos_embed"]["learnable"] is True and report["pos_embed"]["std"] == pytest.approx(
+        float(pe.detach().std()))
+    # Q/K: every head's factors at Frobenius norm 7; layers differ, offsets shared
+    q0, k0 = qk_of(m, 0, 4)
+    q1, k1 = qk_of(m, 1, 4)
+    for w in (q0, k0, q1, k1):
+        np.testing.assert_allclose(w.norm(dim=(-2, -1)).numpy(), 7.0, atol=1e-5)
+    assert (q0 - q1).abs().max() > 1e-2 and report["layers"][0]["offsets"] == report["layers"][1]["offsets"]
+    # Q and K live in the top-d principal subspace of the LayerNorm'd PE (not of the raw one)
+    p = np_layer_norm(pe.detach()[0].numpy(), 1e-5)
+    ev, vec = np.linalg.eigh(p.T @ p)
+    top = vec[:, np.argsort(ev)[::-1][:8]]
+    for w in (q0, k0):
+        w = w.numpy()
+        assert np.abs(top @ (top.T @ w) - w).max() < 1e-4 * np.abs(w).max()
+    # and Q_0 K_0^T is the closed form computed here from the model's PE and the same noise draws
+    # (one generator seeded with the seed: the PE first, then per layer the logits, then V/proj's Z)
+    g = torch.Generator().manual_seed(3)
+    torch.randn(pe.shape, generator=g)
+    cols = torch.from_numpy(target_columns((8, 8), authors_offsets(4)))
+    want = np_qk_product(p, authors_2025_logits(cols, g).numpy(), 8)
+    got = (q0 @ k0.transpose(-1, -2)).numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max())
+    # V/proj: x W_V W_proj = x (0.4 Z - 0.4 I) with Z uniform in +-sqrt(3/D), fresh per layer
+    zs = []
+    for blk in m.blocks:
+        w_v = blk.attn.qkv.weight.detach().double()[64:].T  # x @ W convention
+        w_p = blk.attn.proj.weight.detach().double().T
+        z = ((w_v @ w_p) + 0.4 * torch.eye(32, dtype=torch.float64)) / 0.4
+        bound = math.sqrt(3 / 32)
+        assert float(z.abs().max()) <= bound + 1e-5 and float(z.abs().max()) > 0.95 * bound
+        assert float(z.std()) == pytest.approx(math.sqrt(1 / 32), rel=0.08)
+        zs.append(z)
+    assert (zs[0] - zs[1]).abs().max() > 0.1
+    assert report["layers"][0]["vproj_diag_mean"] == pytest.approx(-0.4, abs=0.05)
+    # the same seed gives the same model, another seed another PE
+    again = vit()
+    initialize_model(again, "impulse-2025", seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), again.state_dict().values()))
+    other = vit()
+    initialize_model(other, "impulse-2025", seed=4)
+    assert not torch.equal(other.pos_embed, m.pos_embed)
+
+
+def test_2025_report_measures_the_model_itself():
+    m = vit(grid=8, dim=64, heads=4, depth=2)
+    report = initialize_model(m, "impulse-2025", seed=0)
+    assert report["method"] == "impulse-2025" and report["recipe"] == "authors-2025" and report["shared"] is False
+    assert report["paper"] == "Structured Initialization for Vision Transformers"
+    assert report["not_reset"] == ["pos_embed"]
+    assert {"patch_embed.proj (Conv2d)", "blocks.0.attn.qkv (Linear)", "blocks.1.mlp.fc2 (Linear)",
+            "blocks.0.norm1 (LayerNorm)", "fc_norm (LayerNorm)", "head (Linear)"} <= set(report["reset"])
+    row = report["layers"][0]
+    assert row["replaced"] == ["blocks.0.attn.qkv.weight[0:64]", "blocks.0.attn.qkv.weight[64:128]",
+                               "blocks.0.attn.qkv.weight[128:192]", "blocks.0.attn.proj.weight"]
+    assert row["qk_fro"] == pytest.approx([7.0] * 4, abs=1e-5)
+    for layer in range(2):
+        want = hit_rate_through_the_model(m, layer, 4, authors_offsets(4))
+        assert report["layers"][layer]["heads"]["hit_rate"] == pytest.approx(want, abs=1e-6)
+        assert report["layers"][layer]["hit_rate"] == pytest.approx(np.mean(want), abs=1e-6)
+    assert report["layers"][0]["heads"]["hit_rate"][0] > 0.9  # head 0 attends to itself
+    assert 0 < report["target_mass"] < 1
+
+
+# --------------------------------------------------------------------------- impulse-2024
+
+def test_2024_one_shared_solve_random_offsets_with_repeats_vproj_untouched():
+    m = vit(grid=4, dim=36, heads=9, depth=3)
+    report = initialize_model(m, "impulse-2024", seed=0, recipe_params={"iters": 100})
+    offsets = [r["offsets"] for r in report["layers"]]
+    assert offsets[0] == offsets[1] == offsets[2]
+    assert len({tuple(o) for o in offsets[0]}) < 9  # drawn with replacement: this seed repeats some
+    q0, k0 = qk_of(m, 0, 9)
+    for layer in (1, 2):
+        q, k = qk_of(m, layer, 9)
+        assert torch.equal(q, q0) and torch.equal(k, k0)
+    config = report["artifact"]["config"]
+    assert config["recipe"] == "released" and config["share"] is True and config["offset_order"] == "random"
+    assert config["params"] == {"iters": 100, "lr": 1e-4, "norm_every": 100}
+    # the fixed sin-cos table, frozen
+    from structinit.geometry.embedding import sincos_2d
+
+    assert not m.pos_embed.requires_grad
+    np.testing.assert_allclose(m.pos_embed.detach()[0].numpy(), sincos_2d((4, 4), 36), atol=1e-6)
+    # every other weight, V/proj and the Q/K biases included, is what PyTorch's reset gives
+    ref = vit(grid=4, dim=36, heads=9, depth=3)
+    torch.manual_seed(0)
+    for module in ref.modules():
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+    got, want = m.state_dict(), ref.state_dict()
+    for key in want:
+        if key == "pos_embed":
+            continue
+        if key.endswith("qkv.weight"):
+            assert torch.equal(got[key][72:], want[key][72:]), key  # V rows untouched
+            assert not torch.equal(got[key][:72], want[key][:72]), key  # Q/K rows solved
+        else:
+            assert torch.equal(got[key], want[key]), key
+    assert report["vproj"].startswith("not written")
+
+
+def test_2024_defaults_are_the_released_code():
+    spec = init_spec("impulse-2024")
+    config = spec.impulse_spec().solve_config((8, 8), 64, 4, 4, seed=0)
+    assert config.recipe == "released" and config.share and config.offset_order == "random"
+    assert config.params == {"iters": 10000, "lr": 1e-4, "norm_every": 100}
+    assert config.pseudo_input == "pe" and config.padding == "zero" and config.filter == 3
+
+
+def test_random_offsets_are_uniform_with_replacement():
+    offs = draw_offsets(3, 9000, 1, seed=0, order="random")[0]
+    ks = (offs[:, 0] + 1) * 3 + (offs[:, 1] + 1)
+    freq = np.bincount(ks, minlength=9) / len(ks)
+    np.testing.assert_allclose(freq, 1 / 9, atol=0.015)
+    repeats = sum(len({tuple(o) for o in draw_offsets(3, 9, 1, seed=s)[0]}) < 9 for s in range(20))
+    assert repeats == 20  # 9 draws from 9 positions repeat with probability 1 - 9!/9^9 = 0.999
+
+
+# --------------------------------------------------------------------------- both
+
+@pytest.mark.parametrize("method, params", [("impulse-2025", {}), ("impulse-2024", {"recipe_params": {"iters": 50}})])
+def test_other_weights_are_at_pytorch_defaults(method, params):
+    m = vit(grid=4, dim=32, heads=4, depth=2)
+    initialize_model(m, method, seed=1, **params)
+    for name, module in m.named_modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Conv2d)) and not name.endswith(("attn.qkv", "attn.proj")):
+            fan_in = module.weight[0].numel()
+            bound = 1 / math.sqrt(fan_in)
+            w = module.weight.detach()
+            assert float(w.abs().max()) <= bound, name
+            if w.numel() >= 256:  # uniform: std bound / sqrt(3)
+                assert float(w.std()) == pytest.approx(bound / math.sqrt(3), rel=0.15), name
+            assert float(module.bias.detach().abs().max()) <= bound, name
+        if isinstance(module, torch.nn.LayerNorm):
+            assert torch.all(module.weight == 1) and torch.all(module.bias == 0), name
+    for blk in m.blocks:  # biases of q, k, v and proj: PyTorch's default too (the authors' code keeps them)
+        assert float(blk.attn.qkv.bias.detach().abs().max()) <= 1 / math.sqrt(32)
+        assert float(blk.attn.qkv.bias.detach()[:64].abs().min()) > 0  # not zeroed
+        assert float(blk.attn.proj.bias.detach().abs().max()) <= 1 / math.sqrt(32)
+
+
+def test_specs_round_trip_and_refuse_what_the_code_does_not_have(tmp_path):
+    for spec in (init_spec("impulse-2025"), init_spec("impulse-2024", recipe_params={"iters": 5})):
+        assert spec_from_dict(spec.to_dict()) == spec
+    assert rendered(init_spec, "impulse-2025", filter=5) == (
+        "impulse-2025 parameter <filter> must be 3: the authors' 2025 code assigns the 9 positions of a 3x3 kernel "
+        "(4,1,5,3,7,0,2,6,8), got 5")
+    assert rendered(init_spec, "impulse-2025", recipe="fast") == (
+        "init method 'impulse-2025' has no parameter <recipe> (it takes: filter)")
+    assert rendered(init_spec, "impulse-2024", recipe_params={"logit": 3}) == (
+        "recipe 'released' has no parameter <logit> (it has: iters, lr, norm_every)")
+    assert rendered(init_spec, "impulse-2024", filter=0) == "impulse-2024 parameter <filter> must be positive, got 0"
+    assert rendered(recipe_params, "authors-2025", {"noise_std": 0}) == (
+        "<noise_std> of recipe 'authors-2025' must be positive, got 0")
+    from structinit.init.mimetic import mimetic_v_proj
+
+    assert rendered(mimetic_v_proj, 8, 0.4, 0.4, torch.Generator(), dist="cauchy") == (
+        "unknown <dist> 'cauchy'; choose one of normal, uniform")
+    sd = vit(grid=4, garbage=False).state_dict()
+    for method in ("impulse-2024", "impulse-2025"):
+        assert rendered(initialize, sd, method, heads=4) == (
+            f"{method} resets every other weight to PyTorch's defaults (reset_parameters() of each module), so it "
+            "needs the model, not a checkpoint or state dict; build the model and call initialize_model")
+    from structinit.training.sequence_models import SequenceTransformer
+
+    seq = SequenceTransformer(length=16, in_chans=1, num_classes=10, dim=32, depth=1, heads=4)
+    assert rendered(initialize_model, seq, "impulse-2025") == (
+        "impulse-2025 assigns the positions of a 3x3 kernel on an image grid; the model's <grid> is a sequence of 16 "
+        "tokens")
+
+
+def test_apply_on_a_checkpoint_is_one_error_line(tmp_path, cli):
+    path = tmp_path / "vit.pth"
+    torch.save(vit(grid=4, garbage=False).state_dict(), path)
+    r = cli("apply", path, "--method", "impulse-2025", "--heads", "4")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "error: impulse-2025 resets every other weight to PyTorch's defaults (reset_parameters() of each module), "
+        "so it needs the model, not a checkpoint or state dict; build the model and call initialize_model"]
+    assert not (tmp_path / "vit.impulse-2025.pth").exists()
+
+
+def test_train_keeps_the_2025_position_embedding_learnable(tmp_path):
+    from structinit.training.config import TrainConfig
+    from structinit.training.loop import train
+
+    out = tmp_path / "run"
+    result = train(TrainConfig(model="vit-digits", dataset="digits", patch=2, depth=1, dim=32, heads=2, lr=1e-2,
+                               warmup_epochs=0.5, batch_size=32, train_size=64, epochs=1, threads=1,
+                               init="impulse-2025", out=str(out)))
+    report = result.init_report
+    assert report["method"] == "impulse-2025" and report["pos_embed"]["learnable"] is True
+    assert result.params["trainable"] == result.params["total"]  # the PE trains
+    assert report["data_attention"]["samples"] == 64 and 0 <= report["data_attention"]["hit_rate"] <= 1
+    ck = torch.load(out / "checkpoint.pt", weights_only=True)
+    trained = ck["state_dict"]["pos_embed"]
+    fresh = vit(grid=4, dim=32, heads=2, depth=1)
+    assert trained.shape == fresh.pos_embed.shape
+    # the embedding the init wrote, recomputed: 18 x 0.02 x randn from the seed's generator
+    start = torch.randn(trained.shape, generator=torch.Generator().manual_seed(0)) * 0.36
+    assert not torch.equal(trained, start) and float((trained - start).abs().max()) < 0.1  # it moved, a little
+
+
+def test_authors_2025_as_a_solve_recipe():
+    from structinit.solver.config import SolveConfig
+    from structinit.solver.run import compute, estimate_memory
+
+    config = SolveConfig(grid=(8, 8), dim=32, heads=4, layers=2, recipe="authors-2025", offset_order="centre")
+    art = compute(config, device="cpu")
+    np.testing.assert_allclose(np.linalg.norm(art.q, axis=(-2, -1)), 7.0, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(art.k, axis=(-2, -1)), 7.0, atol=1e-5)
+    assert np.abs(art.q[0] - art.q[1]).max() > 1e-2  # fresh noise per layer
+    assert art.offsets[0].tolist() == art.offsets[1].tolist() == [list(o) for o in authors_offsets(4)]
+    assert 0 < estimate_memory(config) < 2 ** 27
