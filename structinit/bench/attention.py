@@ -61,19 +61,22 @@ def initialized_model(config):
 
 
 def training_images(config, n: int):
-    """The first ``n`` images of the run's training split (its subset and validation hold-out
-    applied), normalized as in training: float ``[n, C, H, W]``."""
+    """The first ``n`` inputs of the run's training split (its subset and validation hold-out
+    applied) as the model sees them in training: images normalized, float ``[n, C, H, W]``;
+    sequences as stored (already standardized; ``shuffle_seq`` applied), float ``[n, C, L]``."""
     import torch
 
     from structinit.training.augment import normalize
     from structinit.training.datasets import load_dataset, split_train
 
-    data = load_dataset(config.dataset, config.data_dir, image_size=config.image_size)
+    data = load_dataset(config.dataset, config.data_dir, image_size=config.image_size,
+                        shuffle_seq=config.shuffle_seq)
     data = split_train(data, config.train_size, config.val_size,
                        config.seed if config.data_seed is None else config.data_seed)
     n = min(n, len(data.train))
     if data.info.in_memory:
-        return normalize(data.train.images[:n], data.info.mean, data.info.std)
+        x = data.train.images[:n]
+        return x if data.info.is_sequence else normalize(x, data.info.mean, data.info.std)
     return torch.stack([data.train[i][0] for i in range(n)])
 
 
