@@ -277,14 +277,14 @@ def _show_data(target: str, dataset: str, samples: int, init, init_param, seed, 
     if not 0 <= query < fid.grid.tokens:
         raise UsageError(f"--query {query} is out of range: the grid has {fid.grid.tokens} tokens")
     settings = report_settings(inspected.report)
-    method = settings["method"] or "the model's own"
+    method = f"init {settings['method']}" if settings["method"] else "the model's own init"
     where = (f"at init, rebuilt from {inspected.config_path}" if inspected.source == "init" and inspected.config_path
              else "at init" if inspected.source == "init" else f"{target} after epoch {inspected.epoch}")
     recorded = inspected.recorded if fid.images == _recorded_samples(inspected.recorded) else None
     if target_png is not None:
         from structinit.analysis.figures import fidelity_figure, save_png
 
-        title = (f"{config.model}, init {method}, on {dataset} ({where})")
+        title = f"{config.model}, {method}, on {dataset} ({where})"
         save_png(fidelity_figure(fid, query=query, title=title), target_png, force=force)
     kind = "sequences" if info.is_sequence else "images"
     if json_out:
@@ -297,14 +297,14 @@ def _show_data(target: str, dataset: str, samples: int, init, init_param, seed, 
         return
     solved = (f" (filter {settings['filter']}, padding {settings['padding']})" if settings["filter"] else "")
     grid = (f"a sequence of {fid.grid.tokens} tokens" if fid.grid.ndim == 1 else f"the {fid.grid.describe()} grid")
-    typer.echo(f"model     {config.model}: {fid.layers} layers x {fid.heads} heads on {grid}, init {method}{solved}; "
+    typer.echo(f"model     {config.model}: {fid.layers} layers x {fid.heads} heads on {grid}, {method}{solved}; "
                f"{where}")
     typer.echo(f"inputs    the first {fid.images} training {kind} of {dataset}, as the model sees them"
                + ("" if info.is_sequence else " (normalized)"))
     typer.echo(fidelity_table(fid, per_head=per_head, recorded=recorded))
     window = f"{fid.filter} positions" if fid.grid.ndim == 1 else f"{fid.filter}x{fid.filter} window"
     if fid.hit_rate is None:
-        typer.echo(f"init {method} has no solved offsets: hit rate and target mass are for impulse init; window is "
+        typer.echo(f"{method} has no solved offsets: hit rate and target mass are for impulse init; window is "
                    f"the share of each query's attention inside the {window} around it")
     else:
         typer.echo(f"hit rate: share of queries whose strongest key is the solved offset's target; target mass: "
