@@ -282,3 +282,20 @@ def test_cli_refusals_on_a_run_folder(cli, tmp_path):
     one_error(cli("inspect", run.path, "--data", "synthetic"), "trained on digits", "--data digits")
     one_error(cli("inspect", run.path, "--data", "digits", "--init", "mimetic"), "--init", "own init")
     one_error(cli("inspect", run.path), "is a folder", "--data")
+
+
+def test_a_class_token_run_records_and_inspects_the_same_numbers(cli, tmp_path):
+    """train's record at init skips the class token as inspect does (it used to crash on it)."""
+    from structinit.training.loop import train
+
+    out = tmp_path / "cls"
+    cfg = TrainConfig(dataset="digits", pool="token", init="impulse", train_size=64, epochs=1, out=str(out),
+                      threads=1)
+    recorded = train(cfg).init_report["data_attention"]
+    got = run_json(cli, "inspect", out, "--data", "digits")
+    assert got["fidelity"]["prefix"] == 1 and got["samples"] == recorded["samples"] == 64
+    for row, rec in zip(got["fidelity"]["layers"], recorded["layers"]):
+        assert row["hit_rate"] == pytest.approx(rec["hit_rate"], abs=1e-4)
+        assert row["target_mass"] == pytest.approx(rec["target_mass"], abs=1e-4)
+    np.testing.assert_allclose(np.array(got["fidelity"]["hit_rate"]),
+                               np.array([rec["heads"]["hit_rate"] for rec in recorded["layers"]]), atol=1e-4)

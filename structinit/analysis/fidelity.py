@@ -411,7 +411,8 @@ def data_attention_quality(model, x, offsets, grid, padding: str = "zero", causa
                            layers: Optional[List[int]] = None) -> Dict[str, Any]:
     """Per layer, the ``hit_rate`` and ``target_mass`` of the model's attention on the real batch
     ``x`` against ``offsets`` (``[layers, heads, 2]``, or one ``[heads, 2]`` per entry of ``layers``),
-    averaged over the batch (per head under ``heads``); and their means over the layers. JSON-able."""
+    averaged over the batch (per head under ``heads``); and their means over the layers. JSON-able.
+    Tokens before the grid's (a class token) are left out as queries, as in :func:`attention_fidelity`."""
     import torch
 
     from structinit.analysis.quality import attention_quality
@@ -420,12 +421,22 @@ def data_attention_quality(model, x, offsets, grid, padding: str = "zero", causa
     inputs = attention_inputs(model, x)
     layers = list(range(len(offsets))) if layers is None else list(layers)
     mask = causal_mask(grid, causal)
+    # Prefix tokens (a class token) come first: they are neither queries nor targets here.
+    n = Grid(grid).tokens
+    prefix = int(inputs[0].shape[1]) - n if inputs else 0
+    if prefix < 0:
+        raise UsageError(f"the model has {inputs[0].shape[1]} tokens, fewer than the {Grid(grid).describe()} grid")
+    if mask is not None and prefix:
+        full = np.ones((prefix + n, prefix + n), dtype=bool)
+        full[prefix:, prefix:] = mask
+        mask = full
     rows = []
     for i, layer in enumerate(layers):
         blk = model.blocks[layer]
         with torch.no_grad():
-            attn = attention_of(blk.attn, inputs[layer], mask)
+            attn = attention_of(blk.attn, inputs[layer], mask)[..., prefix:, :]
         cols = torch.from_numpy(impulse_columns(grid, np.asarray(offsets[i]), padding))
+        cols = torch.where(cols >= 0, cols + prefix, cols)  # key index among all tokens
         got = attention_quality(attn, cols)
         heads = {m: [float(v) for v in got[m].mean(0)] for m in ("hit_rate", "target_mass")}
         rows.append({"layer": layer, **{m: float(np.mean(v)) for m, v in heads.items()}, "heads": heads})
