@@ -299,3 +299,18 @@ def test_a_class_token_run_records_and_inspects_the_same_numbers(cli, tmp_path):
         assert row["target_mass"] == pytest.approx(rec["target_mass"], abs=1e-4)
     np.testing.assert_allclose(np.array(got["fidelity"]["hit_rate"]),
                                np.array([rec["heads"]["hit_rate"] for rec in recorded["layers"]]), atol=1e-4)
+
+
+@pytest.mark.slow  # making MNIST-1D takes about 7 s
+def test_cli_on_a_sequence_model_draws_bands(cli, tmp_path):
+    png = tmp_path / "band.png"
+    got = run_json(cli, "inspect", "transformer-1d", "--init", "impulse", "-p", "filter=5", "--data", "mnist1d",
+                   "--samples", "32", "--png", png)
+    cfg = TrainConfig(model="transformer-1d", dataset="mnist1d", init="impulse", init_params={"filter": 5})
+    model, report, _ = initialized_model(cfg)
+    fid = init_fidelity(model, training_images(cfg, 32), report)
+    assert got["query"] == 20 and got["init"]["filter"] == 5 and got["png"] == str(png)
+    for name in ("hit_rate", "target_mass", "window_mass"):
+        np.testing.assert_allclose(np.array(got["fidelity"][name]), getattr(fid, name), atol=1e-6)
+    assert np.array(got["query_maps"]).shape == (4, 4, 40)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 50_000

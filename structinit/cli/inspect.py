@@ -39,15 +39,17 @@ def _is_artifact_file(path: Path) -> bool:
 
 def inspect(
     target: Annotated[Optional[str], typer.Argument(help="Artifact path or key, or a checkpoint file; omit to list "
-                                                    "the cache.")] = None,
+                                                    "the cache. With --data: a train run folder, its checkpoint.pt "
+                                                    "or best.pt, or a model preset.")] = None,
     layer: Annotated[Optional[int], typer.Option("--layer", help="Artifact: layer whose attention is drawn.",
                                                  show_default="0")] = None,
     head: Annotated[Optional[int], typer.Option("--head", help="Artifact: head whose attention is drawn in the "
                                                 "terminal.", show_default="0")] = None,
-    query: Annotated[Optional[int], typer.Option("--query", help="Artifact: query token.",
+    query: Annotated[Optional[int], typer.Option("--query", help="Artifact, --data: query token drawn.",
                                                  show_default="the grid centre")] = None,
     png: Annotated[Optional[str], typer.Option("--png", help="Artifact: write the layer's attention (all heads) as a "
-                                               "PNG figure (an existing file only with --force).")] = None,
+                                               "PNG figure; --data: the first, middle and last layer's (an "
+                                               "existing file only with --force).")] = None,
     force: Force = False,
     heads: Annotated[Optional[int], typer.Option("--heads", help="Checkpoint: heads, when the checkpoint does not "
                                                  "say.")] = None,
