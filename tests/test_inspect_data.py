@@ -187,6 +187,29 @@ def test_cli_on_a_preset_reports_the_library_numbers(cli):
             (fid.hit_rate[l, h], fid.target_mass[l, h], fid.window_mass[l, h]), abs=5e-4)
 
 
+def test_cli_flags_change_what_they_say(cli):
+    base = ["inspect", "vit-digits", "--init", "impulse", "--data", "digits", "--samples", "8"]
+    cfg = TrainConfig(model="vit-digits", dataset="digits", init="impulse", init_params={"filter": 5}, seed=3)
+    model, report, _ = initialized_model(cfg)
+    images = training_images(cfg, 8)
+    fid = init_fidelity(model, images, report)
+    got = run_json(cli, *base, "-p", "filter=5", "--seed", "3", "--query", "9")
+    assert got["init"]["filter"] == 5 and got["fidelity"]["filter"] == 5 and got["query"] == 9
+    assert got["fidelity"]["offsets"] == [r["offsets"] for r in report["layers"]]  # seed 3's draw, from 5x5
+    assert got["fidelity"]["offsets"][0] != [[2, -1], [1, -2], [0, 0], [-1, -1]]  # seed 0's draw
+    assert np.abs(np.array(got["fidelity"]["offsets"])).max() <= 2
+    np.testing.assert_allclose(np.array(got["fidelity"]["hit_rate"]), fid.hit_rate, atol=1e-6)
+    np.testing.assert_allclose(np.array(got["query_maps"]), fid.query_maps(9), atol=1e-6)
+    # --filter: the window measured, not the offsets
+    plain = run_json(cli, *base)
+    wide = run_json(cli, *base, "--filter", "5")
+    model, report, _ = initialized_model(IMPULSE)
+    want = init_fidelity(model, images, report, filter=5)
+    assert wide["fidelity"]["filter"] == 5 and wide["fidelity"]["hit_rate"] == plain["fidelity"]["hit_rate"]
+    np.testing.assert_allclose(np.array(wide["fidelity"]["window_mass"]), want.window_mass, atol=1e-6)
+    assert np.all(np.array(wide["fidelity"]["window_mass"]) > np.array(plain["fidelity"]["window_mass"]))
+
+
 def test_cli_png_is_the_figure(cli, tmp_path):
     png = tmp_path / "fid.png"
     r = cli("inspect", "vit-digits", "--init", "impulse", "--data", "digits", "--samples", "16", "--png", png)
