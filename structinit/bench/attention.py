@@ -6,10 +6,16 @@ Each model is built and initialized exactly as ``train`` does for the run (same 
 seed), the batch is the run's own training split (normalized as in training), and the attention
 is captured from timm's attention modules by :func:`structinit.analysis.fidelity.attention_fidelity`.
 
+The same rebuild serves ``structinit inspect TARGET --data DATASET``: :func:`run_model` gives the
+model of a ``train`` run folder at init (or of its ``checkpoint.pt``/``best.pt``), :func:`preset_model`
+that of a preset with an init.
+
 Example::
 
     entries = grid_attention(expansion, images=64)        # the first column, the first seed
     fig = attention_grid_figure(entries, title="digits")
+    m = run_model("runs/digits-imp")                      # m.model, m.report, m.recorded
+    fid = init_fidelity(m.model, training_images(m.config, 256), m.report)
 """
 
 from __future__ import annotations
