@@ -280,9 +280,10 @@ def test_cli_refusals_are_one_line(cli, tmp_path):
     one_error(cli("inspect", shipped, "--data", "digits"), "is an artifact key")
     one_error(cli("inspect", "nonsense", "--data", "digits"), "not a model preset")
     one_error(cli("inspect", tmp_path / "empty", "--data", "digits"), "not a structinit train run folder")
-    r = cli("inspect", tmp_path / "foreign.pth", "--data", "digits")
-    assert r.returncode == 1 and "not a checkpoint written by structinit train" in r.stderr
-    assert r.stderr.count("\n") == 1
+    one_error(cli("inspect", tmp_path / "foreign.pth", "--data", "digits"), "not a checkpoint written by structinit")
+    (tmp_path / "notes.pth").write_text("not a checkpoint")
+    r = cli("inspect", tmp_path / "notes.pth", "--data", "digits")  # unreadable: exit 1, as without --data
+    assert r.returncode == 1 and r.stderr.startswith("error: cannot read checkpoint") and r.stderr.count("\n") == 1
     one_error(cli("inspect", "cnn-1d", "--data", "mnist1d"), "no attention layers")
     one_error(cli(*preset, "--data", "mnist1d"), "--data mnist1d holds sequences")
     one_error(cli("inspect", "vit-digits", "-p", "filter=5", "--data", "digits"), "--init-param needs --init")

@@ -175,8 +175,9 @@ def load_train_checkpoint(path: os.PathLike, map_location="cpu") -> Dict[str, An
 def load_run_weights(path: os.PathLike, map_location="cpu") -> Dict[str, Any]:
     """The weights a training run wrote: its ``checkpoint.pt`` (the last finished epoch) or
     ``best.pt`` (the best one), each holding ``state_dict``, ``epoch`` and ``args`` (the run's
-    settings). Anything else raises :class:`StructinitError` (a foreign checkpoint has no settings
-    to rebuild its model from)."""
+    settings). An unreadable file raises :class:`StructinitError`; a readable one that ``train``
+    did not write, :class:`UsageError` (a foreign checkpoint has no settings to rebuild its model
+    from)."""
     import torch
 
     try:
@@ -185,8 +186,8 @@ def load_run_weights(path: os.PathLike, map_location="cpu") -> Dict[str, Any]:
         raise StructinitError(f"cannot read checkpoint {path}: {_unreadable(exc)}") from None
     if not (isinstance(ck, dict) and isinstance(ck.get("args"), dict) and isinstance(ck.get("state_dict"), dict)
             and "epoch" in ck):
-        raise StructinitError(f"{path} is not a checkpoint written by structinit train (checkpoint.pt or best.pt, "
-                              "which hold the run's settings)")
+        raise UsageError(f"{path} is not a checkpoint written by structinit train (checkpoint.pt or best.pt, "
+                         "which hold the run's settings)")
     return ck
 
 
