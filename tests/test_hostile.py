@@ -668,6 +668,8 @@ STAND_INS = {
     "--time 12:00:00 --max-concurrent 16": (None, "needs CIFAR-10 and a cluster with a GPU partition"),
     "structinit bench run runs/3f2a9c1b7d4e": (None, "names a run folder of a launched grid (tested in test_bench_*)"),
     "structinit bench run runs/3f2a9c1b7d4e --nproc 4": (None, "names a run folder of a launched grid"),
+    "structinit inspect runs/digits-imp --data digits": (
+        None, "names a train run folder (tested in test_inspect_data, on a run train writes there)"),
 }
 QUICK_GRID = ["bench", "grid", "digits", "--set", "epochs=1", "--seeds", "1", "--only", "train_size=100", "--jobs", "2"]
 

@@ -176,3 +176,14 @@ def test_train_on_mnist1d_through_the_cli(tmp_path, cli_process):
                       timeout=900)
     assert cnn.returncode == 0, cnn.stderr
     assert json.loads(cnn.stdout)["final_acc"] > 15
+
+
+@pytest.mark.slow
+def test_training_images_of_a_sequence_run_are_what_train_feeds(shuffled):
+    """The inputs bench report --attention and inspect --data measure on: a sequence is used as
+    stored (not normalized as an image) and a shuffled run's positions are shuffled."""
+    from structinit.bench.attention import training_images
+
+    got = training_images(TrainConfig(model="transformer-1d", dataset="mnist1d", shuffle_seq=True), 8)
+    assert got.shape == (8, 1, 40)
+    assert torch.equal(got, shuffled.train.images[:8])

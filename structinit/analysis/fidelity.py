@@ -30,6 +30,13 @@ Example::
     fid.hit_rate.shape      # (layers, heads)
     fid.maps.shape          # (layers, heads, T, T): the attention averaged over the images
     fid.layer_rows()[0]     # {"layer": 0, "hit_rate": ..., "target_mass": ..., "window_mass": ...}
+
+:func:`init_fidelity` reads the offsets, filter and padding off the init's report (window share
+alone for inits without offsets), and :meth:`Fidelity.query_maps` gives the maps of one query
+token over the grid, the data behind ``structinit inspect MODEL --data DATASET --png``::
+
+    fid = init_fidelity(model, images, report)
+    fid.query_maps().shape  # (layers, heads, H, W): the centre token's attention, image-averaged
 """
 
 from __future__ import annotations
@@ -82,6 +89,34 @@ class Fidelity:
             raise UsageError("the attention maps were not kept (keep_maps=False)")
         p = self.prefix
         return self.maps[:, :, p:, p:]
+
+    def query_maps(self, query: Optional[int] = None) -> np.ndarray:
+        """The attention of grid token ``query`` (row-major; default :func:`centre_query`) over the
+        grid keys, averaged over the images: ``[layers, heads, H, W]`` (``[layers, heads, L]`` on a
+        sequence). Prefix keys (a class token) are left out, so a row sums to 1 less their share."""
+        n = self.grid.tokens
+        q = centre_query(self.grid) if query is None else query
+        if isinstance(q, bool) or not isinstance(q, (int, np.integer)) or not 0 <= q < n:
+            raise UsageError(f"{param('query')} must be a grid token in 0..{n - 1}, got {query!r}")
+        return self.grid_maps()[:, :, int(q), :].reshape(self.layers, self.heads, *self.grid)
+
+    def targets(self, query: Optional[int] = None) -> Optional[np.ndarray]:
+        """Where each head's impulse target of grid token ``query`` lies, as grid coordinates: int
+        ``[layers, heads, ndim]`` (``(y, x)``, or ``(x,)`` on a sequence), ``-1`` where the target
+        falls outside the grid or a layer has no offsets; ``None`` without offsets."""
+        if self.offsets is None:
+            return None
+        q = centre_query(self.grid) if query is None else int(query)
+        h, w = self.grid.hw
+        out = np.full((self.layers, self.heads, self.grid.ndim), -1, dtype=np.int64)
+        for l in range(self.layers):
+            if (self.offsets[l] == -9999).any():
+                continue
+            cols = impulse_columns(self.grid, self.offsets[l], self.padding)[:, q]  # [heads]
+            for hd, c in enumerate(cols):
+                if c >= 0:
+                    out[l, hd] = divmod(int(c), w) if self.grid.ndim == 2 else (int(c),)
+        return out
 
     def layer_rows(self) -> List[Dict[str, Any]]:
         """One dict per layer: ``layer`` and each measure averaged over heads (``None`` if absent)."""
@@ -151,6 +186,44 @@ def _offsets_array(offsets: OffsetsLike, layers: int, heads: int) -> np.ndarray:
         raise UsageError(f"{param('offsets')} must have shape [layers, heads, 2] = [{layers}, {heads}, 2], got "
                          f"{list(out.shape)}")
     return out
+
+
+def centre_query(grid) -> int:
+    """The grid token in the middle of ``grid``: ``(H // 2) * W + W // 2`` (row-major), ``L // 2``
+    on a sequence of ``L``."""
+    h, w = Grid(grid).hw
+    return (h // 2) * w + w // 2
+
+
+def report_settings(report: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """What an init report (``initialize_model``'s) says about the structure to look for:
+    ``offsets`` (``{layer: [heads, 2]}``; ``None`` unless the init is an impulse one), ``filter`` and
+    ``padding`` of the solve (``None``/``"zero"`` without one) and ``method`` (``None`` for the
+    model's own init)."""
+    from structinit.init.specs import IMPULSE_METHODS
+
+    if report is None:
+        return {"method": None, "offsets": None, "filter": None, "padding": "zero"}
+    method = report.get("method")
+    if method not in IMPULSE_METHODS:
+        return {"method": method, "offsets": None, "filter": None, "padding": "zero"}
+    solved = (report.get("artifact") or {}).get("config") or {}
+    return {"method": method, "offsets": offsets_from_report(report), "filter": int(solved.get("filter", 3)),
+            "padding": solved.get("padding", "zero")}
+
+
+def init_fidelity(model, images, report: Optional[Mapping[str, Any]] = None, *, filter: Optional[int] = None,
+                  batch_size: int = 64, keep_maps: bool = True) -> Fidelity:
+    """:func:`attention_fidelity` of a model initialized by ``initialize_model`` (``report``: its
+    report; ``None`` for the model's own init), on ``images`` (real inputs, as the model sees them
+    in training). An impulse init's offsets, filter and padding come from the report: hit rate and
+    target mass are measured on the solved offsets. Any other init has no offsets: only the window
+    share is measured (``hit_rate``/``target_mass`` are ``None``). ``filter`` sets the window
+    (default: the solved filter, else 3)."""
+    s = report_settings(report)
+    f = filter if filter is not None else (s["filter"] or 3)
+    return attention_fidelity(model, images, offsets=s["offsets"], filter=f, padding=s["padding"],
+                              batch_size=batch_size, keep_maps=keep_maps)
 
 
 def window_mask(grid: Grid, filter_size: int, prefix: int = 0) -> np.ndarray:
@@ -295,8 +368,8 @@ def attention_fidelity(model, images, *, offsets: Optional[OffsetsLike] = None, 
                     maps=(maps / b).float().numpy() if maps is not None else None, padding=padding)
 
 
-__all__ = ["Fidelity", "attention_fidelity", "capture_attention", "attention_modules", "offsets_from_report",
-           "window_mask"]
+__all__ = ["Fidelity", "attention_fidelity", "init_fidelity", "capture_attention", "attention_modules",
+           "offsets_from_report", "report_settings", "centre_query", "window_mask"]
 
 
 # ---- per-layer quality on one batch (timm-style blocks; sequences and causal masks too)
@@ -340,7 +413,8 @@ def data_attention_quality(model, x, offsets, grid, padding: str = "zero", causa
                            layers: Optional[List[int]] = None) -> Dict[str, Any]:
     """Per layer, the ``hit_rate`` and ``target_mass`` of the model's attention on the real batch
     ``x`` against ``offsets`` (``[layers, heads, 2]``, or one ``[heads, 2]`` per entry of ``layers``),
-    averaged over the batch (per head under ``heads``); and their means over the layers. JSON-able."""
+    averaged over the batch (per head under ``heads``); and their means over the layers. JSON-able.
+    Tokens before the grid's (a class token) are left out as queries, as in :func:`attention_fidelity`."""
     import torch
 
     from structinit.analysis.quality import attention_quality
@@ -349,12 +423,22 @@ def data_attention_quality(model, x, offsets, grid, padding: str = "zero", causa
     inputs = attention_inputs(model, x)
     layers = list(range(len(offsets))) if layers is None else list(layers)
     mask = causal_mask(grid, causal)
+    # Prefix tokens (a class token) come first: they are neither queries nor targets here.
+    n = Grid(grid).tokens
+    prefix = int(inputs[0].shape[1]) - n if inputs else 0
+    if prefix < 0:
+        raise UsageError(f"the model has {inputs[0].shape[1]} tokens, fewer than the {Grid(grid).describe()} grid")
+    if mask is not None and prefix:
+        full = np.ones((prefix + n, prefix + n), dtype=bool)
+        full[prefix:, prefix:] = mask
+        mask = full
     rows = []
     for i, layer in enumerate(layers):
         blk = model.blocks[layer]
         with torch.no_grad():
-            attn = attention_of(blk.attn, inputs[layer], mask)
+            attn = attention_of(blk.attn, inputs[layer], mask)[..., prefix:, :]
         cols = torch.from_numpy(impulse_columns(grid, np.asarray(offsets[i]), padding))
+        cols = torch.where(cols >= 0, cols + prefix, cols)  # key index among all tokens
         got = attention_quality(attn, cols)
         heads = {m: [float(v) for v in got[m].mean(0)] for m in ("hit_rate", "target_mass")}
         rows.append({"layer": layer, **{m: float(np.mean(v)) for m, v in heads.items()}, "heads": heads})

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional, Sequence
 
 import numpy as np
 
@@ -118,15 +118,7 @@ def band_figure(attn: np.ndarray, query: int, offsets: Optional[np.ndarray] = No
 
     heads, n, _ = attn.shape
     dxs = [int(o[-1]) for o in offsets] if offsets is not None else []
-    reach = int(reach or max([8] + [abs(d) + 2 for d in dxs]))
-    reach = max(1, min(reach, n - 1))
-    rel = np.arange(-reach, reach + 1)
-    queries = np.arange(n)
-    keys = queries[:, None] + rel[None, :]
-    if padding == "circular":
-        keys, inside = keys % n, np.ones(keys.shape, dtype=bool)
-    else:
-        inside = (keys >= 0) & (keys < n)
+    reach = band_reach(n, dxs, reach)
     fig = Figure(figsize=(3.6 * heads, 7.0), layout="constrained")
     axes = fig.subplots(2, heads, squeeze=False, gridspec_kw={"height_ratios": [1, 2]})
     fig.suptitle(f"{title}\ntop: the attention of query token {query} (dashed line) over the sequence, its impulse "
@@ -152,7 +144,7 @@ def band_figure(attn: np.ndarray, query: int, offsets: Optional[np.ndarray] = No
         top.set_ylim(0, max(float(attn[h, query].max()) * 1.15, 1e-12))
         top.set_xlabel("key position")
         top.set_ylabel("attention weight")
-        band = np.where(inside, attn[h][queries[:, None], np.clip(keys, 0, n - 1)], np.nan)
+        band = relative_band(attn[h], reach, padding)
         im = bottom.imshow(band, cmap=CMAP, vmin=0, vmax=max(float(np.nanmax(band)), 1e-12), aspect="auto",
                            interpolation="nearest", extent=(-reach - 0.5, reach + 0.5, n - 0.5, -0.5))
         if dx is not None:
@@ -162,4 +154,128 @@ def band_figure(attn: np.ndarray, query: int, offsets: Optional[np.ndarray] = No
         bottom.set_ylabel("query position")
         bottom.set_title(f"head {h}: the band, {2 * reach + 1} relative positions", fontsize=9)
         fig.colorbar(im, ax=bottom, shrink=0.8, label="attention weight")
+    return fig
+
+
+def band_reach(n: int, dxs: Sequence[int] = (), reach: Optional[int] = None) -> int:
+    """How many relative positions either side a band shows: ``reach`` (default 8, or more to hold
+    every offset ``dxs`` with a position to spare), at most ``n - 1``."""
+    reach = int(reach or max([8] + [abs(int(d)) + 2 for d in dxs]))
+    return max(1, min(reach, n - 1))
+
+
+def relative_band(attn: np.ndarray, reach: int, padding: str = "zero") -> np.ndarray:
+    """One head's ``[L, L]`` attention by relative position: ``[L, 2 * reach + 1]``, row ``q``
+    holding the attention on keys ``q - reach .. q + reach``; NaN for keys outside the sequence
+    (with ``circular`` padding they wrap around)."""
+    n = attn.shape[-1]
+    rel = np.arange(-reach, reach + 1)
+    queries = np.arange(n)
+    keys = queries[:, None] + rel[None, :]
+    if padding == "circular":
+        keys, inside = keys % n, np.ones(keys.shape, dtype=bool)
+    else:
+        inside = (keys >= 0) & (keys < n)
+    return np.where(inside, attn[queries[:, None], np.clip(keys, 0, n - 1)], np.nan)
+
+
+def shown_layers(depth: int) -> List[int]:
+    """The first, middle and last layer (0-based; fewer when the model has fewer)."""
+    return sorted({0, (depth - 1) // 2, depth - 1})
+
+
+def fidelity_figure(fid, query: Optional[int] = None, layers: Optional[Sequence[int]] = None,
+                    title: str = "attention after initialization on real inputs"):
+    """The analogue of Fig. 3 of the structured-initialization paper for one model: rows are the
+    first, middle and last layer (or ``layers``), columns the heads. ``fid``: a
+    :class:`~structinit.analysis.fidelity.Fidelity` with its maps kept.
+
+    On an image grid each panel is the attention of query token ``query`` (default: the centre
+    token; white square) over the ``H x W`` grid of keys, averaged over the real inputs, with the
+    head's impulse target circled red and the ``f x f`` window dashed. On a sequence each panel is
+    the head's band: every query's attention by relative position ``key - query`` (as in
+    :func:`band_figure`), the offset between dashed red lines. One colour bar per row (attention
+    weight, 0 to the row's maximum, so the heads of a layer share a scale). Panel titles give the
+    head's hit rate, target mass and window share over all queries and inputs."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    rows = list(layers) if layers is not None else shown_layers(fid.layers)
+    bad = [l for l in rows if not 0 <= l < fid.layers]
+    if bad:
+        raise UsageError(f"{param('layers')} {bad} are out of range: the model has {fid.layers} attention layers")
+    seq = fid.grid.ndim == 1
+    q = int(query) if query is not None else None
+    from structinit.analysis.fidelity import centre_query
+
+    q = centre_query(fid.grid) if q is None else q
+    qmaps = fid.query_maps(q)  # [layers, heads, *grid]
+    targets = fid.targets(q)
+    offsets = fid.offsets
+    lo = -(fid.filter // 2)
+    heads = fid.heads
+    fig = Figure(figsize=(2.9 * heads + 1.2, (3.6 if seq else 3.3) * len(rows) + 1.5), layout="constrained")
+    axes = fig.subplots(len(rows), heads, squeeze=False)
+    if seq:
+        dxs = [int(d) for d in offsets[..., 1].ravel() if d != -9999] if offsets is not None else []
+        reach = band_reach(fid.grid.tokens, dxs)
+        bands = fid.grid_maps()
+    gh, gw = fid.grid.hw
+    qy, qx = divmod(q, gw)
+    for i, l in enumerate(rows):
+        if seq:
+            panels = [relative_band(bands[l, h], reach, fid.padding) for h in range(heads)]
+            top = max(max(float(np.nanmax(b)) for b in panels), 1e-12)
+        else:
+            panels = [qmaps[l, h] for h in range(heads)]
+            top = max(float(qmaps[l].max()), 1e-12)
+        for h in range(heads):
+            ax = axes[i, h]
+            has_offset = offsets is not None and not (offsets[l] == -9999).any()
+            text = f"layer {l}, head {h}"
+            if has_offset:
+                dy, dx = (int(v) for v in offsets[l, h])
+                text += f": offset dx={dx:+d}" if seq else f": offset ({dy:+d},{dx:+d})"
+            stats = [f"window {fid.window_mass[l, h]:.2f}"]
+            if fid.hit_rate is not None and not np.isnan(fid.hit_rate[l, h]):
+                stats = [f"hit {fid.hit_rate[l, h]:.2f}", f"mass {fid.target_mass[l, h]:.2f}", *stats]
+            ax.set_title(text + "\n" + ", ".join(stats), fontsize=8)
+            if seq:
+                im = ax.imshow(panels[h], cmap=CMAP, vmin=0, vmax=top, aspect="auto", interpolation="nearest",
+                               extent=(-reach - 0.5, reach + 0.5, fid.grid.tokens - 0.5, -0.5))
+                if has_offset:
+                    for edge in (dx - 0.5, dx + 0.5):
+                        ax.axvline(edge, color="red", linestyle="--", linewidth=1)
+                ax.set_xlabel("relative position (key - query)", fontsize=7)
+                ax.set_ylabel("query position", fontsize=7)
+            else:
+                im = ax.imshow(panels[h], cmap=CMAP, vmin=0, vmax=top, interpolation="nearest")
+                ax.plot(qx, qy, marker="s", markersize=8, markerfacecolor="none", markeredgecolor="white",
+                        markeredgewidth=1.5)
+                ax.add_patch(Rectangle((qx + lo - 0.5, qy + lo - 0.5), fid.filter, fid.filter, fill=False,
+                                       edgecolor="white", linestyle="--", linewidth=1))
+                if targets is not None and targets[l, h, 0] >= 0:
+                    ty, tx = (int(v) for v in targets[l, h])
+                    ax.plot(tx, ty, marker="o", markersize=10, markerfacecolor="none", markeredgecolor="red",
+                            markeredgewidth=2)
+                ax.set_xlabel("key column x", fontsize=7)
+                ax.set_ylabel("key row y", fontsize=7)
+            ax.tick_params(labelsize=6)
+        cb = fig.colorbar(im, ax=list(axes[i]), shrink=0.85)
+        cb.set_label(f"attention weight, layer {l}", fontsize=7)
+        cb.ax.tick_params(labelsize=6)
+    solved = offsets is not None
+    if seq:
+        what = (f"each head's attention by relative position (key - query), for every query position of the "
+                f"{fid.grid.tokens}-token sequence"
+                + ("; the solved offset between dashed red lines" if solved else ""))
+    else:
+        what = (f"the attention of query token {q} (row {qy}, col {qx}; white square) over the {gh}x{gw} grid of "
+                f"keys; dashed box: the {fid.filter}x{fid.filter} window"
+                + ("; red circle: the query's target under the head's solved offset" if solved else ""))
+    window = f"{fid.filter} positions around the query" if seq else f"{fid.filter}x{fid.filter} window"
+    measured = "hit rate and target mass on its solved offset and its share" if solved else "share"
+    fig.suptitle(f"{title}\nrows: layers {', '.join(map(str, rows))} of 0-{fid.layers - 1}, averaged over "
+                 f"{fid.images} real inputs\n{what}\npanel titles: the head's {measured} of attention in the "
+                 f"{window}, over all queries and inputs", fontsize=9)
     return fig

@@ -90,3 +90,65 @@ def query_attention_text(artifact, layer: int, head: int, query: int) -> str:
     rows = heatmap(attn, marks)
     scale = f"shades '{SHADES}' from 0 to max {attn.max():.3f}; Q marks the query, T its impulse target"
     return "\n".join([head_line, *rows, scale])
+
+
+def fidelity_table(fid, per_head: bool = False, recorded: Any = None) -> str:
+    """A :class:`~structinit.analysis.fidelity.Fidelity` as a table (rich, rendered to text): one
+    row per layer (the means over its heads), or with ``per_head`` one per layer and head (with the
+    head's offset), then the means over all. Columns: hit rate, target mass (``-`` without
+    offsets), window share. ``recorded``: what ``train`` measured at init on the same inputs
+    (``data_attention_quality``'s result): its per-layer hit rate and target mass are shown beside."""
+    import io
+
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    def num(v) -> str:
+        return "-" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.3f}"
+
+    rec = {int(r["layer"]): r for r in (recorded or {}).get("layers", [])} if recorded else {}
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("layer", justify="right")
+    if per_head:
+        table.add_column("head", justify="right")
+        table.add_column("offset", justify="right")
+    for name in ("hit rate", "target mass", "window"):
+        table.add_column(name, justify="right")
+    if rec:
+        table.add_column("train: hit", justify="right")
+        table.add_column("train: mass", justify="right")
+
+    def measures(l, h=None):
+        def get(name):
+            v = getattr(fid, name)
+            if v is None:
+                return None
+            return float(v[l, h]) if h is not None else (None if np.isnan(v[l]).all() else float(np.nanmean(v[l])))
+        return [num(get("hit_rate")), num(get("target_mass")), num(get("window_mass"))]
+
+    for l in range(fid.layers):
+        r = rec.get(l)
+        for h in (range(fid.heads) if per_head else [None]):
+            cells = [str(l)]
+            if per_head:
+                off = fid.offsets[l, h] if fid.offsets is not None and (fid.offsets[l] != -9999).all() else None
+                cells += [str(h), "-" if off is None else f"({int(off[0])},{int(off[1])})"]
+            cells += measures(l, h)
+            if rec:
+                if per_head:
+                    got = (r or {}).get("heads", {})
+                    cells += [num((got.get(m) or [None] * fid.heads)[h]) for m in ("hit_rate", "target_mass")]
+                else:
+                    cells += [num((r or {}).get(m)) for m in ("hit_rate", "target_mass")]
+            table.add_row(*cells)
+    summary = fid.summary()
+    tail = ["mean"] + (["", ""] if per_head else []) + [num(summary.get(m)) for m in ("hit_rate", "target_mass",
+                                                                                       "window_mass")]
+    if rec:
+        tail += [num(recorded.get("hit_rate")), num(recorded.get("target_mass"))]
+    table.add_section()
+    table.add_row(*tail)
+    out = io.StringIO()
+    Console(file=out, width=200, no_color=True, highlight=False, force_terminal=False).print(table)
+    return "\n".join(line.rstrip() for line in out.getvalue().splitlines() if line.strip())

@@ -6,10 +6,16 @@ Each model is built and initialized exactly as ``train`` does for the run (same 
 seed), the batch is the run's own training split (normalized as in training), and the attention
 is captured from timm's attention modules by :func:`structinit.analysis.fidelity.attention_fidelity`.
 
+The same rebuild serves ``structinit inspect TARGET --data DATASET``: :func:`run_model` gives the
+model of a ``train`` run folder at init (or of its ``checkpoint.pt``/``best.pt``), :func:`preset_model`
+that of a preset with an init.
+
 Example::
 
     entries = grid_attention(expansion, images=64)        # the first column, the first seed
     fig = attention_grid_figure(entries, title="digits")
+    m = run_model("runs/digits-imp")                      # m.model, m.report, m.recorded
+    fid = init_fidelity(m.model, training_images(m.config, 256), m.report)
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from structinit.analysis.figures import shown_layers
 from structinit.bench.expand import Cell, Expansion
-from structinit.errors import UsageError, param
+from structinit.errors import StructinitError, UsageError, param
 
 
 @dataclass
@@ -35,10 +42,11 @@ class AttentionEntry:
     note: Optional[str] = None
 
 
-def initialized_model(config):
+def initialized_model(config, cache_dir=None):
     """The model of ``config`` as ``train`` builds it before the first step: ``(model, init
     report, dataset info)`` (the report is ``None`` for the model's own init). An init that fits
-    to real inputs (impulse ``data_fit``) gets the run's first training inputs, as in ``train``."""
+    to real inputs (impulse ``data_fit``) gets the run's first training inputs, as in ``train``.
+    ``cache_dir``: the artifact cache an impulse init reads (and solves into)."""
     import torch
 
     from structinit.training.datasets import dataset_info
@@ -56,24 +64,109 @@ def initialized_model(config):
         from structinit.training.loop import FIDELITY_SAMPLES
 
         data = training_images(config, FIDELITY_SAMPLES) if spec.uses_data else None
-        report = initialize_model(model, spec, seed=config.seed, data=data)
+        report = initialize_model(model, spec, seed=config.seed, data=data, cache_dir=cache_dir)
     return model, report, info
 
 
+@dataclass
+class InspectedModel:
+    """A model of a training setup, ready to be measured on real inputs (``structinit inspect
+    --data``): its :class:`~structinit.training.config.TrainConfig`, the model, the init report
+    (``None`` for the model's own init), the dataset info, and where its weights come from:
+    ``source`` is ``"init"`` (built and initialized as ``train`` does before the first step) or
+    ``"checkpoint"`` (a run's weights after ``epoch`` epochs, loaded over that model; the report
+    still gives the init's offsets). ``config_path``: the run's ``config.json`` when there is one;
+    ``recorded``: what ``train`` measured there at init (``init_report.data_attention``)."""
+
+    config: Any
+    model: Any
+    report: Optional[dict]
+    info: Any
+    source: str = "init"
+    epoch: int = 0
+    config_path: Optional[str] = None
+    recorded: Optional[dict] = None
+
+
+def _check_attention(config) -> None:
+    from structinit.training.models import ATTENTION_FAMILIES
+
+    config.validate()
+    if config.model_config().family not in ATTENTION_FAMILIES:
+        raise UsageError(f"{config.model} has no attention layers to measure; real-data attention applies to the "
+                         "ViT presets and transformer-1d")
+
+
+def preset_model(config, cache_dir=None) -> InspectedModel:
+    """The model of ``config`` (a preset, its init and seed, the dataset) at init."""
+    _check_attention(config)
+    model, report, info = initialized_model(config, cache_dir)
+    return InspectedModel(config, model, report, info)
+
+
+def run_model(path, data_dir=None, cache_dir=None) -> InspectedModel:
+    """The model of a ``structinit train`` run: for its folder, the model at init, rebuilt from its
+    ``config.json`` exactly as ``train`` built it (``train`` saves no weights before the first
+    epoch); for its ``checkpoint.pt`` or ``best.pt``, that file's weights (after its epoch) over
+    the model rebuilt from the settings it holds. ``data_dir`` replaces the run's dataset folder."""
+    import dataclasses
+    from pathlib import Path
+
+    from structinit.training.config import TrainConfig
+    from structinit.training.rundir import RunDir, load_run_weights
+
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    doc = None
+    if (folder / RunDir.CONFIG).is_file():
+        doc = RunDir(folder).read_config()
+    ck = None
+    if path.is_dir():
+        if doc is None:
+            raise UsageError(f"{path} is not a structinit train run folder (it has no {RunDir.CONFIG})")
+        settings = doc.get("config")
+    else:
+        ck = load_run_weights(path)
+        settings = ck["args"]
+    try:
+        config = TrainConfig.from_dict(settings)
+    except (TypeError, UsageError) as exc:
+        raise StructinitError(f"the run settings in {path} are unreadable ({exc})") from None
+    if data_dir is not None:
+        config = dataclasses.replace(config, data_dir=str(data_dir))
+    _check_attention(config)
+    model, report, info = initialized_model(config, cache_dir)
+    recorded = None
+    if ck is not None:
+        try:
+            model.load_state_dict(ck["state_dict"])
+        except RuntimeError as exc:
+            raise StructinitError(f"the weights in {path} do not fit the model its settings describe: "
+                                  f"{str(exc).splitlines()[0]}") from None
+    elif isinstance(doc.get("init_report"), dict):
+        recorded = doc["init_report"].get("data_attention")
+    return InspectedModel(config, model, report, info, source="checkpoint" if ck is not None else "init",
+                          epoch=int(ck["epoch"]) if ck is not None else 0,
+                          config_path=str(folder / RunDir.CONFIG) if doc is not None else None, recorded=recorded)
+
+
 def training_images(config, n: int):
-    """The first ``n`` images of the run's training split (its subset and validation hold-out
-    applied), normalized as in training: float ``[n, C, H, W]``."""
+    """The first ``n`` inputs of the run's training split (its subset and validation hold-out
+    applied) as the model sees them in training: images normalized, float ``[n, C, H, W]``;
+    sequences as stored (already standardized; ``shuffle_seq`` applied), float ``[n, C, L]``."""
     import torch
 
     from structinit.training.augment import normalize
     from structinit.training.datasets import load_dataset, split_train
 
-    data = load_dataset(config.dataset, config.data_dir, image_size=config.image_size)
+    data = load_dataset(config.dataset, config.data_dir, image_size=config.image_size,
+                        shuffle_seq=config.shuffle_seq)
     data = split_train(data, config.train_size, config.val_size,
                        config.seed if config.data_seed is None else config.data_seed)
     n = min(n, len(data.train))
     if data.info.in_memory:
-        return normalize(data.train.images[:n], data.info.mean, data.info.std)
+        x = data.train.images[:n]
+        return x if data.info.is_sequence else normalize(x, data.info.mean, data.info.std)
     return torch.stack([data.train[i][0] for i in range(n)])
 
 
@@ -89,8 +182,7 @@ def grid_attention(ex: Expansion, column: Optional[Sequence[str]] = None, seed: 
                    images: int = 64) -> List[AttentionEntry]:
     """One :class:`AttentionEntry` per row of ``ex`` for the cell in ``column`` (column value ids;
     default: the first column) and ``seed`` (default: the grid's first)."""
-    from structinit.analysis.fidelity import attention_fidelity, offsets_from_report
-    from structinit.init.specs import IMPULSE_METHODS
+    from structinit.analysis.fidelity import init_fidelity
 
     columns = [tuple(v.id for v in c) for c in ex.spec.column_cells()]
     col = tuple(column) if column is not None else columns[0]
@@ -114,18 +206,9 @@ def grid_attention(ex: Expansion, column: Optional[Sequence[str]] = None, seed: 
         data_key = (config.dataset, config.train_size, config.val_size, config.data_seed, config.seed, config.data_dir)
         if data_key not in batch_cache:
             batch_cache[data_key] = training_images(config, images)
-        offsets, filt = None, 3
-        if report is not None and report.get("method") in IMPULSE_METHODS:
-            offsets = offsets_from_report(report)
-            filt = int(config.init_spec().filter)
-        fid = attention_fidelity(model, batch_cache[data_key], offsets=offsets, filter=filt)
+        fid = init_fidelity(model, batch_cache[data_key], report)
         out.append(AttentionEntry(row.id, row.label, config, fid))
     return out
-
-
-def shown_layers(depth: int) -> List[int]:
-    """The first, middle and last layer (0-based; fewer when the model has fewer)."""
-    return sorted({0, (depth - 1) // 2, depth - 1})
 
 
 def attention_grid_figure(entries: List[AttentionEntry], title: str = "attention after initialization",
@@ -180,4 +263,5 @@ def column_arg(text: Optional[str]) -> Optional[Tuple[str, ...]]:
 
 
 __all__ = ["grid_attention", "attention_grid_figure", "initialized_model", "training_images", "AttentionEntry",
+           "InspectedModel", "preset_model", "run_model",
            "shown_layers", "column_arg"]

@@ -1,21 +1,28 @@
-"""``structinit inspect``: what an artifact (or a checkpoint) holds; no argument lists the cache."""
+"""``structinit inspect``: what an artifact (or a checkpoint) holds; no argument lists the cache;
+with ``--data``, a model's attention on real inputs (a train run, its checkpoint, or a preset)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from typing_extensions import Annotated
 
-from structinit.cli.common import CacheDir, Force, GridOpt, JsonOut, Threads, emit_json, examples
+from structinit.cli.common import CacheDir, Force, GridOpt, JsonOut, Threads, emit_json, examples, path_arg
 
 EXAMPLES = examples(
     'structinit inspect                                     # list the cache',
     'structinit inspect 6095a9c75beb --layer 2 --head 1 --query 27',
     'structinit inspect 6095a9c75beb --png attention.png',
     'structinit inspect vit.pth --heads 3                   # a checkpoint: layout and attention quality',
+    'structinit inspect vit-digits --init impulse --data digits --png fidelity.png   # attention on real images',
+    'structinit inspect vit-digits --init impulse -p filter=5 --data digits --samples 64 --per-head',
+    'structinit inspect runs/digits-imp --data digits       # a train run at init (its checkpoint.pt: that epoch)',
 )
+
+#: Library parameter names that inspect spells with another flag.
+ALIASES = {"dataset": "--data", "init_params": "--init-param", "filter": "--filter"}
 
 
 def _is_artifact_file(path: Path) -> bool:
@@ -32,25 +39,50 @@ def _is_artifact_file(path: Path) -> bool:
 
 def inspect(
     target: Annotated[Optional[str], typer.Argument(help="Artifact path or key, or a checkpoint file; omit to list "
-                                                    "the cache.")] = None,
+                                                    "the cache. With --data: a train run folder, its checkpoint.pt "
+                                                    "or best.pt, or a model preset.")] = None,
     layer: Annotated[Optional[int], typer.Option("--layer", help="Artifact: layer whose attention is drawn.",
                                                  show_default="0")] = None,
     head: Annotated[Optional[int], typer.Option("--head", help="Artifact: head whose attention is drawn in the "
                                                 "terminal.", show_default="0")] = None,
-    query: Annotated[Optional[int], typer.Option("--query", help="Artifact: query token.",
+    query: Annotated[Optional[int], typer.Option("--query", help="Artifact, --data: query token drawn.",
                                                  show_default="the grid centre")] = None,
     png: Annotated[Optional[str], typer.Option("--png", help="Artifact: write the layer's attention (all heads) as a "
-                                               "PNG figure (an existing file only with --force).")] = None,
+                                               "PNG figure; --data: the first, middle and last layer's (an "
+                                               "existing file only with --force).")] = None,
     force: Force = False,
     heads: Annotated[Optional[int], typer.Option("--heads", help="Checkpoint: heads, when the checkpoint does not "
                                                  "say.")] = None,
     grid: GridOpt = None,
+    data: Annotated[Optional[str], typer.Option(
+        "--data", metavar="DATASET", help="Measure a model's attention on the first training inputs of this "
+        "dataset (digits, synthetic, mnist1d; cifar10, cifar100, svhn with --data-dir): per layer and head, the "
+        "hit rate and mass on the solved offset and the share inside the f x f window. TARGET is then a train run "
+        "folder (the model at init), its checkpoint.pt or best.pt (that epoch's weights), or a model preset with "
+        "--init. --png draws the first, middle and last layer.")] = None,
+    samples: Annotated[Optional[int], typer.Option("--samples", min=1, help="--data: how many training inputs.",
+                                                   show_default="256")] = None,
+    init: Annotated[Optional[str], typer.Option("--init", help="--data with a preset: attention init method "
+                                                "(kaiming, trunc-normal, mimetic or impulse).",
+                                                show_default="the model's own")] = None,
+    init_param: Annotated[List[str], typer.Option("--init-param", "-p", help="--data with a preset: init "
+                                                  "parameter NAME=VALUE (repeatable), as in train.")] = [],  # noqa: B006
+    seed: Annotated[Optional[int], typer.Option("--seed", min=0, help="--data with a preset: seed of the model and "
+                                                "its init, as in train.", show_default="0")] = None,
+    data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="--data: dataset folder (cifar10, "
+                                                     "cifar100, svhn).", show_default="a run's own, else "
+                                                     "$STRUCTINIT_DATA, else ./data", parser=path_arg,
+                                                     metavar="DIR")] = None,
+    filter_: Annotated[Optional[int], typer.Option("--filter", "-f", min=1, help="--data: the window f whose "
+                                                   "attention share is measured.",
+                                                   show_default="the solved filter, else 3")] = None,
+    per_head: Annotated[bool, typer.Option("--per-head", help="--data: one table row per layer and head.")] = False,
     cache_dir: CacheDir = None,
     threads: Threads = None,
     json_out: JsonOut = False,
 ):
     """Show an artifact's config, quality and attention, a checkpoint's layout and attention
-    quality, or (no argument) list the cache."""
+    quality, or (no argument) list the cache. With --data: a model's attention on real inputs."""
     from structinit.errors import UsageError
     from structinit.runtime import use_threads
     from structinit.solver.cache import check_cache_dir, resolve_key
@@ -59,6 +91,22 @@ def inspect(
     check_cache_dir(cache_dir)
     if cache_dir is not None and not cache_dir.expanduser().is_dir():
         raise UsageError(f"--cache-dir {cache_dir} does not exist")
+    data_only = {"--samples": samples, "--init": init, "--init-param": init_param or None, "--seed": seed,
+                 "--data-dir": data_dir, "--filter": filter_, "--per-head": per_head or None}
+    if data is not None:
+        given = [f for f, v in {"--layer": layer, "--head": head, "--heads": heads, "--grid": grid}.items()
+                 if v is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} do(es) not apply with --data (it measures every layer and head; "
+                             "--query picks the token drawn)")
+        if target is None:
+            raise UsageError("--data needs a TARGET: a train run folder, its checkpoint.pt or best.pt, or a model "
+                             "preset (with --init)")
+        return _show_data(target, data, samples or 256, init, init_param, seed, data_dir, filter_, per_head, query,
+                          png, force, cache_dir, json_out)
+    given = [f for f, v in data_only.items() if v is not None]
+    if given:
+        raise UsageError(f"{', '.join(given)} need(s) --data DATASET (they set up the measure on real inputs)")
     artifact_only = {"--layer": layer, "--head": head, "--query": query, "--png": png, "--force": force or None}
     checkpoint_only = {"--heads": heads, "--grid": grid}
     if target is None:
@@ -75,7 +123,8 @@ def inspect(
                              "inspect` to list them)")
         path = found
     if path.is_dir():
-        raise UsageError(f"{path} is a folder; give an artifact or checkpoint file")
+        raise UsageError(f"{path} is a folder; give an artifact or checkpoint file (a train run folder is measured "
+                         "on real inputs with --data DATASET)")
     if _is_artifact_file(path):
         given = [f for f, v in checkpoint_only.items() if v is not None]
         if given:
@@ -167,3 +216,106 @@ def _show_checkpoint(path: Path, heads: Optional[int], grid: Optional[str], json
         emit_json(desc)
     else:
         typer.echo(checkpoint_report(desc))
+
+
+def _data_model(target: str, dataset: str, init, init_param, seed, data_dir, cache_dir):
+    """The model ``inspect --data`` measures (see :mod:`structinit.bench.attention`)."""
+    from structinit.bench.attention import preset_model, run_model
+    from structinit.errors import UsageError
+    from structinit.solver.cache import resolve_key
+    from structinit.training.datasets import dataset_info
+    from structinit.training.models import PRESETS
+
+    dataset_info(dataset)  # an unknown dataset is named before anything is built
+    path = Path(target).expanduser()
+    if path.exists():
+        if path.is_file() and _is_artifact_file(path):
+            raise UsageError(f"--data measures a model on real inputs; {path.name} is an artifact (inspect it "
+                             "without --data to see its attention on the pseudo input)")
+        own = {"--init": init, "--init-param": init_param or None, "--seed": seed}
+        given = [f for f, v in own.items() if v is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} apply to a model preset; {path} is a train run, measured with its "
+                             "own init and seed")
+        inspected = run_model(path, data_dir=data_dir, cache_dir=cache_dir)
+        if inspected.config.dataset != dataset:
+            raise UsageError(f"{path} was trained on {inspected.config.dataset}; --data {dataset} would feed it "
+                             f"other inputs (give --data {inspected.config.dataset})")
+        return inspected
+    if target in PRESETS:
+        from structinit.init.specs import parse_assignments
+        from structinit.training.config import TrainConfig
+
+        if init is None and init_param:
+            raise UsageError("--init-param needs --init")
+        config = TrainConfig(model=target, dataset=dataset, init=init, init_params=parse_assignments(init_param),
+                             seed=seed or 0, data_dir=str(data_dir) if data_dir is not None else None)
+        return preset_model(config, cache_dir=cache_dir)
+    if resolve_key(target, cache_dir) is not None:
+        raise UsageError(f"--data measures a model on real inputs; {target} is an artifact key (inspect it without "
+                         "--data to see its attention on the pseudo input)")
+    raise UsageError(f"{target}: no such file or folder, and not a model preset (choose a train run folder, its "
+                     f"checkpoint.pt or best.pt, or one of {', '.join(PRESETS)})")
+
+
+def _show_data(target: str, dataset: str, samples: int, init, init_param, seed, data_dir, filter_, per_head: bool,
+               query, png, force: bool, cache_dir, json_out: bool) -> None:
+    from structinit.analysis.fidelity import centre_query, init_fidelity, report_settings
+    from structinit.analysis.text import fidelity_table
+    from structinit.bench.attention import training_images
+    from structinit.errors import UsageError
+
+    target_png = None
+    if png is not None:
+        from structinit.analysis.figures import check_output
+
+        target_png = check_output(png, force)  # before the work, so a bad name costs nothing
+    inspected = _data_model(target, dataset, init, init_param, seed, data_dir, cache_dir)
+    config, info = inspected.config, inspected.info
+    images = training_images(config, samples)
+    fid = init_fidelity(inspected.model, images, inspected.report, filter=filter_)
+    if query is None:
+        query = centre_query(fid.grid)
+    if not 0 <= query < fid.grid.tokens:
+        raise UsageError(f"--query {query} is out of range: the grid has {fid.grid.tokens} tokens")
+    settings = report_settings(inspected.report)
+    method = f"init {settings['method']}" if settings["method"] else "the model's own init"
+    where = (f"at init, rebuilt from {inspected.config_path}" if inspected.source == "init" and inspected.config_path
+             else "at init" if inspected.source == "init" else f"{target} after epoch {inspected.epoch}")
+    recorded = inspected.recorded if fid.images == _recorded_samples(inspected.recorded) else None
+    if target_png is not None:
+        from structinit.analysis.figures import fidelity_figure, save_png
+
+        title = f"{config.model}, {method}, on {dataset} ({where})"
+        save_png(fidelity_figure(fid, query=query, title=title), target_png, force=force)
+    kind = "sequences" if info.is_sequence else "images"
+    if json_out:
+        emit_json({"target": target, "source": inspected.source, "epoch": inspected.epoch,
+                   "config_path": inspected.config_path, "model": config.model, "dataset": dataset,
+                   "init": {"method": settings["method"], "filter": settings["filter"], "padding": settings["padding"]},
+                   "config": config.to_dict(), "samples": fid.images, "query": query,
+                   "fidelity": fid.to_dict(), "query_maps": fid.query_maps(query).round(6),
+                   "recorded": inspected.recorded, "png": str(target_png) if target_png else None})
+        return
+    solved = (f" (filter {settings['filter']}, padding {settings['padding']})" if settings["filter"] else "")
+    grid = (f"a sequence of {fid.grid.tokens} tokens" if fid.grid.ndim == 1 else f"the {fid.grid.describe()} grid")
+    typer.echo(f"model     {config.model}: {fid.layers} layers x {fid.heads} heads on {grid}, {method}{solved}; "
+               f"{where}")
+    typer.echo(f"inputs    the first {fid.images} training {kind} of {dataset}, as the model sees them"
+               + ("" if info.is_sequence else " (normalized)"))
+    typer.echo(fidelity_table(fid, per_head=per_head, recorded=recorded))
+    window = f"{fid.filter} positions" if fid.grid.ndim == 1 else f"{fid.filter}x{fid.filter} window"
+    if fid.hit_rate is None:
+        typer.echo(f"{method} has no solved offsets: hit rate and target mass are for impulse init; window is "
+                   f"the share of each query's attention inside the {window} around it")
+    else:
+        typer.echo(f"hit rate: share of queries whose strongest key is the solved offset's target; target mass: "
+                   f"mean attention on that target; window: share of attention inside the {window} around the "
+                   f"query; over grid queries and {fid.images} inputs"
+                   + ("; train: what train recorded at init (config.json)" if recorded else ""))
+    if target_png is not None:
+        typer.echo(f"wrote {target_png}")
+
+
+def _recorded_samples(recorded) -> Optional[int]:
+    return int(recorded["samples"]) if isinstance(recorded, dict) and "samples" in recorded else None

@@ -172,6 +172,25 @@ def load_train_checkpoint(path: os.PathLike, map_location="cpu") -> Dict[str, An
     return ck
 
 
+def load_run_weights(path: os.PathLike, map_location="cpu") -> Dict[str, Any]:
+    """The weights a training run wrote: its ``checkpoint.pt`` (the last finished epoch) or
+    ``best.pt`` (the best one), each holding ``state_dict``, ``epoch`` and ``args`` (the run's
+    settings). An unreadable file raises :class:`StructinitError`; a readable one that ``train``
+    did not write, :class:`UsageError` (a foreign checkpoint has no settings to rebuild its model
+    from)."""
+    import torch
+
+    try:
+        ck = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line
+        raise StructinitError(f"cannot read checkpoint {path}: {_unreadable(exc)}") from None
+    if not (isinstance(ck, dict) and isinstance(ck.get("args"), dict) and isinstance(ck.get("state_dict"), dict)
+            and "epoch" in ck):
+        raise UsageError(f"{path} is not a checkpoint written by structinit train (checkpoint.pt or best.pt, "
+                         "which hold the run's settings)")
+    return ck
+
+
 def _unreadable(exc: BaseException) -> str:
     """Why ``torch.load(weights_only=True)`` failed, in one line (torch's own messages run to a
     page and suggest ``weights_only=False``, which would run whatever the file holds)."""
