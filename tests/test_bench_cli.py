@@ -39,7 +39,7 @@ def folder(tmp_path):
 def test_list_shows_every_shipped_grid_with_its_run_count(cli):
     r = cli("bench", "grid", "--list")
     assert r.returncode == 0
-    assert "digits    140 runs (7 init x 4 train_size x 5 seeds)" in r.stdout
+    assert "digits    160 runs (8 init x 4 train_size x 5 seeds)" in r.stdout
     assert "mnist1d   100 runs (10 init x 2 data x 5 seeds)" in r.stdout
     assert "table6    216 runs (9 pseudo x 2 qk x 2 model x 2 filter x 3 seeds)" in r.stdout
     doc = json.loads(cli("bench", "grid", "--list", "--json").stdout)

@@ -67,9 +67,9 @@ def test_cells_merge_settings_then_axis_values_then_overrides(tmp_path):
                             "its peak (set warmup_epochs too)"]  # digits' default warm-up is 2 epochs
     short = expand(load_grid("digits"), overrides=["epochs=2"], seeds=1, only=["train_size=100,all"])
     assert short.warnings == [
-        "7 cell(s) warm up for 2.65 epochs but train for only 2: the learning rate never reaches its peak (set "
+        "8 cell(s) warm up for 2.65 epochs but train for only 2: the learning rate never reaches its peak (set "
         "warmup_epochs too)",
-        "7 cell(s) warm up for 22.5 epochs but train for only 2: the learning rate never reaches its peak (set "
+        "8 cell(s) warm up for 22.5 epochs but train for only 2: the learning rate never reaches its peak (set "
         "warmup_epochs too)"]
     with pytest.raises(GridError, match=r"overrides init_params.alpha9: no init method of this grid takes it"):
         expand(mini(), overrides=["init_params.alpha9=1"])
@@ -155,7 +155,8 @@ def test_a_hand_edited_config_is_refused(tmp_path):
 def test_impulse_artifacts_are_the_ones_train_asks_for(tmp_path):
     ex = expand(load_grid("digits"), seeds=2, runs_dir=tmp_path)
     solves = impulse_solves(ex.cells)
-    # default impulse and the released recipe, two seeds each; one artifact per (recipe, seed) for all sizes
+    # default impulse and the authors' 2024 code (the released recipe, shared), two seeds each; one
+    # artifact per (recipe, seed) for all sizes; impulse-2025 is solved in closed form by each run
     assert len(solves) == 4
     assert {(s.recipe, s.share, s.seed, tuple(s.grid), s.dim, s.heads, s.layers) for s in solves} == {
         (r, share, seed, (8, 8), 64, 4, 4) for r, share in (("fast", False), ("released", True)) for seed in (0, 1)}
@@ -176,7 +177,7 @@ def test_printed_commands_reproduce_the_run_keys(tmp_path, cli, monkeypatch):
     ex = expand(load_grid("digits"), seeds=1, runs_dir=tmp_path / "runs",
                 overrides=["eval_every=3", "init_params.share=true"])
     cmds = print_commands(ex, ex.unique_cells())
-    assert len(cmds) == 24
+    assert len(cmds) == 32
     for cmd, cell in zip(cmds, ex.unique_cells()):
         argv = shlex.split(cmd["command"])
         assert argv[:2] == ["structinit", "train"] and argv[-3:] == ["--out", str(ex.run_dir(cell)), "--resume"]

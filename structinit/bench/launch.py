@@ -68,8 +68,10 @@ def prepare(ex: Expansion) -> List[Cell]:
 
 def impulse_solves(cells: List[Cell]) -> list:
     """The distinct :class:`~structinit.solver.config.SolveConfig` the impulse runs of ``cells``
-    will ask for. The shape comes from the run's model itself (built once per architecture and
-    read as the init reads it), so any model the init supports is solved for correctly."""
+    will ask for (``impulse``, and ``impulse-2024``'s shared solve; ``impulse-2025`` solves in
+    closed form per run and caches nothing). The shape comes from the run's model itself (built
+    once per architecture and read as the init reads it), so any model the init supports is solved
+    for correctly."""
     import json
 
     from structinit.init.target import AttentionTarget
@@ -80,9 +82,11 @@ def impulse_solves(cells: List[Cell]) -> list:
     shapes: Dict[str, Any] = {}
     for cell in cells:
         cfg = cell.config
-        if cfg is None or cfg.init != "impulse":
+        if cfg is None or cfg.init not in ("impulse", "impulse-2024"):
             continue
         spec = cfg.init_spec()
+        if cfg.init == "impulse-2024":
+            spec = spec.impulse_spec()
         if spec.artifact is not None:
             continue
         info = dataset_info(cfg.dataset)
