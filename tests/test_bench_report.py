@@ -3,6 +3,7 @@ CSV and JSON; unfinished cells marked; the paper's numbers beside ours; figures;
 written all or nothing."""
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -186,3 +187,58 @@ def test_the_cli_report_prints_writes_and_refuses(grid_runs, tmp_path, cli):
     assert r.returncode == 0 and json.loads(r.stdout)["grids"][0]["counts"]["finished"] == 7
     r = cli("bench", "report", tmp_path / "grid.toml", "--out", runs, "--seeds", "3")
     assert r.returncode == 0 and "(2/3)" in r.stdout  # seed 2 was never run: every cell is short of it
+
+
+def test_an_earlier_runs_csv_stands_in_for_run_folders_that_are_gone(grid_runs, tmp_path):
+    """A report's runs.csv gives back, by run key, the runs whose folders were removed: the cells
+    and paired differences equal those of the folders themselves; keys not in the grid are ignored."""
+    from structinit.bench.report import read_runs_csv, runs_csv
+
+    ex = grid_runs
+    full = collect(ex)
+    table = tmp_path / "runs.csv"
+    table.write_text(runs_csv([full]) + "mini,0123456789ab,mimetic,200,9,finished,1.0,,,,,,,,\n")
+    earlier = read_runs_csv(table)
+    assert len(earlier) == 8  # 7 finished runs of the grid and one of another expansion; the pending run left out
+    mimetic_200 = [c for c in ex.cells if c.row == "mimetic" and c.column == ("200",)]
+    assert earlier[mimetic_200[0].key].final_acc == pytest.approx(full.runs[ex.cells.index(mimetic_200[0])].final_acc,
+                                                                  abs=1e-4)
+    empty = expand(ex.spec, runs_dir=tmp_path / "gone")  # the same runs, no folders
+    rebuilt = collect(empty, earlier)
+    assert [r.state for r in rebuilt.runs] == [r.state for r in full.runs]
+    for key, cell in full.cells.items():
+        got = rebuilt.cells[key]
+        assert got.n == cell.n and got.final == pytest.approx(cell.final, abs=1e-4)
+        if cell.delta_mean is not None:
+            assert got.delta_mean == pytest.approx(cell.delta_mean, abs=1e-4)
+    assert collect(empty).cells[("mimetic", ("200",))].n == 0  # without it, nothing
+    # a folder's own finished run wins over the table
+    changed = {k: dataclasses.replace(v, final_acc=0.0) for k, v in earlier.items()}
+    assert collect(ex, changed).cells[("mimetic", ("200",))].final == full.cells[("mimetic", ("200",))].final
+    (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(UsageError, match=r"runs_csv .*bad.csv is not the runs.csv of a report"):
+        read_runs_csv(tmp_path / "bad.csv")
+    with pytest.raises(UsageError, match=r"runs_csv .*nothing.csv: No such file"):
+        read_runs_csv(tmp_path / "nothing.csv")
+
+
+@pytest.mark.slow  # three CLI processes
+def test_report_cli_baseline_and_runs_csv(grid_runs, tmp_path, cli):
+    from structinit.bench.report import runs_csv
+
+    (tmp_path / "grid.toml").write_text(GRID)
+    table = tmp_path / "runs.csv"
+    table.write_text(runs_csv([collect(grid_runs)]))
+    r = cli("bench", "report", tmp_path / "grid.toml", "--out", tmp_path / "gone", "--runs-csv", table,
+            "--baseline", "kaiming", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)["grids"][0]
+    assert doc["baseline"] == "kaiming" and doc["counts"] == {"finished": 7, "pending": 1}
+    cells = {(c["row"], tuple(c["column"])): c for c in doc["cells"]}
+    want = collect(grid_runs).cells
+    pairs = [want[("mimetic", ("200",))].final[s] - want[("kaiming", ("200",))].final[s] for s in (0, 1)]
+    assert cells[("mimetic", ("200",))]["delta_mean"] == pytest.approx(statistics.mean(pairs), abs=1e-3)
+    r = cli("bench", "report", tmp_path / "grid.toml", "--out", tmp_path / "gone", "--baseline", "nope")
+    assert r.returncode == 2 and r.stderr.startswith("error: --baseline 'nope' is not a row of mini")
+    r = cli("bench", "report", grid_runs.runs_dir, "--runs-csv", table)
+    assert r.returncode == 2 and "--runs-csv" in r.stderr and "apply to a grid" in r.stderr

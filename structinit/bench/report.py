@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -207,9 +208,52 @@ def _read_metrics(path: Path) -> List[Dict[str, Any]]:
     return rows
 
 
-def collect(ex: Expansion) -> GridReport:
-    """Read every run of ``ex`` and aggregate the cells (unfinished runs are counted, not hidden)."""
+def read_runs_csv(path: os.PathLike) -> Dict[str, RunResult]:
+    """The finished runs listed in an earlier report's ``runs.csv`` (:func:`runs_csv`), by run key:
+    their accuracies without the per-epoch records (which the CSV does not keep). Raises
+    :class:`UsageError` naming ``runs_csv`` for a file that is missing or not such a table."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UsageError(f"{param('runs_csv')} {path}: {exc.strerror or exc}") from None
+    rows = list(csv.DictReader(text.splitlines()))
+    need = {"key", "row_id", "seed", "state", "final_acc"}
+    if not rows or not need <= set(rows[0]):
+        raise UsageError(f"{param('runs_csv')} {path} is not the runs.csv of a report (it needs the columns "
+                         f"{', '.join(sorted(need))})")
+
+    def num(v, kind=float):
+        return kind(float(v)) if v not in (None, "") else None
+
+    out: Dict[str, RunResult] = {}
+    for i, r in enumerate(rows, start=2):
+        if r["state"] != "finished" or not r["final_acc"]:
+            continue
+        try:
+            out[r["key"]] = RunResult(
+                r["key"], r["row_id"], tuple(str(r.get("column_id", "")).split("/")), int(r["seed"]), "finished",
+                final_acc=num(r["final_acc"]), best_acc=num(r.get("best_acc")),
+                best_epoch=num(r.get("best_epoch"), int), best_on=r.get("best_on") or None,
+                final_val_acc=num(r.get("final_val_acc")), epochs=num(r.get("epochs"), int),
+                train_images=num(r.get("train_images"), int), wall_seconds=num(r.get("wall_seconds")))
+        except ValueError:
+            raise UsageError(f"{param('runs_csv')} {path}:{i}: not a number in {r}") from None
+    return out
+
+
+def collect(ex: Expansion, earlier: Optional[Dict[str, RunResult]] = None) -> GridReport:
+    """Read every run of ``ex`` and aggregate the cells (unfinished runs are counted, not hidden).
+    ``earlier``: results of runs whose folders are gone, by run key (:func:`read_runs_csv`); a run
+    not finished in the folder is taken from there when its key is (the key is the run's whole
+    configuration, so it is the same run)."""
     runs = [read_run(ex, c) for c in ex.cells]
+    if earlier:
+        for i, (cell, r) in enumerate(zip(ex.cells, runs)):
+            old = earlier.get(cell.key)
+            if r.state != "finished" and old is not None:
+                runs[i] = dataclasses.replace(old, row=cell.row, column=tuple(cell.column), seed=cell.seed,
+                                              epochs_expected=r.epochs_expected, metrics=[])
     spec = ex.spec
     by_cell: Dict[Tuple[str, Tuple[str, ...]], List[RunResult]] = {}
     for r in runs:

@@ -313,6 +313,11 @@ def bench_report(
                                                    show_default="the first")] = None,
     attention_images: Annotated[int, Opt("--attention-images", min=1, help="Training images to average "
                                          "over.")] = 64,
+    runs_csv: Annotated[List[Path], Opt("--runs-csv", help="The runs.csv of an earlier report (repeatable): a run "
+                                        "whose folder is not in --out (or not finished there) is taken from it by "
+                                        "its run key, without its per-epoch curve. With a grid.")] = [],  # noqa: B006
+    baseline: Annotated[Optional[str], Opt("--baseline", help="The row (init id) the differences are paired "
+                                           "against. With a grid.", show_default="the grid's")] = None,
     json_out: JsonOut = False,
 ):
     """Turn whatever runs have finished into the paper's tables (markdown, CSV, JSON) and figures.
@@ -324,23 +329,33 @@ def bench_report(
     from structinit.bench.expand import expand
     from structinit.bench.gridspec import load_grid
     from structinit.bench.output import render_report, write_report
-    from structinit.bench.report import collect, markdown, reports_for_folder
+    from structinit.bench.report import collect, markdown, read_runs_csv, reports_for_folder
     from structinit.errors import UsageError
 
+    earlier = {}
     if Path(target).expanduser().is_dir():
-        if overrides or seeds is not None or only:
-            raise UsageError("--set, --seeds and --only choose the runs of a grid; with a folder the grids recorded "
-                             "in it are reported")
+        if overrides or seeds is not None or only or runs_csv or baseline:
+            raise UsageError("--set, --seeds, --only, --runs-csv and --baseline apply to a grid; with a folder the "
+                             "grids recorded in it are reported")
         reports = reports_for_folder(Path(target).expanduser(), grid_name)
     else:
         spec = load_grid(target)
+        if baseline is not None:
+            rows = [v.id for v in spec.row_axis.values]
+            if baseline not in rows:
+                raise UsageError(f"--baseline {baseline!r} is not a row of {spec.name}; its rows are {', '.join(rows)}")
+            import dataclasses
+
+            spec = dataclasses.replace(spec, baseline=baseline)
+        for path in runs_csv:
+            earlier.update(read_runs_csv(path))
         ex = expand(spec, overrides=overrides, seeds=seeds, runs_dir=out, only=only,
                     command=_grid_command(target, out, overrides, seeds, None, only))
-        if not out.is_dir():
+        if not out.is_dir() and not earlier:
             raise UsageError(f"no runs: {out} does not exist (launch the grid with structinit bench grid {target} "
                              f"--out {out})")
-        reports = [collect(ex)]
-    if not any(r.ex.run_dir(c).is_dir() for r in reports for c in r.ex.cells):
+        reports = [collect(ex, earlier)]
+    if not earlier and not any(r.ex.run_dir(c).is_dir() for r in reports for c in r.ex.cells):
         raise UsageError(f"no runs of {target} in {reports[0].ex.runs_dir} yet; launch them with structinit bench "
                          "grid")
     att = None
