@@ -265,3 +265,76 @@ def column_arg(text: Optional[str]) -> Optional[Tuple[str, ...]]:
 __all__ = ["grid_attention", "attention_grid_figure", "initialized_model", "training_images", "AttentionEntry",
            "InspectedModel", "preset_model", "run_model",
            "shown_layers", "column_arg"]
+
+
+def fidelity_rows(entries: List[AttentionEntry]) -> List[dict]:
+    """Per init method and layer: ``{"row", "label", "layer" (1-based), "hit_rate", "target_mass",
+    "window_mass"}`` averaged over heads (``hit_rate``/``target_mass`` ``None`` without solved
+    offsets); methods without attention are left out."""
+    out = []
+    for e in entries:
+        if e.fidelity is None:
+            continue
+        for r in e.fidelity.layer_rows():
+            out.append({"row": e.row, "label": e.label, **r, "layer": r["layer"] + 1})
+    return out
+
+
+def fidelity_markdown(entries: List[AttentionEntry]) -> str:
+    """A markdown table of :func:`fidelity_rows`: one line per method, hit rate and window share per
+    layer."""
+    rows = fidelity_rows(entries)
+    if not rows:
+        return ""
+    depth = max(r["layer"] for r in rows)
+    head = ["init"] + [f"layer {i}: hit / window" for i in range(1, depth + 1)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for e in entries:
+        mine = {r["layer"]: r for r in rows if r["row"] == e.row}
+        if not mine:
+            continue
+        cells = [f"{'-' if mine[i]['hit_rate'] is None else format(mine[i]['hit_rate'], '.2f')} / "
+                 f"{mine[i]['window_mass']:.2f}" if i in mine else "" for i in range(1, depth + 1)]
+        lines.append("| " + " | ".join([e.label] + cells) + " |")
+    f0 = next(e.fidelity for e in entries if e.fidelity is not None)
+    note = (f"On {f0.images} real training images of the run at init. hit: share of query rows whose attention "
+            f"peaks on the solved offset (impulse inits; '-' for others); window: share of attention inside the "
+            f"{f0.filter}x{f0.filter} window around the query. Both averaged over heads.")
+    return note + "\n\n" + "\n".join(lines)
+
+
+def fidelity_figure(entries: List[AttentionEntry], title: str = "real-data attention fidelity at init"):
+    """Two panels against the layer: the hit rate on the solved offset (impulse inits) and the share
+    of attention in the ``f x f`` window (every init with attention), one line per method, on the
+    real images of :func:`grid_attention`."""
+    from matplotlib.figure import Figure
+
+    rows = fidelity_rows(entries)
+    shown = [e for e in entries if e.fidelity is not None]
+    if not shown:
+        raise UsageError("no init method of this grid has a model with attention layers to show")
+    fig = Figure(figsize=(10, 4.2), layout="constrained")
+    ax_hit, ax_win = fig.subplots(1, 2)
+    markers = "osD^vP*Xh"
+    for k, e in enumerate(shown):
+        mine = [r for r in rows if r["row"] == e.row]
+        layers = [r["layer"] for r in mine]
+        style = dict(marker=markers[k % len(markers)], label=e.label, color=f"C{k % 10}")
+        if all(r["hit_rate"] is not None for r in mine):
+            ax_hit.plot(layers, [r["hit_rate"] for r in mine], **style)
+        ax_win.plot(layers, [r["window_mass"] for r in mine], **style)
+    f0 = shown[0].fidelity
+    depth = f0.layers
+    for ax, what in ((ax_hit, "hit rate on the solved offset"), (ax_win, f"attention in the {f0.filter}x{f0.filter} "
+                                                                       "window")):
+        ax.set_xlabel("layer")
+        ax.set_ylabel(what)
+        ax.set_xticks(range(1, depth + 1))
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    ax_hit.set_title("impulse inits: rows whose attention peaks on the offset", fontsize=9)
+    ax_win.set_title("every init: share of attention near the query", fontsize=9)
+    ax_win.legend(fontsize=7, loc="best")
+    fig.suptitle(f"{title}\non {f0.images} real training images at init, averaged over the heads "
+                 f"({f0.grid.describe()} tokens)", fontsize=10)
+    return fig

@@ -34,11 +34,21 @@ def render_report(reports: List[GridReport], figures: bool = True, attention: Op
                 name = f"{rep.spec.name}-{kind}.png"
                 files[name] = fig
                 figs[kind] = name
+        table = ""
         if attention and rep.spec.name in attention:
+            from structinit.bench.attention import fidelity_figure, fidelity_markdown
+
             name = f"{rep.spec.name}-attention.png"
+            entries = attention[rep.spec.name][1]
             files[name] = attention[rep.spec.name][0]
             figs["attention after init"] = name
+            if any(e.fidelity is not None for e in entries):
+                files[f"{rep.spec.name}-fidelity.png"] = fidelity_figure(entries, title=rep.spec.title)
+                figs["real-data fidelity per layer"] = f"{rep.spec.name}-fidelity.png"
+                table = fidelity_markdown(entries)
         parts.append(markdown(rep, figs))
+        if table:
+            parts.append(f"### Real-data attention at init, per layer\n\n{table}\n")
     files["report.md"] = "\n".join(parts)
     files["cells.csv"] = cells_csv(reports)
     files["runs.csv"] = runs_csv(reports)
