@@ -225,6 +225,16 @@ def test_apply_layers_vproj_pe_and_method_flags(cli, tmp_path):
     assert torch.equal(msd["blocks.0.attn.proj.weight"], orig["blocks.0.attn.proj.weight"])  # vproj=false
     r = cli("apply", src, "--heads", HEADS, "--method", "mimetic", "--filter", "3", "--share")
     assert r.returncode == 2 and r.stderr == "error: --filter, --share apply to --method impulse, not mimetic\n"
+    keep = run_json(cli, "apply", src, "--heads", HEADS, "--no-mimetic-vproj", "--set-pe", "sincos",
+                    "--out", tmp_path / "k.pth")  # V/proj of the checkpoint kept; Q/K written
+    ksd = written(tmp_path / "k.pth")
+    assert keep["params"]["mimetic_vproj"] is False and keep["mimetic_vproj"] is False
+    for layer in (0, 1):
+        qkv = f"blocks.{layer}.attn.qkv.weight"
+        assert torch.equal(ksd[f"blocks.{layer}.attn.proj.weight"], orig[f"blocks.{layer}.attn.proj.weight"])
+        assert torch.equal(ksd[qkv][2 * DIM:], orig[qkv][2 * DIM:])
+        assert not torch.equal(ksd[qkv][:DIM], orig[qkv][:DIM])
+    assert keep["data_fit"]["skipped"].startswith("not run: a checkpoint holds no model")
 
 
 def test_apply_output_flags(cli, tmp_path):

@@ -49,8 +49,10 @@ def apply(
                                                   show_default=False)] = None,
     offsets: Annotated[Optional[str], typer.Option("--offsets", help="impulse: random or centre.",
                                                    show_default="random")] = None,
-    mimetic_vproj: Annotated[Optional[bool], typer.Option("--mimetic-vproj", help="impulse: also set V/proj as "
-                                                          "mimetic init does.", show_default=False)] = None,
+    mimetic_vproj: Annotated[Optional[bool], typer.Option("--mimetic-vproj/--no-mimetic-vproj", help="impulse: also "
+                                                          "set V/proj as mimetic init does (the impulse default); "
+                                                          "--no-mimetic-vproj keeps the checkpoint's V/proj.",
+                                                          show_default=True)] = None,
     fit_pe: Annotated[Optional[bool], typer.Option("--fit-pe", help="impulse: solve Q/K for the position embedding "
                                                    "the checkpoint has (e.g. a learned one) instead of the sin-cos "
                                                    "table.", show_default=False)] = None,
@@ -81,9 +83,11 @@ def apply(
 ):
     """Initialize the attention of a checkpoint (impulse, mimetic, ...) and write a new file.
 
-    Only the Q/K rows and biases of the chosen layers change (plus V/proj for mimetic or
-    --mimetic-vproj, and the position embedding with --set-pe); everything else is kept bit for
-    bit. Reports, per layer, what was replaced and the attention's hit rate and target mass,
+    Only the Q/K rows and biases of the chosen layers change (plus V/proj for mimetic and for
+    impulse unless --no-mimetic-vproj, and the position embedding with --set-pe); everything else
+    is kept bit for bit. A checkpoint has no model to run data through, so impulse's fit to real
+    inputs (the default in train) does not run here: Q/K are the plain solve, and the report says
+    so. Reports, per layer, what was replaced and the attention's hit rate and target mass,
     measured from the written weights on the checkpoint's own LayerNorm'd position embedding. A
     learned position embedding needs --set-pe sincos or --fit-pe for the impulse method.
     """
