@@ -93,7 +93,8 @@ def test_bert_impulse_round_trip_strict_reload_and_real_attention(tmp_path):
     fresh.load_state_dict(sd_out, strict=True)
     allowed = {"bert.embeddings.position_embeddings.weight"} | {
         f"bert.encoder.layer.{i}.attention.self.{w}.{p}" for i in range(LAYERS) for w in ("query", "key")
-        for p in ("weight", "bias")}
+        for p in ("weight", "bias")} | {  # mimetic V/proj, the impulse default: V and the output projection
+        f"bert.encoder.layer.{i}.attention.{w}.weight" for i in range(LAYERS) for w in ("self.value", "output.dense")}
     assert set(changed_keys(sd_in, sd_out)) == allowed
     assert all((sd_out[k] == 0).all() for k in allowed if k.endswith("bias"))  # the solve assumes no q/k bias
     assert list(sd_in) == list(sd_out) and all(sd_in[k].dtype == sd_out[k].dtype for k in sd_in)

@@ -111,7 +111,7 @@ def test_a_report_needs_runs(cli, folder):
     line = one_error(cli("bench", "report", "grid.toml", cwd=folder))
     assert line.startswith("error: no runs of grid.toml in runs yet")
     line = one_error(cli("bench", "report", "runs", "--set", "epochs=1", cwd=folder))
-    assert "--set, --seeds and --only choose the runs of a grid" in line
+    assert "--set, --seeds, --only, --runs-csv and --baseline apply to a grid" in line
     assert list((folder / "runs").iterdir()) == []
 
 

@@ -184,7 +184,8 @@ def test_printed_commands_reproduce_the_run_keys(tmp_path, cli, monkeypatch):
         r = cli(*argv[1:])
         assert r.returncode == 1 and "captured" in r.stderr
         assert seen[-1].key == cell.key, cmd["command"]
-    released = next(c for c in cmds if "recipe=released" in c["command"])
-    assert "--init-param share=true" in released["command"] and "--train-size" in released["command"]
+    plain = next(c for c in cmds if "data_fit=0" in c["command"])
+    assert "--init-param share=true" in plain["command"] and "--train-size" in plain["command"]
+    assert "--init-param mimetic_vproj=false" in plain["command"]
     assert train_command(TrainConfig(model="vit-t", init="impulse", init_params={"recipe_params": {"iters": 20}}))[
         -2:] == ["--init-param", 'recipe_params={"iters": 20}']

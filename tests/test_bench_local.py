@@ -137,7 +137,8 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_continues(tmp_path):
 
 @pytest.mark.slow
 def test_a_task_stopped_by_sigterm_resumes_from_its_checkpoint(tmp_path):
-    ex = expand(parse_grid_text(TINY, "tiny.toml", "tiny"), overrides=["epochs=10"], seeds=1, runs_dir=tmp_path)
+    # 20 epochs: the run must outlive a second task's start (seconds on a busy machine)
+    ex = expand(parse_grid_text(TINY, "tiny.toml", "tiny"), overrides=["epochs=20"], seeds=1, runs_dir=tmp_path)
     run = ex.run_dir(prepare(ex)[0])
     proc = popen("bench", "run", run, "--threads", "1", cwd=tmp_path)
     wait_for(lambda: len(epochs_of(run)) >= 2)
@@ -152,7 +153,7 @@ def test_a_task_stopped_by_sigterm_resumes_from_its_checkpoint(tmp_path):
     assert RunDir(run).state == "resumable" and run_status(run).state == "pending"
     done = structinit("bench", "run", run, "--json", cwd=tmp_path)
     assert done.returncode == 0 and json.loads(done.stdout)[0]["state"] == "finished"
-    assert json.loads((run / "final.json").read_text())["resumed_from"] == k and epochs_of(run) == list(range(1, 11))
+    assert json.loads((run / "final.json").read_text())["resumed_from"] == k and epochs_of(run) == list(range(1, 21))
     again = structinit("bench", "run", run, "--json", cwd=tmp_path)
     assert json.loads(again.stdout)[0]["state"] == "already-finished"
 

@@ -671,7 +671,8 @@ STAND_INS = {
     "structinit inspect runs/digits-imp --data digits": (
         None, "names a train run folder (tested in test_inspect_data, on a run train writes there)"),
 }
-QUICK_GRID = ["bench", "grid", "digits", "--set", "epochs=1", "--seeds", "1", "--only", "train_size=100", "--jobs", "2"]
+QUICK_GRID = ["bench", "grid", "digits", "--set", "epochs=1", "--seeds", "1", "--only", "train_size=100", "--only",
+              "init=mimetic,impulse", "--jobs", "2"]
 
 
 @pytest.mark.slow

@@ -100,7 +100,8 @@ def bench_solver(
 GRID_EXAMPLES = examples(
     'structinit bench grid --list                                   # the shipped grids and their run counts',
     'structinit bench grid digits --jobs 2                          # the digits learning curve on this machine',
-    'structinit bench grid digits --set epochs=1 --seeds 1 --only train_size=100 --jobs 2   # a quick reduced run',
+    'structinit bench grid digits --set epochs=1 --seeds 1 --only train_size=100 --only init=mimetic,impulse '
+    '--jobs 2   # a quick reduced run',
     'structinit bench grid digits --status                          # finished / running / failed / pending',
     'structinit bench grid table2 --data-dir ~/data --launcher slurm --partition gpu --gpus 1 --cpus 8 '
     '--time 12:00:00 --max-concurrent 16',
@@ -108,7 +109,8 @@ GRID_EXAMPLES = examples(
 )
 REPORT_EXAMPLES = examples(
     'structinit bench report runs                                   # every grid launched into ./runs',
-    'structinit bench report digits --set epochs=1 --seeds 1 --only train_size=100   # the runs of that expansion',
+    'structinit bench report digits --set epochs=1 --seeds 1 --only train_size=100 --only init=mimetic,impulse   '
+    '# the runs of that expansion',
     'structinit bench report runs --report-dir report --attention  # + CSV, figures, attention after init',
     'structinit bench report runs --json',
 )

@@ -278,9 +278,9 @@ class ImpulseInit(InitSpec):
             data = data[: self.data_fit_samples]
         elif self.data_fit:
             why = ("a checkpoint holds no model to run real inputs through" if t.model is None
-                   else f"no real inputs were given ({param('data')})")
+                   else "no real inputs were given (data)")
             skipped = (f"not run: {why}, so Q/K are the plain solve on the position embedding alone, whose "
-                       f"structure real inputs mostly wash out ({param('data_fit')}=0 asks for this explicitly)")
+                       "structure real inputs mostly wash out (data_fit=0 asks for this explicitly)")
         if self.pe_scale is not None:
             if t.model is None:
                 raise UsageError(f"impulse parameter {param('pe_scale')} needs a model; on a checkpoint write the "
