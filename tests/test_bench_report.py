@@ -144,6 +144,9 @@ def test_csv_json_and_the_folder_form_agree(grid_runs, tmp_path):
     by = {(r["row_id"], r["column_id"]): r for r in rows}
     assert float(by[("kaiming", "200")]["paper_delta"]) == pytest.approx(-4.5)
     assert int(by[("kaiming", "all")]["n"]) == 1 and by[("kaiming", "all")]["paper"] == ""
+    from structinit.bench.plots import _subtitle
+
+    assert _subtitle(collect(ex)) == "mini: final-epoch test accuracy, 1-2 of 2 seeds per cell"  # one run pending
     c = collect(ex).cells[("kaiming", ("200",))]
     assert float(by[("kaiming", "200")]["val_mean"]) == pytest.approx(c.val_mean, abs=1e-4)
     runs = list(csv.DictReader(io.StringIO(files["runs.csv"])))

@@ -47,7 +47,9 @@ def _by_cell(rep: GridReport) -> Dict[Tuple[str, Tuple[str, ...]], List[RunResul
 
 def _subtitle(rep: GridReport) -> str:
     n = len(rep.spec.seeds)
-    return f"{rep.spec.name}: final-epoch test accuracy, {n} seed{'s' if n > 1 else ''} per cell"
+    done = {c.n for c in rep.cells.values() if c.n}
+    count = f"{n}" if done <= {n} else f"{min(done)}-{max(done)} of {n}"
+    return f"{rep.spec.name}: final-epoch test accuracy, {count} seed{'s' if n > 1 else ''} per cell"
 
 
 def accuracy_figure(rep: GridReport):
