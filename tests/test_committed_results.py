@@ -1,0 +1,33 @@
+"""The reports committed under docs/results stay reproducible: each folder's grid (its own
+grid.toml, else the shipped grid its runs.csv names) expands to exactly the run keys of its
+runs.csv. A key is a hash of a run's whole configuration, so a changed default, a renamed
+parameter or a changed key derivation that would make the documented commands run something else
+fails here."""
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from structinit.bench.expand import expand
+from structinit.bench.gridspec import load_grid
+
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+FOLDERS = sorted(p.parent for p in RESULTS.glob("*/runs.csv"))
+
+
+def test_every_results_folder_is_checked():
+    assert {p.name for p in FOLDERS} >= {"digits", "digits-datafit", "digits-default", "mnist1d"}
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: p.name)
+def test_committed_runs_are_what_their_grid_expands_to(folder):
+    runs = list(csv.DictReader((folder / "runs.csv").open()))
+    own = folder / "grid.toml"
+    spec = load_grid(str(own) if own.exists() else runs[0]["grid"])
+    assert {r["grid"] for r in runs} == {spec.name}
+    ex = expand(spec, seeds=max(int(r["seed"]) for r in runs) + 1)
+    keys = {(c.row, ",".join(c.column), c.seed): c.key for c in ex.cells}
+    got = {(r["row_id"], r["column_id"], int(r["seed"])): r["key"] for r in runs}
+    assert got.keys() <= keys.keys()
+    assert {cell: keys[cell] for cell in got} == got
