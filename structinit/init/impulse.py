@@ -77,6 +77,11 @@ class ImpulseInit(InitSpec):
     ``data_fit=0`` pins the plain solve. The defaults (data fit + mimetic V/proj) are the setting
     chosen on the validation split of the digits learning curve; see ``docs/results``.
 
+    ``self_weight`` (default 0, off; ``0 <= self_weight < 1``): self + shift, every head's
+    ``Q_h K_h^T`` mixed with a mimetic-style identity term of this share, so that a head attends to
+    its offset and to itself (:mod:`structinit.init.self_shift`). It is mixed in after the data fit
+    and before its calibration to ``target_mass``; without a data fit, into the solve as written.
+
     The solve assumes the target's first layer sees the LayerNorm'd sin-cos table on position
     alone. A target whose position embedding is something else (a learned one) is refused unless
     ``fit_pe`` or ``pe_scale`` (or, for checkpoints, writing the table with ``set_pe``) says what to
@@ -111,10 +116,11 @@ class ImpulseInit(InitSpec):
     data_fit_lr: float = 1e-2
     data_fit_norm: float = 5.0
     data_fit_samples: int = 256
+    self_weight: float = 0.0
 
     #: Parameters added after run keys were in use: left out of :meth:`to_dict` at their defaults.
     optional_defaults = ("data_fit", "data_fit_mass", "data_fit_l2", "data_fit_lr", "data_fit_norm",
-                         "data_fit_samples")
+                         "data_fit_samples", "self_weight")
     #: ``data_fit`` was 0 (off) when run keys began to carry it: a key leaves out 0, not the default.
     legacy_defaults = {"data_fit": 0}
 
@@ -124,6 +130,9 @@ class ImpulseInit(InitSpec):
         self.check_positive("filter", "pe_scale")
         self.check_positive("tolerance", "data_fit", "data_fit_l2", allow_zero=True)
         self.check_positive("data_fit_lr", "data_fit_norm", "data_fit_samples")
+        if not 0 <= self.self_weight < 1:
+            raise UsageError(f"impulse parameter {param('self_weight')} must lie in [0, 1) (the identity term's "
+                             f"share of each head), got {self.self_weight}")
         if not 0 < self.data_fit_mass < 1:
             raise UsageError(f"impulse parameter {param('data_fit_mass')} must lie strictly between 0 and 1, "
                              f"got {self.data_fit_mass}")
@@ -269,6 +278,7 @@ class ImpulseInit(InitSpec):
         from structinit.geometry.targets import causal_mask, impulse_columns
         from structinit.init.inject import read_qk, write_qk, write_vproj
         from structinit.init.pos_embed import set_sincos_pos_embed
+        from structinit.init.self_shift import add_self_term
 
         t = target
         fit = bool(self.data_fit) and data is not None
@@ -322,6 +332,9 @@ class ImpulseInit(InitSpec):
                             f"{want:.3f}; the Q/K rows were not placed as the layout expects")
             if fit:
                 self._fit_on_data(t, slot, rq, rk, cols, mask, data)
+            elif self.self_weight:
+                write_qk(t.sd, slot, *add_self_term(rq, rk, self.self_weight))
+            if fit or self.self_weight:
                 rq, rk = read_qk(t.sd, slot, t.heads)
                 placed = measure(art.layer_input(src), rq, rk, cols, mask)
             same = own is None or np.allclose(own, art.layer_input(src), atol=1e-5)
@@ -342,7 +355,7 @@ class ImpulseInit(InitSpec):
                 "artifact": {"key": art.key, "path": str(art.path) if art.path else None, "cached": cached,
                              "config": art.config.to_dict()},
                 "mimetic_vproj": self.mimetic_vproj, "pe_scale": self.pe_scale, "fit_pe": self.fit_pe,
-                "data_fit": fitted,
+                "self_weight": self.self_weight, "data_fit": fitted,
                 "measured_on": measured_on, "layers": rows,
                 "hit_rate": float(np.mean([r["hit_rate"] for r in rows])),
                 "target_mass": float(np.mean([r["target_mass"] for r in rows]))}
@@ -355,7 +368,8 @@ class ImpulseInit(InitSpec):
         return float(recipe_params("fast", {})["target_mass"])
 
     def _fit_on_data(self, t, slot, q, k, cols, mask, data) -> None:
-        """Refine layer ``slot`` on ``data`` (see :mod:`structinit.init.data_fit`) and write it."""
+        """Refine layer ``slot`` on ``data`` (see :mod:`structinit.init.data_fit`), mix in the self
+        term (``self_weight``), calibrate and write it."""
         import torch
 
         from structinit.analysis.fidelity import attention_inputs
@@ -367,5 +381,9 @@ class ImpulseInit(InitSpec):
         visible = None if mask is None else torch.from_numpy(np.asarray(mask))
         q, k = refine_qk(x, q, k, columns, steps=self.data_fit, mass=self.data_fit_mass, l2=self.data_fit_l2,
                          lr=self.data_fit_lr, norm=self.data_fit_norm, mask=visible)
+        if self.self_weight:
+            from structinit.init.self_shift import add_self_term
+
+            q, k = add_self_term(q, k, self.self_weight)
         q, k = calibrate_on_batch(x, q, k, columns, self.calibration_mass(), visible)
         write_qk(t.sd, slot, q, k)
