@@ -400,3 +400,65 @@ def test_resuming_from_a_corrupt_checkpoint_is_one_error_line(tmp_path, cli):
     r = cli("train", "--epochs", "1", "--out", out, "--resume", "--threads", "1")
     assert r.returncode == 1 and r.stderr == (f"error: cannot read checkpoint {out / 'checkpoint.pt'}: not a torch "
                                               "checkpoint, or truncated\n")
+
+
+@pytest.mark.slow  # three short training runs (about 10 s)
+def test_the_impulse_inits_attention_on_real_inputs_is_metrics_epoch_zero(tmp_path):
+    """An impulse run writes its init's attention on real training inputs as metrics.jsonl's first
+    line (epoch 0): once, also after a resume; the readers of epoch records (RunDir, bench status
+    and bench report) skip it."""
+    from structinit.bench.expand import expand
+    from structinit.bench.gridspec import parse_grid_text
+    from structinit.bench.launch import prepare
+    from structinit.bench.report import collect
+    from structinit.bench.status import run_status
+    from structinit.bench.task import run_task
+
+    settings = dict(QUICK, init="impulse", init_params={"data_fit": 0})
+    out = tmp_path / "run"
+
+    def stop_after_one(record):
+        if record["epoch"] == 1:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(TrainConfig(epochs=2, out=str(out), **settings), on_epoch=stop_after_one)
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in lines] == [0, 1]
+    first = lines[0]["init_attention"]
+    assert first["samples"] == 256 and len(first["layers"]) == 1 and 0 <= first["hit_rate"] <= 1
+    result = train(TrainConfig(epochs=2, out=str(out), resume=True, **settings))
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in lines] == [0, 1, 2]
+    assert lines[0]["init_attention"] == result.init_report["data_attention"] == first
+    assert [r["epoch"] for r in RunDir(out).read_metrics()] == [1, 2] and result.epochs == 2
+
+    grid = parse_grid_text("""name = "one"
+title = "One impulse run"
+seeds = 1
+rows = "init"
+columns = ["train_size"]
+[settings]
+model = "vit-digits"
+dataset = "digits"
+patch = 2
+depth = 1
+dim = 32
+heads = 2
+epochs = 2
+batch_size = 32
+[[axes.init]]
+id = "impulse"
+init = "impulse"
+init_params = { data_fit = 0 }
+[[axes.train_size]]
+id = "320"
+train_size = 320
+""", "one.toml", "one")
+    ex = expand(grid, runs_dir=tmp_path / "runs")
+    (cell,) = prepare(ex)
+    assert run_task(ex.run_dir(cell), threads=1).state == "finished"
+    assert (ex.run_dir(cell) / "metrics.jsonl").read_text().startswith('{"epoch": 0, "init_attention": ')
+    assert run_status(ex.run_dir(cell)).epochs_done == 2
+    rep = collect(ex)
+    assert rep.problems() == [] and [m["epoch"] for m in rep.runs[0].metrics] == [1, 2]

@@ -205,7 +205,7 @@ def _read_metrics(path: Path) -> List[Dict[str, Any]]:
                 pass
     except OSError:
         pass
-    return rows
+    return [r for r in rows if not (isinstance(r, dict) and r.get("epoch") == 0)]  # epoch 0: the init's line
 
 
 def read_runs_csv(path: os.PathLike) -> Dict[str, RunResult]:

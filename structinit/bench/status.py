@@ -42,11 +42,15 @@ def _age(path: Path, now: float) -> Optional[float]:
         return None
 
 
+#: How ``metrics.jsonl``'s epoch-0 line (the init's, written with sorted keys) begins.
+INIT_LINE = b'{"epoch": 0,'
+
+
 def _epochs_done(run: Path) -> int:
-    """Epoch records in ``metrics.jsonl`` (counted by lines; cheap)."""
+    """Epoch records in ``metrics.jsonl`` (counted by lines, the init's epoch-0 line left out; cheap)."""
     try:
         with open(run / "metrics.jsonl", "rb") as f:
-            return sum(1 for line in f if line.strip())
+            return sum(1 for line in f if line.strip() and not line.startswith(INIT_LINE))
     except OSError:
         return 0
 

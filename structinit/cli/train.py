@@ -137,7 +137,8 @@ def train(
 ):
     """Train a model of the paper's comparison with the paper's recipe.
 
-    Writes into --out: config.json, metrics.jsonl (one line per epoch), checkpoint.pt (every
+    Writes into --out: config.json, metrics.jsonl (one line per epoch; an impulse init's attention
+    on real training inputs as epoch 0), checkpoint.pt (every
     epoch, atomically), best.pt and final.json. The headline is the final epoch's test accuracy;
     the best epoch is chosen on --val-size's validation split when there is one. Runs unchanged
     under torchrun (DDP; NCCL on GPUs, gloo on CPU); only rank 0 writes and prints.

@@ -319,6 +319,7 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
         arch = model.structinit_arch
         spec = config.init_spec()
         init_report = None
+        init_record = None  # metrics.jsonl's epoch-0 line: the init's attention on real inputs
         if spec is not None:
             from structinit.init.specs import initialize_model
 
@@ -334,6 +335,7 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
 
             if info.in_memory and init_report.get("method") in IMPULSE_METHODS:
                 init_report["data_attention"] = impulse_fidelity(model, data.train, info, init_report)
+                init_record = {"epoch": 0, "init_attention": init_report["data_attention"]}
                 say(f"impulse attention at init on {init_report['data_attention']['samples']} training inputs: "
                     f"hit rate {init_report['data_attention']['hit_rate']:.3f}, target mass "
                     f"{init_report['data_attention']['target_mass']:.3f} (on the pseudo input: "
@@ -384,7 +386,8 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
             run.write_config({"config": config.to_dict(), "key": key, "resolved": resolved,
                               "init": spec.to_dict() if spec is not None else None, "init_report": init_report,
                               "version": __version__})
-            run.write_metrics(metrics)  # the checkpoint is the truth: drop epochs it does not have
+            # the checkpoint is the truth: drop epochs it does not have (the epoch-0 line is the init's, rebuilt)
+            run.write_metrics(([init_record] if init_record else []) + metrics)
             if start_epoch < epochs:
                 run.clear_final()
         dist_.barrier(ctx)

@@ -116,7 +116,8 @@ class RunDir:
 
     # ---- metrics
     def read_metrics(self) -> List[Dict[str, Any]]:
-        """The epoch records of ``metrics.jsonl`` (a torn last line is ignored)."""
+        """The epoch records of ``metrics.jsonl``, epochs 1 on (the init's epoch-0 line and a torn
+        last line are left out)."""
         path = self.file(self.METRICS)
         rows = []
         if path.is_file():
@@ -125,7 +126,7 @@ class RunDir:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError:
                     pass
-        return rows
+        return [r for r in rows if not (isinstance(r, dict) and r.get("epoch") == 0)]
 
     def write_metrics(self, rows: List[Dict[str, Any]]) -> None:
         self._write_text(self.METRICS, "".join(json.dumps(m, sort_keys=True) + "\n" for m in rows))
