@@ -19,6 +19,7 @@ EXAMPLES = examples(
     'structinit apply mha.pt --heads 4 --grid 8x8 --in-place --json',
     'structinit apply bert.pt --heads 12 --filter 5 --set-pe sincos  # a sequence of 512 (the position table)',
     'structinit apply gpt2.pt --heads 12 --filter 3 --causal --set-pe sincos --grid 256 --out gpt2-imp.pt',
+    'structinit apply runs/digits/checkpoint.pt --out imp.pt --data digits  # + attention on real digits',
 )
 
 #: Flags that only the impulse method takes: flag -> init parameter.
@@ -76,6 +77,13 @@ def apply(
     in_place: Annotated[bool, typer.Option("--in-place", help="Replace the input atomically, keeping CKPT.bak (or "
                                            "CKPT.bak.1, ...: a backup is never overwritten).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; solve and write nothing.")] = False,
+    data: Annotated[Optional[str], typer.Option(
+        "--data", metavar="DATASET", help="Also measure the written attention on the first training inputs of "
+        "this dataset (the run's own), through the model a structinit train checkpoint describes: per layer, hit "
+        "rate and target mass on the solved offsets and the share inside the f x f window.")] = None,
+    samples: Annotated[int, typer.Option("--samples", min=1, help="--data: how many training inputs.")] = 256,
+    data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="--data: dataset folder (cifar10, cifar100, "
+                                                     "svhn), instead of the run's.", show_default=False)] = None,
     device: Device = "cpu",
     threads: Threads = None,
     cache_dir: CacheDir = None,
@@ -89,7 +97,8 @@ def apply(
     inputs (the default in train) does not run here: Q/K are the plain solve, and the report says
     so. Reports, per layer, what was replaced and the attention's hit rate and target mass,
     measured from the written weights on the checkpoint's own LayerNorm'd position embedding. A
-    learned position embedding needs --set-pe sincos or --fit-pe for the impulse method.
+    learned position embedding needs --set-pe sincos or --fit-pe for the impulse method. With
+    --data, a checkpoint written by structinit train is also measured on real inputs.
     """
     from structinit.errors import UsageError
     from structinit.geometry.grid import parse_grid
@@ -111,15 +120,49 @@ def apply(
         from structinit.init.specs import init_spec
 
         spec = init_spec(spec, **{IMPULSE_FLAGS[flag]: value for flag, value in given.items()})
+    run_config = None
+    if data is None and (samples != 256 or data_dir is not None):
+        raise UsageError("--samples and --data-dir need --data DATASET")
+    if data is not None:
+        from structinit.bench.attention import train_checkpoint_config
+        from structinit.training.datasets import dataset_info
+
+        if dry_run:
+            raise UsageError("--data measures the written weights, and --dry-run writes none")
+        dataset_info(data)  # an unknown dataset is named before anything is read
+        try:
+            run_config = train_checkpoint_config(ckpt, data_dir)
+        except UsageError as exc:
+            raise UsageError(f"--data: {exc}") from None
+        if run_config.dataset != data:
+            raise UsageError(f"{ckpt} was trained on {run_config.dataset}; --data {data} would feed it other inputs "
+                             f"(give --data {run_config.dataset})")
     with Progress(f"apply {method}", enabled=not json_out) as bar:
         report = apply_checkpoint(ckpt, spec, out=out, in_place=in_place, dry_run=dry_run, force=force,
                                   layers=layers, heads=heads, grid=parse_grid(grid=grid) if grid else None,
                                   set_pe=set_pe, pe_scale=pe_scale, seed=seed, cache_dir=cache_dir, device=device,
                                   progress=bar, log=lambda msg: bar.stage(f"apply {method}: {msg}"))
+        fid = None
+        if run_config is not None:
+            from structinit.bench.attention import applied_fidelity
+
+            bar.stage(f"apply {method}: attention on {samples} {data} training inputs")
+            fid = applied_fidelity(run_config, report["output"], report, samples)
+            report["data_attention"] = {"dataset": data, "samples": fid.images, **fid.summary(),
+                                        "layers": fid.layer_rows(), "filter": fid.filter}
     if json_out:
         emit_json(report)
         return
     typer.echo(format_report(report))
+    if fid is not None:
+        from structinit.analysis.text import fidelity_table
+
+        typer.echo(f"attention of the written weights on the first {fid.images} training inputs of {data}:")
+        typer.echo(fidelity_table(fid))
+        window = f"{fid.filter} positions" if fid.grid.ndim == 1 else f"{fid.filter}x{fid.filter} window"
+        typer.echo(("hit rate: share of queries whose strongest key is the solved offset's target; target mass: "
+                    "mean attention on that target; " if fid.hit_rate is not None else "")
+                   + f"window: share of attention inside the {window} around the query")
 
 
 def format_report(r: dict) -> str:
