@@ -670,6 +670,8 @@ STAND_INS = {
     "structinit bench run runs/3f2a9c1b7d4e --nproc 4": (None, "names a run folder of a launched grid"),
     "structinit inspect runs/digits-imp --data digits": (
         None, "names a train run folder (tested in test_inspect_data, on a run train writes there)"),
+    "structinit apply runs/digits/checkpoint.pt --out imp.pt --data digits": (
+        None, "names a train run's checkpoint (tested in test_apply_data, on a checkpoint train writes)"),
 }
 QUICK_GRID = ["bench", "grid", "digits", "--set", "epochs=1", "--seeds", "1", "--only", "train_size=100", "--only",
               "init=mimetic,impulse", "--jobs", "2"]
