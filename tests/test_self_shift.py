@@ -64,6 +64,13 @@ def test_weight_zero_keeps_the_product_and_a_weight_adds_the_identity_at_the_hea
     assert bool((got.diagonal(dim1=-2, dim2=-1).mean(-1) > a.diagonal(dim1=-2, dim2=-1).mean(-1)).all())
 
 
+@pytest.mark.parametrize("weight", [-0.01, 1.0, 1.5])
+def test_the_mix_itself_refuses_a_share_outside_zero_to_one(weight):
+    q = torch.ones(1, 4, 2)
+    with pytest.raises(ValueError, match=rf"^weight must lie in \[0, 1\), got {weight}$"):
+        add_self_term(q, q, weight)
+
+
 def self_share(model, x):
     """Mean attention of every layer's query on itself over the batch ``x``."""
     out = []
