@@ -110,10 +110,8 @@ def run_model(path, data_dir=None, cache_dir=None) -> InspectedModel:
     ``config.json`` exactly as ``train`` built it (``train`` saves no weights before the first
     epoch); for its ``checkpoint.pt`` or ``best.pt``, that file's weights (after its epoch) over
     the model rebuilt from the settings it holds. ``data_dir`` replaces the run's dataset folder."""
-    import dataclasses
     from pathlib import Path
 
-    from structinit.training.config import TrainConfig
     from structinit.training.rundir import RunDir, load_run_weights
 
     path = Path(path)
@@ -129,13 +127,7 @@ def run_model(path, data_dir=None, cache_dir=None) -> InspectedModel:
     else:
         ck = load_run_weights(path)
         settings = ck["args"]
-    try:
-        config = TrainConfig.from_dict(settings)
-    except (TypeError, UsageError) as exc:
-        raise StructinitError(f"the run settings in {path} are unreadable ({exc})") from None
-    if data_dir is not None:
-        config = dataclasses.replace(config, data_dir=str(data_dir))
-    _check_attention(config)
+    config = _run_config(settings, path, data_dir)
     model, report, info = initialized_model(config, cache_dir)
     recorded = None
     if ck is not None:
@@ -156,12 +148,18 @@ def train_checkpoint_config(path, data_dir=None):
     or ``best.pt``) holds, checked to have attention layers. Raises :class:`UsageError` for a
     checkpoint ``train`` did not write (it holds no settings to rebuild the model from).
     ``data_dir`` replaces the run's dataset folder."""
+    from structinit.training.rundir import load_run_weights
+
+    return _run_config(load_run_weights(path)["args"], path, data_dir)
+
+
+def _run_config(settings, path, data_dir=None):
+    """The checked :class:`~structinit.training.config.TrainConfig` of a run's ``settings`` (read
+    from ``path``), its dataset folder replaced by ``data_dir`` when given."""
     import dataclasses
 
     from structinit.training.config import TrainConfig
-    from structinit.training.rundir import load_run_weights
 
-    settings = load_run_weights(path)["args"]
     try:
         config = TrainConfig.from_dict(settings)
     except (TypeError, UsageError) as exc:
