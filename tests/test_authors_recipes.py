@@ -11,7 +11,7 @@ import pytest
 import torch
 from timm.models.vision_transformer import VisionTransformer  # imported once, not inside the first test
 
-from structinit.errors import UsageError
+from structinit.errors import StructinitError, UsageError
 from structinit.geometry.targets import draw_offsets
 from structinit.init.specs import init_spec, initialize, initialize_model, spec_from_dict
 from structinit.solver.algorithms import (
@@ -421,3 +421,176 @@ def test_authors_2025_as_a_solve_recipe():
     assert np.abs(art.q[0] - art.q[1]).max() > 1e-2  # fresh noise per layer
     assert art.offsets[0].tolist() == art.offsets[1].tolist() == [list(o) for o in authors_offsets(4)]
     assert 0 < estimate_memory(config) < 2 ** 27
+
+
+# --------------------------------------------------------------------------- what the reports say
+
+def vit_cls(depth=2):
+    """A tiny timm ViT with a class token (its position row must stay zero in 2024)."""
+    m = VisionTransformer(img_size=4, patch_size=1, in_chans=1, num_classes=10, embed_dim=36, depth=depth,
+                          num_heads=9, mlp_ratio=2, class_token=True, global_pool="token")
+    with torch.no_grad():
+        m.pos_embed.fill_(3.0)
+    return m
+
+
+def measured_through_the_model(model, layer, heads, offsets, prefix=1):
+    """``(hit rate, target mass)`` per head of layer ``layer`` on its LayerNorm'd position embedding's
+    grid rows (``prefix`` class-token rows dropped), with the model's own qkv Linear and its biases."""
+    pe = model.pos_embed.detach()[0, prefix:]
+    x = torch.nn.functional.layer_norm(pe, pe.shape[-1:], eps=1e-6)
+    n, dim = x.shape
+    d = dim // heads
+    qkv = model.blocks[layer].attn.qkv(x).detach().reshape(n, 3, heads, d).permute(1, 2, 0, 3)
+    attn = torch.softmax(qkv[0] @ qkv[1].transpose(-1, -2) / math.sqrt(d), dim=-1)
+    cols = torch.from_numpy(target_columns(model.patch_embed.grid_size, offsets))
+    has = cols >= 0
+    hit = (((attn.argmax(-1) == cols) & has).sum(-1) / has.sum(-1)).tolist()
+    mass = ((attn.gather(-1, cols.clamp(min=0).unsqueeze(-1)).squeeze(-1) * has).sum(-1) / has.sum(-1)).tolist()
+    return hit, mass
+
+
+COMMON = {"layout": "timm-vit", "grid": [4, 4], "dim": 36, "heads": 9, "padding": "zero", "causal": False,
+          "not_reset": ["cls_token", "pos_embed"],
+          "qk_bias": "PyTorch's default, kept (the authors' code writes the Q/K weights only)"}
+
+
+def check_layers(model, report, offsets_of):
+    for i, row in enumerate(report["layers"]):
+        assert row["layer"] == i
+        hit, mass = measured_through_the_model(model, i, 9, offsets_of(row))
+        assert row["heads"]["hit_rate"] == pytest.approx(hit, abs=1e-6)
+        assert row["heads"]["target_mass"] == pytest.approx(mass, abs=1e-5)
+        assert row["target_mass"] == pytest.approx(np.mean(mass), abs=1e-5)
+    assert report["hit_rate"] == pytest.approx(np.mean([r["hit_rate"] for r in report["layers"]]))
+    assert report["target_mass"] == pytest.approx(np.mean([r["target_mass"] for r in report["layers"]]))
+
+
+def test_2024_report_pe_and_cache_on_a_model_with_a_class_token(tmp_path):
+    from pathlib import Path
+
+    from structinit.geometry.embedding import sincos_2d
+
+    cache = tmp_path / "cache"
+    m = vit_cls()
+    report = initialize_model(m, "impulse-2024", seed=0, recipe_params={"iters": 100}, cache_dir=cache)
+    pe = m.pos_embed.detach()[0]
+    assert torch.equal(pe[0], torch.zeros(36))  # the class token's row is zeroed, the grid rows are the table
+    np.testing.assert_allclose(pe[1:].numpy(), sincos_2d((4, 4), 36), atol=1e-6)
+    assert {k: report[k] for k in COMMON} == COMMON
+    assert report["params"] == {"filter": 3, "recipe_params": {"iters": 100}}
+    assert (report["recipe"], report["shared"]) == ("released", True)
+    assert report["recipe_params"] == {"iters": 100, "lr": 1e-4, "norm_every": 100}
+    art = report["artifact"]
+    assert Path(art["path"]).parent == cache and art["key"] in Path(art["path"]).name and art["cached"] is False
+    assert art["config"]["share"] is True and art["config"]["recipe"] == "released"
+    assert report["pos_embed"] == {"key": "pos_embed", "written": "pos_embed[0, 1:17]", "kind": "sincos",
+                                   "learnable": False}
+    assert report["vproj"] == "not written (PyTorch's default from the reset)"
+    assert report["measured_on"] == ("pos_embed (sin-cos), LayerNorm'd as the model's first block does, with the "
+                                     "Q/K biases")
+    assert [r["replaced"] for r in report["layers"]] == [
+        [f"blocks.{i}.attn.qkv.weight[0:36]", f"blocks.{i}.attn.qkv.weight[36:72]"] for i in range(2)]
+    assert {"patch_embed.proj (Conv2d)", "blocks.1.attn.qkv (Linear)", "norm (LayerNorm)"} <= set(report["reset"])
+    check_layers(m, report, lambda row: [tuple(o) for o in row["offsets"]])
+    for row in report["layers"]:  # the solve's own measure, on the pseudo input without biases
+        assert set(row["solved"]) == {"hit_rate", "target_mass"} and 0 < row["solved"]["target_mass"] <= 1
+    again = initialize_model(vit_cls(), "impulse-2024", seed=0, recipe_params={"iters": 100}, cache_dir=cache)
+    assert again["artifact"]["cached"] is True and again["artifact"]["key"] == art["key"]
+
+
+def test_2024_filter_reaches_the_solve():
+    spec = init_spec("impulse-2024", filter=5)
+    config = spec.impulse_spec().solve_config((8, 8), 64, 4, 4, seed=0)
+    assert config.filter == 5
+
+
+def test_2025_report_on_a_model_with_a_class_token():
+    m = vit_cls()
+    report = initialize_model(m, "impulse-2025", seed=0)
+    assert {k: report[k] for k in COMMON} == COMMON
+    assert report["params"] == {"filter": 3} and report["artifact"] is None
+    assert (report["recipe"], report["shared"]) == ("authors-2025", False)
+    assert report["recipe_params"] == recipe_params("authors-2025")
+    assert report["pos_embed"] == {"key": "pos_embed", "written": "pos_embed = 18 x 0.02 x randn (seeded), every row",
+                                   "std": pytest.approx(float(m.pos_embed.detach().std())), "learnable": True,
+                                   "solve_layer_norm_eps": 1e-5}
+    assert report["vproj"] == {"written": True, "alpha": 0.4, "beta": 0.4, "z": "uniform in +-sqrt(3/D)"}
+    assert report["measured_on"] == ("pos_embed (18 x random), LayerNorm'd as the model's first block does, with "
+                                     "the Q/K biases")
+    check_layers(m, report, lambda row: authors_offsets(9))
+
+
+@pytest.mark.parametrize("dq, dk, fails", [(2e-6, 2e-6, False), (0.5, 0.0, True), (0.0, 0.5, True)])
+def test_2025_checks_what_it_reads_back(monkeypatch, dq, dk, fails):
+    """Q/K read back from the model that differ from the solve (a misplaced write) are an error;
+    float rounding is not."""
+    import structinit.init.inject as inject
+
+    real = inject.read_qk
+
+    def shifted(sd, slot, heads):
+        q, k = real(sd, slot, heads)
+        return q + dq, k + dk
+
+    monkeypatch.setattr(inject, "read_qk", shifted)
+    if fails:
+        with pytest.raises(StructinitError, match=r"^layer 0: the Q/K read back differ from the ones written; the "
+                                                  r"rows were not placed as the layout expects$"):
+            initialize_model(vit_cls(), "impulse-2025", seed=0)
+    else:
+        initialize_model(vit_cls(), "impulse-2025", seed=0)
+
+
+def test_2024_checks_the_written_attention_against_the_solve(monkeypatch, tmp_path):
+    import structinit.init.inject as inject
+
+    real = inject.read_qk
+    monkeypatch.setattr(inject, "read_qk", lambda sd, slot, heads: tuple(t.flip(0) for t in real(sd, slot, heads)))
+    with pytest.raises(StructinitError, match=r"^layer 0: the written weights give hit_rate .* but the solve has "
+                                              r".*; the Q/K rows were not placed as the layout expects$"):
+        initialize_model(vit_cls(), "impulse-2024", seed=0, recipe_params={"iters": 300}, cache_dir=tmp_path)
+
+
+def test_the_recipes_need_a_model_with_a_position_embedding_parameter():
+    sd = vit_cls().state_dict()
+    for method in ("impulse-2024", "impulse-2025"):
+        with pytest.raises(UsageError) as e:
+            initialize(sd, method, heads=9)
+        assert str(e.value) == (f"{method} resets every other weight to PyTorch's defaults (reset_parameters() of "
+                                "each module), so it needs the model, not a checkpoint or state dict; build the "
+                                "model and call initialize_model")
+    m = vit_cls()
+    pe = m.pos_embed.detach().clone()
+    del m.pos_embed
+    m.register_buffer("pos_embed", pe)
+    with pytest.raises(UsageError) as e:
+        initialize_model(m, "impulse-2025")
+    assert str(e.value) == ("impulse-2025 makes the position embedding learnable, but the model's pos_embed is a "
+                            "buffer or plain tensor, not an nn.Parameter")
+    m.pos_embed = None
+    with pytest.raises(UsageError) as e:
+        initialize_model(m, "impulse-2024")
+    assert "impulse-2024 writes the model's position embedding, but the model has no pos_embed tensor" in str(e.value)
+
+
+def test_2025_plans_qk_and_vproj():
+    from structinit.init.layouts import detect_layout
+
+    slot = detect_layout(vit_cls().state_dict()).slots[1]
+    assert init_spec("impulse-2025").planned(slot) == [
+        "blocks.1.attn.qkv.weight[0:36]", "blocks.1.attn.qkv.weight[36:72]", "blocks.1.attn.qkv.bias[0:36]",
+        "blocks.1.attn.qkv.bias[36:72]", "blocks.1.attn.qkv.weight[72:108]", "blocks.1.attn.proj.weight"]
+
+
+@pytest.mark.parametrize("method", ["impulse-2024", "impulse-2025"])
+def test_a_model_without_qk_biases_is_measured_without_them(method, tmp_path):
+    m = VisionTransformer(img_size=4, patch_size=1, in_chans=1, num_classes=10, embed_dim=36, depth=1, num_heads=9,
+                          mlp_ratio=2, class_token=True, global_pool="token", qkv_bias=False)
+    report = initialize_model(m, method, seed=0, cache_dir=tmp_path,
+                              **({"recipe_params": {"iters": 100}} if method == "impulse-2024" else {}))
+    row = report["layers"][0]
+    offsets = [tuple(o) for o in row["offsets"]]
+    hit, mass = measured_through_the_model(m, 0, 9, offsets)
+    assert row["heads"]["hit_rate"] == pytest.approx(hit, abs=1e-6)
+    assert row["heads"]["target_mass"] == pytest.approx(mass, abs=1e-5)
