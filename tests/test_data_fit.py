@@ -167,6 +167,58 @@ def test_calibration_reaches_the_mass_or_stops_at_the_logit_cap():
     assert logits.abs().amax(dim=(0, 2, 3)).tolist() == pytest.approx([MAX_LOGIT] * 2, rel=1e-3)
 
 
+def test_refinement_is_adam_on_the_documented_objective_under_a_causal_mask():
+    """Three steps of refine_qk equal three Adam steps, written out here, on the mean cross-entropy
+    plus ``l2 * (|Q|^2 + |K|^2) / heads`` (heads, not the model dim), under the causal mask, from Q/K
+    rescaled to ``norm`` (also from a start whose norm is below 1)."""
+    g = torch.Generator().manual_seed(5)
+    grid = Grid((6,))
+    x = torch.randn(4, 6, 8, generator=g)
+    q, k = 0.05 * torch.randn(2, 8, 4, generator=g), 0.05 * torch.randn(2, 8, 4, generator=g)
+    assert float(q[0].norm()) < 1
+    cols = torch.from_numpy(impulse_columns(grid, np.array([[0, -1], [0, -2]]))).long()
+    mask = torch.from_numpy(causal_mask(grid, True))
+    got_q, got_k = refine_qk(x, q, k, cols, steps=3, mass=0.6, l2=0.3, lr=0.05, norm=1.7, mask=mask)
+    wq = (q * (1.7 / q.norm(dim=(-2, -1), keepdim=True))).requires_grad_(True)
+    wk = (k * (1.7 / k.norm(dim=(-2, -1), keepdim=True))).requires_grad_(True)
+    opt = torch.optim.Adam([wq, wk], lr=0.05)
+    for _ in range(3):
+        loss = fit_loss(x, wq, wk, cols, 0.6, mask) + 0.3 * ((wq ** 2).sum() + (wk ** 2).sum()) / 2
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert torch.allclose(got_q, wq.detach(), atol=1e-6) and torch.allclose(got_k, wk.detach(), atol=1e-6)
+    # every query aiming at the first token is still a target to fit (column 0 is a token)
+    first = torch.zeros(2, 6, dtype=torch.long)
+    start_q, _ = refine_qk(x, q, k, first, steps=0, mass=0.6, l2=0.0, lr=0.05, norm=1.7)
+    moved_q, _ = refine_qk(x, q, k, first, steps=2, mass=0.6, l2=0.0, lr=0.05, norm=1.7)
+    assert not torch.allclose(moved_q, start_q)
+
+
+def test_calibration_counts_every_target_under_a_causal_mask_and_caps_small_logits():
+    g = torch.Generator().manual_seed(2)
+    grid = Grid((7,))
+    x = torch.randn(3, 7, 12, generator=g)
+    cols = torch.from_numpy(impulse_columns(grid, np.array([[0, 0], [0, -1]]))).long()  # head 0: itself (column 0 too)
+    mask = torch.from_numpy(causal_mask(grid, True))
+    q, k = refine_qk(x, torch.randn(2, 12, 4, generator=g), torch.randn(2, 12, 4, generator=g), cols, steps=100,
+                     mass=0.9, l2=0.0, lr=1e-1, norm=1.0, mask=mask)
+
+    def target_mass(q_, k_):
+        logits = torch.einsum("bnD,hDd->bhnd", x, q_) @ torch.einsum("bnD,hDd->bhnd", x, k_).transpose(-1, -2) / 2.0
+        p = torch.softmax(logits.masked_fill(~mask, float("-inf")), -1)
+        got = p.gather(-1, cols.clamp(min=0)[None, :, :, None].expand(3, -1, -1, 1)).squeeze(-1)
+        return [float(got[:, h][:, cols[h] >= 0].mean()) for h in range(2)]
+
+    qc, kc = calibrate_on_batch(x, q, k, cols, 0.45, mask)
+    assert target_mass(qc, kc) == pytest.approx([0.45, 0.45], abs=1e-3)
+    # weights whose logits are all below 1 still reach the cap when the mass is out of reach
+    tiny_q, tiny_k = 1e-3 * q, 1e-3 * k
+    qc, kc = calibrate_on_batch(x, tiny_q, tiny_k, cols, 0.999999, mask)
+    logits = torch.einsum("bnD,hDd->bhnd", x, qc) @ torch.einsum("bnD,hDd->bhnd", x, kc).transpose(-1, -2) / 2.0
+    assert logits.abs().amax(dim=(0, 2, 3)).tolist() == pytest.approx([MAX_LOGIT] * 2, rel=1e-3)
+
+
 @pytest.mark.parametrize("params, message", [
     ({"data_fit": -1}, "impulse parameter data_fit must be non-negative, got -1"),
     ({"data_fit_mass": 1.0}, "impulse parameter data_fit_mass must lie strictly between 0 and 1, got 1.0"),
