@@ -93,15 +93,7 @@ def np_qk_product(p, w, d, scale=7.0):
 def hit_rate_through_the_model(model, layer, heads, offsets):
     """Hit rate per head of layer ``layer``'s attention on its LayerNorm'd position embedding,
     computed with the model's own qkv Linear (biases included), as timm's attention does."""
-    pe = model.pos_embed.detach()[0]
-    x = torch.nn.functional.layer_norm(pe, pe.shape[-1:], eps=1e-6)
-    n, dim = x.shape
-    d = dim // heads
-    qkv = model.blocks[layer].attn.qkv(x).detach().reshape(n, 3, heads, d).permute(1, 2, 0, 3)
-    attn = torch.softmax(qkv[0] @ qkv[1].transpose(-1, -2) / math.sqrt(d), dim=-1)
-    cols = torch.from_numpy(target_columns(model.patch_embed.grid_size, offsets))
-    has = cols >= 0
-    return (((attn.argmax(-1) == cols) & has).sum(-1) / has.sum(-1)).tolist()
+    return measured_through_the_model(model, layer, heads, offsets, prefix=0)[0]
 
 
 def rendered(fn, *args, **kwargs):
