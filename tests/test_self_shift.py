@@ -107,7 +107,7 @@ def test_the_data_fit_calibrates_after_the_self_term(digits):
         m = vit()
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            rep = initialize_model(m, "impulse", seed=0, data=fit, data_fit=40, self_weight=w)
+            rep = initialize_model(m, "impulse", seed=0, data=fit, data_fit=20, self_weight=w)
         for row in rep["data_fit"]["layers"]:
             assert row["target_mass"] == pytest.approx(0.3, abs=0.01)
         again = data_attention_quality(m, fit, [r["offsets"] for r in rep["layers"]], Grid(rep["grid"]),

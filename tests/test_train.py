@@ -89,11 +89,12 @@ def test_digits_run_learns_and_writes_its_files(tmp_path):
 
 
 def test_impulse_init_parameters_reach_the_init_library(tmp_path):
-    cfg = dict(TINY, init="impulse", init_params={"filter": 3, "target_mass": 0.5})
+    cfg = dict(TINY, init="impulse", init_params={"filter": 3, "target_mass": 0.5, "data_fit": 5})
     result = train(TrainConfig(epochs=1, **cfg))
     report = result.init_report
     assert report["method"] == "impulse" and report["grid"] == [4, 4]
     assert report["artifact"]["config"]["params"]["target_mass"] == 0.5
+    assert report["data_fit"]["steps"] == 5
     with pytest.raises(UsageError, match="no parameter"):
         train(TrainConfig(epochs=1, **dict(TINY, init="impulse", init_params={"bogus": 1})))
 
