@@ -1,0 +1,143 @@
+"""Layout detection on state dicts built key by key: what a position embedding's rows say about the
+token grid (and, when they cannot say, why, in the error a user reads), the order of layers past 9,
+and every refusal of ``resolve_shape`` compared whole."""
+
+import pytest
+import torch
+
+from structinit.errors import UsageError
+from structinit.geometry.grid import Grid
+from structinit.init.layouts import detect_layout, resolve_shape
+
+D = 8
+
+
+def timm_vit(rows=None, cls=False, depth=2, prefix="", pos_shape=None):
+    """A timm-vit state dict of zeros: ``depth`` fused-qkv blocks, a position embedding
+    ``[1, rows, D]`` (or ``pos_shape``), a class token when ``cls``."""
+    sd = {}
+    for i in range(depth):
+        sd[f"{prefix}blocks.{i}.attn.qkv.weight"] = torch.zeros(3 * D, D)
+        sd[f"{prefix}blocks.{i}.attn.proj.weight"] = torch.zeros(D, D)
+    if rows is not None or pos_shape is not None:
+        sd[prefix + "pos_embed"] = torch.zeros(pos_shape or (1, rows, D))
+    if cls:
+        sd[prefix + "cls_token"] = torch.zeros(1, 1, D)
+    return sd
+
+
+def gpt2(positions):
+    """A one-block GPT-2 state dict (Conv1D weights ``[in, out]``) with ``positions`` rows of wpe."""
+    return {"h.0.attn.c_attn.weight": torch.zeros(D, 3 * D), "h.0.attn.c_attn.bias": torch.zeros(3 * D),
+            "h.0.attn.c_proj.weight": torch.zeros(D, D), "wpe.weight": torch.zeros(positions, D)}
+
+
+def refusal(fn, *args, **kwargs) -> str:
+    with pytest.raises(UsageError) as e:
+        fn(*args, **kwargs)
+    return e.value.render(lambda n: f"--{n}")
+
+
+@pytest.mark.parametrize("rows, cls, grid", [
+    (16, False, [4, 4]),   # a square grid, no prefix token
+    (17, True, [4, 4]),    # 16 + the class token's row
+    (1, False, [1, 1]),    # one patch: 1 is a square too
+])
+def test_a_position_embedding_that_tells_the_grid(rows, cls, grid):
+    det = detect_layout(timm_vit(rows, cls))
+    assert det.grid == Grid(grid) and det.grid_note is None
+    assert det.pos_rows == rows and det.prefix_tokens == int(cls)
+    assert resolve_shape(det, heads=2) == (Grid(grid), 2)
+
+
+@pytest.mark.parametrize("sd, note", [
+    (timm_vit(10), "its position embedding has 10 rows, which is not a square grid"),
+    (timm_vit(11, cls=True), "its position embedding has 11 rows for 1 prefix token(s) and a grid, which is not "
+                             "square"),
+    (timm_vit(16, cls=True), "its position embedding has 16 rows and it has 1 prefix token(s): a 4x4 grid whose "
+                             "prefix tokens have no position (timm's no_embed_class), or 15 tokens after the prefix "
+                             "rows (e.g. a non-square grid)"),
+    (timm_vit(1, cls=True), "its position embedding has 1 rows and it has 1 prefix token(s): a 1x1 grid whose prefix "
+                            "tokens have no position (timm's no_embed_class), or 0 tokens after the prefix rows (e.g. "
+                            "a non-square grid)"),
+    (timm_vit(pos_shape=(16, D)), "its position embedding has shape [16, 8]"),
+    (timm_vit(pos_shape=(1, 16, 2 * D)), "its position embedding has shape [1, 16, 16]"),
+])
+def test_a_position_embedding_that_cannot_tell_says_why_in_the_refusal(sd, note):
+    det = detect_layout(sd)
+    assert det.grid is None and det.grid_note == note
+    assert refusal(resolve_shape, det, heads=2) == (f"the timm-vit checkpoint does not tell its token grid ({note}); "
+                                                   "give it with --grid (HxW, or L for a sequence)")
+    assert resolve_shape(det, heads=2, need_grid=False) == (None, 2)
+
+
+def test_without_a_position_embedding_the_refusal_has_no_reason_to_give():
+    det = detect_layout(torch.nn.MultiheadAttention(D, 2).state_dict())
+    assert det.layout.name == "torch-mha" and det.grid is None and det.grid_note is None
+    assert refusal(resolve_shape, det, 2) == ("the torch-mha checkpoint does not tell its token grid; give it with "
+                                              "--grid (HxW, or L for a sequence)")
+    assert refusal(resolve_shape, det, 2, None, True) == refusal(resolve_shape, det, 2)  # need_grid defaults to True
+
+
+def test_a_given_grid_must_account_for_the_position_rows():
+    with_cls = detect_layout(timm_vit(17, cls=True))
+    assert refusal(resolve_shape, with_cls, 2, Grid((3, 3))) == (
+        "--grid 3x3 has 9 tokens but the checkpoint's position embedding has 17 rows (1 of them prefix tokens)")
+    plain = detect_layout(timm_vit(16))
+    assert refusal(resolve_shape, plain, 2, Grid((3, 3))) == (
+        "--grid 3x3 has 9 tokens but the checkpoint's position embedding has 16 rows")
+    # all the rows (a no_embed_class model's would be the grid's alone), or all but the prefix rows
+    assert resolve_shape(detect_layout(timm_vit(16, cls=True)), 2, Grid((4, 4))) == (Grid((4, 4)), 2)
+    assert resolve_shape(with_cls, 2, Grid((4, 4))) == (Grid((4, 4)), 2)
+
+
+def test_heads_the_checkpoint_tells_are_used_and_held_to():
+    det = detect_layout(timm_vit(16))
+    assert refusal(resolve_shape, det) == ("the timm-vit checkpoint does not tell its number of heads; give it with "
+                                           "--heads (it must divide dim 8)")
+    det.heads = 2  # what a config.json, a timm arch or a structinit train checkpoint tells
+    assert resolve_shape(det) == (Grid((4, 4)), 2)
+    assert resolve_shape(det, heads=2) == (Grid((4, 4)), 2)
+    assert refusal(resolve_shape, det, heads=4) == "--heads 4 contradicts the checkpoint, which has 2 heads"
+    det.heads = None
+    assert refusal(resolve_shape, det, heads=3) == "--heads 3 does not divide the checkpoint's dim 8"
+
+
+def test_a_sequence_models_length_is_its_position_table():
+    det = detect_layout(gpt2(32))
+    assert det.layout.name == "hf-gpt2" and det.grid == Grid((32,)) and det.pos_key == "wpe.weight"
+    assert resolve_shape(det, 2) == (Grid((32,)), 2)
+    assert resolve_shape(det, 2, Grid((20,))) == (Grid((20,)), 2)  # a shorter sequence is fine
+    assert refusal(resolve_shape, det, 2, Grid((40,))) == (
+        "--grid 40 is longer than the checkpoint's position embedding (32 positions)")
+    assert refusal(resolve_shape, det, 2, Grid((4, 8))) == (
+        "the hf-gpt2 checkpoint is a sequence model; give --grid as a length L, not the image grid 4x8")
+    assert detect_layout(gpt2(1)).grid == Grid((1,))
+    empty = detect_layout(gpt2(0))
+    assert empty.grid is None and empty.pos_key is None
+    assert refusal(resolve_shape, empty, 2) == ("the hf-gpt2 checkpoint has no position embedding to tell its "
+                                                "sequence length; give it with --grid L")
+
+
+def test_layers_past_nine_keep_their_numeric_order():
+    """nn.MultiheadAttention keys carry no layer group, so the layers are sorted by their names:
+    ``layers.10`` after ``layers.9``, not after ``layers.1``."""
+    enc = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(D, 2, dim_feedforward=16), 12,
+                                      enable_nested_tensor=False)
+    sd = dict(reversed(list(enc.state_dict().items())))  # the file's order must not matter
+    det = detect_layout(sd)
+    assert det.layout.name == "torch-mha" and det.depth == 12
+    assert [s.block for s in det.slots] == [f"layers.{i}.self_attn." for i in range(12)]
+    assert [s.index for s in det.slots] == list(range(12))
+    timm12 = detect_layout(dict(reversed(list(timm_vit(16, depth=12).items()))))
+    assert [s.block for s in timm12.slots] == [f"blocks.{i}." for i in range(12)]
+
+
+def test_the_summary_names_what_was_found():
+    det = detect_layout(timm_vit(17, cls=True, prefix="module."))
+    assert det.summary() == {"layout": "timm-vit", "description": "timm VisionTransformer (fused qkv)",
+                             "prefix": "module.", "dim": D, "heads": None, "depth": 2, "grid": [4, 4],
+                             "prefix_tokens": 1, "pos_embed": "module.pos_embed"}
+    det.heads = 2
+    assert det.summary()["heads"] == 2
+    assert detect_layout(timm_vit(10)).summary()["grid"] is None
