@@ -12,9 +12,9 @@ from structinit.init.layouts import detect_layout, resolve_shape
 D = 8
 
 
-def timm_vit(rows=None, cls=False, depth=2, prefix="", pos_shape=None):
+def timm_vit(rows=None, cls=False, depth=2, prefix="", pos_shape=None, registers=0):
     """A timm-vit state dict of zeros: ``depth`` fused-qkv blocks, a position embedding
-    ``[1, rows, D]`` (or ``pos_shape``), a class token when ``cls``."""
+    ``[1, rows, D]`` (or ``pos_shape``), a class token when ``cls``, ``registers`` register tokens."""
     sd = {}
     for i in range(depth):
         sd[f"{prefix}blocks.{i}.attn.qkv.weight"] = torch.zeros(3 * D, D)
@@ -23,6 +23,8 @@ def timm_vit(rows=None, cls=False, depth=2, prefix="", pos_shape=None):
         sd[prefix + "pos_embed"] = torch.zeros(pos_shape or (1, rows, D))
     if cls:
         sd[prefix + "cls_token"] = torch.zeros(1, 1, D)
+    if registers:
+        sd[prefix + "reg_token"] = torch.zeros(1, registers, D)
     return sd
 
 
@@ -41,12 +43,14 @@ def refusal(fn, *args, **kwargs) -> str:
 @pytest.mark.parametrize("rows, cls, grid", [
     (16, False, [4, 4]),   # a square grid, no prefix token
     (17, True, [4, 4]),    # 16 + the class token's row
+    (21, True, [4, 4]),    # ... + four register tokens' rows (below)
     (1, False, [1, 1]),    # one patch: 1 is a square too
 ])
 def test_a_position_embedding_that_tells_the_grid(rows, cls, grid):
-    det = detect_layout(timm_vit(rows, cls))
+    registers = rows - 17 if rows > 17 else 0
+    det = detect_layout(timm_vit(rows, cls, registers=registers))
     assert det.grid == Grid(grid) and det.grid_note is None
-    assert det.pos_rows == rows and det.prefix_tokens == int(cls)
+    assert det.pos_rows == rows and det.prefix_tokens == int(cls) + registers
     assert resolve_shape(det, heads=2) == (Grid(grid), 2)
 
 
@@ -60,6 +64,8 @@ def test_a_position_embedding_that_tells_the_grid(rows, cls, grid):
     (timm_vit(1, cls=True), "its position embedding has 1 rows and it has 1 prefix token(s): a 1x1 grid whose prefix "
                             "tokens have no position (timm's no_embed_class), or 0 tokens after the prefix rows (e.g. "
                             "a non-square grid)"),
+    (timm_vit(2, cls=True, registers=1), "its position embedding has 2 rows for 2 prefix token(s) and a grid, "
+                                         "which is not square"),  # no rows left for a grid: not a 0x0 one
     (timm_vit(pos_shape=(16, D)), "its position embedding has shape [16, 8]"),
     (timm_vit(pos_shape=(1, 16, 2 * D)), "its position embedding has shape [1, 16, 16]"),
 ])
