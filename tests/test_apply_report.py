@@ -1,0 +1,197 @@
+"""apply_checkpoint's report and refusals, field by field and message by message: the plan a dry run
+returns, the stages it logs, every refusal of a bad output name or position-embedding setting
+compared whole, and the in-place and exclusive writes when the file changes under it."""
+
+import errno
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from structinit.errors import StructinitError
+from structinit.init.apply import apply_checkpoint
+
+DIM, HEADS = 16, 2
+PLAIN = dict(heads=HEADS, data_fit=0)  # the impulse init without a fit to real inputs (a file has none)
+
+
+def digest(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def vit_sd(rows=16, cls=False, learned=False):
+    """A timm ViT's state dict (dim 16, 2 heads, 2 blocks) with a sin-cos position embedding for a
+    4x4 grid (a learned-looking one with ``learned``), ``rows`` rows, a class token with ``cls``."""
+    import timm
+
+    from structinit.init.pos_embed import write_sincos
+
+    torch.manual_seed(0)
+    m = timm.create_model("vit_tiny_patch16_224", img_size=8, patch_size=2, embed_dim=DIM, depth=2, num_heads=HEADS,
+                          class_token=cls, global_pool="token" if cls else "avg", num_classes=3)
+    sd = m.state_dict()
+    if rows != sd["pos_embed"].shape[1]:
+        sd["pos_embed"] = torch.zeros(1, rows, DIM)
+    if not learned and rows == 16 + int(cls):
+        write_sincos(sd["pos_embed"], (4, 4))
+    return sd
+
+
+def refusal(path, **kwargs) -> str:
+    with pytest.raises(StructinitError) as e:
+        apply_checkpoint(path, **kwargs)
+    return e.value.render(lambda n: f"--{n.replace('_', '-')}")
+
+
+@pytest.fixture
+def src(tmp_path):
+    path = tmp_path / "vit.pth"
+    torch.save({"model": vit_sd(), "epoch": 3}, path)
+    return path
+
+
+def test_a_dry_run_plan_is_the_files_shape_and_the_settings(src):
+    plan = apply_checkpoint(src, dry_run=True, **PLAIN)
+    assert plan["output"] == str(src.with_name("vit.impulse.pth")) and plan["input"] == str(src)
+    assert (plan["in_place"], plan["backup"], plan["dry_run"]) == (False, None, True)
+    assert (plan["format"], plan["output_format"], plan["state_dicts"]) == ("torch", "torch", ["model"])
+    assert (plan["layout"], plan["prefix"], plan["dim"], plan["heads"], plan["depth"]) == ("timm-vit", "", DIM, 2, 2)
+    assert (plan["grid"], plan["prefix_tokens"], plan["pos_embed"]) == ([4, 4], 0, "pos_embed")
+    assert (plan["method"], plan["seed"], plan["set_pe"], plan["pe_scale"]) == ("impulse", 0, None, None)
+    assert plan["pos_embed_kind"] == "sincos" and plan["hints"] == {}
+    assert [r["layer"] for r in plan["layers"]] == [0, 1] and "pos_embed_replaced" not in plan
+    assert not src.with_name("vit.impulse.pth").exists()
+    scaled = apply_checkpoint(src, dry_run=True, set_pe="sincos", **PLAIN)
+    assert (scaled["set_pe"], scaled["pe_scale"], scaled["pos_embed_replaced"]) == ("sincos", 1.0, "pos_embed")
+    assert apply_checkpoint(src, dry_run=True, set_pe="sincos", pe_scale=0.5, **PLAIN)["pe_scale"] == 0.5
+    bare = src.with_name("bare.pth")
+    torch.save(vit_sd(), bare)
+    tensors = apply_checkpoint(bare, dry_run=True, out=src.with_name("v.safetensors"), spec="mimetic", heads=HEADS)
+    assert (tensors["format"], tensors["output_format"]) == ("torch", "safetensors")
+
+
+def test_a_learned_embedding_is_refused_by_the_dry_run_already(tmp_path):
+    path = tmp_path / "learned.pth"
+    torch.save(vit_sd(learned=True), path)
+    msg = refusal(path, dry_run=True, **PLAIN)
+    assert "learned" in msg and "--set-pe" in msg
+    assert apply_checkpoint(path, dry_run=True, set_pe="sincos", **PLAIN)["pos_embed_kind"] == "other"
+
+
+def test_the_log_names_each_stage_and_each_copy_of_the_model(tmp_path):
+    path = tmp_path / "ema.pth"
+    torch.save({"state_dict": vit_sd(), "state_dict_ema": vit_sd()}, path)
+    said = []
+    rep = apply_checkpoint(path, log=said.append, **PLAIN)
+    out = path.with_name("ema.impulse.pth")
+    assert said == ["solving", "writing state_dict (1/2)", "writing state_dict_ema (2/2)", f"writing {out}"]
+    said.clear()
+    apply_checkpoint(path, out=tmp_path / "again.pth", artifact=rep["artifact"]["path"], log=said.append, **PLAIN)
+    assert said == ["reading the artifact", "writing state_dict (1/2)", "writing state_dict_ema (2/2)",
+                    f"writing {tmp_path / 'again.pth'}"]
+    said.clear()
+    apply_checkpoint(path, out=tmp_path / "m.pth", spec="mimetic", heads=HEADS, log=said.append)
+    assert said[0] == "writing state_dict (1/2)"  # nothing to solve
+
+
+def test_output_names_that_are_refused(src, tmp_path):
+    (tmp_path / "folder").mkdir()
+    assert refusal(src, out=tmp_path / "folder", **PLAIN) == f"--out {tmp_path / 'folder'} is a folder; give a file name"
+    assert refusal(src, out=src, **PLAIN) == (f"--out {src} is the input file; use --in-place to replace it (a backup "
+                                              "is kept)")
+    os.link(src, tmp_path / "hard.pth")  # the same file under another name
+    assert refusal(src, out=tmp_path / "hard.pth", force=True, **PLAIN) == (
+        f"--out {tmp_path / 'hard.pth'} is the input file; use --in-place to replace it (a backup is kept)")
+    missing = tmp_path / "no" / "x.pth"
+    assert refusal(src, out=missing, **PLAIN) == f"--out {missing}: folder {missing.parent} does not exist"
+    apply_checkpoint(src, **PLAIN)
+    default = src.with_name("vit.impulse.pth")
+    assert refusal(src, **PLAIN) == (f"{default} already exists (the default output name; choose another with --out); "
+                                     "pass --force to replace it")
+    assert refusal(src, out=default, **PLAIN) == f"{default} already exists; pass --force to replace it"
+    os.mkfifo(tmp_path / "pipe.pth")
+    assert refusal(src, out=tmp_path / "pipe.pth", force=True, **PLAIN) == (
+        f"--out {tmp_path / 'pipe.pth'} exists and is not a regular file")
+    # an input that is missing is refused as missing, whatever the output
+    gone = tmp_path / "gone.pth"
+    msg = refusal(gone, out=default, force=True, **PLAIN)
+    assert msg == f"{gone}: no such file"
+
+
+@pytest.mark.parametrize("scale", [0, -1.0, float("inf"), float("nan"), True, "2"])
+def test_bad_pe_scales_are_refused_by_name(src, scale):
+    assert refusal(src, set_pe="sincos", pe_scale=scale, **PLAIN) == (
+        f"--pe-scale must be a positive finite number, got {scale!r}")
+
+
+def test_position_embedding_settings_that_are_refused(src, tmp_path):
+    assert refusal(src, set_pe="learned", **PLAIN) == "--set-pe must be one of sincos, got 'learned'"
+    assert refusal(src, pe_scale=2.0, **PLAIN) == ("--pe-scale scales the embedding --set-pe writes; give set_pe "
+                                                   "too")
+    mha = tmp_path / "mha.pt"
+    torch.save(torch.nn.MultiheadAttention(DIM, HEADS).state_dict(), mha)
+    assert refusal(mha, set_pe="sincos", grid=(4, 4), **PLAIN) == (
+        "--set-pe: the torch-mha checkpoint has no position embedding")
+    with_extra = refusal(src, out=tmp_path / "v.safetensors", **PLAIN)
+    assert with_extra == (f"{tmp_path / 'v.safetensors'}: a .safetensors file holds a flat map of tensors, and this "
+                          "checkpoint also holds model, epoch; choose a .pt/.pth output name (or extract the state dict "
+                          "first)")
+    assert not (tmp_path / "v.safetensors").exists()
+
+
+def test_a_method_that_needs_no_grid_applies_where_the_file_cannot_tell_it(tmp_path):
+    path = tmp_path / "odd.pth"
+    torch.save(vit_sd(rows=10), path)  # 10 rows: no square grid
+    rep = apply_checkpoint(path, spec="mimetic", heads=HEADS)
+    assert rep["written"] and rep["grid"] is None and [r["layer"] for r in rep["layers"]] == [0, 1]
+    assert refusal(path, spec="mimetic", heads=HEADS, set_pe="sincos", out=tmp_path / "s.pth") == (
+        "the timm-vit checkpoint does not tell its token grid (its position embedding has 10 rows, which is not a "
+        "square grid); give it with --grid (HxW, or L for a sequence)")
+
+
+def test_an_output_another_writer_creates_meanwhile_is_not_replaced(src, tmp_path):
+    out = tmp_path / "race.pth"
+
+    def other_writer(message):
+        if message == f"writing {out}":
+            out.write_bytes(b"theirs")
+
+    msg = refusal(src, out=out, log=other_writer, **PLAIN)
+    assert msg == f"{out} appeared while this was being written (another process?); it was not replaced, and nothing " \
+                  "was written"
+    assert out.read_bytes() == b"theirs"
+    apply_checkpoint(src, out=out, force=True, **PLAIN)  # asked to replace: replaced
+    assert out.read_bytes() != b"theirs"
+
+
+def test_an_input_that_changes_in_place_is_not_replaced(src, tmp_path):
+    def editor(message):
+        if message == "solving":
+            torch.save({"model": vit_sd(), "epoch": 4}, src)  # someone saves over it meanwhile
+
+    msg = refusal(src, in_place=True, log=editor, **PLAIN)
+    assert msg == f"{src} changed while it was being initialized (another process?); it was not replaced"
+    assert torch.load(src, weights_only=True)["epoch"] == 4
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["vit.pth"]  # no backup either
+
+
+def test_a_backup_that_cannot_be_kept_stops_the_in_place_write(src, tmp_path, monkeypatch):
+    import structinit.atomic
+
+    def no_space(path):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(structinit.atomic, "claim_backup", no_space)
+    before = digest(src)
+    msg = refusal(src, in_place=True, **PLAIN)
+    assert msg == f"cannot keep a backup of {src}: No space left on device; the input was not replaced"
+    assert digest(src) == before and sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["vit.pth"]
+
+
+def test_in_place_reports_its_backup(src):
+    before = digest(src)
+    rep = apply_checkpoint(src, in_place=True, **PLAIN)
+    assert rep["in_place"] and rep["output"] == str(src.resolve()) and rep["backup"] == str(src) + ".bak"
+    assert digest(rep["backup"]) == before and digest(src) != before
