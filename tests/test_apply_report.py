@@ -94,11 +94,67 @@ def test_the_log_names_each_stage_and_each_copy_of_the_model(tmp_path):
     said.clear()
     apply_checkpoint(path, out=tmp_path / "m.pth", spec="mimetic", heads=HEADS, log=said.append)
     assert said[0] == "writing state_dict (1/2)"  # nothing to solve
+    said.clear()
+    apply_checkpoint(src_of_one(tmp_path), log=said.append, **PLAIN)
+    assert said == ["solving", "writing model", f"writing {tmp_path / 'one.impulse.pth'}"]  # one copy: no count
+
+
+def src_of_one(tmp_path):
+    path = tmp_path / "one.pth"
+    torch.save({"model": vit_sd()}, path)
+    return path
+
+
+def test_progress_follows_the_solve_then_each_copys_layers(tmp_path):
+    path = tmp_path / "ema.pth"
+    torch.save({"state_dict": vit_sd(), "state_dict_ema": vit_sd()}, path)
+    events = []
+    apply_checkpoint(path, log=events.append, progress=lambda done, total: events.append((done, total)), **PLAIN)
+    first, second = events.index("writing state_dict (1/2)"), events.index("writing state_dict_ema (2/2)")
+    solve = events[1:first]
+    assert events[0] == "solving" and len(solve) > 2 and all(isinstance(e, tuple) for e in solve)
+    total = solve[-1][1]
+    assert solve[-1] == (total, total) and {t for _, t in solve} == {total}
+    assert events[first + 1:second] == [(1, 2), (2, 2)] and events[second + 1:-1] == [(1, 2), (2, 2)]
+
+
+def test_a_copy_of_the_model_gets_the_first_copys_weights_whatever_its_embedding(tmp_path):
+    """An EMA copy lags the model: its position embedding need not be the sin-cos table the first
+    copy was checked against, and it is not checked again; it gets the same Q/K."""
+    ema = vit_sd()
+    ema["pos_embed"] = ema["pos_embed"] + 0.05 * torch.randn_like(ema["pos_embed"])
+    path = tmp_path / "ema.pth"
+    torch.save({"state_dict": vit_sd(), "state_dict_ema": ema}, path)
+    rep = apply_checkpoint(path, **PLAIN)
+    out = torch.load(rep["output"], weights_only=True)
+    for layer in range(2):
+        key = f"blocks.{layer}.attn.qkv.weight"
+        assert torch.equal(out["state_dict"][key][:2 * DIM], out["state_dict_ema"][key][:2 * DIM])
+        assert not torch.equal(out["state_dict"][key][:2 * DIM], vit_sd()[key][:2 * DIM])
+    assert torch.equal(out["state_dict_ema"]["pos_embed"], ema["pos_embed"])
+
+
+def test_the_seed_reaches_a_random_init(tmp_path):
+    path = src_of_one(tmp_path)
+    written = {}
+    for seed, name in ((1, "a.pth"), (1, "b.pth"), (2, "c.pth")):
+        rep = apply_checkpoint(path, spec="trunc-normal", heads=HEADS, seed=seed, out=tmp_path / name)
+        assert rep["seed"] == seed
+        written[name] = torch.load(tmp_path / name, weights_only=True)["model"]["blocks.0.attn.qkv.weight"]
+    assert torch.equal(written["a.pth"], written["b.pth"]) and not torch.equal(written["a.pth"], written["c.pth"])
+
+
+def test_a_grid_given_for_a_file_that_has_none_is_the_plans(tmp_path):
+    mha = tmp_path / "mha.pt"
+    torch.save(torch.nn.MultiheadAttention(DIM, HEADS).state_dict(), mha)
+    plan = apply_checkpoint(mha, grid=(4, 4), dry_run=True, **PLAIN)
+    assert plan["grid"] == [4, 4] and plan["pos_embed"] is None and plan["pos_embed_kind"] is None
 
 
 def test_output_names_that_are_refused(src, tmp_path):
     (tmp_path / "folder").mkdir()
-    assert refusal(src, out=tmp_path / "folder", **PLAIN) == f"--out {tmp_path / 'folder'} is a folder; give a file name"
+    folder = tmp_path / "folder"
+    assert refusal(src, out=folder, **PLAIN) == f"--out {folder} is a folder; give a file name"
     assert refusal(src, out=src, **PLAIN) == (f"--out {src} is the input file; use --in-place to replace it (a backup "
                                               "is kept)")
     os.link(src, tmp_path / "hard.pth")  # the same file under another name
@@ -136,8 +192,8 @@ def test_position_embedding_settings_that_are_refused(src, tmp_path):
         "--set-pe: the torch-mha checkpoint has no position embedding")
     with_extra = refusal(src, out=tmp_path / "v.safetensors", **PLAIN)
     assert with_extra == (f"{tmp_path / 'v.safetensors'}: a .safetensors file holds a flat map of tensors, and this "
-                          "checkpoint also holds model, epoch; choose a .pt/.pth output name (or extract the state dict "
-                          "first)")
+                          "checkpoint also holds model, epoch; choose a .pt/.pth output name (or extract the state "
+                          "dict first)")
     assert not (tmp_path / "v.safetensors").exists()
 
 
