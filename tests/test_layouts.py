@@ -5,7 +5,7 @@ and every refusal of ``resolve_shape`` compared whole."""
 import pytest
 import torch
 
-from structinit.errors import UsageError
+from structinit.errors import StructinitError, UsageError
 from structinit.geometry.grid import Grid
 from structinit.init.layouts import detect_layout, resolve_shape
 
@@ -147,3 +147,25 @@ def test_the_summary_names_what_was_found():
     det.heads = 2
     assert det.summary()["heads"] == 2
     assert detect_layout(timm_vit(10)).summary()["grid"] is None
+
+
+def failure(sd) -> str:
+    with pytest.raises(StructinitError) as e:
+        detect_layout(sd)
+    return str(e.value)
+
+
+def test_state_dicts_that_are_not_one_model_are_refused_whole():
+    two = {**timm_vit(16, prefix="student."), **timm_vit(16, prefix="teacher.")}
+    assert failure(two) == ("the checkpoint holds several timm-vit models (key prefixes ['student.', 'teacher.']); "
+                            "extract one state dict first")
+    gap = timm_vit(16, depth=3)
+    for name in [k for k in gap if k.startswith("blocks.1.")]:
+        gap[name.replace("blocks.1.", "blocks.3.")] = gap.pop(name)
+    assert failure(gap) == "timm-vit: attention layers [0, 2, 3] are not numbered 0..2"
+    narrow = timm_vit(16)
+    narrow["blocks.1.attn.qkv.weight"] = torch.zeros(2 * D, D)
+    assert failure(narrow) == "blocks.1.attn.qkv.weight: shape [16, 8] does not fit dim 8 (q)"
+    short_bias = timm_vit(16)
+    short_bias["blocks.0.attn.qkv.bias"] = torch.zeros(D)
+    assert failure(short_bias) == "blocks.0.attn.qkv.bias: shape [8] does not fit dim 8 (q bias)"
