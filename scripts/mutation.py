@@ -251,15 +251,29 @@ def summarize(modules: Optional[List[str]] = None) -> Tuple[List[dict], Dict[str
     return rows, eq, notes
 
 
-def table(rows: List[dict], markdown: bool) -> str:
-    head = ["module", "mutants", "killed", "killed slow", "survived", "equivalent", "unjudged", "not run", "score"]
+HEAD = ["module", "mutants", "killed", "killed slow", "survived", "equivalent", "unjudged", "not run", "score"]
+
+
+def table(rows: List[dict], markdown: bool, measured: Optional[Dict[str, str]] = None,
+          kept: Optional[Dict[str, List[str]]] = None) -> str:
+    """The per-module table; in markdown with a ``measured`` date column (``measured[module]``)
+    and, for a module none of whose mutants has a result now, the row ``kept[module]`` from the
+    table already in the docs (so a pass over some modules does not wipe the others' scores)."""
+    head = list(HEAD)
     def cell(r, k):
         if k == "score":
             return "-" if r[k] is None else f"{100 * r[k]:.1f}% ({r['killed']}/{r['mutants'] - r['equivalent']})"
         return str(r[k])
-    body = [[cell(r, k) for k in head] + ([r["note"]] if markdown else []) for r in rows]
+    body = []
+    for r in rows:
+        if markdown and kept and r["module"] in kept and r["not run"] == r["mutants"]:
+            body.append(kept[r["module"]])
+            continue
+        cells = [cell(r, k) for k in head]
+        body.append(cells[:1] + [(measured or {}).get(r["module"], "")] + cells[1:] + [r["note"]] if markdown
+                    else cells)
     if markdown:
-        head = head + ["note"]
+        head = head[:1] + ["measured"] + head[1:] + ["note"]
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(b) + " |" for b in body]
         return "\n".join(lines)
@@ -269,19 +283,41 @@ def table(rows: List[dict], markdown: bool) -> str:
     return "\n".join(lines)
 
 
+def rows_in_docs(doc: str) -> Dict[str, List[str]]:
+    """The rows of the table between the markers in docs/testing.md, by module, as cells in the
+    current column order (a row of the older table without a ``measured`` column gets the date
+    its block says it was measured)."""
+    if DOCS_BEGIN not in doc:
+        return {}
+    block = doc[doc.index(DOCS_BEGIN):doc.index(DOCS_END)]
+    date = re.search(r"Measured (\d{4}-\d{2}-\d{2})", block)
+    out = {}
+    for line in block.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not cells or not cells[0].startswith("structinit."):
+            continue
+        if len(cells) == len(HEAD) + 1:  # no measured column
+            cells = cells[:1] + [date.group(1) if date else ""] + cells[1:]
+        out[cells[0]] = cells
+    return out
+
+
 def cmd_summary(args) -> int:
     modules = [normalize_module(m) for m in args.modules] or None
     rows, eq, _ = summarize(modules)
     if args.json:
         print(json.dumps({"modules": rows, "equivalent": {m: j["reason"] for m, j in sorted(eq.items())}}, indent=2))
         return 0
-    text = table(rows, args.markdown or args.write_docs)
+    doc = DOCS.read_text() if DOCS.exists() else ""
+    kept = rows_in_docs(doc)
+    today = datetime.date.today().isoformat()
+    measured = {r["module"]: today for r in rows}
+    text = table(rows, args.markdown or args.write_docs, measured, kept)
     if args.write_docs:
-        today = datetime.date.today().isoformat()
-        block = (f"{DOCS_BEGIN}\nMeasured {today} with `python scripts/mutation.py run MODULE...` "
-                 f"(mutmut {_mutmut_version()}, the fast tier), summarized by `python scripts/mutation.py summary "
-                 f"--write-docs`. Score: killed / (mutants - equivalent).\n\n{text}\n{DOCS_END}")
-        doc = DOCS.read_text()
+        block = (f"{DOCS_BEGIN}\nWith `python scripts/mutation.py run MODULE...` (mutmut {_mutmut_version()}, the "
+                 "fast tier), summarized by `python scripts/mutation.py summary --write-docs`, which rewrites the "
+                 "rows of the modules that have results now and keeps the others as they were measured. Score: "
+                 f"killed / (mutants - equivalent).\n\n{text}\n{DOCS_END}")
         if DOCS_BEGIN in doc:
             doc = doc[:doc.index(DOCS_BEGIN)] + block + doc[doc.index(DOCS_END) + len(DOCS_END):]
         else:
