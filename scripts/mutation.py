@@ -267,7 +267,7 @@ def table(rows: List[dict], markdown: bool, measured: Optional[Dict[str, str]] =
     body = []
     for r in rows:
         if markdown and kept and r["module"] in kept and r["not run"] == r["mutants"]:
-            body.append(kept[r["module"]])
+            body.append(kept[r["module"]][:-1] + [r["note"] or kept[r["module"]][-1]])  # today's note, if any
             continue
         cells = [cell(r, k) for k in head]
         body.append(cells[:1] + [(measured or {}).get(r["module"], "")] + cells[1:] + [r["note"]] if markdown
