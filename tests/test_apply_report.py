@@ -190,7 +190,9 @@ def test_position_embedding_settings_that_are_refused(src, tmp_path):
     torch.save(torch.nn.MultiheadAttention(DIM, HEADS).state_dict(), mha)
     assert refusal(mha, set_pe="sincos", grid=(4, 4), **PLAIN) == (
         "--set-pe: the torch-mha checkpoint has no position embedding")
-    with_extra = refusal(src, out=tmp_path / "v.safetensors", **PLAIN)
+    said = []
+    with_extra = refusal(src, out=tmp_path / "v.safetensors", log=said.append, **PLAIN)
+    assert said == []  # refused before any work
     assert with_extra == (f"{tmp_path / 'v.safetensors'}: a .safetensors file holds a flat map of tensors, and this "
                           "checkpoint also holds model, epoch; choose a .pt/.pth output name (or extract the state "
                           "dict first)")
@@ -251,3 +253,23 @@ def test_in_place_reports_its_backup(src):
     rep = apply_checkpoint(src, in_place=True, **PLAIN)
     assert rep["in_place"] and rep["output"] == str(src.resolve()) and rep["backup"] == str(src) + ".bak"
     assert digest(rep["backup"]) == before and digest(src) != before
+
+
+def test_a_method_other_than_impulse_is_measured_on_the_written_file(tmp_path):
+    path = src_of_one(tmp_path)
+    rep = apply_checkpoint(path, spec="mimetic", heads=HEADS)
+    assert rep["measured_on"] == "pos_embed (sincos), LayerNorm'd"
+    assert all(0 <= r["hit_rate"] <= 1 and "offsets" in r and "target_mass" in r for r in rep["layers"])
+    mha = tmp_path / "mha.pt"
+    torch.save(torch.nn.MultiheadAttention(DIM, HEADS).state_dict(), mha)
+    given = apply_checkpoint(mha, spec="mimetic", heads=HEADS, grid=(4, 4))  # the grid only the caller knows
+    assert given["measured_on"] == "the LayerNorm'd sin-cos table (no position embedding)"
+    assert [r["layer"] for r in given["layers"]] == [0] and "hit_rate" in given["layers"][0]
+
+
+def test_the_report_says_what_the_embedding_is_after_the_write(tmp_path):
+    path = tmp_path / "learned.pth"
+    torch.save(vit_sd(learned=True), path)
+    rep = apply_checkpoint(path, set_pe="sincos", **PLAIN)
+    assert rep["pos_embed_kind"] == "sincos" and rep["pos_embed_replaced"] == "pos_embed"
+    assert apply_checkpoint(path, spec="mimetic", heads=HEADS, out=tmp_path / "m.pth")["pos_embed_kind"] == "other"

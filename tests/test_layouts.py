@@ -169,3 +169,35 @@ def test_state_dicts_that_are_not_one_model_are_refused_whole():
     short_bias = timm_vit(16)
     short_bias["blocks.0.attn.qkv.bias"] = torch.zeros(D)
     assert failure(short_bias) == "blocks.0.attn.qkv.bias: shape [8] does not fit dim 8 (q bias)"
+
+
+def hf_vit(key_shape=(D, D), drop=None):
+    """A one-layer Hugging Face ViT state dict of zeros (separate query/key/value), the key weight
+    of ``key_shape``, without tensor ``drop``."""
+    pre = "encoder.layer.0.attention."
+    sd = {pre + f"attention.{n}.weight": torch.zeros(D, D) for n in ("query", "key", "value")}
+    sd[pre + "attention.key.weight"] = torch.zeros(key_shape)
+    sd[pre + "output.dense.weight"] = torch.zeros(D, D)
+    sd.pop(drop, None)
+    return sd
+
+
+def test_separate_projections_that_do_not_fit_are_refused_whole():
+    assert detect_layout(hf_vit()).layout.name == "hf-vit"
+    assert failure(hf_vit((D, 2 * D))) == (
+        "encoder.layer.0.attention.attention.key.weight: shape [8, 16] does not fit dim 8")
+    assert failure(hf_vit(drop="encoder.layer.0.attention.attention.key.weight")) == (
+        "hf-vit: missing tensor encoder.layer.0.attention.attention.key.weight")
+    assert failure({"blocks.0.attn.qkv.weight": torch.zeros(3 * D)}) == (
+        "blocks.0.attn.qkv.weight: expected a 2-D weight, got shape [24]")
+
+
+def test_slots_say_where_the_output_projection_is_and_how_weights_are_stored():
+    det = detect_layout(timm_vit(16))
+    assert [(s.proj, s.transposed) for s in det.slots] == [("blocks.0.attn.proj.weight", False),
+                                                           ("blocks.1.attn.proj.weight", False)]
+    no_proj = {k: v for k, v in timm_vit(16).items() if ".proj." not in k}
+    assert [s.proj for s in detect_layout(no_proj).slots] == [None, None]
+    gpt = detect_layout(gpt2(16))
+    assert [(s.proj, s.transposed) for s in gpt.slots] == [("h.0.attn.c_proj.weight", True)]
+    assert gpt.slots[0].q.transposed and (gpt.slots[0].k.start, gpt.slots[0].k.stop) == (D, 2 * D)
