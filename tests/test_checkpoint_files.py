@@ -1,0 +1,176 @@
+"""Reading and writing checkpoint files, message by message and field by field: what an unknown
+layout's refusal lists, the hints a Hugging Face config.json gives, what describe_checkpoint
+reports (a decoder measured under its causal mask), and the safetensors writes: refusals,
+exclusive creation and permission bits."""
+
+import json
+import os
+import stat
+
+import pytest
+import torch
+
+from structinit.errors import UsageError
+from structinit.init.checkpoints import (
+    Checkpoint,
+    CheckpointError,
+    _first_line,
+    describe_checkpoint,
+    load_checkpoint,
+    safetensors_dict,
+    save_checkpoint,
+)
+
+D = 8
+
+
+def failure(fn, *args, **kwargs) -> str:
+    with pytest.raises(CheckpointError) as e:
+        fn(*args, **kwargs)
+    return str(e.value)
+
+
+def test_an_unknown_layout_lists_the_keys_it_saw(tmp_path):
+    path = tmp_path / "x.pt"
+    head = "unknown checkpoint layout (no timm, Hugging Face ViT/BERT/GPT-2 or nn.MultiheadAttention attention " \
+           "weights); keys seen: "
+    cases = [
+        ({"model": {f"w{i}": torch.zeros(1) for i in range(14)}, "epoch": 3},
+         "model: {w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, ...}, epoch"),
+        ({"model": {f"w{i}": torch.zeros(1) for i in range(12)}}, "model: {w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, "
+                                                                  "w10, w11}"),
+        ({"optimizer": {"a": 1}, "step": 2}, "optimizer, step"),  # not a container of weights: not opened
+        ({f"k{i}": i for i in range(12)}, ", ".join(f"k{i}" for i in range(12)) + ", ..."),
+        ({f"k{i}": i for i in range(11)}, ", ".join(f"k{i}" for i in range(11))),
+        ({}, "(empty)"),
+        ([torch.zeros(2)], "a list, not a dict"),
+    ]
+    for obj, seen in cases:
+        torch.save(obj, path)
+        assert failure(load_checkpoint, path) == f"{path}: {head}{seen}"
+
+
+def test_an_error_is_reported_by_its_first_line():
+    assert _first_line(ValueError("\n  bad header\nat byte 8\n")) == "bad header"
+    assert _first_line(ValueError("x" * 300)) == "x" * 200
+    assert _first_line(KeyError()) == "KeyError"
+
+
+def hf_vit_files(folder, config):
+    """A one-layer Hugging Face ViT state dict (zeros, dim 8) saved as model.safetensors, with
+    ``config`` as the config.json beside it (none when ``None``)."""
+    import safetensors.torch
+
+    pre = "encoder.layer.0.attention."
+    sd = {pre + f"attention.{n}.{w}": torch.zeros(D, D) if w == "weight" else torch.zeros(D)
+          for n in ("query", "key", "value") for w in ("weight", "bias")}
+    sd[pre + "output.dense.weight"] = torch.zeros(D, D)
+    sd["embeddings.position_embeddings"] = torch.zeros(1, 17, D)
+    sd["embeddings.cls_token"] = torch.zeros(1, 1, D)
+    folder.mkdir()
+    safetensors.torch.save_file(sd, str(folder / "model.safetensors"))
+    if config is not None:
+        (folder / "config.json").write_text(json.dumps(config))
+    return folder / "model.safetensors"
+
+
+@pytest.mark.parametrize("config, heads", [
+    ({"num_attention_heads": 2, "hidden_size": D}, 2),
+    ({"n_head": 4, "n_embd": D}, 4),                      # GPT-2's names
+    ({"num_attention_heads": 2, "hidden_size": 2 * D}, None),  # another model's config: no hint
+    ({"num_attention_heads": "2", "hidden_size": D}, None),
+    ([2, D], None),
+    (None, None),
+])
+def test_a_config_json_beside_the_weights_tells_the_heads(tmp_path, config, heads):
+    path = hf_vit_files(tmp_path / "vit", config)
+    ckpt = load_checkpoint(path)
+    assert ckpt.detected.heads == heads
+    assert ckpt.extra == ({"config.json": str(path.parent / "config.json")} if heads else {})
+
+
+def test_describe_checkpoint_reports_the_file_and_the_given_shape(tmp_path):
+    mha = tmp_path / "mha.pt"
+    torch.save({"state_dict": torch.nn.MultiheadAttention(D, 2).state_dict()}, mha)
+    desc = describe_checkpoint(mha, heads=2, grid=(3, 3))
+    assert (desc["path"], desc["format"], desc["state_dicts"], desc["hints"]) == (str(mha), "torch",
+                                                                                  ["state_dict"], {})
+    assert (desc["grid"], desc["tokens"], desc["heads"], desc["layout"]) == ([3, 3], 9, 2, "torch-mha")
+    assert desc["measured_on"] == "the LayerNorm'd sin-cos table (no position embedding)"
+    vit = hf_vit_files(tmp_path / "vit", {"num_attention_heads": 2, "hidden_size": D})
+    told = describe_checkpoint(vit)
+    assert (told["format"], told["state_dicts"], told["hints"]) == ("safetensors", ["(top level)"],
+                                                                    {"config.json": str(vit.parent / "config.json")})
+
+
+def gpt2_sd(positions=12):
+    from structinit.geometry.embedding import sincos_1d
+
+    torch.manual_seed(0)
+    return {"h.0.attn.c_attn.weight": 0.3 * torch.randn(D, 3 * D), "h.0.attn.c_attn.bias": torch.zeros(3 * D),
+            "h.0.attn.c_proj.weight": torch.zeros(D, D), "wpe.weight": torch.from_numpy(sincos_1d(positions, D))}
+
+
+def test_a_decoder_is_described_under_its_causal_mask(tmp_path):
+    """Described through its causal mask, a GPT-2 head's attention never looks ahead: its closest
+    offsets are in the past and its measured mass is what the impulse init wrote on that mask."""
+    from structinit.init.apply import apply_checkpoint
+
+    src = tmp_path / "gpt2.pt"
+    torch.save(gpt2_sd(), src)
+    rep = apply_checkpoint(src, heads=2, data_fit=0, target_mass=0.4, causal=True)
+    desc = describe_checkpoint(rep["output"], heads=2)
+    row = desc["layers"][0]
+    assert row["offsets"] == rep["layers"][0]["offsets"] and all(o[0] <= 0 for o in row["offsets"])
+    wrote = rep["layers"][0]
+    assert row["hit_rate"] == pytest.approx(wrote["hit_rate"]) and row["hit_rate"] > 0.9
+    assert row["target_mass"] == pytest.approx(wrote["target_mass"]) == pytest.approx(0.4, abs=0.01)
+    plain = describe_checkpoint(src, heads=2)["layers"][0]
+    assert all(o[0] <= 0 for o in plain["offsets"])  # even random weights: only the past is visible
+
+
+def test_q_and_k_norms_are_the_weights(tmp_path):
+    sd = gpt2_sd()
+    src = tmp_path / "a.pt"
+    torch.save(sd, src)
+    before = describe_checkpoint(src, heads=2)["layers"][0]
+    sd["h.0.attn.c_attn.weight"][:, :D] *= 2  # the q block (Conv1D [in, out]: columns 0:D)
+    torch.save(sd, src)
+    after = describe_checkpoint(src, heads=2)["layers"][0]
+    assert after["q_norm"] == pytest.approx(2 * before["q_norm"], rel=1e-5)
+    assert after["k_norm"] == pytest.approx(before["k_norm"], rel=1e-6)
+
+
+def ckpt_of(obj, fmt="torch", path="in.pt"):
+    return Checkpoint(path=path, format=fmt, obj=obj, state_dicts=[], detected=None, metadata=None)
+
+
+def test_what_a_safetensors_file_cannot_hold_is_named(tmp_path):
+    out = tmp_path / "o.safetensors"
+    entries = lambda n: {**{f"e{i}": i for i in range(n)}, "w": torch.zeros(1)}  # noqa: E731
+    tail = "; choose a .pt/.pth output name (or extract the state dict first)"
+    head = f"{out}: a .safetensors file holds a flat map of tensors, and this checkpoint also holds "
+    assert str(pytest.raises(UsageError, safetensors_dict, ckpt_of(entries(6)), out).value) == (
+        head + "e0, e1, e2, e3, e4, e5" + tail)
+    assert str(pytest.raises(UsageError, safetensors_dict, ckpt_of(entries(7)), out).value) == (
+        head + "e0, e1, e2, e3, e4, e5 ..." + tail)
+    assert str(pytest.raises(UsageError, safetensors_dict, ckpt_of([torch.zeros(1)]), out).value) == (
+        f"{out}: a .safetensors file holds a flat map of tensors; the checkpoint is a list. Choose a .pt/.pth "
+        "output name")
+    assert str(pytest.raises(UsageError, save_checkpoint, ckpt_of(entries(1)), out).value) == (
+        head + "e0" + tail)
+    assert not out.exists()
+
+
+def test_a_safetensors_write_is_exclusive_when_asked_and_keeps_the_mode(tmp_path):
+    out = tmp_path / "o.safetensors"
+    ckpt = ckpt_of({"w": torch.ones(2)})
+    save_checkpoint(ckpt, out, file_mode=0o640)
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o640
+    before = out.read_bytes()
+    assert failure(save_checkpoint, ckpt_of({"w": torch.zeros(2)}), out, exclusive=True) == (
+        f"{out} appeared while this was being written (another process?); it was not replaced, and nothing was "
+        "written")
+    assert out.read_bytes() == before
+    save_checkpoint(ckpt_of({"w": torch.zeros(2)}), out)  # not exclusive: replaced
+    assert out.read_bytes() != before
