@@ -289,3 +289,18 @@ def test_an_impulse_reports_its_solved_offsets_even_where_the_solve_missed_them(
     assert max(r["hit_rate"] for r in rep["layers"]) < 0.5
     found = describe_checkpoint(rep["output"], heads=HEADS)["layers"]
     assert [r["offsets"] for r in found] != solved and min(r["hit_rate"] for r in found) > 0.2
+
+
+def test_the_grid_a_structinit_checkpoint_tells_reaches_every_method(tmp_path):
+    """A 1-D sequence of 40 tokens in a timm-vit layout: the weights alone cannot tell the grid
+    (40 rows are no square); the ``shape`` entry structinit train writes does, for every method."""
+    sd = vit_sd(rows=40)
+    path = tmp_path / "seq.pt"
+    torch.save({"state_dict": sd, "shape": {"grid": [40], "heads": HEADS}}, path)
+    for spec in ("mimetic", "impulse"):
+        plan = apply_checkpoint(path, spec=spec, dry_run=True, set_pe="sincos", data_fit=0) if spec == "impulse" \
+            else apply_checkpoint(path, spec=spec, dry_run=True)
+        assert (plan["grid"], plan["heads"], plan["hints"]["shape"]) == ([40], HEADS, {"grid": [40], "heads": HEADS})
+    bare = tmp_path / "bare.pt"
+    torch.save({"state_dict": sd}, bare)
+    assert apply_checkpoint(bare, spec="mimetic", heads=HEADS, dry_run=True)["grid"] is None

@@ -133,6 +133,8 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
     ckpt = load_checkpoint(path)
     det = ckpt.detected
     heads = heads if heads is not None else det.heads  # the file's hints (HF config.json, timm arch)
+    if grid is None and "shape" in ckpt.extra:  # a structinit train checkpoint tells its grid (a sequence's too),
+        grid = det.grid  # which the views, detected afresh from the weights alone, would not know
     views = [AttentionTarget(sd, Grid(grid) if grid is not None else None, heads, layers,
                              need_grid=spec.needs_grid or set_pe is not None) for _, sd in ckpt.state_dicts]
     first = views[0]
