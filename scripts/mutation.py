@@ -254,9 +254,9 @@ def summarize(modules: Optional[List[str]] = None) -> Tuple[List[dict], Dict[str
 HEAD = ["module", "mutants", "killed", "killed slow", "survived", "equivalent", "unjudged", "not run", "score"]
 
 
-def table(rows: List[dict], markdown: bool, measured: Optional[Dict[str, str]] = None,
+def table(rows: List[dict], markdown: bool, measured: str = "",
           kept: Optional[Dict[str, List[str]]] = None) -> str:
-    """The per-module table; in markdown with a ``measured`` date column (``measured[module]``)
+    """The per-module table; in markdown with a ``measured`` date column (the date ``measured``)
     and, for a module none of whose mutants has a result now, the row ``kept[module]`` from the
     table already in the docs (so a pass over some modules does not wipe the others' scores)."""
     head = list(HEAD)
@@ -270,7 +270,7 @@ def table(rows: List[dict], markdown: bool, measured: Optional[Dict[str, str]] =
             body.append(kept[r["module"]][:-1] + [r["note"] or kept[r["module"]][-1]])  # today's note, if any
             continue
         cells = [cell(r, k) for k in head]
-        body.append(cells[:1] + [(measured or {}).get(r["module"], "")] + cells[1:] + [r["note"]] if markdown
+        body.append(cells[:1] + [measured] + cells[1:] + [r["note"]] if markdown
                     else cells)
     if markdown:
         head = head[:1] + ["measured"] + head[1:] + ["note"]
@@ -310,9 +310,7 @@ def cmd_summary(args) -> int:
         return 0
     doc = DOCS.read_text() if DOCS.exists() else ""
     kept = rows_in_docs(doc)
-    today = datetime.date.today().isoformat()
-    measured = {r["module"]: today for r in rows}
-    text = table(rows, args.markdown or args.write_docs, measured, kept)
+    text = table(rows, args.markdown or args.write_docs, datetime.date.today().isoformat(), kept)
     if args.write_docs:
         block = (f"{DOCS_BEGIN}\nWith `python scripts/mutation.py run MODULE...` (mutmut {_mutmut_version()}, the "
                  "fast tier), summarized by `python scripts/mutation.py summary --write-docs`, which rewrites the "

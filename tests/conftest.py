@@ -96,3 +96,10 @@ def cli():
 @pytest.fixture
 def cli_process():
     return run_cli_process
+
+
+def digest(path) -> str:
+    """SHA-256 of a file's bytes: to show that a test left a user's file exactly as it was."""
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

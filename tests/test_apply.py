@@ -2,13 +2,13 @@
 dry run, errors that leave the input untouched, and the CLI."""
 
 import argparse
-import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import digest
 from test_checkpoints import _CreatesFile  # a pickle whose loading would create a file
 
 from structinit.errors import StructinitError, UsageError
@@ -17,10 +17,6 @@ from structinit.init.apply import apply_checkpoint
 from structinit.init.pos_embed import set_sincos_pos_embed
 
 DIM, HEADS, DEPTH = 64, 4, 3
-
-
-def digest(path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def paper_vit(seed=0):

@@ -3,22 +3,18 @@ returns, the stages it logs, every refusal of a bad output name or position-embe
 compared whole, and the in-place and exclusive writes when the file changes under it."""
 
 import errno
-import hashlib
 import os
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import digest
 
 from structinit.errors import StructinitError
 from structinit.init.apply import apply_checkpoint
 
 DIM, HEADS = 16, 2
 PLAIN = dict(heads=HEADS, data_fit=0)  # the impulse init without a fit to real inputs (a file has none)
-
-
-def digest(path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def vit_sd(rows=None, cls=False, learned=False):

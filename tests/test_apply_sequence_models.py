@@ -4,12 +4,11 @@ BERT-style encoder (separate query/key/value) and GPT-2 (fused ``c_attn`` stored
 for bit, and the models' own forward pass attends as solved. Bad input: one line, exit 2, nothing
 written."""
 
-import hashlib
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import digest
 
 from structinit.errors import UsageError
 from structinit.geometry.grid import Grid
@@ -19,10 +18,6 @@ from structinit.init.apply import apply_checkpoint
 DIM, HEADS, LAYERS, POSITIONS = 32, 4, 2, 24
 
 pytestmark = pytest.mark.filterwarnings("ignore")
-
-
-def digest(path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def bert():

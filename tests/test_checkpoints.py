@@ -1,11 +1,11 @@
 """Checkpoint layouts, safe loading, and round trips through Hugging Face ViT and nn.MultiheadAttention."""
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import digest
 
 from structinit.errors import UsageError
 from structinit.geometry.embedding import pseudo_input, sincos_2d
@@ -15,10 +15,6 @@ from structinit.init.checkpoints import CheckpointError, describe_checkpoint, lo
 from structinit.init.layouts import LAYOUTS, detect_layout
 
 DIM, HEADS = 64, 4
-
-
-def digest(path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def small_vit(depth=2, class_token=False):
