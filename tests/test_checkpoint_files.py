@@ -121,12 +121,14 @@ def test_a_decoder_is_described_under_its_causal_mask(tmp_path):
     rep = apply_checkpoint(src, heads=2, data_fit=0, target_mass=0.4, causal=True)
     desc = describe_checkpoint(rep["output"], heads=2)
     row = desc["layers"][0]
-    assert row["offsets"] == rep["layers"][0]["offsets"] and all(o[0] <= 0 for o in row["offsets"])
+    # A sequence's offsets are (0, dx): dx <= 0 is the past.
+    assert row["offsets"] == rep["layers"][0]["offsets"] and all(o[0] == 0 and o[1] <= 0 for o in row["offsets"])
     wrote = rep["layers"][0]
     assert row["hit_rate"] == pytest.approx(wrote["hit_rate"]) and row["hit_rate"] > 0.9
     assert row["target_mass"] == pytest.approx(wrote["target_mass"]) == pytest.approx(0.4, abs=0.01)
     plain = describe_checkpoint(src, heads=2)["layers"][0]
-    assert all(o[0] <= 0 for o in plain["offsets"])  # even random weights: only the past is visible
+    # Even random weights: only the past is visible (unmasked, their second head's argmax key is 5 ahead).
+    assert plain["offsets"] == [[0, 0], [0, -1]]
 
 
 def test_q_and_k_norms_are_the_weights(tmp_path):
@@ -174,3 +176,52 @@ def test_a_safetensors_write_is_exclusive_when_asked_and_keeps_the_mode(tmp_path
     assert out.read_bytes() == before
     save_checkpoint(ckpt_of({"w": torch.zeros(2)}), out)  # not exclusive: replaced
     assert out.read_bytes() != before
+
+
+def test_given_offsets_are_the_ones_measured(tmp_path):
+    """describe_state_dict measures against ``offsets`` when given, not against the ones the heads
+    follow most."""
+    import numpy as np
+
+    from structinit.init.checkpoints import describe_state_dict
+
+    src = tmp_path / "gpt2.pt"
+    torch.save(gpt2_sd(), src)
+    ckpt = load_checkpoint(src)
+    sd, det = ckpt.state_dicts[0][1], ckpt.detected
+    closest = describe_state_dict(sd, det, heads=2)["layers"][0]
+    assert closest["offsets"] == [[0, 0], [0, -1]]
+    given = describe_state_dict(sd, det, heads=2, offsets=np.array([[[0, -3], [0, -3]]]))["layers"][0]
+    assert given["offsets"] == [[0, -3], [0, -3]]
+    assert given["hit_rate"] < closest["hit_rate"]  # the heads do not follow -3 most
+
+
+def timm_training_checkpoint(path, **entries):
+    """A one-block vit_tiny_patch16_224 state dict (zeros; dim 192, 3 heads in timm's registry)
+    saved under ``state_dict`` with ``entries`` beside it."""
+    import timm
+
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in timm.create_model("vit_tiny_patch16_224").state_dict().items()}
+    sd = {k: torch.zeros(s) for k, s in shapes.items() if not k.startswith("blocks.") or k.startswith("blocks.0.")}
+    torch.save({"state_dict": sd, **entries}, path)
+    return path
+
+
+def test_the_timm_arch_hint_is_taken_past_an_unusable_shape_entry(tmp_path):
+    arch = "vit_tiny_patch16_224"
+    for shape in ({"grid": "bogus", "heads": 4}, {"grid": [3, 3], "heads": 4}, ["not", "a", "map"]):
+        ckpt = load_checkpoint(timm_training_checkpoint(tmp_path / "t.pth", arch=arch, shape=shape))
+        assert (ckpt.detected.heads, ckpt.extra) == (3, {"arch": arch}), shape
+    ckpt = load_checkpoint(timm_training_checkpoint(tmp_path / "t.pth", arch=arch, shape={"grid": [14, 14], "heads": 4}))
+    assert (ckpt.detected.heads, ckpt.extra) == (4, {"shape": {"grid": [14, 14], "heads": 4}})  # it fits: it wins
+
+
+def test_a_timm_arch_is_no_hint_for_another_layout(tmp_path):
+    """An ``arch`` entry names a timm model: beside nn.MultiheadAttention weights of the same width
+    it tells nothing about their heads."""
+    src = tmp_path / "mha.pt"
+    torch.save({"state_dict": torch.nn.MultiheadAttention(192, 4).state_dict(), "arch": "vit_tiny_patch16_224"}, src)
+    ckpt = load_checkpoint(src)
+    assert (ckpt.detected.layout.name, ckpt.detected.dim, ckpt.detected.heads, ckpt.extra) == ("torch-mha", 192,
+                                                                                                None, {})

@@ -49,10 +49,10 @@ class Checkpoint:
 
     path: Path
     format: str  # "torch" or "safetensors"
-    obj: Any
+    obj: Any  # what the file holds: a mapping (one with no state dict in it is refused when loading)
     state_dicts: List[Tuple[Tuple[str, ...], Any]]
     detected: Detected
-    metadata: Optional[Dict[str, str]] = None
+    metadata: Optional[Dict[str, str]] = None  # a safetensors file's header metadata (None for torch files)
     extra: Dict[str, Any] = field(default_factory=dict)  # hints: arch, HF config
 
     @property
@@ -211,7 +211,7 @@ def _shape_hints(ckpt: Checkpoint) -> None:
         if isinstance(heads, int) and hidden == det.dim:
             det.heads = heads
             ckpt.extra["config.json"] = str(cfg_path)
-    arch = ckpt.obj.get("arch") if isinstance(ckpt.obj, Mapping) else None
+    arch = ckpt.obj.get("arch")
     if det.layout.name == "timm-vit" and isinstance(arch, str):
         heads = _timm_arch_heads(arch, det.dim)
         if heads:
@@ -224,7 +224,7 @@ def _structinit_shape(ckpt: Checkpoint) -> bool:
     from structinit.errors import UsageError
     from structinit.geometry.grid import Grid
 
-    shape = ckpt.obj.get(SHAPE_KEY) if isinstance(ckpt.obj, Mapping) else None
+    shape = ckpt.obj.get(SHAPE_KEY)
     det = ckpt.detected
     if not isinstance(shape, Mapping):
         return False
@@ -297,7 +297,7 @@ def save_checkpoint(ckpt: Checkpoint, path: os.PathLike, *, exclusive: bool = Fa
     if fmt == "safetensors":
         from safetensors.torch import save
 
-        data = save(safetensors_dict(ckpt, path), metadata=ckpt.metadata if ckpt.format == "safetensors" else None)
+        data = save(safetensors_dict(ckpt, path), metadata=ckpt.metadata)
     try:
         if fmt == "safetensors":
             with atomic_write(path, exclusive=exclusive, file_mode=file_mode) as fh:
