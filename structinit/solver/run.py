@@ -53,7 +53,7 @@ def check_embedding(config: SolveConfig, embedding) -> None:
     """Raise :class:`UsageError` unless ``embedding`` is the one ``config.pos_embed`` names."""
     if config.pos_embed is None:
         raise UsageError(f"an {param('embedding')} was given but the config has no {param('pos_embed')} digest "
-                         "(set it with embedding_digest)")
+                         "(set it to embedding_digest(embedding))")
     if embedding_digest(embedding) != config.pos_embed:
         raise UsageError(f"the {param('embedding')} given is not the one the config's {param('pos_embed')} "
                          "digest names")

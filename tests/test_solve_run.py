@@ -1,0 +1,41 @@
+"""What a solve says when it refuses before any work: an embedding that is not the one the config
+names, and a solve that would not fit in memory (sizes in MiB below a GiB, in GiB from one up)."""
+
+import numpy as np
+import pytest
+
+from structinit.errors import StructinitError, UsageError
+from structinit.solver import run
+from structinit.solver.config import SolveConfig, embedding_digest
+
+SHAPE = dict(grid=(4, 4), dim=8, heads=2)
+
+
+def test_an_embedding_must_be_the_one_the_config_names():
+    emb = np.linspace(-1, 1, 16 * 8, dtype=np.float32).reshape(16, 8)
+    with pytest.raises(UsageError) as e:
+        run.check_embedding(SolveConfig(**SHAPE), emb)
+    assert str(e.value) == ("an embedding was given but the config has no pos_embed digest (set it to "
+                            "embedding_digest(embedding))")
+    with pytest.raises(UsageError) as e:
+        run.check_embedding(SolveConfig(**SHAPE, pos_embed=embedding_digest(emb + 1)), emb)
+    assert str(e.value) == "the embedding given is not the one the config's pos_embed digest names"
+    run.check_embedding(SolveConfig(**SHAPE, pos_embed=embedding_digest(emb.copy())), emb)  # the same: no error
+
+
+@pytest.mark.parametrize("need, free, told", [
+    (5 * 2 ** 20 + 1, 3 * 2 ** 20, "about 5 MiB of memory on cpu, and only 3 MiB is free"),
+    (2 ** 30, 2 ** 30 - 1, "about 1.0 GiB of memory on cpu, and only 1024 MiB is free"),
+    (3 * 2 ** 30 + 2 ** 29, 2 ** 31, "about 3.5 GiB of memory on cpu, and only 2.0 GiB is free"),
+])
+def test_a_solve_that_cannot_fit_is_refused_with_both_sizes(monkeypatch, need, free, told):
+    monkeypatch.setattr(run, "estimate_memory", lambda config: need)
+    monkeypatch.setattr(run, "available_memory", lambda device: free)
+    for recipe, hint in (("fast", "fewer tokens, a smaller dim, or a device with more memory"),
+                         ("paper", "the fast recipe needs no N x N maps")):
+        config = SolveConfig(**SHAPE, recipe=recipe)
+        with pytest.raises(StructinitError) as e:
+            run.check_memory(config, "cpu")
+        assert str(e.value) == f"solving {config.describe()} needs {told}; try {hint}"
+    monkeypatch.setattr(run, "available_memory", lambda device: need)
+    assert run.check_memory(SolveConfig(**SHAPE), "cpu") == need  # exactly enough: solved
