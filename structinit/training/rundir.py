@@ -38,8 +38,8 @@ class RunDir:
         self.path = Path(path)
         if self.path.exists() and not self.path.is_dir():
             raise UsageError(f"{param('out')} {self.path} exists and is not a directory")
-        self.created: List[Path] = []  # folders this run made, outermost first
-        self.opened = False  # create() was called: the files here are this run's
+        self.created: List[Path] = []  # folders create() made, outermost first
+        self.opened = False  # create() was called and nothing discarded since: the files here are this run's
 
     def file(self, name: str) -> Path:
         return self.path / name
@@ -67,20 +67,21 @@ class RunDir:
     def discard_unstarted(self) -> None:
         """After a failure before the first checkpoint: remove what this run wrote (``config.json``,
         ``metrics.jsonl``, ``best.pt``) and the folders it created, so no half-made run is left
-        behind. A folder holding anything else is kept."""
+        behind. A folder holding anything else is kept. Done once: what is written here afterwards is
+        not this run's."""
         if not self.opened or self.file(self.CHECKPOINT).exists():
             return
         for name in (self.CONFIG, self.METRICS, self.BEST):
             try:
-                self.file(name).unlink(missing_ok=True)
-            except OSError:
+                self.file(name).unlink()
+            except OSError:  # not there, or not removable: nothing of it to undo
                 pass
         for folder in reversed(self.created):
             try:
                 folder.rmdir()  # only if empty
             except OSError:
                 break
-        self.created = []
+        self.opened = False
 
     # ---- JSON files
     def _write_text(self, name: str, text: str) -> None:
@@ -160,14 +161,24 @@ class RunDir:
         return load_train_checkpoint(self.file(self.CHECKPOINT), map_location)
 
 
-def load_train_checkpoint(path: os.PathLike, map_location="cpu") -> Dict[str, Any]:
-    """A ``checkpoint.pt`` written by :func:`structinit.train` (read with ``weights_only=True``)."""
+def _read_torch(path: os.PathLike, map_location) -> Any:
+    """``torch.load(path, weights_only=True)``; every failure is one :class:`StructinitError` line."""
     import torch
 
+    from structinit.init.checkpoints import sniff_format
+
     try:
-        ck = torch.load(path, map_location=map_location, weights_only=True)
+        if sniff_format(path) == "torch":
+            return torch.load(path, map_location=map_location, weights_only=True)
+        why = "not a torch checkpoint, or truncated"  # its first bytes are neither a torch.save zip nor a pickle
     except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line
-        raise StructinitError(f"cannot read checkpoint {path}: {_unreadable(exc)}") from None
+        why = _unreadable(exc)
+    raise StructinitError(f"cannot read checkpoint {path}: {why}")
+
+
+def load_train_checkpoint(path: os.PathLike, map_location="cpu") -> Dict[str, Any]:
+    """A ``checkpoint.pt`` written by :func:`structinit.train` (read with ``weights_only=True``)."""
+    ck = _read_torch(path, map_location)
     if not isinstance(ck, dict) or ck.get("format") != CHECKPOINT_FORMAT:
         raise StructinitError(f"{path} is not a structinit training checkpoint")
     return ck
@@ -179,12 +190,7 @@ def load_run_weights(path: os.PathLike, map_location="cpu") -> Dict[str, Any]:
     settings). An unreadable file raises :class:`StructinitError`; a readable one that ``train``
     did not write, :class:`UsageError` (a foreign checkpoint has no settings to rebuild its model
     from)."""
-    import torch
-
-    try:
-        ck = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line
-        raise StructinitError(f"cannot read checkpoint {path}: {_unreadable(exc)}") from None
+    ck = _read_torch(path, map_location)
     if not (isinstance(ck, dict) and isinstance(ck.get("args"), dict) and isinstance(ck.get("state_dict"), dict)
             and "epoch" in ck):
         raise UsageError(f"{path} is not a checkpoint written by structinit train (checkpoint.pt or best.pt, "
@@ -196,8 +202,9 @@ def _unreadable(exc: BaseException) -> str:
     """Why ``torch.load(weights_only=True)`` failed, in one line (torch's own messages run to a
     page and suggest ``weights_only=False``, which would run whatever the file holds)."""
     msg = str(exc)
-    if isinstance(exc, EOFError) or any(s in msg for s in ("Unsupported operand", "invalid load key",
-                                                            "failed reading zip archive")):
+    # A pickle stream that ends early runs out of input (EOFError) or of stack (IndexError).
+    if isinstance(exc, (EOFError, IndexError)) or any(s in msg for s in ("Unsupported operand",
+                                                                         "failed reading zip archive")):
         return "not a torch checkpoint, or truncated"
     if "Weights only load failed" in msg:
         return "it needs code beyond tensors and plain containers to unpickle; nothing of it was run"
