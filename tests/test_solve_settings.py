@@ -90,3 +90,22 @@ def rendered(fn, *args, **kwargs):
     with pytest.raises(UsageError) as exc:
         fn(*args, **kwargs)
     return exc.value.render(lambda n: f"<{n}>")
+
+
+def test_a_config_describes_its_geometry_in_words_and_in_one_record():
+    import numpy as np
+
+    from structinit.solver.config import SolveConfig, embedding_digest
+
+    emb = np.arange(12 * 8, dtype=np.float64).reshape(12, 8) / 7
+    digest = embedding_digest(emb)
+    assert digest == embedding_digest(emb.astype(np.float32))  # hashed as float32, whatever it came as
+    seq = SolveConfig(grid=(12,), dim=8, heads=2, filter=3, causal=True, pos_embed=digest)
+    assert seq.describe() == ("sequence of 12, dim 8, 2 heads, filter 3 causal, 1 layer(s), recipe fast, fitted to "
+                              f"position embedding {digest[7:19]}")
+    assert seq.geometry() == {"ndim": 1, "grid": [12], "tokens": 12, "filter": 3, "padding": "zero", "causal": True,
+                              "window": [[0, -2], [0, -1], [0, 0]]}  # a causal window looks back only
+    img = SolveConfig(grid=(4, 5), dim=8, heads=2, share=True, layers=3, padding="circular")
+    assert img.describe() == "4x5 grid, dim 8, 2 heads, filter 3, 3 layer(s) shared, recipe fast"
+    assert img.geometry() == {"ndim": 2, "grid": [4, 5], "tokens": 20, "filter": 3, "padding": "circular",
+                              "causal": False, "window": [[dy, dx] for dy in (-1, 0, 1) for dx in (-1, 0, 1)]}
