@@ -522,6 +522,18 @@ def test_bad_layer_specs_name_the_parameter(spec):
                                                      f"0-3,5; got {spec!r}")
 
 
+@pytest.mark.parametrize("spec, depth", [("-1", 4), ("0, -2", 12), (" -0", 1)])
+def test_negative_layer_indices_are_refused_with_the_range_there_is(spec, depth):
+    from structinit.init.target import parse_layers
+
+    with pytest.raises(UsageError) as exc:
+        parse_layers(spec, depth)
+    part = spec.split(",")[-1].strip()
+    assert exc.value.render(lambda n: f"<{n}>") == (
+        f"<layers> takes 0-based indices, not negative ones like {part!r}: the layers are 0..{depth - 1}, and "
+        "'N-' selects from layer N to the last")
+
+
 def test_shape_hints_and_their_refusals():
     from structinit.init.target import model_heads
 

@@ -68,7 +68,7 @@ def parse_layers(spec: Optional[str], depth: int) -> List[int]:
                 raise ValueError
             if "-" in part:
                 a, b = part.split("-", 1)
-                lo = int(a) if a.strip() else 0
+                lo = int(a)  # never empty: a part starting with "-" was refused above
                 hi = int(b) if b.strip() else depth - 1
                 if hi < lo or lo < 0:
                     raise ValueError
