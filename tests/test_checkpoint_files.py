@@ -225,3 +225,128 @@ def test_a_timm_arch_is_no_hint_for_another_layout(tmp_path):
     ckpt = load_checkpoint(src)
     assert (ckpt.detected.layout.name, ckpt.detected.dim, ckpt.detected.heads, ckpt.extra) == ("torch-mha", 192,
                                                                                                 None, {})
+
+
+def structinit_checkpoint(path, sd, shape):
+    torch.save({"state_dict": sd, "epoch": 1, "shape": shape}, path)
+    return load_checkpoint(path)
+
+
+def test_a_structinit_shape_entry_is_taken_only_where_it_fits_the_weights(tmp_path):
+    """The ``shape`` entry of a ``structinit train`` checkpoint gives grid and heads unless its grid
+    disagrees with the rows of the position embedding (prefix tokens not counted); a heads count
+    that does not divide the width is left out."""
+    from structinit.geometry.grid import Grid
+
+    path = tmp_path / "run.pt"
+    vit = timm_training_checkpoint_sd()  # 197 rows: a class token and 14x14
+    for shape, grid, heads in (({"grid": [14, 14], "heads": 4}, (14, 14), 4),
+                               ({"grid": [7, 28], "heads": 1}, (7, 28), 1),    # the same 196 tokens
+                               ({"grid": [14, 14], "heads": 5}, (14, 14), None),  # 5 does not divide 192
+                               ({"grid": [14, 14], "heads": 0}, (14, 14), None),
+                               ({"grid": [14, 14], "heads": "4"}, (14, 14), None),
+                               ({"grid": [14, 14]}, (14, 14), None)):
+        ckpt = structinit_checkpoint(path, vit, shape)
+        assert (ckpt.detected.grid, ckpt.detected.heads) == (Grid(grid), heads), shape
+        assert ckpt.extra == {"shape": {"grid": list(grid), "heads": heads}}
+    for grid in ([14, 15], [197], [13, 13]):  # 197 would count the class token as a position
+        ckpt = structinit_checkpoint(path, vit, {"grid": grid, "heads": 4})
+        assert (ckpt.detected.grid, ckpt.detected.heads, ckpt.extra) == (Grid((14, 14)), None, {}), grid
+
+    gpt2 = gpt2_sd(positions=12)  # a [12, D] table, no prefix tokens
+    assert structinit_checkpoint(path, gpt2, {"grid": [12], "heads": 2}).extra == {"shape": {"grid": [12], "heads": 2}}
+    assert structinit_checkpoint(path, gpt2, {"grid": [11], "heads": 2}).extra == {}
+    mha = torch.nn.MultiheadAttention(D, 2).state_dict()  # no position embedding: nothing to disagree with
+    ckpt = structinit_checkpoint(path, mha, {"grid": [3, 3], "heads": 2})
+    assert (ckpt.detected.grid, ckpt.detected.heads) == (Grid((3, 3)), 2)
+    for odd in (torch.zeros(192), 7):  # a position entry with no rows to count: the entry is taken
+        ckpt = structinit_checkpoint(path, {**vit, "pos_embed": odd}, {"grid": [5, 5], "heads": 4})
+        assert (ckpt.detected.grid, ckpt.detected.heads) == (Grid((5, 5)), 4)
+
+
+def timm_training_checkpoint_sd():
+    import timm
+
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in timm.create_model("vit_tiny_patch16_224").state_dict().items()}
+    return {k: torch.zeros(s) for k, s in shapes.items() if not k.startswith("blocks.") or k.startswith("blocks.0.")}
+
+
+def test_what_a_file_is_told_by_its_first_bytes(tmp_path):
+    from structinit.init.checkpoints import sniff_format
+
+    path = tmp_path / "f"
+    torch.save({"w": torch.ones(1)}, path)
+    assert sniff_format(path) == "torch"
+    torch.save({"w": torch.ones(1)}, path, _use_new_zipfile_serialization=False)  # the legacy pickle format
+    assert sniff_format(path) == "torch" and load_checkpoint_obj(path) == {"w": torch.ones(1)}
+    for length, told in ((1, None), (2, "safetensors"), (100_000_000, "safetensors"), (100_000_001, None)):
+        path.write_bytes(length.to_bytes(8, "little") + b'{"__metadata__": {}}')
+        assert sniff_format(path) == told, length
+    path.write_bytes((16).to_bytes(8, "little") + b"[1, 2, 3, 4, 5, 6, 7]")  # a length, then no JSON object
+    assert sniff_format(path) is None
+    path.write_bytes(b"\x02\x00\x00")
+    assert sniff_format(path) is None
+
+
+def load_checkpoint_obj(path):
+    from structinit.init.checkpoints import read_object
+
+    obj, fmt, meta = read_object(path)
+    assert (fmt, meta) == ("torch", None)
+    return {k: v for k, v in obj.items()}
+
+
+def test_an_unreadable_file_is_one_line_that_says_why(tmp_path):
+    import socket
+
+    from structinit.init.checkpoints import read_object
+
+    def why(path):
+        return failure(read_object, path)
+
+    assert why(tmp_path) == f"{tmp_path}: is a folder; give the checkpoint file inside it"
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    assert why(empty) == f"{empty}: not a checkpoint (neither a torch.save file nor safetensors; the file is empty)"
+    text = tmp_path / "notes.pt"
+    text.write_text("not weights")
+    assert why(text) == f"{text}: not a checkpoint (neither a torch.save file nor safetensors)"
+    sock = tmp_path / "s.pt"  # exists, is no folder, and cannot be opened
+    server = socket.socket(socket.AF_UNIX)
+    try:
+        server.bind(str(sock))
+        assert why(sock) == f"{sock}: cannot read (No such device or address)"
+    finally:
+        server.close()
+    garbage = tmp_path / "g.pt"
+    garbage.write_bytes(b"\x80\x02\xff\xff")  # a pickle's first byte, then none
+    assert why(garbage) == f"{garbage}: not a readable checkpoint (not a torch or safetensors file, or truncated)"
+    st = tmp_path / "cut.safetensors"
+    import safetensors.torch
+
+    safetensors.torch.save_file({"w": torch.ones(64)}, str(st))
+    st.write_bytes(st.read_bytes()[:-100])
+    told = why(st)
+    assert told.startswith(f"{st}: not a readable safetensors file (truncated or corrupt: ") and told.endswith(")")
+    assert len(told) > len(f"{st}: not a readable safetensors file (truncated or corrupt: )") + 10  # the reason
+
+
+def test_a_pickle_that_asks_for_code_is_refused_whatever_the_environment_says(tmp_path, monkeypatch):
+    import pathlib
+
+    path = tmp_path / "train.pth"  # a training script that kept its output folder as a Path
+    torch.save({"state_dict": torch.nn.MultiheadAttention(D, 2).state_dict(), "out": pathlib.PosixPath("runs/a")},
+               path)
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    assert failure(load_checkpoint, path) == (
+        f"{path}: refusing to load a pickle that asks to run code: it asks for pathlib.PosixPath (only tensors and "
+        "plain containers are loaded; nothing of it was run). Re-save it as a plain state dict (or .safetensors) "
+        "from a trusted environment")
+    class Call:
+        def __reduce__(self):
+            return os.system, ("true",)  # harmless, were it ever run
+
+    torch.save({"state_dict": torch.nn.MultiheadAttention(D, 2).state_dict(), "hook": Call()}, path)
+    assert failure(load_checkpoint, path).startswith(f"{path}: refusing to load a pickle that asks to run code: it "
+                                                     "asks for posix.system (only tensors")

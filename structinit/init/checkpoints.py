@@ -74,7 +74,8 @@ def sniff_format(path: os.PathLike) -> Optional[str]:
     if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80":
         return "torch"
     if len(head) == 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") <= 100_000_000:
-        return "safetensors"  # a plausible header length (the reader tells a truncated one)
+        # A header of "{}" up to safetensors' own limit of 100 MB (the reader tells a truncated one).
+        return "safetensors"
     return None
 
 
@@ -113,15 +114,16 @@ def read_object(path: os.PathLike) -> Tuple[Any, str, Optional[Dict[str, str]]]:
     try:
         with warnings.catch_warnings(), torch.serialization.safe_globals(list(SAFE_GLOBALS)):
             warnings.simplefilter("ignore")  # torch's advice about weights_only; the error below says it all
-            obj = torch.load(path, map_location=None, weights_only=True)
+            obj = torch.load(path, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line
         msg = str(exc)
-        if "Unsupported operand" in msg or "invalid load key" in msg:
-            # Not a pickle at all (garbage, a truncated stream): nothing to refuse, just unreadable.
+        if "Unsupported operand" in msg:
+            # Not a pickle past its first byte (garbage): nothing to refuse, just unreadable.
             raise CheckpointError(f"{path}: not a readable checkpoint (not a torch or safetensors file, or "
                                   "truncated)") from None
         if "Weights only load failed" in msg or "weights_only" in msg:
-            m = re.search(r"(?:GLOBAL|global:?)\s+([\w.]+)", msg)
+            # torch names it "GLOBAL module.name" (after "Unsupported global:", in torch 2.4 on).
+            m = re.search(r"GLOBAL\s+([\w.]+)", msg) or re.search(r"global:?\s+([\w.]+)", msg)
             what = f": it asks for {m.group(1)}" if m else ""
             raise CheckpointError(f"{path}: refusing to load a pickle that asks to run code{what} (only tensors "
                                   "and plain containers are loaded; nothing of it was run). Re-save it as a plain "
