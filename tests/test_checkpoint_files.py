@@ -350,3 +350,57 @@ def test_a_pickle_that_asks_for_code_is_refused_whatever_the_environment_says(tm
     torch.save({"state_dict": torch.nn.MultiheadAttention(D, 2).state_dict(), "hook": Call()}, path)
     assert failure(load_checkpoint, path).startswith(f"{path}: refusing to load a pickle that asks to run code: it "
                                                      "asks for posix.system (only tensors")
+
+
+def saved_on_a_gpu(src, dst):
+    """``src`` (a torch.save zip) as a GPU would have saved it: every storage's location ``cuda:0``."""
+    import zipfile
+
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zout:
+        for name in zin.namelist():
+            data = zin.read(name)
+            if name.endswith("/data.pkl"):
+                assert b"X\x03\x00\x00\x00cpu" in data
+                data = data.replace(b"X\x03\x00\x00\x00cpu", b"X\x06\x00\x00\x00cuda:0")
+            zout.writestr(name, data)
+    return dst
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="shows what a machine without a GPU does")
+def test_a_checkpoint_saved_on_a_gpu_opens_on_a_machine_without_one(tmp_path):
+    from structinit.init.apply import apply_checkpoint
+
+    plain = tmp_path / "plain.pt"
+    torch.save({"state_dict": gpt2_sd()}, plain)
+    src = saved_on_a_gpu(plain, tmp_path / "gpu.pt")
+    with pytest.raises(RuntimeError, match="deserialize object on a CUDA device"):
+        torch.load(src, weights_only=True)  # what torch alone does here
+    ckpt = load_checkpoint(src)
+    assert ckpt.state_dicts[0][1]["wpe.weight"].device.type == "cpu"
+    assert torch.equal(ckpt.state_dicts[0][1]["wpe.weight"], gpt2_sd()["wpe.weight"])
+    rep = apply_checkpoint(src, heads=2, data_fit=0, causal=True)
+    assert rep["layers"][0]["hit_rate"] > 0.9
+    assert torch.load(rep["output"], weights_only=True)["state_dict"]["wpe.weight"].device.type == "cpu"
+
+
+def test_a_checkpoint_cut_short_says_so(tmp_path):
+    path = tmp_path / "cut.pt"
+    torch.save({"state_dict": gpt2_sd()}, path)
+    whole = path.read_bytes()
+    torch.save({"epoch": 1}, path, _use_new_zipfile_serialization=False)
+    legacy = path.read_bytes()
+    for cut in (whole[:1000], whole[:10], legacy[:len(legacy) // 2], b"\x80\x02abc", b"\x80\x02\xff\xff"):
+        path.write_bytes(cut)
+        assert failure(load_checkpoint, path) == (f"{path}: not a readable checkpoint (not a torch or safetensors "
+                                                  "file, or truncated)"), cut
+    path.write_bytes(legacy[:40] + b"\xff" * 20)  # a legacy pickle whose strings are not text: the reader's reason
+    assert failure(load_checkpoint, path) == (f"{path}: not a readable checkpoint (truncated or corrupt: 'utf-8' "
+                                              "codec can't decode byte 0xff in position 8: invalid start byte)")
+
+
+def test_state_dicts_in_one_file_must_agree(tmp_path):
+    path = tmp_path / "two.pt"
+    torch.save({"state_dict": torch.nn.MultiheadAttention(D, 2).state_dict(),
+                "state_dict_ema": torch.nn.MultiheadAttention(2 * D, 2).state_dict()}, path)
+    assert failure(load_checkpoint, path) == (f"{path}: the state dicts in the file disagree (state_dict_ema is a "
+                                              f"torch-mha of dim {2 * D}, depth 1)")
