@@ -39,3 +39,22 @@ def test_a_solve_that_cannot_fit_is_refused_with_both_sizes(monkeypatch, need, f
         assert str(e.value) == f"solving {config.describe()} needs {told}; try {hint}"
     monkeypatch.setattr(run, "available_memory", lambda device: need)
     assert run.check_memory(SolveConfig(**SHAPE), "cpu") == need  # exactly enough: solved
+
+
+def test_the_pseudo_inputs_of_a_solve_on_a_models_embedding():
+    """Both pseudo inputs (the first layer's and the rest's) are built on the embedding the config
+    names, and a config that names one refuses to build them without it."""
+    from structinit.geometry.embedding import pseudo_input
+
+    emb = np.linspace(-1, 1, 16 * 8, dtype=np.float32).reshape(16, 8)
+    config = SolveConfig(**SHAPE, pseudo_input="pe", pseudo_input_rest="pe+uniform", pos_embed=embedding_digest(emb))
+    first, rest = run.layer_inputs(config, emb)
+    np.testing.assert_array_equal(first, pseudo_input("pe", config.grid, 8, seed=config.seed, embedding=emb))
+    np.testing.assert_array_equal(rest, pseudo_input("pe+uniform", config.grid, 8, seed=config.seed + 1, embedding=emb))
+    on_sincos = pseudo_input("pe+uniform", config.grid, 8, seed=config.seed + 1)
+    assert np.abs(rest - on_sincos).max() > 0.1  # the model's table, not the sin-cos one
+    with pytest.raises(UsageError) as e:
+        run.layer_inputs(config)
+    assert str(e.value) == (f"the solve config has pos_embed {config.pos_embed[:19]}...; pass the embedding it was "
+                            "made from")
+    assert config.pos_embed[:19] == "sha256:" + config.pos_embed[7:19] and len(config.pos_embed) > 19
