@@ -58,3 +58,28 @@ def test_the_pseudo_inputs_of_a_solve_on_a_models_embedding():
     assert str(e.value) == (f"the solve config has pos_embed {config.pos_embed[:19]}...; pass the embedding it was "
                             "made from")
     assert config.pos_embed[:19] == "sha256:" + config.pos_embed[7:19] and len(config.pos_embed) > 19
+
+
+def mem_available() -> int:
+    with open("/proc/meminfo") as fh:
+        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:"))
+
+
+def free_under_address_limit(limit) -> int:
+    """``available_memory('cpu')`` in a fresh interpreter whose address space is capped at ``limit``."""
+    import subprocess
+    import sys
+
+    code = ("import resource; resource.setrlimit(resource.RLIMIT_AS, ({}, resource.RLIM_INFINITY)); "
+            "from structinit.solver.run import available_memory; print(available_memory('cpu'))").format(limit)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    return int(out.stdout)
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/meminfo"), reason="reads Linux's /proc/meminfo")
+def test_the_memory_free_for_a_cpu_solve_is_what_the_kernel_says_capped_by_an_address_space_limit():
+    if mem_available() < 4 * 2 ** 30:
+        pytest.skip("needs more than 4 GiB available to cap it below that")
+    assert free_under_address_limit(3 * 2 ** 30) == 3 * 2 ** 30
+    uncapped = free_under_address_limit(2 ** 50)  # a limit above what there is: what there is
+    assert 0.5 * mem_available() < uncapped < 2 ** 50 and uncapped % 1024 == 0
