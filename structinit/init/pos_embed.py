@@ -40,7 +40,7 @@ def write_sincos(pe, grid, scale: float = 1.0, zero_prefix: bool = False, name: 
                              f"the {grid.describe()} grid")
         table = torch.from_numpy(sincos_1d(pe.shape[0], pe.shape[1])) * scale
         with torch.no_grad():
-            pe.copy_(table.to(device=pe.device, dtype=pe.dtype))
+            pe.copy_(table)  # copy_ casts to pe's dtype and device
         return f"{name}[0:{pe.shape[0]}]"
     n = grid.tokens
     if pe.dim() != 3 or pe.shape[1] < n:
@@ -50,7 +50,7 @@ def write_sincos(pe, grid, scale: float = 1.0, zero_prefix: bool = False, name: 
     with torch.no_grad():
         if zero_prefix and start:
             pe[0, :start].zero_()
-        pe[0, start:].copy_(table.to(device=pe.device, dtype=pe.dtype))
+        pe[0, start:].copy_(table)
     return f"{name}[0, {start}:{pe.shape[1]}]"
 
 
@@ -82,6 +82,7 @@ def pe_kind(pe, grid) -> str:
     patch = rows[:grid.tokens] if pe.dim() == 2 else rows[rows.shape[0] - grid.tokens:]
     table = sincos(grid, rows.shape[-1])
     scale = float((patch * table).sum() / max(float((table * table).sum()), 1e-12))
-    if scale > 0 and np.allclose(patch, scale * table, atol=max(1e-4, 4 * eps) * max(1.0, abs(scale))):
-        return "sincos" if abs(scale - 1) < 1e-4 else f"sincos x{scale:.4g}"
+    tol = max(1e-4, 4 * eps)  # relative; half precision rounds each value by up to an eps
+    if scale > 0 and np.allclose(patch, scale * table, atol=tol * max(1.0, abs(scale))):
+        return "sincos" if abs(scale - 1) < tol else f"sincos x{scale:.4g}"
     return "other"
