@@ -76,7 +76,7 @@ def estimate_memory(config: SolveConfig) -> int:
     Measured against the peak resident memory of real solves on a CPU (4 heads, dim 64): the dense
     recipes within 0.8-1.3x from about 1,000 tokens up (at a few hundred tokens torch's own first
     allocations, about 200 MiB, dominate); ``fast`` counts its chunk and cache buffers in full, so
-    it overestimates small solves (0.1-0.7x measured below 10,000 tokens), which it never refuses."""
+    it overestimates small solves (0.1-0.7x measured below 10,000 tokens; at most about 500 MiB too much)."""
     from structinit.analysis.quality import CHUNK_BYTES, DENSE_BYTES
     from structinit.solver import algorithms
 
