@@ -213,7 +213,8 @@ def test_the_timm_arch_hint_is_taken_past_an_unusable_shape_entry(tmp_path):
     for shape in ({"grid": "bogus", "heads": 4}, {"grid": [3, 3], "heads": 4}, ["not", "a", "map"]):
         ckpt = load_checkpoint(timm_training_checkpoint(tmp_path / "t.pth", arch=arch, shape=shape))
         assert (ckpt.detected.heads, ckpt.extra) == (3, {"arch": arch}), shape
-    ckpt = load_checkpoint(timm_training_checkpoint(tmp_path / "t.pth", arch=arch, shape={"grid": [14, 14], "heads": 4}))
+    fits = {"grid": [14, 14], "heads": 4}
+    ckpt = load_checkpoint(timm_training_checkpoint(tmp_path / "t.pth", arch=arch, shape=fits))
     assert (ckpt.detected.heads, ckpt.extra) == (4, {"shape": {"grid": [14, 14], "heads": 4}})  # it fits: it wins
 
 

@@ -3,7 +3,6 @@
 (prefix rows kept or zeroed), in the table's own dtype; and what ``pe_kind`` calls sin-cos:
 a scale within tolerance relative to it, half precision, integer tables."""
 
-import numpy as np
 import pytest
 import timm
 import torch
