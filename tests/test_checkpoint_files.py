@@ -199,12 +199,7 @@ def test_given_offsets_are_the_ones_measured(tmp_path):
 def timm_training_checkpoint(path, **entries):
     """A one-block vit_tiny_patch16_224 state dict (zeros; dim 192, 3 heads in timm's registry)
     saved under ``state_dict`` with ``entries`` beside it."""
-    import timm
-
-    with torch.device("meta"):
-        shapes = {k: v.shape for k, v in timm.create_model("vit_tiny_patch16_224").state_dict().items()}
-    sd = {k: torch.zeros(s) for k, s in shapes.items() if not k.startswith("blocks.") or k.startswith("blocks.0.")}
-    torch.save({"state_dict": sd, **entries}, path)
+    torch.save({"state_dict": timm_training_checkpoint_sd(), **entries}, path)
     return path
 
 
@@ -266,6 +261,7 @@ def test_a_structinit_shape_entry_is_taken_only_where_it_fits_the_weights(tmp_pa
 
 
 def timm_training_checkpoint_sd():
+    """vit_tiny_patch16_224's first block and embeddings, all zeros."""
     import timm
 
     with torch.device("meta"):
