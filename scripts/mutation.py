@@ -351,12 +351,18 @@ def cmd_survivors(args) -> int:
         if args.toml:
             change = change_of(diff)
             print(f'[[equivalent]]\nmutant = "{m}"\nfunction = "{function_of(m)}"\n'
-                  f'change = """\n{change}\n"""\nreason = "TODO"\n')
+                  f'change = {toml_text(change)}\nreason = "TODO"\n')
         else:
             print(f"# {m}: {status(results[m])}" + (f"  (equivalent: {eq[m]['reason']})" if m in eq else ""))
             print("\n".join(diff.splitlines()[2:]))
             print()
     return 0
+
+
+def toml_text(text: str) -> str:
+    """``text`` as a TOML multi-line basic string (backslashes and quotes escaped: a diff may hold
+    a regex or a docstring)."""
+    return '"""\n' + text.replace("\\", "\\\\").replace('"', '\\"') + '\n"""'
 
 
 def cmd_judge(args) -> int:
@@ -373,7 +379,7 @@ def cmd_judge(args) -> int:
             return 2
         change = change_of(mutant_diff(m))
         entries.append(f'\n[[equivalent]]\nmutant = "{m}"\nfunction = "{function_of(m)}"\n'
-                       f'change = """\n{change}\n"""\nreason = "{reason}"\n')
+                       f'change = {toml_text(change)}\nreason = "{reason}"\n')
     with open(EQUIVALENTS, "a") as fh:
         fh.write("".join(entries))
     print(f"judged {len(entries)} mutant(s) equivalent in {EQUIVALENTS.relative_to(REPO)}")
