@@ -109,3 +109,16 @@ def test_a_config_describes_its_geometry_in_words_and_in_one_record():
     assert img.describe() == "4x5 grid, dim 8, 2 heads, filter 3, 3 layer(s) shared, recipe fast"
     assert img.geometry() == {"ndim": 2, "grid": [4, 5], "tokens": 20, "filter": 3, "padding": "circular",
                               "causal": False, "window": [[dy, dx] for dy in (-1, 0, 1) for dx in (-1, 0, 1)]}
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"causal": "yes"}, "causal must be true or false, got 'yes'"),
+    ({"pos_embed": 123}, "pos_embed must be an embedding digest 'sha256:<64 hex digits>' (see embedding_digest), "
+                         "got 123"),
+    ({"pos_embed": "sha256:abc"}, "pos_embed must be an embedding digest 'sha256:<64 hex digits>' (see "
+                                  "embedding_digest), got 'sha256:abc'"),
+])
+def test_a_config_refuses_a_mask_or_digest_that_is_not_one(settings, message):
+    from structinit.solver.config import SolveConfig
+
+    assert usage_message(SolveConfig, grid=(4, 4), dim=8, heads=2, **settings) == message
