@@ -68,6 +68,11 @@ def test_what_is_called_sin_cos_and_at_what_scale():
         assert pe_kind(nudged, (4, 4)) == kind, off
     assert pe_kind(-table, (4, 4)) == "other"  # a negative scale is no sin-cos table
     assert pe_kind(table.half(), (4, 4)) == "sincos"  # half precision's rounding is tolerated
+    eps = torch.finfo(torch.float16).eps
+    for off, kind in ((3.5 * eps, "sincos"), (4.5 * eps, "other")):  # ... up to 4 eps of it
+        nudged = table.clone()
+        nudged[0, 0, 0] += off  # a sin(0): exact in half precision, nudge included
+        assert pe_kind(nudged.half(), (4, 4)) == kind, off
     assert pe_kind(table.bfloat16(), (4, 4)) == "sincos"
     assert pe_kind(torch.round(10 * table).to(torch.int64), (4, 4)) == "other"  # integers: no rounding slack
     assert pe_kind(torch.zeros(1, 16, 8), (4, 4)) == "other"
