@@ -117,6 +117,9 @@ def test_a_config_describes_its_geometry_in_words_and_in_one_record():
                          "got 123"),
     ({"pos_embed": "sha256:abc"}, "pos_embed must be an embedding digest 'sha256:<64 hex digits>' (see "
                                   "embedding_digest), got 'sha256:abc'"),
+    ({"pseudo_input": "uniform", "pos_embed": "sha256:" + "0" * 64},
+     "pos_embed replaces the sin-cos table of a 'pe' pseudo input, but pseudo_input 'uniform' uses no position "
+     "embedding"),
 ])
 def test_a_config_refuses_a_mask_or_digest_that_is_not_one(settings, message):
     from structinit.solver.config import SolveConfig
