@@ -297,6 +297,8 @@ def test_the_grid_a_structinit_checkpoint_tells_reaches_every_method(tmp_path):
         plan = apply_checkpoint(path, spec=spec, dry_run=True, set_pe="sincos", data_fit=0) if spec == "impulse" \
             else apply_checkpoint(path, spec=spec, dry_run=True)
         assert (plan["grid"], plan["heads"], plan["hints"]["shape"]) == ([40], HEADS, {"grid": [40], "heads": HEADS})
+    # A grid the caller gives wins over the file's (the same 40 tokens, read as an image grid).
+    assert apply_checkpoint(path, spec="mimetic", grid=(5, 8), dry_run=True)["grid"] == [5, 8]
     bare = tmp_path / "bare.pt"
     torch.save({"state_dict": sd}, bare)
     assert apply_checkpoint(bare, spec="mimetic", heads=HEADS, dry_run=True)["grid"] is None
