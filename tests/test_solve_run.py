@@ -83,3 +83,15 @@ def test_the_memory_free_for_a_cpu_solve_is_what_the_kernel_says_capped_by_an_ad
     assert free_under_address_limit(3 * 2 ** 30) == 3 * 2 ** 30
     uncapped = free_under_address_limit(2 ** 50)  # a limit above what there is: what there is
     assert 0.5 * mem_available() < uncapped < 2 ** 50 and uncapped % 1024 == 0
+
+
+@pytest.mark.parametrize("layers, rest, shared, solved", [
+    (1, None, True, [0]), (4, None, True, [0]),
+    (1, "uniform", True, [0]),      # one layer: the rest's pseudo input has no layer to go to
+    (2, "uniform", True, [0, 1]),   # the first layer, and one solve for all that follow
+    (3, "uniform", True, [0, 1]),
+    (3, "uniform", False, [0, 1, 2]),
+])
+def test_which_layers_get_their_own_solve(layers, rest, shared, solved):
+    config = SolveConfig(**SHAPE, layers=layers, pseudo_input_rest=rest, share=shared)
+    assert run.solved_layers(config) == solved
