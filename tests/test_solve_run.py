@@ -95,3 +95,23 @@ def test_the_memory_free_for_a_cpu_solve_is_what_the_kernel_says_capped_by_an_ad
 def test_which_layers_get_their_own_solve(layers, rest, shared, solved):
     config = SolveConfig(**SHAPE, layers=layers, pseudo_input_rest=rest, share=shared)
     assert run.solved_layers(config) == solved
+
+
+def test_the_memory_estimate_scales_as_each_recipe_holds_its_maps():
+    """The dense recipes hold N x N maps for every head of every solved layer (authors-2025: of one
+    layer at a time); the fast recipe is O(N D). A ratio of estimates, not their value, is checked."""
+    def est(grid=(200, 200), **settings):
+        return run.estimate_memory(SolveConfig(grid=grid, **{"dim": 64, "heads": 4, **settings}))
+
+    for recipe in ("paper", "released", "closed-form", "authors-2025"):
+        base = est(recipe=recipe)
+        assert 15 < base / est(grid=(100, 100), recipe=recipe) < 16.5, recipe  # 4x the tokens: 16x
+        assert 1.9 < est(recipe=recipe, heads=8) / base < 2.05, recipe
+        assert 0.99 < est(recipe=recipe, dim=128) / base < 1.1, recipe  # N x N dominates D
+        assert 0.99 < est(recipe=recipe, layers=4, share=True) / base < 1.05, recipe  # one solve
+        per_layer = est(recipe=recipe, layers=4) / base
+        assert (0.99 < per_layer < 1.1) if recipe == "authors-2025" else (3.9 < per_layer < 4.05), recipe
+    fast = est(grid=(800, 800))
+    assert 2.5 < fast / est(grid=(400, 400)) < 4.05  # about linear in N past its fixed buffers
+    assert 1.5 < est(grid=(800, 800), dim=128) / fast < 2.05  # ... and in D
+    assert est() < est(recipe="paper") / 100
