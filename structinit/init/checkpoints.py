@@ -79,6 +79,15 @@ def sniff_format(path: os.PathLike) -> Optional[str]:
     return None
 
 
+def is_cut_short(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by ``torch.load``, means the file is no whole torch checkpoint: a zip
+    or pickle stream cut short (it runs out of input or of stack) or garbage past its first bytes,
+    as opposed to a whole file that asks for something refused."""
+    msg = str(exc)
+    return isinstance(exc, (EOFError, IndexError)) or any(s in msg for s in ("Unsupported operand",
+                                                                              "failed reading zip archive"))
+
+
 def read_object(path: os.PathLike) -> Tuple[Any, str, Optional[Dict[str, str]]]:
     """``(object, format, safetensors metadata)`` from a file, safely; raises :class:`CheckpointError`.
     The format is told by the file's content, not its name. Tensors are read onto the CPU, so a
@@ -118,14 +127,12 @@ def read_object(path: os.PathLike) -> Tuple[Any, str, Optional[Dict[str, str]]]:
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line
         msg = str(exc)
-        if isinstance(exc, (EOFError, IndexError)) or any(s in msg for s in ("Unsupported operand",
-                                                                             "failed reading zip archive")):
-            # A zip or pickle cut short, or garbage past the first bytes: nothing to refuse, just unreadable.
+        if is_cut_short(exc):  # nothing to refuse, just unreadable
             raise CheckpointError(f"{path}: not a readable checkpoint (not a torch or safetensors file, or "
                                   "truncated)") from None
         if "Weights only load failed" in msg:
             # torch names it "GLOBAL module.name" (after "Unsupported global:", in torch 2.4 on).
-            m = re.search(r"GLOBAL\s+([\w.]+)", msg) or re.search(r"global:?\s+([\w.]+)", msg)
+            m = re.search(r"GLOBAL\s+([\w.]+)", msg)
             what = f": it asks for {m.group(1)}" if m else ""
             raise CheckpointError(f"{path}: refusing to load a pickle that asks to run code{what} (only tensors "
                                   "and plain containers are loaded; nothing of it was run). Re-save it as a plain "

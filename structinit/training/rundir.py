@@ -201,10 +201,10 @@ def load_run_weights(path: os.PathLike, map_location="cpu") -> Dict[str, Any]:
 def _unreadable(exc: BaseException) -> str:
     """Why ``torch.load(weights_only=True)`` failed, in one line (torch's own messages run to a
     page and suggest ``weights_only=False``, which would run whatever the file holds)."""
+    from structinit.init.checkpoints import is_cut_short
+
     msg = str(exc)
-    # A pickle stream that ends early runs out of input (EOFError) or of stack (IndexError).
-    if isinstance(exc, (EOFError, IndexError)) or any(s in msg for s in ("Unsupported operand",
-                                                                         "failed reading zip archive")):
+    if is_cut_short(exc):
         return "not a torch checkpoint, or truncated"
     if "Weights only load failed" in msg:
         return "it needs code beyond tensors and plain containers to unpickle; nothing of it was run"
