@@ -152,3 +152,94 @@ def test_solve_uses_the_cache_and_force_replaces_it(tmp_path):
     solve(SolveConfig(grid=(4, 4), dim=16, heads=2, recipe="paper", params={"iters": 200}), cache_dir=tmp_path,
           progress=lambda done, total: progress.append((done, total)))
     assert progress == [(100, 200), (200, 200)]
+
+
+def test_bad_threads_and_devices_are_refused_even_when_the_cache_has_the_result(tmp_path):
+    solve(CFG, cache_dir=tmp_path)
+    assert "threads" in rendered(solve, CFG, cache_dir=tmp_path, threads=0)
+    assert "unknown <device> 'tpu'" in rendered(solve, CFG, cache_dir=tmp_path, device="tpu")
+
+
+def test_a_solve_runs_on_the_torch_threads_it_is_given(tmp_path, one_torch_thread):
+    import torch
+
+    torch.set_num_threads(2)
+    assert not solve(CFG, cache_dir=tmp_path, threads=1).cached
+    assert torch.get_num_threads() == 1
+
+
+def test_a_cache_folder_is_created_with_its_parents(tmp_path):
+    res = solve(CFG, cache_dir=tmp_path / "a" / "b")
+    assert res.artifact.path == tmp_path / "a" / "b" / CFG.filename and read_artifact(res.artifact.path).key == CFG.key
+
+
+def test_a_cache_hit_waits_for_no_lock_and_imports_no_torch(tmp_path):
+    """The lock-free first look: a hit returns while another process holds the key's lock (and
+    reads the artifact without torch, whose import alone takes a second or two)."""
+    import subprocess
+    import sys
+
+    from filelock import FileLock
+
+    solve(CFG, cache_dir=tmp_path)
+    script = ("import sys; from structinit.solver.run import solve; from structinit.solver.config import SolveConfig; "
+              f"r = solve(SolveConfig(grid=(4, 4), dim=16, heads=2), cache_dir={str(tmp_path)!r}); "
+              "print(r.cached, r.artifact.path.name, 'torch' in sys.modules)")
+    with FileLock(str(tmp_path / ".locks" / (CFG.filename + ".lock"))):
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20)
+    assert r.stdout.split() == ["True", CFG.filename, "False"], r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("left", ["artifact", "corrupt"])
+def test_a_solver_that_waited_for_the_lock_takes_what_the_holder_left(tmp_path, left):
+    """Between the first look and the lock, another process may finish the key: the waiter then
+    returns that artifact; a corrupt copy is reported, removed and solved again."""
+    import threading
+    import time
+
+    from filelock import FileLock
+
+    from structinit.solver.artifact import write_artifact
+    from structinit.solver.run import compute
+
+    warnings, out = [], {}
+    holder = FileLock(str(tmp_path / ".locks" / (CFG.filename + ".lock")))
+    (tmp_path / ".locks").mkdir()
+    holder.acquire()
+    waiter = threading.Thread(target=lambda: out.update(res=solve(CFG, cache_dir=tmp_path, warn=warnings.append)))
+    waiter.start()
+    time.sleep(1.0)  # past the first look: the waiter now blocks on the lock
+    target = tmp_path / CFG.filename
+    if left == "artifact":
+        theirs = compute(CFG)
+        theirs.stats["seconds"] = -1.0  # tells their copy from one the waiter would solve
+        write_artifact(theirs, target)
+    else:
+        target.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    holder.release()
+    waiter.join(60)
+    assert not waiter.is_alive()
+    res = out["res"]
+    if left == "artifact":
+        assert res.cached and res.artifact.stats["seconds"] == -1.0 and warnings == []
+    else:
+        assert not res.cached and read_artifact(target).key == CFG.key
+        assert len(warnings) == 1 and warnings[0].startswith(f"ignoring corrupt artifact: {target}")
+
+
+def test_a_failed_write_of_a_solved_artifact_says_why_and_stores_nothing(tmp_path):
+    """Past a file-size limit (the kernel's stand-in for a full disk) the write fails with the
+    system's reason; no artifact or temp file is left."""
+    import resource
+
+    big = SolveConfig(grid=(8, 8), dim=128, heads=4, layers=3)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
+    try:
+        with pytest.raises(StructinitError) as exc:
+            solve(big, cache_dir=tmp_path)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert exc.value.render(lambda n: f"<{n}>") == (
+        f"solved, but cannot write the artifact into the <cache_dir> {tmp_path}: File too large; nothing was stored")
+    assert [p.name for p in tmp_path.iterdir() if p.is_file()] == []

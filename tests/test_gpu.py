@@ -48,6 +48,15 @@ def test_a_gpu_solve_gives_the_cpu_solution(recipe, params):
     assert torch.allclose(logits[gpu.stats["device"]], ref, atol=0.05 * float(ref.abs().max()))
 
 
+def test_the_memory_free_for_a_gpu_solve_is_the_devices_free_memory():
+    from structinit.solver.run import available_memory
+
+    before = torch.cuda.mem_get_info(0)[0]
+    free = available_memory("cuda:0")
+    total = torch.cuda.mem_get_info(0)[1]
+    assert abs(free - before) < 256 * 2 ** 20 and free < total  # free, not total; other processes may allocate
+
+
 def test_training_on_the_gpu_uses_bf16_learns_and_resumes(tmp_path):
     straight = train(TrainConfig(epochs=4, device="cuda", out=str(tmp_path / "straight"), **TINY))
     config = json.loads((tmp_path / "straight" / "config.json").read_text())

@@ -140,6 +140,28 @@ def test_an_interrupted_run_resumed_is_the_uninterrupted_run(tmp_path):
     assert again.final_val_acc is None and again.out == str(out) and again.params == resumed.params
 
 
+def test_a_finished_run_trained_again_returns_the_result_it_returned(tmp_path):
+    """From its checkpoint, without training: every field as the run returned it, but the time
+    (the checkpoint's, before the last evaluation) and where it resumed from."""
+    from dataclasses import asdict
+
+    out = tmp_path / "run"
+    first = train(TrainConfig(epochs=2, out=str(out), val_size=64, seed=1, init="mimetic", **QUICK))
+    (out / "final.json").write_text("{}")  # the checkpoint is the record, not this
+    logs = []
+    again = train(TrainConfig(epochs=2, out=str(out), val_size=64, seed=1, init="mimetic", resume=True, **QUICK),
+                  log=logs.append)
+    assert any(f"{out} finished all 2 epochs already" in m for m in logs)
+    ck = load_train_checkpoint(out / "checkpoint.pt")
+    assert again.wall_seconds == ck["elapsed"] and 0 < again.wall_seconds <= first.wall_seconds
+    assert again.resumed_from == 2 and first.resumed_from is None
+    assert again.best_on == "val" and again.final_val_acc == first.metrics[-1]["val_acc"]
+    assert again.world_size == 1 and again.device == "cpu"
+    differ = {"wall_seconds", "resumed_from", "init_report"}
+    assert {k: v for k, v in asdict(again).items() if k not in differ} == \
+        {k: v for k, v in asdict(first).items() if k not in differ}
+
+
 def test_the_run_line_and_the_evaluation_match_the_weights(tmp_path):
     from structinit.training.augment import normalize
     from structinit.training.datasets import DATASETS, load_dataset

@@ -226,12 +226,13 @@ def _differences(old: TrainConfig, new: TrainConfig) -> List[str]:
 
 
 def _result_from_checkpoint(ck: Dict[str, Any], run: RunDir, ctx, key: str) -> TrainResult:
+    """The result of a finished run, from its last checkpoint (which holds every epoch's record),
+    as :func:`train` returned it (``final.json`` is not read: the checkpoint is the record)."""
     metrics = list(ck["metrics"])
-    final = run.read_final() or {}
-    return TrainResult(final_acc=final.get("final_acc", metrics[-1].get("test_acc") if metrics else float("nan")),
-                       final_val_acc=final.get("final_val_acc"), best_acc=float(ck["best_acc"]),
-                       best_epoch=int(ck["best_epoch"]), best_on=ck.get("best_on", "test"), epochs=len(metrics),
-                       wall_seconds=float(ck.get("elapsed", 0.0)), params=dict(ck.get("params", {})),
+    return TrainResult(final_acc=metrics[-1]["test_acc"], final_val_acc=metrics[-1].get("val_acc"),
+                       best_acc=float(ck["best_acc"]),
+                       best_epoch=int(ck["best_epoch"]), best_on=ck["best_on"], epochs=len(metrics),
+                       wall_seconds=float(ck["elapsed"]), params=dict(ck["params"]),
                        metrics=metrics, out=str(run.path), key=key, resumed_from=int(ck["epoch"]),
                        world_size=ctx.world, device=ctx.device)
 
