@@ -345,3 +345,50 @@ def test_cli_on_a_sequence_model_draws_bands(cli, tmp_path):
         np.testing.assert_allclose(np.array(got["fidelity"][name]), getattr(fid, name), atol=1e-6)
     assert np.array(got["query_maps"]).shape == (4, 4, 40)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 50_000
+
+
+def test_a_run_measures_its_init_with_the_padding_its_offsets_were_solved_for():
+    """Circular padding wraps the border queries' targets around the grid: the run's record at init
+    is the model's attention against those targets, not the zero-padded ones."""
+    from structinit.analysis.fidelity import data_attention_quality
+    from structinit.training.loop import train
+
+    cfg = TrainConfig(dataset="digits", init="impulse", init_params={"data_fit": 0, "padding": "circular"},
+                      train_size=64, epochs=1, threads=1)
+    recorded = train(cfg).init_report["data_attention"]
+    model, report, _ = initialized_model(cfg)
+    offsets, x = [r["offsets"] for r in report["layers"]], training_images(cfg, 64)
+    measured = {p: data_attention_quality(model, x, offsets, report["grid"], padding=p) for p in ("circular", "zero")}
+    assert abs(measured["circular"]["target_mass"] - measured["zero"]["target_mass"]) > 0.005
+    for name in ("hit_rate", "target_mass"):
+        assert recorded[name] == pytest.approx(measured["circular"][name], abs=1e-6), name
+
+
+def refusal(config) -> str:
+    from structinit.errors import UsageError
+    from structinit.training.loop import train
+
+    with pytest.raises(UsageError) as exc:
+        train(config)
+    return exc.value.render(lambda n: f"<{n}>")
+
+
+CAUSAL_REFUSED = "<causal> solves for a decoder's causal mask, but transformer-1d attends both ways: leave it out"
+SEQ = dict(model="transformer-1d", dataset="mnist1d", init="impulse", train_size=64, epochs=1, threads=1)
+
+
+def test_causal_offsets_are_refused_for_the_models_train_builds():
+    """They would be solved under a decoder's mask that transformer-1d never applies."""
+    assert refusal(TrainConfig(**SEQ, init_params={"causal": True})) == CAUSAL_REFUSED
+    TrainConfig(**SEQ, init_params={"causal": False}).validate()
+
+
+@pytest.mark.slow  # making MNIST-1D takes about 7 s
+def test_a_causal_artifact_is_refused_when_train_reads_it(cache_dir, tmp_path):
+    """Given by path, it is read at init: refused there, before training, leaving no run folder."""
+    from structinit import SolveConfig, solve
+
+    art = solve(SolveConfig(grid=(40,), dim=64, heads=4, filter=5, causal=True, layers=4), cache_dir=cache_dir).artifact
+    out = tmp_path / "run"
+    assert refusal(TrainConfig(**SEQ, init_params={"artifact": str(art.path), "data_fit": 0}, out=str(out))) == CAUSAL_REFUSED
+    assert not out.exists()

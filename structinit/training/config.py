@@ -45,6 +45,13 @@ OPTIONAL_DEFAULTS: Dict[str, Any] = {"window": None, "shuffle_seq": False}
 KEY_LENGTH = 12
 
 
+def causal_refused(model: str) -> UsageError:
+    """The error for causal impulse offsets on a model ``train`` builds: they are solved under a
+    decoder's mask, and these models attend both ways."""
+    return UsageError(f"{param('causal')} solves for a decoder's causal mask, but {model} attends both ways: "
+                      "leave it out")
+
+
 @dataclass
 class TrainConfig:
     """Everything a training run depends on. ``None`` means the default (see the module docstring).
@@ -169,7 +176,8 @@ class TrainConfig:
         if self.shuffle_seq and self.dataset not in SHUFFLABLE:
             raise UsageError(f"{param('shuffle_seq')} applies to sequence datasets ({', '.join(SHUFFLABLE)}), not "
                              f"{self.dataset}")
-        self.init_spec()
+        if getattr(self.init_spec(), "causal", False):
+            raise causal_refused(self.model)  # an artifact's own flag is checked once train reads it
         from structinit.runtime import check_device, check_threads
 
         check_device(self.device)

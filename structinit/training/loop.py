@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from structinit.errors import StructinitError, UsageError, param
-from structinit.training.config import EXECUTION_FIELDS, TrainConfig
+from structinit.training.config import EXECUTION_FIELDS, TrainConfig, causal_refused
 from structinit.training.rundir import RunDir
 
 
@@ -215,9 +215,9 @@ def impulse_fidelity(model, split, info, report: Dict[str, Any]) -> Dict[str, An
     x = init_inputs(split, info)
     solved = (report.get("artifact") or {}).get("config") or report  # impulse-2025 solves with no artifact
     rows = report["layers"]
+    # No causal mask: the models train builds attend both ways (TrainConfig refuses causal offsets).
     return data_attention_quality(model, x, [r["offsets"] for r in rows], Grid(report["grid"]),
-                                  padding=solved.get("padding", "zero"), causal=bool(solved.get("causal", False)),
-                                  layers=[r["layer"] for r in rows])
+                                  padding=solved.get("padding", "zero"), layers=[r["layer"] for r in rows])
 
 
 def _differences(old: TrainConfig, new: TrainConfig) -> List[str]:
@@ -332,6 +332,8 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
                     say(f"the init's data fit needs training inputs held in memory and {config.dataset} is read "
                         "from disk: Q/K keep the plain solve")
             init_report = initialize_model(model, spec, seed=config.seed, data=fit_to)
+            if ((init_report.get("artifact") or {}).get("config") or {}).get("causal"):
+                raise causal_refused(config.model)  # an artifact given by path or key, read just now
             from structinit.init.specs import IMPULSE_METHODS
 
             if info.in_memory and init_report.get("method") in IMPULSE_METHODS:
