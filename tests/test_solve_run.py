@@ -65,15 +65,22 @@ def mem_available() -> int:
         return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:"))
 
 
-def free_under_address_limit(limit) -> int:
-    """``available_memory('cpu')`` in a fresh interpreter whose address space is capped at ``limit``."""
+def free_under_address_limit(limit, meminfo: bool = True):
+    """``available_memory('cpu')`` in a fresh interpreter whose address space is capped at ``limit``
+    (``None``: not capped); without ``meminfo``, as on a system with no ``/proc/meminfo``."""
     import subprocess
     import sys
 
-    code = ("import resource; resource.setrlimit(resource.RLIMIT_AS, ({}, resource.RLIM_INFINITY)); "
-            "from structinit.solver.run import available_memory; print(available_memory('cpu'))").format(limit)
+    hide = ("import builtins, io; real = builtins.open\n"
+            "def fake(path, *a, **k):\n"
+            "    if str(path) == '/proc/meminfo': raise FileNotFoundError(2, 'No such file or directory')\n"
+            "    return real(path, *a, **k)\n"
+            "builtins.open = fake\n") if not meminfo else ""
+    cap = "resource.RLIM_INFINITY" if limit is None else str(limit)
+    code = (f"{hide}import resource; resource.setrlimit(resource.RLIMIT_AS, ({cap}, resource.RLIM_INFINITY))\n"
+            "from structinit.solver.run import available_memory; print(available_memory('cpu'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    return int(out.stdout)
+    return None if out.stdout.strip() == "None" else int(out.stdout)
 
 
 @pytest.mark.skipif(not __import__("os").path.exists("/proc/meminfo"), reason="reads Linux's /proc/meminfo")
@@ -83,6 +90,9 @@ def test_the_memory_free_for_a_cpu_solve_is_what_the_kernel_says_capped_by_an_ad
     assert free_under_address_limit(3 * 2 ** 30) == 3 * 2 ** 30
     uncapped = free_under_address_limit(2 ** 50)  # a limit above what there is: what there is
     assert 0.5 * mem_available() < uncapped < 2 ** 50 and uncapped % 1024 == 0
+    # a system without /proc/meminfo: the address-space limit alone, or unknown
+    assert free_under_address_limit(3 * 2 ** 30, meminfo=False) == 3 * 2 ** 30
+    assert free_under_address_limit(None, meminfo=False) is None
 
 
 @pytest.mark.parametrize("layers, rest, shared, solved", [

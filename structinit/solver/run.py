@@ -73,10 +73,11 @@ def estimate_memory(config: SolveConfig) -> int:
     ``paper``, ``released`` and ``closed-form`` hold ``N x N`` maps for every head; ``authors-2025``
     those of one layer's heads at a time.
 
-    Measured against the peak resident memory of real solves on a CPU (4 heads, dim 64): the dense
-    recipes within 0.8-1.3x from about 1,000 tokens up (at a few hundred tokens torch's own first
-    allocations, about 200 MiB, dominate); ``fast`` counts its chunk and cache buffers in full, so
-    it overestimates small solves (0.1-0.7x measured below 10,000 tokens; at most about 500 MiB too much)."""
+    Measured against the peak resident memory a real solve adds on a CPU (dim 64; the test suite
+    checks it): the dense recipes within 0.85-1.3x from about 2,000 tokens up (at 1,024 tokens
+    ``paper`` measured twice the estimate, and at a few hundred tokens torch's own first allocations,
+    about 200 MiB, dominate); ``fast`` counts its chunk and cache buffers in full, so it never
+    underestimates and overestimates by at most about 500 MiB (2.4x at 4,096 tokens)."""
     from structinit.analysis.quality import CHUNK_BYTES, DENSE_BYTES
     from structinit.solver import algorithms
 
