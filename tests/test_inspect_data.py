@@ -390,5 +390,6 @@ def test_a_causal_artifact_is_refused_when_train_reads_it(cache_dir, tmp_path):
 
     art = solve(SolveConfig(grid=(40,), dim=64, heads=4, filter=5, causal=True, layers=4), cache_dir=cache_dir).artifact
     out = tmp_path / "run"
-    assert refusal(TrainConfig(**SEQ, init_params={"artifact": str(art.path), "data_fit": 0}, out=str(out))) == CAUSAL_REFUSED
+    given = {"artifact": str(art.path), "data_fit": 0}
+    assert refusal(TrainConfig(**SEQ, init_params=given, out=str(out))) == CAUSAL_REFUSED
     assert not out.exists()

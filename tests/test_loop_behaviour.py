@@ -83,6 +83,15 @@ def test_train_epoch_sets_the_lr_of_every_step_before_it():
     assert not net.training  # evaluate leaves the model in eval mode
 
 
+def test_an_epoch_without_batches_sums_nothing_and_has_no_lr():
+    net = torch.nn.Linear(4, 3)
+    opt, trainable = build_optimizer(net, {"lr": 0.1, "opt_eps": 1e-8, "weight_decay": 0.0})
+    sc = StepContext(net=net, opt=opt, trainable=trainable, criterion=torch.nn.CrossEntropyLoss(),
+                     autocast=lambda: torch.autocast("cpu", enabled=False), grad_clip=0.0)
+    sums, lr = train_epoch(sc, [], lambda s: 0.1)
+    assert math.isnan(lr) and sums.dtype == torch.float64 and sums.tolist() == [0.0, 0.0, 0.0]
+
+
 def test_gradients_are_clipped_to_grad_clip():
     torch.manual_seed(0)
     net = torch.nn.Linear(4, 3)
@@ -402,6 +411,37 @@ def test_settings_that_cannot_run_are_refused_before_training(tmp_path):
         train(TrainConfig(epochs=1, out=str(out), resume=True, **QUICK))
 
 
+@pytest.mark.parametrize("before, now, told", [
+    ({"window": 3}, {}, "window 3 in the run, None now"),           # set in the run only
+    ({}, {"shuffle_seq": True}, "shuffle_seq None in the run, True now"),  # set now only
+])
+def test_resume_refuses_a_setting_that_only_one_side_sets(tmp_path, before, now, told):
+    """Settings left at their defaults are not written, so a change may leave a key on one side only."""
+    seq = dict(model="transformer-1d", dataset="mnist1d", epochs=1, threads=1)
+    out = tmp_path / "run"
+    run = RunDir(out)
+    run.create()
+    run.write_config({"config": TrainConfig(**seq, **before, out=str(out)).to_dict()})
+    with pytest.raises(UsageError) as exc:
+        train(TrainConfig(**seq, **now, out=str(out), resume=True))
+    assert exc.value.render(lambda n: f"<{n}>") == (
+        f"<resume> with settings that differ from the run in {out}: {told}")
+
+
+def test_the_summary_written_to_final_json():
+    """Its time in milliseconds; no per-epoch metrics, only the last (none for a run of no epochs)."""
+    from structinit.training.loop import TrainResult
+
+    kw = dict(final_acc=90.0, best_acc=91.0, best_epoch=2, best_on="val", wall_seconds=12.34567,
+              params={"total": 5, "trainable": 4}, final_val_acc=89.0, out="o", key="k", resumed_from=1)
+    done = TrainResult(epochs=2, metrics=[{"epoch": 1}, {"epoch": 2, "test_acc": 90.0}], **kw).summary()
+    assert done == {"final_acc": 90.0, "final_val_acc": 89.0,
+                    "best_epoch": {"epoch": 2, "test_acc": 91.0, "selected_on": "val"}, "epochs": 2,
+                    "wall_seconds": 12.346, "params": {"total": 5, "trainable": 4}, "out": "o", "key": "k",
+                    "resumed_from": 1, "world_size": 1, "device": "cpu", "last": {"epoch": 2, "test_acc": 90.0}}
+    assert TrainResult(epochs=0, metrics=[], **kw).summary()["last"] is None
+
+
 def test_lr_schedule_shape():
     lr, low = 1e-2, 1e-4
     assert lr_at(0, 100, 10, lr, low) == pytest.approx(lr / 10)
@@ -413,6 +453,29 @@ def test_lr_schedule_shape():
     mid = lr_at(55, 100, 10, lr, low)
     assert mid == pytest.approx(low + 0.5 * (lr - low) * (1 + math.cos(math.pi * 0.5)))
     assert lr_at(5, 5, 5, lr, low) == pytest.approx(lr)  # warm-up as long as the run: the span is at least 1
+    assert lr_at(6, 6, 5, lr, low) == pytest.approx(low)  # one step after warm-up: the cosine ends at its end
+
+
+@pytest.mark.skipif(tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 4),
+                    reason="fused AdamW on the CPU needs torch 2.4")
+def test_the_optimizer_is_fused_where_torch_has_it_and_plain_where_it_has_not(monkeypatch):
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 3))
+    hp = {"lr": 0.3, "opt_eps": 1e-7, "weight_decay": 0.2}
+    opt, _ = build_optimizer(net, hp)
+    assert opt.defaults["fused"] is True and opt.defaults["lr"] == 0.3 and opt.defaults["eps"] == 1e-7
+
+    real = torch.optim.AdamW
+
+    def without_fused(params, **kwargs):  # a torch older than 2.4 on the CPU
+        if kwargs.pop("fused", None):
+            raise RuntimeError("`fused=True` requires all the params to be floating point Tensors of supported devices")
+        return real(params, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "AdamW", without_fused)
+    opt, trainable = build_optimizer(net, hp)
+    assert isinstance(opt, real) and not opt.defaults["fused"]
+    assert (opt.defaults["lr"], opt.defaults["eps"]) == (0.3, 1e-7)
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.2, 0.0] and len(trainable) == 4
 
 
 def test_resuming_from_a_corrupt_checkpoint_is_one_error_line(tmp_path, cli):
@@ -484,3 +547,17 @@ train_size = 320
     assert run_status(ex.run_dir(cell)).epochs_done == 2
     rep = collect(ex)
     assert rep.problems() == [] and [m["epoch"] for m in rep.runs[0].metrics] == [1, 2]
+
+
+def test_the_init_sees_the_first_training_inputs_as_the_model_does():
+    """Images normalized with the dataset's statistics; sequences as stored (already standardized)."""
+    from structinit.training.datasets import TensorSplit, dataset_info
+    from structinit.training.loop import FIDELITY_SAMPLES, init_inputs
+
+    seqs = TensorSplit(images=torch.randn(300, 1, 40), labels=torch.zeros(300, dtype=torch.long))
+    assert torch.equal(init_inputs(seqs, dataset_info("mnist1d")), seqs.images[:FIDELITY_SAMPLES])
+    info = dataset_info("digits")
+    images = TensorSplit(images=torch.randint(0, 256, (300, 1, 8, 8), dtype=torch.uint8),
+                         labels=torch.zeros(300, dtype=torch.long))
+    want = (images.images[:FIDELITY_SAMPLES].float() / 255 - info.mean[0]) / info.std[0]
+    assert torch.allclose(init_inputs(images, info), want, atol=1e-6)

@@ -139,7 +139,8 @@ def train_epoch(sc: StepContext, batches: Iterable[Tuple[Any, Any]], lr_for_step
                 on_step: Optional[Callable[[int, int], None]] = None):
     """One pass over ``batches`` (``(x, y)`` pairs), the learning rate of step ``s`` (0-based, in
     this epoch) set to ``lr_for_step(s)`` before it. Returns ``(sums, lr)``: float64 ``[loss sum,
-    correct, count]`` on the batches' device (not yet reduced over processes) and the last lr."""
+    correct, count]`` on the batches' device (not yet reduced over processes; on the CPU when there
+    are none) and the last lr (NaN when there are none)."""
     import torch
 
     sc.net.train()
@@ -172,7 +173,7 @@ def train_epoch(sc: StepContext, batches: Iterable[Tuple[Any, Any]], lr_for_step
                                  torch.tensor(float(y.numel()), dtype=torch.float64, device=x.device)])
         if on_step:
             on_step(s + 1)
-    return sums, lr
+    return (torch.zeros(3, dtype=torch.float64) if sums is None else sums), lr  # no batches: nothing summed
 
 
 def evaluate(model, chunks: Iterable[Tuple[Any, Any]], autocast: Callable[[], Any], device) -> Any:
