@@ -79,7 +79,7 @@ def test_train_epoch_sets_the_lr_of_every_step_before_it():
         want_correct = int((logits.argmax(-1) == y.reshape(-1)).sum())
     assert sums.dtype == torch.float64 and sums.tolist() == pytest.approx([want_loss, want_correct, 30])
     ev = evaluate(net, zip(x, y), lambda: torch.autocast("cpu", enabled=False), "cpu")
-    assert ev.tolist() == pytest.approx([want_loss, want_correct, 30])
+    assert ev.dtype == torch.float64 and ev.tolist() == pytest.approx([want_loss, want_correct, 30])
     assert not net.training  # evaluate leaves the model in eval mode
 
 
