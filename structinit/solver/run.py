@@ -240,9 +240,8 @@ def solve(config: SolveConfig, cache_dir: Optional[os.PathLike] = None, device: 
         artifact = compute(config, device, progress, threads, embedding)
         try:
             artifact.path = write_artifact(artifact, folder / config.filename)
-        except (OSError, ArtifactError) as exc:
-            cause = exc if isinstance(exc, OSError) else exc.__context__
-            reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else exc
+        except ArtifactError as exc:  # write_artifact's, its context the OSError of the failed write
+            reason = getattr(exc.__context__, "strerror", None) or exc
             raise StructinitError(f"solved, but cannot write the artifact into the {param('cache_dir')} "
                                   f"{folder}: {reason}; nothing was stored") from None
     return SolveResult(artifact, cached=False)
