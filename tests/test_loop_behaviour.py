@@ -270,12 +270,25 @@ def test_forced_divergence_is_the_documented_error_and_writes_no_epoch(tmp_path)
         train(TrainConfig(epochs=1, init="mimetic", init_params={"alpha1": 1e38}, **QUICK))
 
 
+def test_a_run_trains_on_the_torch_threads_it_is_given():
+    torch.set_num_threads(2)  # restored after the test (_keep_threads)
+    seen = []
+    train(TrainConfig(epochs=1, **dict(QUICK, train_size=64)), on_epoch=lambda r: seen.append(torch.get_num_threads()))
+    assert seen == [1]
+
+
 def test_something_in_the_way_of_the_checkpoint_is_refused_before_training(tmp_path):
     out = tmp_path / "run"
     (out / "checkpoint.pt").mkdir(parents=True)  # not this run's: never written over or removed
     with pytest.raises(UsageError, match=r"run already holds a run \(checkpoint\.pt\); pass resume"):
         train(TrainConfig(epochs=2, out=str(out), **QUICK))
     assert files(out) == ["checkpoint.pt"] and (out / "checkpoint.pt").is_dir()
+    (out / "metrics.jsonl").write_text("")
+    with pytest.raises(UsageError) as exc:
+        train(TrainConfig(epochs=2, out=str(out), **QUICK))
+    assert exc.value.render(lambda n: f"--{n.replace('_', '-')}") == (
+        f"{out} already holds a run (checkpoint.pt, metrics.jsonl); pass --resume to continue it or choose "
+        "another --out")
 
 
 class FileSizeLimit:
@@ -414,6 +427,7 @@ def test_settings_that_cannot_run_are_refused_before_training(tmp_path):
 @pytest.mark.parametrize("before, now, told", [
     ({"window": 3}, {}, "window 3 in the run, None now"),           # set in the run only
     ({}, {"shuffle_seq": True}, "shuffle_seq None in the run, True now"),  # set now only
+    ({"window": 3}, {"shuffle_seq": True}, "shuffle_seq None in the run, True now; window 3 in the run, None now"),
 ])
 def test_resume_refuses_a_setting_that_only_one_side_sets(tmp_path, before, now, told):
     """Settings left at their defaults are not written, so a change may leave a key on one side only."""
