@@ -397,6 +397,8 @@ def cmd_slow(args) -> int:
                   and (modules is None or module_of(m) in modules))
     if args.functions:
         live = [m for m in live if function_of(m).rpartition(".")[2] in args.functions]
+    if args.mutants:
+        live = [m for m in live if m in set(args.mutants)]
     eq = judged(live, judgements)
     records = json.loads(SLOW_RESULTS.read_text()) if SLOW_RESULTS.exists() else {}
     todo = [m for m in live if m not in eq and not (m in records and records[m]["change"] == change_of(mutant_diff(m)))]
@@ -449,6 +451,7 @@ def main(argv=None) -> int:
     w.add_argument("modules", nargs="*")
     w.add_argument("--tests", nargs="+", required=True, help="pytest node ids, relative to the repository")
     w.add_argument("--functions", nargs="*", help="only mutants of these functions (e.g. x_train)")
+    w.add_argument("--mutants", nargs="*", help="only these mutants (full names, as `survivors` prints them)")
     w.set_defaults(fn=cmd_slow)
     args = p.parse_args(argv)
     os.chdir(REPO)
