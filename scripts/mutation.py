@@ -12,7 +12,7 @@ not by mutmut's mutant number (which shifts when the function changes), so rerun
 Usage (from the repository root)::
 
     python scripts/mutation.py run structinit.solver.config structinit.solver.recipes   # in the background
-    python scripts/mutation.py run --survivors structinit.solver.config   # rerun what survived there
+    python scripts/mutation.py run --survivors structinit.solver.config   # rerun what survived there (not judged)
     python scripts/mutation.py status                                     # running? last progress line
     python scripts/mutation.py summary [--markdown] [--write-docs]        # per-module table
     python scripts/mutation.py survivors structinit.solver.config         # unjudged survivors with diffs
@@ -138,7 +138,10 @@ def judged(survivors: Iterable[str], judgements: List[dict]) -> Dict[str, dict]:
         if j.get("reason", "").strip() and not j["reason"].startswith("TODO"):
             index[(j["function"], change_of(j["change"]))] = j
     out = {}
+    functions = {f for f, _ in index}
     for m in survivors:
+        if function_of(m) not in functions:
+            continue
         j = index.get((function_of(m), change_of(mutant_diff(m))))
         if j is not None:
             out[m] = j
@@ -169,6 +172,11 @@ def cmd_run(args) -> int:
         results = load_results()
         names = sorted(m for m, c in results.items() if status(c) in ("survived", "no tests", "not run", "suspicious")
                        and (not modules or module_of(m) in modules))
+        judgements, _ = load_equivalents()
+        eq = judged(names, judgements)
+        names = [m for m in names if m not in eq]  # a judged survivor would survive again
+        if args.functions:
+            names = [m for m in names if function_of(m).rpartition(".")[2] in args.functions]
         if not names:
             print("nothing to rerun: every mutant of those modules is killed")
             return 0
@@ -425,7 +433,8 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="start mutmut in the background on MODULEs (default: all configured)")
     r.add_argument("modules", nargs="*")
-    r.add_argument("--survivors", action="store_true", help="rerun only mutants not yet killed")
+    r.add_argument("--survivors", action="store_true", help="rerun only mutants not yet killed (nor judged)")
+    r.add_argument("--functions", nargs="*", help="with --survivors: only mutants of these functions (e.g. x_lr_at)")
     r.add_argument("--children", type=int, default=1, help="parallel mutmut workers (default 1)")
     r.add_argument("--wait", action="store_true", help="run in the foreground")
     r.set_defaults(fn=cmd_run)
