@@ -173,8 +173,8 @@ def cmd_run(args) -> int:
         names = sorted(m for m, c in results.items() if status(c) in ("survived", "no tests", "not run", "suspicious")
                        and (not modules or module_of(m) in modules))
         judgements, _ = load_equivalents()
-        eq = judged(names, judgements)
-        names = [m for m in names if m not in eq]  # a judged survivor would survive again
+        eq = judged([m for m in names if status(results[m]) != "not run"], judgements)
+        names = [m for m in names if m not in eq]  # a judged survivor would survive again; a judged one not run is run
         if args.functions:
             names = [m for m in names if function_of(m).rpartition(".")[2] in args.functions]
         if not names:
