@@ -17,6 +17,13 @@ Usage (from the repository root)::
     python scripts/mutation.py summary [--markdown] [--write-docs]        # per-module table
     python scripts/mutation.py survivors structinit.solver.config         # unjudged survivors with diffs
     python scripts/mutation.py judge MUTANT... --reason why no test can tell  # record an equivalent one
+    python scripts/mutation.py run --sample 150 structinit.init.impulse   # a random sample of what is not run
+
+A module too large to run whole in one sitting can be *sampled*: ``--sample N`` draws N of its
+mutants not yet run (the stratum), at random with a fixed seed, and records the draw in
+``mutation-logs/samples.json``. Its score is then an estimate, the mutants already run counted as
+they are and the stratum at the sample's kill rate, with a 95% Wilson interval from the sample;
+the tables label it as such. Running the rest later turns the estimate back into a count.
 
 One run at a time (a pid file in mutation-logs/ says which), one mutmut worker, one torch thread:
 the pass is CPU-heavy and meant to run beside other work. Not part of CI.
@@ -42,6 +49,7 @@ PIDFILE = LOGS / "run.pid"
 EQUIVALENTS = REPO / "tests" / "mutation_equivalents.toml"
 DOCS = REPO / "docs" / "testing.md"
 SLOW_RESULTS = LOGS / "slow-results.json"
+SAMPLES = LOGS / "samples.json"
 DOCS_BEGIN, DOCS_END = "<!-- mutation-summary:begin -->", "<!-- mutation-summary:end -->"
 
 #: mutmut's exit codes -> our categories. Timeouts and crashes (a mutant that loops or blows up
@@ -161,6 +169,45 @@ def running_pid() -> Optional[int]:
         return None
 
 
+def load_samples() -> Dict[str, dict]:
+    """module -> ``{"stratum": [...], "sample": [...], "seed": int, "date": str}`` (samples.json)."""
+    return json.loads(SAMPLES.read_text()) if SAMPLES.exists() else {}
+
+
+def draw_sample(modules: List[str], n: int, seed: int) -> List[str]:
+    """Draw ``n`` mutants per module from those not run yet and record the draw.
+
+    A module sampled before keeps its stratum (what was not run at its first draw); a new draw
+    adds ``n`` more of the stratum's mutants not drawn yet, so the sample stays uniform."""
+    import random
+
+    results, samples, names = load_results(), load_samples(), []
+    for mod in modules:
+        rec = samples.get(mod)
+        if rec is None:
+            stratum = sorted(m for m, c in results.items() if module_of(m) == mod and c is None)
+            rec = {"stratum": stratum, "sample": [], "seed": seed, "date": datetime.date.today().isoformat()}
+        left = sorted(set(rec["stratum"]) - set(rec["sample"]) & set(results))
+        picked = random.Random(f"{seed}:{mod}:{len(rec['sample'])}").sample(left, min(n, len(left)))
+        if not picked:
+            continue
+        rec["sample"] += picked
+        samples[mod] = rec
+        names += picked
+    LOGS.mkdir(exist_ok=True)
+    SAMPLES.write_text(json.dumps(samples, indent=1))
+    return names
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> Tuple[float, float]:
+    """The 95% Wilson score interval of a proportion ``k / n``."""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    centre, half = p + z * z / (2 * n), z * ((p * (1 - p) + z * z / (4 * n)) / n) ** 0.5
+    return max(0.0, (centre - half) / (1 + z * z / n)), min(1.0, (centre + half) / (1 + z * z / n))
+
+
 def cmd_run(args) -> int:
     pid = running_pid()
     if pid is not None:
@@ -180,6 +227,14 @@ def cmd_run(args) -> int:
         if not names:
             print("nothing to rerun: every mutant of those modules is killed")
             return 0
+    elif args.sample:
+        if not modules:
+            print("error: --sample needs the modules to sample", file=sys.stderr)
+            return 2
+        names = draw_sample(modules, args.sample, args.seed)
+        if not names:
+            print("nothing to sample: every mutant of those modules has a result")
+            return 0
     else:
         names = [m + ".*" for m in modules]
     LOGS.mkdir(exist_ok=True)
@@ -196,7 +251,8 @@ def cmd_run(args) -> int:
         proc = subprocess.Popen(["nohup", "nice", "-n", "10", *cmd], cwd=REPO, env=env, stdout=fh,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     PIDFILE.write_text(f"{proc.pid} {log}\n")
-    what = f"{len(names)} surviving mutants" if args.survivors else ", ".join(modules) or "every configured module"
+    what = (f"{len(names)} surviving mutants" if args.survivors else f"a sample of {len(names)} mutants"
+            if args.sample else ", ".join(modules) or "every configured module")
     print(f"started mutmut (pid {proc.pid}) on {what}; log {log.relative_to(REPO)}")
     return 0
 
@@ -244,6 +300,7 @@ def summarize(modules: Optional[List[str]] = None) -> Tuple[List[dict], Dict[str
         if s in ("survived", "no tests", "suspicious"):
             survivors.append(name)
     eq = judged(survivors, judgements)
+    samples = load_samples()
     rows = []
     for mod in sorted(by_module):
         c = by_module[mod]
@@ -252,11 +309,43 @@ def summarize(modules: Optional[List[str]] = None) -> Tuple[List[dict], Dict[str
         killed = c["killed"] + c["timeout"] + c["crash"] + c["killed slow"]
         live = c["survived"] + c["no tests"] + c["suspicious"]
         denom = total - n_eq - c["not run"]
-        rows.append({"module": mod, "mutants": total, "killed": killed, "killed slow": c["killed slow"],
-                     "timeout/crash": c["timeout"] + c["crash"], "survived": live, "equivalent": n_eq,
-                     "unjudged": live - n_eq, "not run": c["not run"],
-                     "score": (killed / denom) if denom and not c["not run"] else None, "note": notes.get(mod, "")})
+        row = {"module": mod, "mutants": total, "killed": killed, "killed slow": c["killed slow"],
+               "timeout/crash": c["timeout"] + c["crash"], "survived": live, "equivalent": n_eq,
+               "unjudged": live - n_eq, "not run": c["not run"],
+               "score": (killed / denom) if denom and not c["not run"] else None, "note": notes.get(mod, "")}
+        if c["not run"] and mod in samples:
+            row["estimate"] = estimate(results, samples[mod], eq, slow)
+        rows.append(row)
     return rows, eq, notes
+
+
+def estimate(results: Dict[str, Optional[int]], rec: dict, eq: Dict[str, dict], slow: Dict[str, str]) -> Optional[dict]:
+    """A sampled module's score: the mutants outside the stratum as counted, the stratum's
+    at the kill rate of its sample's mutants that have a result. ``None`` while those outside
+    the stratum are not all run or no sampled mutant has a result."""
+    stratum = set(rec["stratum"]) & set(results)
+    mod = module_of(next(iter(stratum))) if stratum else None
+    outside = [m for m in results if module_of(m) == mod and m not in stratum]
+    ran = [m for m in rec["sample"] if m in stratum and results[m] is not None]
+    if not stratum or not ran or any(results[m] is None for m in outside):
+        return None
+
+    def caught(m):
+        return status(results[m]) in ("killed", "timeout", "crash") or m in slow
+
+    k_out = sum(map(caught, outside))
+    n_out = len(outside) - sum(1 for m in outside if m in eq)
+    k_s, e_s, n_s = sum(map(caught, ran)), sum(1 for m in ran if m in eq), len(ran)
+    if n_s == e_s:
+        return None
+    share, u = (n_s - e_s) / n_s, len(stratum)  # the stratum's non-equivalent share, its size
+
+    def score(p):
+        return (k_out + u * share * p) / (n_out + u * share)
+
+    lo, hi = wilson(k_s, n_s - e_s)
+    return {"score": score(k_s / (n_s - e_s)), "low": score(lo), "high": score(hi), "sampled": n_s,
+            "stratum": u, "sample_killed": k_s, "sample_equivalent": e_s}
 
 
 HEAD = ["module", "mutants", "killed", "killed slow", "survived", "equivalent", "unjudged", "not run", "score"]
@@ -269,12 +358,16 @@ def table(rows: List[dict], markdown: bool, measured: str = "",
     table already in the docs (so a pass over some modules does not wipe the others' scores)."""
     head = list(HEAD)
     def cell(r, k):
+        if k == "score" and r[k] is None and r.get("estimate"):
+            e = r["estimate"]
+            return (f"≈{100 * e['score']:.1f}% ({100 * e['low']:.0f}-{100 * e['high']:.0f}%, estimated from "
+                    f"{e['sampled']} sampled of {e['stratum']} not run)")
         if k == "score":
             return "-" if r[k] is None else f"{100 * r[k]:.1f}% ({r['killed']}/{r['mutants'] - r['equivalent']})"
         return str(r[k])
     body = []
     for r in rows:
-        if markdown and kept and r["module"] in kept and r["not run"] == r["mutants"]:
+        if markdown and kept and r["module"] in kept and r["not run"] == r["mutants"] and not r.get("estimate"):
             body.append(kept[r["module"]][:-1] + [r["note"] or kept[r["module"]][-1]])  # today's note, if any
             continue
         cells = [cell(r, k) for k in head]
@@ -435,6 +528,9 @@ def main(argv=None) -> int:
     r.add_argument("modules", nargs="*")
     r.add_argument("--survivors", action="store_true", help="rerun only mutants not yet killed (nor judged)")
     r.add_argument("--functions", nargs="*", help="with --survivors: only mutants of these functions (e.g. x_lr_at)")
+    r.add_argument("--sample", type=int, metavar="N",
+                   help="run N randomly drawn mutants per module, of those not run yet (an estimated score)")
+    r.add_argument("--seed", type=int, default=0, help="with --sample: the draw's seed (default 0)")
     r.add_argument("--children", type=int, default=1, help="parallel mutmut workers (default 1)")
     r.add_argument("--wait", action="store_true", help="run in the foreground")
     r.set_defaults(fn=cmd_run)
