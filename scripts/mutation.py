@@ -175,10 +175,11 @@ def load_samples() -> Dict[str, dict]:
 
 
 def draw_sample(modules: List[str], n: int, seed: int) -> List[str]:
-    """Draw ``n`` mutants per module from those not run yet and record the draw.
+    """Grow each module's sample to ``n`` mutants and return the sampled ones without a result.
 
-    A module sampled before keeps its stratum (what was not run at its first draw); a new draw
-    adds ``n`` more of the stratum's mutants not drawn yet, so the sample stays uniform."""
+    The first draw fixes the module's stratum (its mutants not run at that time); later calls
+    draw more only if ``n`` grew, from the stratum's mutants not drawn yet, so the sample stays
+    uniform, and return whatever was drawn but not run (a run that was stopped goes on)."""
     import random
 
     results, samples, names = load_results(), load_samples(), []
@@ -188,12 +189,11 @@ def draw_sample(modules: List[str], n: int, seed: int) -> List[str]:
             stratum = sorted(m for m, c in results.items() if module_of(m) == mod and c is None)
             rec = {"stratum": stratum, "sample": [], "seed": seed, "date": datetime.date.today().isoformat()}
         left = sorted(set(rec["stratum"]) - set(rec["sample"]) & set(results))
-        picked = random.Random(f"{seed}:{mod}:{len(rec['sample'])}").sample(left, min(n, len(left)))
-        if not picked:
-            continue
-        rec["sample"] += picked
-        samples[mod] = rec
-        names += picked
+        more = max(0, n - len(rec["sample"]))
+        rec["sample"] += random.Random(f"{rec['seed']}:{mod}:{len(rec['sample'])}").sample(left, min(more, len(left)))
+        if rec["stratum"]:
+            samples[mod] = rec
+        names += [m for m in rec["sample"] if results.get(m, 0) is None]
     LOGS.mkdir(exist_ok=True)
     SAMPLES.write_text(json.dumps(samples, indent=1))
     return names
@@ -233,7 +233,7 @@ def cmd_run(args) -> int:
             return 2
         names = draw_sample(modules, args.sample, args.seed)
         if not names:
-            print("nothing to sample: every mutant of those modules has a result")
+            print("nothing to run: every sampled mutant of those modules has a result")
             return 0
     else:
         names = [m + ".*" for m in modules]
@@ -529,8 +529,9 @@ def main(argv=None) -> int:
     r.add_argument("--survivors", action="store_true", help="rerun only mutants not yet killed (nor judged)")
     r.add_argument("--functions", nargs="*", help="with --survivors: only mutants of these functions (e.g. x_lr_at)")
     r.add_argument("--sample", type=int, metavar="N",
-                   help="run N randomly drawn mutants per module, of those not run yet (an estimated score)")
-    r.add_argument("--seed", type=int, default=0, help="with --sample: the draw's seed (default 0)")
+                   help="grow each module's random sample of mutants not run to N and run what it has not run "
+                        "(an estimated score)")
+    r.add_argument("--seed", type=int, default=0, help="with --sample: the first draw's seed (default 0)")
     r.add_argument("--children", type=int, default=1, help="parallel mutmut workers (default 1)")
     r.add_argument("--wait", action="store_true", help="run in the foreground")
     r.set_defaults(fn=cmd_run)
