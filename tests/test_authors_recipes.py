@@ -177,6 +177,25 @@ def test_solve_is_the_authors_closed_form_with_factors_at_norm_7():
     assert not torch.allclose(q[0], q[1], atol=1e-3)  # fresh noise per layer
 
 
+def test_a_layer_with_another_pseudo_input_gets_its_own_pseudo_inverse():
+    """The pseudo-inverse is reused only while a layer's input equals the one before: layers 1-2 of a
+    solve on (p0, p1, p1) are those of a solve on p1 throughout, layer 0 that of one on p0 (the
+    noise is drawn layer after layer either way, so the same seed gives the same noise)."""
+    rng = np.random.default_rng(2)
+    p0, p1 = (torch.from_numpy(np_layer_norm(rng.standard_normal((64, 32)) * 0.36, 1e-5)) for _ in range(2))
+    cols = torch.from_numpy(target_columns((8, 8), authors_offsets(4))).unsqueeze(0).expand(3, -1, -1)
+
+    def solve(*inputs):
+        return solve_authors_2025(torch.stack(inputs), cols, 8, 4, torch.Generator().manual_seed(5))
+
+    mixed, only0, only1 = solve(p0, p1, p1), solve(p0, p0, p0), solve(p1, p1, p1)
+    for got, want in zip(mixed, only0):  # q, then k
+        torch.testing.assert_close(got[0], want[0], rtol=0, atol=1e-6)
+    for got, want in zip(mixed, only1):
+        torch.testing.assert_close(got[1:], want[1:], rtol=0, atol=1e-6)
+    assert not torch.allclose(only0[0][1], only1[0][1], atol=1e-3)  # the inputs do give other Q
+
+
 # --------------------------------------------------------------------------- impulse-2025
 
 @pytest.mark.parametrize("heads, dim", [(9, 36), (12, 48)])

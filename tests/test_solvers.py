@@ -98,6 +98,19 @@ def test_bad_recipe_parameters():
         SolveConfig(**SMALL, recipe="magic")
 
 
+def test_each_solvers_defaults_are_its_recipes_documented_constants():
+    """A library caller who calls a solver directly gets the constants its recipe documents
+    (``RECIPE_DEFAULTS``), not other ones (solves through a config always pass every parameter)."""
+    import inspect
+
+    from structinit.solver.algorithms import SOLVERS
+    from structinit.solver.recipes import RECIPE_DEFAULTS
+
+    for recipe, defaults in RECIPE_DEFAULTS.items():
+        signature = inspect.signature(SOLVERS[recipe]).parameters
+        assert {name: signature[name].default for name in defaults} == defaults, recipe
+
+
 def _dense_fast_reference(x, columns, head_dim, target_mass, ridge=1e-5):
     """The fast recipe as it was first written: dense N x N targets, batched bisection (the
     reference the scalable implementation must reproduce)."""
