@@ -159,6 +159,30 @@ def test_rank_d_pseudo_inverse_is_the_formula():
     assert np.trace(proj) == pytest.approx(8.0)
 
 
+def test_rank_d_pseudo_inverse_of_a_batch_is_each_ones():
+    """``p [..., N, D]``: a batch of inputs gives each input's own pseudo-inverse."""
+    rng = np.random.default_rng(3)
+    p = torch.from_numpy(np.stack([np_layer_norm(rng.standard_normal((40, 16)), 1e-5) for _ in range(3)]))
+    got = rank_d_pinv(p, 4)
+    assert got.shape == (3, 16, 40)
+    for b in range(3):
+        torch.testing.assert_close(got[b], rank_d_pinv(p[b], 4), rtol=0, atol=1e-10)
+
+
+def test_rank_d_pseudo_inverse_drops_only_the_directions_p_does_not_have():
+    """Singular values of ``P^T P`` under ``rcond^2`` times the largest count as zero, the rest
+    are kept: with singular values 1000 x (1, 1, 1, 1e-4, 0, ...) of ``P`` and ``d = 8``, ``P+ P``
+    projects onto exactly the four directions ``P`` has (the fourth at 1e-8 of the largest in
+    ``P^T P``, far above the cut-off; the zero ones at rounding level, far below it)."""
+    rng = np.random.default_rng(4)
+    u, _ = np.linalg.qr(rng.standard_normal((40, 16)))
+    v, _ = np.linalg.qr(rng.standard_normal((16, 16)))
+    sv = 1000.0 * np.array([1, 1, 1, 1e-4] + [0] * 12)
+    p = (u * sv) @ v.T
+    proj = (rank_d_pinv(torch.from_numpy(p), 8) @ torch.from_numpy(p)).numpy()
+    np.testing.assert_allclose(proj, v[:, :4] @ v[:, :4].T, atol=1e-6)
+
+
 def test_solve_is_the_authors_closed_form_with_factors_at_norm_7():
     rng = np.random.default_rng(1)
     p = np_layer_norm(rng.standard_normal((64, 32)) * 0.36, 1e-5)
@@ -175,6 +199,24 @@ def test_solve_is_the_authors_closed_form_with_factors_at_norm_7():
         got = (q[layer].double() @ k[layer].double().transpose(-1, -2)).numpy()
         np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max())
     assert not torch.allclose(q[0], q[1], atol=1e-3)  # fresh noise per layer
+
+
+def test_closed_form_is_its_documented_construction():
+    """``closed-form``: logit 10 on impulse entries, a standard normal clamped at +-2 times
+    ``noise_std`` elsewhere (drawn in float64 from ``generator``), the low-rank fit, each factor at
+    norm ``qk_scale``."""
+    from structinit.solver.algorithms import dense_targets, lowrank_logit_fit, solve_closed_form
+
+    rng = np.random.default_rng(5)
+    x = torch.from_numpy(np_layer_norm(rng.standard_normal((2, 36, 16)), 1e-5))
+    cols = torch.from_numpy(target_columns((6, 6), authors_offsets(4))).unsqueeze(0).expand(2, -1, -1)
+    q, k = solve_closed_form(x, cols, 4, 4, torch.Generator().manual_seed(1), logit=6.0, noise_std=0.5, qk_scale=3.0)
+    noise = torch.randn((2, 4, 36, 36), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    assert float(noise.abs().max()) > 2.5  # the clamp matters
+    logits = torch.where(dense_targets(cols, 36) > 0, 6.0, noise.clamp(-2, 2) * 0.5)
+    wq, wk = lowrank_logit_fit(x, logits, 4)
+    torch.testing.assert_close(q, (wq / wq.norm(dim=(-2, -1), keepdim=True) * 3.0).float(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(k, (wk / wk.norm(dim=(-2, -1), keepdim=True) * 3.0).float(), rtol=0, atol=1e-6)
 
 
 def test_a_layer_with_another_pseudo_input_gets_its_own_pseudo_inverse():
