@@ -16,8 +16,11 @@ from structinit.geometry.targets import draw_offsets
 from structinit.init.specs import init_spec, initialize, initialize_model, spec_from_dict
 from structinit.solver.algorithms import (
     authors_2025_logits,
+    dense_targets,
+    lowrank_logit_fit,
     rank_d_pinv,
     solve_authors_2025,
+    solve_closed_form,
     trunc_normal,
 )
 from structinit.solver.recipes import recipe_params
@@ -202,11 +205,9 @@ def test_solve_is_the_authors_closed_form_with_factors_at_norm_7():
 
 
 def test_closed_form_is_its_documented_construction():
-    """``closed-form``: logit 10 on impulse entries, a standard normal clamped at +-2 times
+    """``closed-form``: ``logit`` on impulse entries, a standard normal clamped at +-2 times
     ``noise_std`` elsewhere (drawn in float64 from ``generator``), the low-rank fit, each factor at
     norm ``qk_scale``."""
-    from structinit.solver.algorithms import dense_targets, lowrank_logit_fit, solve_closed_form
-
     rng = np.random.default_rng(5)
     x = torch.from_numpy(np_layer_norm(rng.standard_normal((2, 36, 16)), 1e-5))
     cols = torch.from_numpy(target_columns((6, 6), authors_offsets(4))).unsqueeze(0).expand(2, -1, -1)
