@@ -70,15 +70,16 @@ def fit_loss(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, columns: torch.T
     rows = (columns >= 0).float()  # [H, N]
     count = rows.sum() * x.shape[0]
     # without building the N x N target: with c the share of every other visible key,
-    # -sum_j t_j log p_j = -(c * sum_visible log p_j + (mass - c) * log p_target)
+    # -sum_j t_j log p_j = -(c * sum_visible log p_j + (mass - c) * log p_target).
+    # log_softmax is one fused kernel each way (logsumexp's guards against infinities cost several
+    # passes over the [B, H, N, N] logits, most of a step on the CPU).
     visible = torch.full((n,), float(n)) if mask is None else mask.sum(-1).float()
     c = (1 - mass) / (visible - 1).clamp(min=1)  # [N]
     idx = columns.clamp(min=0)[None, :, :, None].expand(x.shape[0], -1, -1, 1)
-    logits = _logits(x, q, k, mask)
-    lse = torch.logsumexp(logits, dim=-1)  # [B, H, N]
-    total = (logits if mask is None else logits.masked_fill(~mask, 0.0)).sum(-1)
-    picked = logits.gather(-1, idx).squeeze(-1)
-    ce = -(c * (total - visible * lse) + (mass - c) * (picked - lse))
+    logp = torch.log_softmax(_logits(x, q, k, mask), dim=-1)  # [B, H, N, N]
+    total = (logp if mask is None else logp.masked_fill(~mask, 0.0)).sum(-1)
+    picked = logp.gather(-1, idx).squeeze(-1)
+    ce = -(c * total + (mass - c) * picked)
     return (ce * rows[None]).sum() / count.clamp(min=1)
 
 
