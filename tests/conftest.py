@@ -1,7 +1,8 @@
 """Shared test fixtures: every test gets its own empty user cache; the CLI runs in-process (``cli``)
 or as the real console entry point in a subprocess (``cli_process``).
 
-The suite tests what CI runs, on the CPU: CUDA is hidden (``device="auto"`` means the CPU) unless
+Every process runs one torch thread unless ``OMP_NUM_THREADS`` says otherwise. The suite tests
+what CI runs, on the CPU: CUDA is hidden (``device="auto"`` means the CPU) unless
 ``STRUCTINIT_TEST_GPU=1``, which runs the GPU paths (``pytest -m gpu``, tests/test_gpu.py) on a
 machine with a GPU. Set before torch initializes CUDA, so it holds for subprocesses too."""
 
@@ -19,6 +20,10 @@ REPO = Path(__file__).resolve().parents[1]
 GPU_TESTS = os.environ.get("STRUCTINIT_TEST_GPU") == "1"
 if not GPU_TESTS:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
+# One torch thread per process unless the caller says otherwise: CI runs two pytest workers on two
+# cores, and each spawns training processes, so a second thread per process only contends (set
+# before torch is imported, so it holds for this process and every subprocess).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -59,7 +64,7 @@ class CliResult:
     stderr: str
 
 
-def run_cli_process(*args, env=None, cwd=None, timeout=300) -> CliResult:
+def run_cli_process(*args, env=None, cwd=None, timeout=900) -> CliResult:
     """Run ``python -m structinit ARGS`` in a subprocess (the real entry point)."""
     full_env = dict(os.environ)
     full_env.update(env or {})
