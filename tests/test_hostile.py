@@ -674,9 +674,10 @@ STAND_INS = {
         None, "names a train run's checkpoint (tested in test_apply_data, on a checkpoint train writes)"),
 }
 #: Added to the examples that fit an impulse init to real images (train and inspect with
-#: ``--init impulse``; the quick grid's runs take ``init_params.data_fit_samples=16``): the default batch of 256 images costs minutes per layer on a slow 2-core
-#: machine, and these tests are about the example's flags and files. The fit itself is tested in
-#: test_data_fit and test_inspect_data.
+#: ``--init impulse``; the quick grid's runs take ``init_params.data_fit_samples=16``): the
+#: default batch of 256 images costs minutes per layer on a slow 2-core machine, and these tests
+#: are about the example's flags and files. The fit itself is tested in test_data_fit and
+#: test_inspect_data.
 FIT_BATCH = ["-p", "data_fit_samples=16"]
 QUICK_GRID = ["bench", "grid", "digits", "--set", "epochs=1", "--seeds", "1", "--only", "train_size=100", "--only",
               "init=mimetic,impulse", "--jobs", "2", "--set", "init_params.data_fit_samples=16"]
