@@ -115,7 +115,8 @@ def test_local_grid_runs_every_run_once_and_a_rerun_launches_nothing(tmp_path):
 @pytest.mark.slow
 def test_ctrl_c_stops_cleanly_and_a_rerun_continues(tmp_path):
     (tmp_path / "tiny.toml").write_text(TINY)
-    proc = popen("bench", "grid", "tiny.toml", "--set", "epochs=12", "--seeds", "1", cwd=tmp_path)
+    # 6 epochs: 4 left to interrupt after the second (a slow machine spends 20 s and more on each)
+    proc = popen("bench", "grid", "tiny.toml", "--set", "epochs=6", "--seeds", "1", cwd=tmp_path)
     runs = tmp_path / "runs"
     first = wait_for(lambda: next((p for p in runs.glob("*") if len(epochs_of(p)) >= 2), None))
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
@@ -125,20 +126,20 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_continues(tmp_path):
     task = json.loads((first / "task.json").read_text())
     assert task["state"] == "interrupted" and not alive(task["pid"])
     stopped_at = len(epochs_of(first))
-    assert 2 <= stopped_at < 12 and not (first / "final.json").exists()
+    assert 2 <= stopped_at < 6 and not (first / "final.json").exists()
     st = run_status(first)
     assert st.state == "pending" and st.resumable
-    again = structinit("bench", "grid", "tiny.toml", "--set", "epochs=12", "--seeds", "1", "--json", cwd=tmp_path)
+    again = structinit("bench", "grid", "tiny.toml", "--set", "epochs=6", "--seeds", "1", "--json", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["outcomes"] == {"finished": 2}
     final = json.loads((first / "final.json").read_text())
-    assert final["resumed_from"] == stopped_at and epochs_of(first) == list(range(1, 13))
+    assert final["resumed_from"] == stopped_at and epochs_of(first) == list(range(1, 7))
 
 
 @pytest.mark.slow
 def test_a_task_stopped_by_sigterm_resumes_from_its_checkpoint(tmp_path):
-    # 20 epochs: the run must outlive a second task's start (seconds on a busy machine)
-    ex = expand(parse_grid_text(TINY, "tiny.toml", "tiny"), overrides=["epochs=20"], seeds=1, runs_dir=tmp_path)
+    # 12 epochs: the run must outlive a second task's start (seconds on a busy machine)
+    ex = expand(parse_grid_text(TINY, "tiny.toml", "tiny"), overrides=["epochs=12"], seeds=1, runs_dir=tmp_path)
     run = ex.run_dir(prepare(ex)[0])
     proc = popen("bench", "run", run, "--threads", "1", cwd=tmp_path)
     wait_for(lambda: len(epochs_of(run)) >= 2)
@@ -153,7 +154,7 @@ def test_a_task_stopped_by_sigterm_resumes_from_its_checkpoint(tmp_path):
     assert RunDir(run).state == "resumable" and run_status(run).state == "pending"
     done = structinit("bench", "run", run, "--json", cwd=tmp_path)
     assert done.returncode == 0 and json.loads(done.stdout)[0]["state"] == "finished"
-    assert json.loads((run / "final.json").read_text())["resumed_from"] == k and epochs_of(run) == list(range(1, 21))
+    assert json.loads((run / "final.json").read_text())["resumed_from"] == k and epochs_of(run) == list(range(1, 13))
     again = structinit("bench", "run", run, "--json", cwd=tmp_path)
     assert json.loads(again.stdout)[0]["state"] == "already-finished"
 
