@@ -45,10 +45,11 @@ init = "mimetic"
 id = "impulse"
 label = "Impulse"
 init = "impulse"
+init_params = { data_fit = 30 }
 """
 
 
-def structinit(*args, cwd, timeout=600, **kw):
+def structinit(*args, cwd, timeout=1200, **kw):
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-m", "structinit", *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout, **kw)
