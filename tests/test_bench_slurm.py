@@ -23,9 +23,9 @@ from structinit.training.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "sinfo")
-# 2 init methods x 2 seeds x 2 epochs (the impulse fit on 16 images, not 256: the fit is not what
-# this tests); ~10 s per epoch on a busy 2-core machine, long enough to
-# requeue a task and to signal another one while they train.
+# 2 init methods x 2 seeds x 2 epochs, the impulse fit on 16 images (not 256: the fit is not what
+# this tests); ~10 s per epoch on a busy 2-core machine, long enough to requeue a task and to
+# signal another one while they train.
 GRID = """\
 name = "slurm-tiny"
 title = "Tiny digits grid on SLURM"

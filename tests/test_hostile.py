@@ -673,14 +673,15 @@ STAND_INS = {
     "structinit apply runs/digits/checkpoint.pt --out imp.pt --data digits": (
         None, "names a train run's checkpoint (tested in test_apply_data, on a checkpoint train writes)"),
 }
-#: Added to the examples that fit an impulse init to real images (train and inspect with
-#: ``--init impulse``; the quick grid's runs take ``init_params.data_fit_samples=16``): the
-#: default batch of 256 images costs minutes per layer on a slow 2-core machine, and these tests
-#: are about the example's flags and files. The fit itself is tested in test_data_fit and
-#: test_inspect_data.
-FIT_BATCH = ["-p", "data_fit_samples=16"]
+#: The impulse data fit's batch in the examples that run it (train and inspect with ``--init
+#: impulse``, and the quick grid): the default 256 images cost minutes per layer on a slow 2-core
+#: machine, and these tests are about the example's flags and files. The fit itself is tested in
+#: test_data_fit and test_inspect_data.
+FIT_SAMPLES = 16
+FIT_PARAM = ["-p", f"data_fit_samples={FIT_SAMPLES}"]
+FIT_SET = ["--set", f"init_params.data_fit_samples={FIT_SAMPLES}"]
 QUICK_GRID = ["bench", "grid", "digits", "--set", "epochs=1", "--seeds", "1", "--only", "train_size=100", "--only",
-              "init=mimetic,impulse", "--jobs", "2", "--set", "init_params.data_fit_samples=16"]
+              "init=mimetic,impulse", "--jobs", "2", *FIT_SET]
 
 
 @pytest.mark.slow
@@ -701,9 +702,9 @@ def test_every_help_example_runs_as_written(path, tmp_path, cli):
         if ">" in argv:  # a shell redirect of stdout
             argv, redirect = argv[:argv.index(">")], tmp_path / argv[argv.index(">") + 1]
         if argv[1:2] in (["train"], ["inspect"]) and "impulse" in argv and "--resume" not in argv:
-            argv = [*argv, *FIT_BATCH]
+            argv = [*argv, *FIT_PARAM]
         if argv[1:3] in (["bench", "grid"], ["bench", "report"]) and "init=mimetic,impulse" in argv:
-            argv = [*argv, "--set", "init_params.data_fit_samples=16"]  # the quick grid, as QUICK_GRID ran it
+            argv = [*argv, *FIT_SET]  # the quick grid, as QUICK_GRID ran it
         if argv[0] == "torchrun":
             exe = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
             r = subprocess.run([exe, *argv[1:]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

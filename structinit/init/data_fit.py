@@ -72,7 +72,7 @@ def fit_loss(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, columns: torch.T
     # without building the N x N target: with c the share of every other visible key,
     # -sum_j t_j log p_j = -(c * sum_visible log p_j + (mass - c) * log p_target).
     # log_softmax is one fused kernel each way (logsumexp's guards against infinities cost several
-    # passes over the [B, H, N, N] logits, most of a step on the CPU).
+    # passes over the [B, H, N, N] logits, half of a step on the CPU).
     visible = torch.full((n,), float(n)) if mask is None else mask.sum(-1).float()
     c = (1 - mass) / (visible - 1).clamp(min=1)  # [N]
     idx = columns.clamp(min=0)[None, :, :, None].expand(x.shape[0], -1, -1, 1)
