@@ -86,7 +86,11 @@ def load_results() -> Dict[str, Optional[int]]:
     """Every mutant's mutmut exit code (``None``: not run yet), from ``mutants/**/*.meta``."""
     out: Dict[str, Optional[int]] = {}
     for meta in sorted((REPO / "mutants").rglob("*.py.meta")):
-        out.update(json.loads(meta.read_text())["exit_code_by_key"])
+        try:
+            out.update(json.loads(meta.read_text())["exit_code_by_key"])
+        except (ValueError, KeyError) as exc:  # a pass stopped while mutmut rewrote the file in place
+            raise SystemExit(f"error: {meta.relative_to(REPO)} is unreadable ({exc}); a pass stopped while "
+                             "mutmut wrote it? delete it (its module's results are lost) and rerun the module")
     return out
 
 
@@ -278,8 +282,32 @@ def cmd_stop(args) -> int:
     if pid is None:
         print("no mutation run is going")
         return 0
-    os.killpg(os.getpgid(pid), signal.SIGTERM)  # mutmut saves every result as it comes: nothing done is lost
-    print(f"stopped the run (pid {pid}); the mutant in flight stays 'not run'")
+    # mutmut saves every result as it comes, rewriting its .meta files in place, so a stop in the
+    # middle of a write leaves one cut short: keep the last readable copy of each and put it back.
+    import time
+
+    readable = {}
+    for meta in (REPO / "mutants").rglob("*.py.meta"):
+        try:
+            text = meta.read_text()
+            json.loads(text)
+            readable[meta] = text
+        except ValueError:
+            continue
+    os.killpg(os.getpgid(pid), signal.SIGTERM)
+    for _ in range(100):
+        if running_pid() is None:
+            break
+        time.sleep(0.1)
+    restored = []
+    for meta, text in readable.items():
+        try:
+            json.loads(meta.read_text())
+        except ValueError:
+            meta.write_text(text)
+            restored.append(meta.name)
+    print(f"stopped the run (pid {pid}); the mutant in flight stays 'not run'"
+          + (f"; {', '.join(restored)} was cut short by the stop and is back as it was just before" if restored else ""))
     return 0
 
 

@@ -148,6 +148,22 @@ def test_target_logits_are_1000_on_impulses_and_truncated_normal_noise_elsewhere
     assert torch.equal(a[impulse], b2[impulse]) and not torch.equal(a, b2)
 
 
+def test_trunc_normal_draws_what_timm_draws_from_the_same_generator_state():
+    """Draw for draw timm's ``trunc_normal_`` (the authors' code calls it): the same uniform draws
+    mapped through the same CDF range, so a shifted range or a lost factor shows in the values."""
+    from timm.layers import trunc_normal_
+
+    torch.manual_seed(5)
+    want = trunc_normal_(torch.empty(2000, dtype=torch.float64), std=0.6, a=-2.0, b=2.0)
+    got = trunc_normal((2000,), 0.6, 2.0, torch.Generator().manual_seed(5))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    torch.manual_seed(6)  # a bound the draws reach often: the range's both ends are in use
+    want = trunc_normal_(torch.empty(2000, dtype=torch.float64), std=1.0, a=-0.5, b=0.5)
+    got = trunc_normal((2000,), 1.0, 0.5, torch.Generator().manual_seed(6))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    assert float(got.min()) < -0.49 and float(got.max()) > 0.49
+
+
 def test_rank_d_pseudo_inverse_is_the_formula():
     rng = np.random.default_rng(0)
     p = np_layer_norm(rng.standard_normal((64, 32)) * 0.36, 1e-5)
@@ -186,19 +202,28 @@ def test_rank_d_pseudo_inverse_drops_only_the_directions_p_does_not_have():
     np.testing.assert_allclose(proj, v[:, :4] @ v[:, :4].T, atol=1e-6)
 
 
-def test_solve_is_the_authors_closed_form_with_factors_at_norm_7():
+@pytest.mark.parametrize("params", [{}, dict(logit=50.0, noise_scale=2.0, noise_std=0.4, noise_bound=0.5,
+                                             qk_scale=3.0)])
+def test_solve_is_the_authors_closed_form_with_factors_at_norm_7(params):
+    """With the authors' constants (factors at norm 7), and with other ones, each of which must
+    reach the construction; progress is reported after each layer."""
     rng = np.random.default_rng(1)
     p = np_layer_norm(rng.standard_normal((64, 32)) * 0.36, 1e-5)
     cols = torch.from_numpy(target_columns((8, 8), authors_offsets(4)))
     x = torch.from_numpy(p).unsqueeze(0).expand(2, -1, -1)
-    q, k = solve_authors_2025(x, cols.unsqueeze(0).expand(2, -1, -1), 8, 4, torch.Generator().manual_seed(5))
+    calls = []
+    q, k = solve_authors_2025(x, cols.unsqueeze(0).expand(2, -1, -1), 8, 4, torch.Generator().manual_seed(5),
+                              progress=lambda i, n: calls.append((i, n)), **params)
+    assert calls == [(1, 2), (2, 2)]
+    scale = params.get("qk_scale", 7.0)
     assert q.shape == k.shape == (2, 4, 32, 8)
-    np.testing.assert_allclose(q.double().norm(dim=(-2, -1)).numpy(), 7.0, atol=1e-5)
-    np.testing.assert_allclose(k.double().norm(dim=(-2, -1)).numpy(), 7.0, atol=1e-5)
+    np.testing.assert_allclose(q.double().norm(dim=(-2, -1)).numpy(), scale, atol=1e-5)
+    np.testing.assert_allclose(k.double().norm(dim=(-2, -1)).numpy(), scale, atol=1e-5)
     g = torch.Generator().manual_seed(5)  # the same noise, layer after layer
+    logit_params = {name: v for name, v in params.items() if name != "qk_scale"}
     for layer in range(2):
-        w = authors_2025_logits(cols, g).numpy()
-        want = np_qk_product(p, w, 8)
+        w = authors_2025_logits(cols, g, **logit_params).numpy()
+        want = np_qk_product(p, w, 8, scale)
         got = (q[layer].double() @ k[layer].double().transpose(-1, -2)).numpy()
         np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max())
     assert not torch.allclose(q[0], q[1], atol=1e-3)  # fresh noise per layer
@@ -211,7 +236,10 @@ def test_closed_form_is_its_documented_construction():
     rng = np.random.default_rng(5)
     x = torch.from_numpy(np_layer_norm(rng.standard_normal((2, 36, 16)), 1e-5))
     cols = torch.from_numpy(target_columns((6, 6), authors_offsets(4))).unsqueeze(0).expand(2, -1, -1)
-    q, k = solve_closed_form(x, cols, 4, 4, torch.Generator().manual_seed(1), logit=6.0, noise_std=0.5, qk_scale=3.0)
+    calls = []
+    q, k = solve_closed_form(x, cols, 4, 4, torch.Generator().manual_seed(1), logit=6.0, noise_std=0.5, qk_scale=3.0,
+                             progress=lambda i, n: calls.append((i, n)))
+    assert calls == [(1, 1)]  # one step for all layers
     noise = torch.randn((2, 4, 36, 36), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     assert float(noise.abs().max()) > 2.5  # the clamp matters
     logits = torch.where(dense_targets(cols, 36) > 0, 6.0, noise.clamp(-2, 2) * 0.5)

@@ -111,6 +111,33 @@ def test_each_solvers_defaults_are_its_recipes_documented_constants():
         assert {name: signature[name].default for name in defaults} == defaults, recipe
 
 
+@pytest.mark.parametrize("recipe", ["fast", "paper", "released", "closed-form", "authors-2025"])
+def test_a_solver_called_without_its_parameters_solves_with_its_documented_constants(recipe):
+    """The same solve as one given every ``RECIPE_DEFAULTS`` constant explicitly (the signature
+    test above reads the defaults; this one sees the defaults the solver really uses). The
+    iterative recipes run 3 steps instead of their 10,000, their other constants by default."""
+    from structinit.solver.algorithms import SOLVERS, authors_2025_logits
+    from structinit.solver.recipes import RECIPE_DEFAULTS
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 9, 8)
+    columns = torch.tensor([[[(r + 1) % 9 for r in range(9)], [r - 3 if r > 2 else -1 for r in range(9)]]] * 2)
+    explicit = dict(RECIPE_DEFAULTS[recipe])
+    given = {"iters": 3} if "iters" in explicit else {}
+    explicit.update(given)
+    by_default = SOLVERS[recipe](x, columns, 4, 2, torch.Generator().manual_seed(1), **given)
+    spelled = SOLVERS[recipe](x, columns, 4, 2, torch.Generator().manual_seed(1), **explicit)
+    for a, b in zip(by_default, spelled):
+        assert torch.equal(a, b)
+    if recipe == "authors-2025":
+        explicit.pop("qk_scale")
+        torch.testing.assert_close(authors_2025_logits(columns[0], torch.Generator().manual_seed(2)),
+                                   authors_2025_logits(columns[0], torch.Generator().manual_seed(2), **explicit),
+                                   rtol=0, atol=0)
+        batch = authors_2025_logits(columns, torch.Generator().manual_seed(2))  # [L, H, N] -> [L, H, N, N]
+        assert batch.shape == (2, 2, 9, 9) and torch.all(batch[1, 0, torch.arange(9), (torch.arange(9) + 1) % 9] == 1000.0)
+
+
 def _dense_fast_reference(x, columns, head_dim, target_mass, ridge=1e-5):
     """The fast recipe as it was first written: dense N x N targets, batched bisection (the
     reference the scalable implementation must reproduce)."""
@@ -185,3 +212,76 @@ def test_memory_estimate_refuses_what_cannot_fit(monkeypatch):
     monkeypatch.setattr(run, "available_memory", lambda device: 2 ** 30)
     with pytest.raises(StructinitError, match=r"needs about \d+\.\d GiB of memory on cpu, and only 1\.0 GiB"):
         run.compute(dense, device="cpu")
+
+
+def _algorithm_1(x, columns, head_dim, heads, seed, iters, lr, norm_every, mask):
+    """Algorithm 1 written out: Q/K uniform in +-sqrt(1 / (d * heads)) (Q drawn first, from the seed),
+    Adam on the per-head MSE between the masked softmax and the impulse targets, and, every
+    ``norm_every`` steps from the first, each column of Q and row of K reset to the initial
+    mean column norm. Returns ``(q, k, progress calls)``."""
+    L, H, N = columns.shape
+    g = torch.Generator().manual_seed(seed)
+    bound = (1.0 / (head_dim * heads)) ** 0.5
+    q = ((2 * torch.rand((L, H, x.shape[-1], head_dim), generator=g) - 1) * bound).requires_grad_(True)
+    k = ((2 * torch.rand((L, H, x.shape[-1], head_dim), generator=g) - 1) * bound).requires_grad_(True)
+    ref = q.detach().norm(dim=-2).mean(-1)[..., None, None]
+    targets = torch.zeros(L, H, N, N)
+    for idx in np.ndindex(L, H, N):
+        if columns[idx] >= 0:
+            targets[idx + (int(columns[idx]),)] = 1.0
+    opt = torch.optim.Adam([q, k], lr=lr)
+    for i in range(iters):
+        if norm_every and i % norm_every == 0:
+            with torch.no_grad():
+                q.mul_(ref / q.norm(dim=-2, keepdim=True))
+                k.mul_(ref / k.norm(dim=-1, keepdim=True))
+        opt.zero_grad()
+        xb = x.unsqueeze(1)
+        logits = (xb @ q) @ (xb @ k).transpose(-1, -2) / head_dim ** 0.5
+        if mask is not None:
+            logits = logits.masked_fill(~mask, float("-inf"))
+        ((torch.softmax(logits, -1) - targets) ** 2).mean((-1, -2)).sum().backward()
+        opt.step()
+    return q.detach(), k.detach()
+
+
+@pytest.mark.parametrize("recipe", ["paper", "released"])
+def test_iterative_recipes_are_algorithm_1_under_the_causal_mask(recipe):
+    """``solve_paper`` and ``solve_released`` (with its norm reset every ``norm_every`` steps), a
+    sequence's causal mask, the generator and the recipe's learning rate (1e-4) by default,
+    step for step against Algorithm 1 written out."""
+    from structinit.geometry.grid import Grid
+    from structinit.geometry.targets import causal_mask
+    from structinit.solver.algorithms import solve_paper, solve_released
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 9, 8)
+    columns = torch.tensor([[[r - 1 if r else -1 for r in range(9)], [r - 2 if r > 1 else -1 for r in range(9)]]] * 2)
+    mask = torch.from_numpy(causal_mask(Grid(9)))
+    calls = []
+    if recipe == "paper":
+        got = solve_paper(x, columns, 4, 2, torch.Generator().manual_seed(3), iters=5, mask=mask,
+                          progress=lambda i, n: calls.append((i, n)))
+    else:
+        got = solve_released(x, columns, 4, 2, torch.Generator().manual_seed(3), iters=5, norm_every=2, mask=mask,
+                             progress=lambda i, n: calls.append((i, n)))
+    want = _algorithm_1(x, columns, 4, 2, 3, 5, 1e-4, 0 if recipe == "paper" else 2, mask)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert calls == [(5, 5)]  # the last step (and every 100th)
+    unmasked = _algorithm_1(x, columns, 4, 2, 3, 5, 1e-4, 0 if recipe == "paper" else 2, None)
+    assert not torch.allclose(got[0], unmasked[0], rtol=1e-5, atol=1e-7)  # the mask changes the steps
+
+
+def test_released_recipe_resets_norms_every_100_steps_by_default():
+    from structinit.solver.algorithms import solve_released
+
+    torch.manual_seed(1)
+    x = torch.randn(1, 4, 6)
+    columns = torch.tensor([[[1, 2, 3, -1]]])
+    got = solve_released(x, columns, 3, 1, torch.Generator().manual_seed(0), iters=101, lr=3e-2)
+    want = _algorithm_1(x, columns, 3, 1, 0, 101, 3e-2, 100, None)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    other = _algorithm_1(x, columns, 3, 1, 0, 101, 3e-2, 101, None)  # one reset fewer
+    assert not torch.allclose(got[0], other[0], rtol=1e-5, atol=1e-6)
