@@ -90,7 +90,7 @@ def load_results() -> Dict[str, Optional[int]]:
             out.update(json.loads(meta.read_text())["exit_code_by_key"])
         except (ValueError, KeyError) as exc:  # a pass stopped while mutmut rewrote the file in place
             raise SystemExit(f"error: {meta.relative_to(REPO)} is unreadable ({exc}); a pass stopped while "
-                             "mutmut wrote it? delete it (its module's results are lost) and rerun the module")
+                             "mutmut wrote it? delete it (its module's results are lost), rerun the module") from None
     return out
 
 
@@ -306,8 +306,8 @@ def cmd_stop(args) -> int:
         except ValueError:
             meta.write_text(text)
             restored.append(meta.name)
-    print(f"stopped the run (pid {pid}); the mutant in flight stays 'not run'"
-          + (f"; {', '.join(restored)} was cut short by the stop and is back as it was just before" if restored else ""))
+    cut = f"; {', '.join(restored)} was cut short by the stop and is back as it was just before" if restored else ""
+    print(f"stopped the run (pid {pid}); the mutant in flight stays 'not run'{cut}")
     return 0
 
 

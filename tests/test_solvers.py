@@ -135,7 +135,8 @@ def test_a_solver_called_without_its_parameters_solves_with_its_documented_const
                                    authors_2025_logits(columns[0], torch.Generator().manual_seed(2), **explicit),
                                    rtol=0, atol=0)
         batch = authors_2025_logits(columns, torch.Generator().manual_seed(2))  # [L, H, N] -> [L, H, N, N]
-        assert batch.shape == (2, 2, 9, 9) and torch.all(batch[1, 0, torch.arange(9), (torch.arange(9) + 1) % 9] == 1000.0)
+        rows = torch.arange(9)
+        assert batch.shape == (2, 2, 9, 9) and torch.all(batch[1, 0, rows, (rows + 1) % 9] == 1000.0)
 
 
 def _dense_fast_reference(x, columns, head_dim, target_mass, ridge=1e-5):
