@@ -39,6 +39,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
@@ -284,8 +285,6 @@ def cmd_stop(args) -> int:
         return 0
     # mutmut saves every result as it comes, rewriting its .meta files in place, so a stop in the
     # middle of a write leaves one cut short: keep the last readable copy of each and put it back.
-    import time
-
     readable = {}
     for meta in (REPO / "mutants").rglob("*.py.meta"):
         try:

@@ -221,7 +221,7 @@ def _algorithm_1(x, columns, head_dim, heads, seed, iters, lr, norm_every, mask)
     """Algorithm 1 written out: Q/K uniform in +-sqrt(1 / (d * heads)) (Q drawn first, from the seed),
     Adam on the per-head MSE between the masked softmax and the impulse targets, and, every
     ``norm_every`` steps from the first, each column of Q and row of K reset to the initial
-    mean column norm. Returns ``(q, k, progress calls)``."""
+    mean column norm. Returns ``(q, k)``."""
     L, H, N = columns.shape
     g = torch.Generator().manual_seed(seed)
     bound = (1.0 / (head_dim * heads)) ** 0.5
