@@ -616,29 +616,34 @@ def _examples(path):
     return [line.split("  #")[0].strip() for line in lines if line.strip()]
 
 
-def _example_inputs(folder: Path):
-    """The files the examples name: a 6-layer ViT with 3 heads (vit.pth), one with a learned
-    position embedding (learned.pth), an nn.MultiheadAttention state dict (mha.pt), a small BERT
-    and GPT-2 with 12 heads (bert.pt, gpt2.pt)."""
-    import timm
+def _example_inputs(folder: Path, examples):
+    """The files the examples name, made only where an example names them: a 6-layer ViT with 3
+    heads (vit.pth), one with a learned position embedding (learned.pth), an
+    nn.MultiheadAttention state dict (mha.pt), a small BERT and GPT-2 with 12 heads (bert.pt,
+    gpt2.pt), and a two-row grid (my-grid.toml)."""
+    named = {word for line in examples for word in shlex.split(line)}
+    if named & {"vit.pth", "learned.pth"}:
+        import timm
 
-    from structinit.init.pos_embed import set_sincos_pos_embed
+        from structinit.init.pos_embed import set_sincos_pos_embed
 
-    torch.manual_seed(0)
-    m = timm.create_model("vit_tiny_patch16_224", img_size=16, patch_size=2, embed_dim=48, depth=6, num_heads=3,
-                          class_token=False, global_pool="avg", num_classes=10)
-    set_sincos_pos_embed(m)
-    torch.save(m.state_dict(), folder / "vit.pth")
-    m = timm.create_model("vit_tiny_patch16_224", img_size=16, patch_size=2, embed_dim=48, depth=2, num_heads=3,
-                          num_classes=10)
-    torch.save(m.state_dict(), folder / "learned.pth")
-    torch.save(torch.nn.MultiheadAttention(32, 4, batch_first=True).state_dict(), folder / "mha.pt")
-    from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
+        torch.manual_seed(0)
+        m = timm.create_model("vit_tiny_patch16_224", img_size=16, patch_size=2, embed_dim=48, depth=6, num_heads=3,
+                              class_token=False, global_pool="avg", num_classes=10)
+        set_sincos_pos_embed(m)
+        torch.save(m.state_dict(), folder / "vit.pth")
+        m = timm.create_model("vit_tiny_patch16_224", img_size=16, patch_size=2, embed_dim=48, depth=2, num_heads=3,
+                              num_classes=10)
+        torch.save(m.state_dict(), folder / "learned.pth")
+    if "mha.pt" in named:
+        torch.save(torch.nn.MultiheadAttention(32, 4, batch_first=True).state_dict(), folder / "mha.pt")
+    if named & {"bert.pt", "gpt2.pt"}:
+        from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
 
-    small = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=12, intermediate_size=96, vocab_size=50)
-    torch.save(BertModel(BertConfig(**small)).state_dict(), folder / "bert.pt")  # 512 positions
-    torch.save(GPT2LMHeadModel(GPT2Config(n_embd=48, n_layer=2, n_head=12, vocab_size=50)).state_dict(),
-               folder / "gpt2.pt")  # 1024 positions
+        small = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=12, intermediate_size=96, vocab_size=50)
+        torch.save(BertModel(BertConfig(**small)).state_dict(), folder / "bert.pt")  # 512 positions
+        torch.save(GPT2LMHeadModel(GPT2Config(n_embd=48, n_layer=2, n_head=12, vocab_size=50)).state_dict(),
+                   folder / "gpt2.pt")  # 1024 positions
     (folder / "my-grid.toml").write_text(
         'name = "my-grid"\nseeds = 1\nrows = "init"\n[settings]\nmodel = "vit-digits"\ndataset = "digits"\n'
         'epochs = 1\n[[axes.init]]\nid = "mimetic"\ninit = "mimetic"\n[[axes.init]]\nid = "impulse"\n'
@@ -663,7 +668,9 @@ def _commands():
 #: Examples that cannot run here as written: what runs instead (``None``: nothing) and why.
 STAND_INS = {
     "structinit bench grid digits --jobs 2": (
-        "structinit bench grid digits --jobs 2 --launcher print", "the whole learning curve takes about an hour"),
+        "structinit bench grid digits --jobs 2 --seeds 1 --launcher print",
+        "the whole learning curve takes about an hour (one seed: the print launcher still solves each impulse "
+        "artifact into the cache first, about half a minute each on a slow machine)"),
     "structinit bench grid table2 --data-dir ~/data --launcher slurm --partition gpu --gpus 1 --cpus 8 "
     "--time 12:00:00 --max-concurrent 16": (None, "needs CIFAR-10 and a cluster with a GPU partition"),
     "structinit bench run runs/3f2a9c1b7d4e": (None, "names a run folder of a launched grid (tested in test_bench_*)"),
@@ -680,18 +687,32 @@ STAND_INS = {
 FIT_SAMPLES = 16
 FIT_PARAM = ["-p", f"data_fit_samples={FIT_SAMPLES}"]
 FIT_SET = ["--set", f"init_params.data_fit_samples={FIT_SAMPLES}"]
-QUICK_GRID = ["bench", "grid", "digits", "--set", "epochs=1", "--seeds", "1", "--only", "train_size=100", "--only",
-              "init=mimetic,impulse", "--jobs", "2", *FIT_SET]
+#: The training images of train's digits examples that name no --train-size: what an example
+#: tests is its flags and the files it writes, and a full epoch of digits at the default model is
+#: a minute on a slow machine. Learning itself is tested in test_train.
+TRAIN_SIZE = ["--train-size", "200"]
+#: bench report's examples read the runs of bench grid's quick example, so the two commands'
+#: examples run in one test, grid's first. bench grid's print examples write their run folders
+#: elsewhere (--out printed): what they prepare is not finished runs for the report to read, and
+#: `--attention` would build every one of their methods' models.
+PRINTED = ["--out", "printed"]
+TOGETHER = {("bench", "grid"): [("bench", "grid"), ("bench", "report")]}
+
+
+def _groups():
+    paths = _commands()
+    later = {p for group in TOGETHER.values() for p in group[1:]}
+    return [TOGETHER.get(p, [p]) for p in paths if p not in later]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", _commands(), ids=lambda p: " ".join(p) or "structinit")
-def test_every_help_example_runs_as_written(path, tmp_path, cli):
-    examples = _examples(path)
-    assert examples, path
-    _example_inputs(tmp_path)
-    if path == ("bench", "report"):  # reports need finished runs: the quick reduced grid of bench grid's help
-        assert cli(*QUICK_GRID, cwd=tmp_path, env={"OMP_NUM_THREADS": "1"}).returncode == 0
+@pytest.mark.parametrize("paths", _groups(), ids=lambda ps: " + ".join(" ".join(p) or "structinit" for p in ps))
+def test_every_help_example_runs_as_written(paths, tmp_path, cli):
+    examples = []
+    for path in paths:
+        assert _examples(path), path
+        examples += _examples(path)
+    _example_inputs(tmp_path, examples)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     for line in examples:
         line = STAND_INS.get(line, (line, ""))[0]
@@ -703,8 +724,12 @@ def test_every_help_example_runs_as_written(path, tmp_path, cli):
             argv, redirect = argv[:argv.index(">")], tmp_path / argv[argv.index(">") + 1]
         if argv[1:2] in (["train"], ["inspect"]) and "impulse" in argv and "--resume" not in argv:
             argv = [*argv, *FIT_PARAM]
+        if argv[1:2] == ["train"] and "digits" in argv and "--train-size" not in argv and "--resume" not in argv:
+            argv = [*argv, *TRAIN_SIZE]
+        if argv[1:3] == ["bench", "grid"] and "print" in argv:
+            argv = [*argv, *PRINTED]
         if argv[1:3] in (["bench", "grid"], ["bench", "report"]) and "init=mimetic,impulse" in argv:
-            argv = [*argv, *FIT_SET]  # the quick grid, as QUICK_GRID ran it
+            argv = [*argv, *FIT_SET]  # the quick grid, as bench report's example reads it
         if argv[0] == "torchrun":
             exe = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
             r = subprocess.run([exe, *argv[1:]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

@@ -149,12 +149,12 @@ def test_new_settings_keep_earlier_run_keys():
 
 
 @pytest.mark.slow
-def test_train_on_mnist1d_through_the_cli(tmp_path, cli_process):
+def test_train_on_mnist1d_through_the_cli(tmp_path, cli):
     out = tmp_path / "run"
-    r = cli_process("train", "--model", "transformer-1d", "--dataset", "mnist1d", "--init", "impulse", "-p",
-                    "filter=5", "-p", "mimetic_vproj=true", "--dim", "32", "--depth", "2", "--heads", "4",
-                    "--epochs", "3", "--val-size", "500", "--train-size", "1500", "--lr", "3e-3", "--threads", "1",
-                    "--out", out, "--json", env={"OMP_NUM_THREADS": "1"}, timeout=900)
+    r = cli("train", "--model", "transformer-1d", "--dataset", "mnist1d", "--init", "impulse", "-p", "filter=5", "-p",
+            "mimetic_vproj=true", "--dim", "32", "--depth", "2", "--heads", "4", "--epochs", "3", "--val-size", "500",
+            "--train-size", "1500", "--lr", "3e-3", "--threads", "1", "--out", out, "--json",
+            env={"OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     assert summary["epochs"] == 3 and summary["final_acc"] > 20  # chance is 10%
@@ -165,15 +165,14 @@ def test_train_on_mnist1d_through_the_cli(tmp_path, cli_process):
     assert real["samples"] == 256 and len(real["layers"]) == 2 and 0 < real["hit_rate"] <= 1
     assert "impulse attention at init on 256 training inputs" in r.stderr
     # The checkpoint tells apply/inspect its sequence grid and heads.
-    plan = cli_process("apply", out / "checkpoint.pt", "--method", "mimetic", "--dry-run", "--json", timeout=900)
+    plan = cli("apply", out / "checkpoint.pt", "--method", "mimetic", "--dry-run", "--json")
     assert plan.returncode == 0, plan.stderr
     plan = json.loads(plan.stdout)
     assert plan["grid"] == [40] and plan["heads"] == 4 and plan["layout"] == "timm-vit"
-    desc = cli_process("inspect", out / "best.pt", "--json", timeout=900)
+    desc = cli("inspect", out / "best.pt", "--json")
     assert desc.returncode == 0 and json.loads(desc.stdout)["grid"] == [40], desc.stderr
-    cnn = cli_process("train", "--model", "cnn-1d", "--dataset", "mnist1d", "--shuffle-seq", "--epochs", "2",
-                      "--train-size", "1000", "--dim", "16", "--threads", "1", "--json", env={"OMP_NUM_THREADS": "1"},
-                      timeout=900)
+    cnn = cli("train", "--model", "cnn-1d", "--dataset", "mnist1d", "--shuffle-seq", "--epochs", "2", "--train-size",
+              "1000", "--dim", "16", "--threads", "1", "--json", env={"OMP_NUM_THREADS": "1"})
     assert cnn.returncode == 0, cnn.stderr
     assert json.loads(cnn.stdout)["final_acc"] > 15
 

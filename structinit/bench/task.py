@@ -193,9 +193,21 @@ def slurm_job() -> Optional[Dict[str, Any]]:
             "array_task_id": env.get("SLURM_ARRAY_TASK_ID"), "restart": int(env.get("SLURM_RESTART_COUNT", "0"))}
 
 
+def slurm_requeue_target(env: Optional[Dict[str, str]] = None) -> Optional[str]:
+    """The name ``scontrol requeue`` takes for this job: ``ARRAYJOB_TASK`` for an array task (one
+    task's own job id is the array's id, and ``scontrol`` reads that as every task of the array),
+    else ``SLURM_JOB_ID``; ``None`` outside SLURM. ``env`` defaults to ``os.environ``."""
+    env = os.environ if env is None else env
+    array, index = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    if array and index:
+        return f"{array}_{index}"
+    return env.get("SLURM_JOB_ID") or None
+
+
 def requeue_self(log: Callable[[str], None]) -> bool:
-    """Ask SLURM to requeue this job (``scontrol requeue $SLURM_JOB_ID``); ``False`` if it cannot."""
-    job = os.environ.get("SLURM_JOB_ID")
+    """Ask SLURM to requeue this job, and only this task of an array (``scontrol requeue``
+    :func:`slurm_requeue_target`); ``False`` if it cannot."""
+    job = slurm_requeue_target()
     if not job:
         log("not under SLURM: cannot requeue; run the task again to resume")
         return False
@@ -418,4 +430,4 @@ def check_nproc(nproc: int) -> int:
 
 
 __all__ = ["run_task", "TaskOutcome", "Stopper", "TaskInterrupted", "read_run_config", "train_command",
-           "task_record", "last_log_line", "requeue_self", "slurm_job"]
+           "task_record", "last_log_line", "requeue_self", "slurm_job", "slurm_requeue_target"]
