@@ -86,6 +86,7 @@ def test_a_task_requeues_itself_alone_not_its_whole_array():
     assert slurm_requeue_target(task) == "7_1"
     assert slurm_requeue_target({**task, "SLURM_JOB_ID": "8", "SLURM_ARRAY_TASK_ID": "0"}) == "7_0"
     assert slurm_requeue_target({"SLURM_JOB_ID": "9"}) == "9"  # a plain job
+    assert slurm_requeue_target({"SLURM_JOB_ID": "9", "SLURM_ARRAY_TASK_ID": "0"}) == "9"  # half an array's names
     assert slurm_requeue_target({}) is None
     assert slurm_requeue_target({"SLURM_JOB_ID": ""}) is None
 
