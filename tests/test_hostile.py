@@ -710,8 +710,9 @@ def _groups():
 def test_every_help_example_runs_as_written(paths, tmp_path, cli):
     examples = []
     for path in paths:
-        assert _examples(path), path
-        examples += _examples(path)
+        found = _examples(path)
+        assert found, path
+        examples += found
     _example_inputs(tmp_path, examples)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     for line in examples:
