@@ -149,6 +149,49 @@ def test_an_interrupted_run_resumed_is_the_uninterrupted_run(tmp_path):
     assert again.final_val_acc is None and again.out == str(out) and again.params == resumed.params
 
 
+@pytest.mark.parametrize("init, params", [("impulse", {"data_fit": 5, "data_fit_samples": 16}),
+                                           ("impulse-2025", {})])
+def test_a_resumed_run_keeps_its_init_record_and_refits_nothing(tmp_path, monkeypatch, init, params):
+    """The checkpoint holds the weights: a resume does not fit the init to data again (minutes on a
+    CPU), keeps the report and epoch-0 attention it recorded, and still gets what the init sets
+    besides weights (impulse-2025 makes the frozen sin-cos embedding learnable)."""
+    import warnings
+
+    settings = dict(QUICK, seed=2, init=init, init_params=params)
+    ref = train(TrainConfig(epochs=2, **settings))
+    out = tmp_path / "run"
+
+    def stop_after_one(record):
+        if record["epoch"] == 1:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(TrainConfig(epochs=2, out=str(out), **settings), on_epoch=stop_after_one)
+    config_before = json.loads((out / "config.json").read_text())
+    epoch0 = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][0]
+    assert epoch0["epoch"] == 0 and epoch0["init_attention"] == config_before["init_report"]["data_attention"]
+
+    import structinit.init.data_fit as data_fit
+
+    def refit(*args, **kwargs):
+        raise AssertionError("the data fit ran again on resume")
+
+    monkeypatch.setattr(data_fit, "refine_qk", refit)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "data_fit not run" warning either
+        resumed = train(TrainConfig(epochs=2, out=str(out), resume=True, **settings))
+    assert resumed.resumed_from == 1
+    assert resumed.params == ref.params  # the trainable count: the init's requires_grad came back too
+    assert resumed.init_report == config_before["init_report"]  # the run's own, "cached" and all
+    assert resumed.init_report["data_attention"] == ref.init_report["data_attention"]
+    for key in ("train_loss", "test_acc", "test_loss"):
+        assert resumed.metrics[-1][key] == pytest.approx(ref.metrics[-1][key], rel=1e-6, abs=1e-9), key
+    config_after = json.loads((out / "config.json").read_text())
+    assert config_after["init_report"] == config_before["init_report"]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0] == epoch0 and [r["epoch"] for r in rows] == [0, 1, 2]
+
+
 def test_a_finished_run_trained_again_returns_the_result_it_returned(tmp_path):
     """From its checkpoint, without training: every field as the run returned it, but the time
     (the checkpoint's, before the last evaluation) and where it resumed from."""

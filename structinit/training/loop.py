@@ -271,7 +271,7 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
         say = log if (log and ctx.main) else (lambda msg: None)
 
         # ---- run directory: fresh, resumed or finished
-        ck = None
+        ck, old = None, None
         if run is not None:
             if not config.resume and run.holds_run():
                 names = (run.CONFIG, run.CHECKPOINT, run.BEST, run.FINAL, run.METRICS)
@@ -322,7 +322,19 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
         spec = config.init_spec()
         init_report = None
         init_record = None  # metrics.jsonl's epoch-0 line: the init's attention on real inputs
-        if spec is not None:
+        recorded = (old or {}).get("init_report") if ck is not None else None
+        if spec is not None and recorded is not None:
+            from structinit.init.specs import init_spec, initialize_model
+
+            # Resumed: the checkpoint holds every weight, so the init runs only for what it sets
+            # besides them (which parameters train, such as a position embedding it makes
+            # learnable), without its data fit; the run keeps the report and the epoch-0 attention
+            # it recorded when it started.
+            initialize_model(model, init_spec(spec, data_fit=0) if spec.uses_data else spec, seed=config.seed)
+            init_report = recorded
+            if recorded.get("data_attention") is not None:
+                init_record = {"epoch": 0, "init_attention": recorded["data_attention"]}
+        elif spec is not None:
             from structinit.init.specs import initialize_model
 
             fit_to = None
