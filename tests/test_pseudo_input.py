@@ -31,6 +31,8 @@ def test_noise_is_seeded_and_pe_is_not_noisy():
     a = pseudo_input("pe+gaussian", (4, 4), 16, seed=1)
     assert np.array_equal(a, pseudo_input("pe+gaussian", (4, 4), 16, seed=1))
     assert not np.array_equal(a, pseudo_input("pe+gaussian", (4, 4), 16, seed=2))
+    # the default seed is the solve's default (SolveConfig.seed 0): a direct call draws the solve's noise
+    assert np.array_equal(pseudo_input("pe+uniform", (4, 4), 16), pseudo_input("pe+uniform", (4, 4), 16, seed=0))
     assert np.array_equal(pseudo_input("pe", (4, 4), 16, seed=1), layer_norm(sincos_2d((4, 4), 16)))
     with pytest.raises(UsageError):
         pseudo_input("laplace", (4, 4), 16)
