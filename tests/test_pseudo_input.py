@@ -36,3 +36,10 @@ def test_noise_is_seeded_and_pe_is_not_noisy():
     assert np.array_equal(pseudo_input("pe", (4, 4), 16, seed=1), layer_norm(sincos_2d((4, 4), 16)))
     with pytest.raises(UsageError):
         pseudo_input("laplace", (4, 4), 16)
+
+
+def test_a_model_embedding_of_the_wrong_shape_is_refused_by_name():
+    with pytest.raises(UsageError) as exc:
+        pseudo_input("pe", (4, 4), 16, embedding=np.zeros((15, 16)))
+    assert exc.value.render(lambda n: f"<{n}>") == \
+        "the position <embedding> has shape [15, 16], expected [16, 16] for a 4x4 grid"
