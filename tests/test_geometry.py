@@ -51,7 +51,9 @@ def test_parse_grid_forms(text, grid):
     if g.ndim == 2:
         assert parse_grid(tokens=g.tokens, grid=text) == grid  # agreeing token count
     else:  # tokens means a square image grid: never with a sequence length
-        assert message(parse_grid, tokens=g.tokens, grid=text).startswith("<tokens> gives a square image grid")
+        assert message(parse_grid, tokens=g.tokens, grid=text) == (
+            f"<tokens> gives a square image grid; a sequence is <grid> L alone (got <tokens> {g.tokens} with "
+            f"<grid> {g.describe()})")
 
 
 def test_parse_grid_from_tokens_and_its_refusals():
