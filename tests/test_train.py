@@ -213,6 +213,19 @@ def test_torchrun_two_gloo_processes_match_one(tmp_path):
     assert summary["final_acc"] > 50.0
 
 
+@pytest.mark.slow
+def test_torchrun_refuses_a_global_batch_its_processes_cannot_split(tmp_path):
+    out = tmp_path / "ddp"
+    cmd = [str(REPO / "cli" / "torchrun.sh"), *TINY_ARGS, "--epochs", "1", "--out", str(out)]  # a batch of 32
+    env = _env({"NPROC": "3", "NNODES": "1", "MASTER_ADDR": "localhost", "MASTER_PORT": str(_free_port()),
+                "PYTHON": sys.executable})
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode != 0
+    assert "error: --batch-size 32 (the global batch) is not divisible by the 3 processes" in r.stderr, r.stderr[-3000:]
+    # each process exits 2 with that line; the only traceback is torchrun's own report of failed children
+    assert "structinit/training" not in r.stderr and not out.exists()
+
+
 def test_cli_usage_errors(cli, tmp_path):
     r = cli("train", "--model", "convmixer-256", "--pool", "avg", "--epochs", "1")
     assert r.returncode == 2 and r.stderr.strip() == "error: --pool and --pos-embed apply to ViT presets only"
