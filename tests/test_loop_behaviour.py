@@ -618,3 +618,26 @@ def test_the_init_sees_the_first_training_inputs_as_the_model_does():
                          labels=torch.zeros(300, dtype=torch.long))
     want = (images.images[:FIDELITY_SAMPLES].float() / 255 - info.mean[0]) / info.std[0]
     assert torch.allclose(init_inputs(images, info), want, atol=1e-6)
+
+
+@pytest.mark.slow  # bf16 autocast on a CPU: about 2 minutes on a busy 2-core machine
+def test_bf16_autocast_on_the_cpu_is_recorded_in_the_runs_settings(tmp_path):
+    """``amp`` is asked for explicitly here (``auto`` means full precision on a CPU); the run
+    records the dtype it trained under, which is what tells a bf16 run from a full-precision one."""
+    out = tmp_path / "run"
+    few = dict(QUICK, train_size=64)  # two steps: bf16 autocast on a CPU is slow
+    result = train(TrainConfig(epochs=1, out=str(out), amp="bf16", **few))
+    resolved = json.loads((out / "config.json").read_text())["resolved"]
+    assert resolved["amp"] == "bfloat16" and math.isfinite(result.metrics[-1]["train_loss"])
+    off = train(TrainConfig(epochs=1, out=str(tmp_path / "off"), **few))  # amp auto: off on a CPU
+    assert json.loads((tmp_path / "off" / "config.json").read_text())["resolved"]["amp"] == "off"
+    assert off.metrics[-1]["train_loss"] != result.metrics[-1]["train_loss"]  # bf16 rounding changed the run
+
+
+def test_a_dataset_that_must_not_be_flipped_is_never_flipped():
+    """Digits (like SVHN) are not mirror-symmetric: ``augment=flip`` on them trains exactly as
+    ``none`` (the dataset's ``hflip`` reaches the augmentation)."""
+    plain = train(TrainConfig(epochs=1, seed=4, augment="none", **QUICK))
+    flip = train(TrainConfig(epochs=1, seed=4, augment="flip", **QUICK))
+    assert flip.metrics[-1]["train_loss"] == plain.metrics[-1]["train_loss"]
+    assert flip.metrics[-1]["test_acc"] == plain.metrics[-1]["test_acc"]
