@@ -35,6 +35,16 @@ class Stop(Exception):
     """Raised from on_epoch to stop a run as a kill after an epoch's checkpoint would."""
 
 
+def train_until(config, epoch):
+    """Train ``config`` and stop it (:class:`Stop`) right after ``epoch``'s checkpoint."""
+    def stop(record):
+        if record["epoch"] == epoch:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(config, on_epoch=stop)
+
+
 def test_logged_lr_is_the_schedule_at_each_epochs_last_step(tmp_path):
     epochs = 4
     out = tmp_path / "run"
@@ -116,12 +126,7 @@ def test_an_interrupted_run_resumed_is_the_uninterrupted_run(tmp_path):
     out = tmp_path / "run"
     cfg = TrainConfig(epochs=4, out=str(out), **settings)
 
-    def stop_after_two(record):
-        if record["epoch"] == 2:
-            raise Stop
-
-    with pytest.raises(Stop):
-        train(cfg, on_epoch=stop_after_two)
+    train_until(cfg, 2)
     assert RunDir(out).state == "resumable" and len(RunDir(out).read_metrics()) == 2
     # a kill between the metrics append and the checkpoint leaves one more line in the log
     RunDir(out).append_metrics({"epoch": 3, "train_loss": 123.0})
@@ -161,12 +166,7 @@ def test_a_resumed_run_keeps_its_init_record_and_refits_nothing(tmp_path, monkey
     ref = train(TrainConfig(epochs=2, **settings))
     out = tmp_path / "run"
 
-    def stop_after_one(record):
-        if record["epoch"] == 1:
-            raise Stop
-
-    with pytest.raises(Stop):
-        train(TrainConfig(epochs=2, out=str(out), **settings), on_epoch=stop_after_one)
+    train_until(TrainConfig(epochs=2, out=str(out), **settings), 1)
     config_before = json.loads((out / "config.json").read_text())
     epoch0 = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][0]
     assert epoch0["epoch"] == 0 and epoch0["init_attention"] == config_before["init_report"]["data_attention"]
@@ -559,12 +559,7 @@ def test_the_impulse_inits_attention_on_real_inputs_is_metrics_epoch_zero(tmp_pa
     settings = dict(QUICK, init="impulse", init_params={"data_fit": 0})
     out = tmp_path / "run"
 
-    def stop_after_one(record):
-        if record["epoch"] == 1:
-            raise Stop
-
-    with pytest.raises(Stop):
-        train(TrainConfig(epochs=2, out=str(out), **settings), on_epoch=stop_after_one)
+    train_until(TrainConfig(epochs=2, out=str(out), **settings), 1)
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in lines] == [0, 1]
     first = lines[0]["init_attention"]
