@@ -222,13 +222,19 @@ def cmd_run(args) -> int:
     modules = [normalize_module(m) for m in args.modules]
     if args.survivors:
         results = load_results()
-        names = sorted(m for m, c in results.items() if status(c) in ("survived", "no tests", "not run", "suspicious")
+        rerun = ("survived", "no tests", "suspicious") + (() if args.sample else ("not run",))
+        names = sorted(m for m, c in results.items() if status(c) in rerun
                        and (not modules or module_of(m) in modules))
         judgements, _ = load_equivalents()
         eq = judged([m for m in names if status(results[m]) != "not run"], judgements)
         names = [m for m in names if m not in eq]  # a judged survivor would survive again; a judged one not run is run
         if args.functions:
             names = [m for m in names if function_of(m).rpartition(".")[2] in args.functions]
+        if args.sample:  # the survivors, and the sample of what is not run (not all of it)
+            if not modules:
+                print("error: --sample needs the modules to sample", file=sys.stderr)
+                return 2
+            names = sorted(set(names) | set(draw_sample(modules, args.sample, args.seed)))
         if not names:
             print("nothing to rerun: every mutant of those modules is killed")
             return 0
@@ -553,7 +559,9 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="start mutmut in the background on MODULEs (default: all configured)")
     r.add_argument("modules", nargs="*")
-    r.add_argument("--survivors", action="store_true", help="rerun only mutants not yet killed (nor judged)")
+    r.add_argument("--survivors", action="store_true",
+                   help="rerun only mutants not yet killed (nor judged); with --sample, the survivors and the "
+                        "sample, not every mutant not run")
     r.add_argument("--functions", nargs="*", help="with --survivors: only mutants of these functions (e.g. x_lr_at)")
     r.add_argument("--sample", type=int, metavar="N",
                    help="grow each module's random sample of mutants not run to N and run what it has not run "

@@ -1,4 +1,5 @@
-"""scripts/mutation.py's estimate for a sampled module: the arithmetic the committed scores rest on."""
+"""scripts/mutation.py: the estimate for a sampled module (the arithmetic the committed scores rest on), and
+which mutants a run selects."""
 
 import importlib.util
 from pathlib import Path
@@ -44,3 +45,29 @@ def test_no_estimate_while_mutants_outside_the_stratum_are_not_run():
     assert mutation.estimate(results, {"stratum": [f"{M}1", f"{M}2"], "sample": [f"{M}1"]}, {}, {}) is None
     results[f"{M}0"] = 1
     assert mutation.estimate(results, {"stratum": [f"{M}1", f"{M}2"], "sample": [f"{M}1"]}, {}, {})["score"] == 1.0
+
+
+def test_survivors_with_a_sample_rerun_the_survivors_and_the_sample_not_every_mutant_not_run(tmp_path, monkeypatch):
+    """``run --survivors --sample N``: what survived, and N of the mutants not run, drawn as
+    ``--sample`` alone would draw them (``--survivors`` alone reruns every mutant not run)."""
+    results = {f"{M}{i}": None for i in range(1, 41)}
+    results.update({f"{M}41": 0, f"{M}42": 1, f"{M}43": 0})  # two survivors, one killed
+    monkeypatch.setattr(mutation, "load_results", lambda: dict(results))
+    monkeypatch.setattr(mutation, "EQUIVALENTS", tmp_path / "none.toml")
+    monkeypatch.setattr(mutation, "LOGS", tmp_path)
+    monkeypatch.setattr(mutation, "SAMPLES", tmp_path / "samples.json")
+    monkeypatch.setattr(mutation, "PIDFILE", tmp_path / "run.pid")
+    ran = []
+    monkeypatch.setattr(mutation.subprocess, "call", lambda cmd, **kw: ran.append(cmd) or 0)
+
+    def names(*argv):
+        ran.clear()
+        assert mutation.main(["run", "--wait", *argv]) == 0
+        return set(ran[0][4:])
+
+    both = names("--survivors", "--sample", "5", "init/impulse")
+    sample = set(mutation.load_samples()["structinit.init.impulse"]["sample"])
+    assert len(sample) == 5 and sample <= {f"{M}{i}" for i in range(1, 41)}
+    assert both == sample | {f"{M}41", f"{M}43"}
+    assert names("--survivors", "init/impulse") == {f"{M}{i}" for i in range(1, 42)} | {f"{M}43"}
+    assert mutation.main(["run", "--wait", "--survivors", "--sample", "5"]) == 2  # a sample needs its modules
