@@ -31,13 +31,17 @@ TINY = dict(model="vit-digits", dataset="digits", patch=2, depth=1, dim=32, head
             batch_size=32, init="mimetic", threads=1)
 
 
-@pytest.mark.parametrize("recipe,params", [("fast", {}), ("closed-form", {}), ("paper", {"iters": 300})])
+@pytest.mark.parametrize("recipe,params", [("fast", {}), ("closed-form", {}), ("authors-2025", {}),
+                                           ("paper", {"iters": 300})])
 def test_a_gpu_solve_gives_the_cpu_solution(recipe, params):
     config = SolveConfig(grid=(8, 8), dim=64, heads=4, filter=3, layers=2, recipe=recipe, params=params)
     cpu, gpu = compute(config, device="cpu"), compute(config, device="cuda")
     assert gpu.stats["device"] == torch.cuda.get_device_name(0) and cpu.stats["device"] == "cpu"
     np.testing.assert_array_equal(gpu.offsets, cpu.offsets)
-    for measure in ("hit_rate", "target_mass"):
+    # closed-form's attention is flat to float32 precision (logits within about 1e-6 of each other,
+    # mass 1/N), so which key wins a row's argmax is rounding, and the two devices round differently
+    flat = float(cpu.quality.target_mass.max()) < 2.0 / config.grid.tokens
+    for measure in ("target_mass",) if flat else ("hit_rate", "target_mass"):
         np.testing.assert_allclose(getattr(gpu.quality, measure), getattr(cpu.quality, measure), atol=0.02,
                                    err_msg=measure)
     # the attention logits the solution gives, not the factors (Q/K are defined up to a rotation)

@@ -35,6 +35,14 @@ import torch
 MAX_LOGIT = 30.0
 
 
+def _on(device: torch.device, q: torch.Tensor, k: torch.Tensor, columns: torch.Tensor,
+        mask: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """``q, k`` (float32, detached), ``columns`` and ``mask`` on ``device``: the fit runs where the
+    batch is (a model on a GPU gives its attention inputs on the GPU)."""
+    mask = None if mask is None else mask.to(device)
+    return q.detach().to(device, torch.float32), k.detach().to(device, torch.float32), columns.to(device), mask
+
+
 def _logits(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
     """``[B, H, N, N]`` attention logits (masked keys at a large negative value)."""
     b, n, dim = x.shape
@@ -51,9 +59,9 @@ def target_distribution(columns: torch.Tensor, mass: float, mask: Optional[torch
     """``[H, N, N]``: for every head and query row with a target, ``mass`` on the target token and
     ``1 - mass`` spread evenly over the other visible keys; rows without a target are zero."""
     h, n = columns.shape
-    visible = torch.ones(n, n, dtype=torch.bool) if mask is None else mask.bool()
+    visible = torch.ones(n, n, dtype=torch.bool, device=columns.device) if mask is None else mask.bool()
     others = (visible.sum(-1) - 1).clamp(min=1).to(torch.float32)  # [N]
-    out = torch.zeros(h, n, n)
+    out = torch.zeros(h, n, n, device=columns.device)
     out += (visible.float() * ((1 - mass) / others)[:, None])[None]
     rows = columns >= 0
     hh, ii = torch.nonzero(rows, as_tuple=True)
@@ -73,7 +81,7 @@ def fit_loss(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, columns: torch.T
     # -sum_j t_j log p_j = -(c * sum_visible log p_j + (mass - c) * log p_target).
     # log_softmax is one fused kernel each way (logsumexp's guards against infinities cost several
     # passes over the [B, H, N, N] logits, half of a step on the CPU).
-    visible = torch.full((n,), float(n)) if mask is None else mask.sum(-1).float()
+    visible = torch.full((n,), float(n), device=x.device) if mask is None else mask.sum(-1).float()
     c = (1 - mass) / (visible - 1).clamp(min=1)  # [N]
     idx = columns.clamp(min=0)[None, :, :, None].expand(x.shape[0], -1, -1, 1)
     logp = torch.log_softmax(_logits(x, q, k, mask), dim=-1)  # [B, H, N, N]
@@ -87,14 +95,14 @@ def refine_qk(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, columns: torch.
               mass: float, l2: float, lr: float, norm: float,
               mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Rescale every head to Frobenius norm ``norm`` and take ``steps`` Adam steps on the batch
-    ``x`` (see the module docstring); returns float32 ``q, k: [H, D, d]``."""
+    ``x`` (see the module docstring), on the device ``x`` is on; returns float32 ``q, k: [H, D, d]``
+    on the CPU."""
     x = x.detach().float()
-    q = q.detach().float()
-    k = k.detach().float()
+    q, k, columns, mask = _on(x.device, q, k, columns, mask)
     q = (q * (norm / q.norm(dim=(-2, -1), keepdim=True).clamp(min=1e-12))).requires_grad_(True)
     k = (k * (norm / k.norm(dim=(-2, -1), keepdim=True).clamp(min=1e-12))).requires_grad_(True)
     if not bool((columns >= 0).any()):
-        return q.detach(), k.detach()
+        return q.detach().cpu(), k.detach().cpu()
     heads = q.shape[0]
     opt = torch.optim.Adam([q, k], lr=lr)
     for _ in range(steps):
@@ -102,7 +110,7 @@ def refine_qk(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, columns: torch.
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return q.detach(), k.detach()
+    return q.detach().cpu(), k.detach().cpu()
 
 
 def calibrate_on_batch(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, columns: torch.Tensor,
@@ -110,9 +118,10 @@ def calibrate_on_batch(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, column
                        steps: int = 60) -> Tuple[torch.Tensor, torch.Tensor]:
     """Scale each head's ``q`` and ``k`` by one factor so that its mean attention on the target
     token over the batch ``x`` equals ``target_mass`` (or the nearest it gets with every logit at
-    most :data:`MAX_LOGIT` in magnitude); returns float32 ``q, k``."""
+    most :data:`MAX_LOGIT` in magnitude), on the device ``x`` is on; returns float32 ``q, k`` on the CPU."""
     with torch.no_grad():
         x = x.float()
+        q, k, columns, mask = _on(x.device, q, k, columns, mask)
         base = _logits(x, q.float(), k.float(), None)  # [B, H, N, N], unmasked: the scale applies to all
         rows = columns >= 0
         idx = columns.clamp(min=0)[None, :, :, None].expand(base.shape[0], -1, -1, 1)
@@ -125,7 +134,7 @@ def calibrate_on_batch(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, column
             p = torch.softmax(logits, -1)
             return (p.gather(-1, idx).squeeze(-1) * rows[None]).sum((0, 2)) / count
 
-        lo = torch.full((q.shape[0],), -12.0)
+        lo = torch.full((q.shape[0],), -12.0, device=x.device)
         top = base.abs().amax(dim=(0, 2, 3)).clamp(min=1e-12)
         hi = (MAX_LOGIT / top).log()
         lo = torch.minimum(lo, hi)
@@ -135,4 +144,4 @@ def calibrate_on_batch(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, column
             hi = torch.where(above, mid, hi)
             lo = torch.where(above, lo, mid)
         root = ((lo + hi) / 2).exp().sqrt()[:, None, None]
-        return q.float() * root, k.float() * root
+        return (q.float() * root).cpu(), (k.float() * root).cpu()
