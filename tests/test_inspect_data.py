@@ -391,5 +391,7 @@ def test_a_causal_artifact_is_refused_when_train_reads_it(cache_dir, tmp_path):
     art = solve(SolveConfig(grid=(40,), dim=64, heads=4, filter=5, causal=True, layers=4), cache_dir=cache_dir).artifact
     out = tmp_path / "run"
     given = {"artifact": str(art.path), "data_fit": 0}
-    assert refusal(TrainConfig(**SEQ, init_params=given, out=str(out))) == CAUSAL_REFUSED
+    assert refusal(TrainConfig(**SEQ, init_params=given, out=str(out))) == (
+        f"the artifact {art.key} was solved for a decoder's causal mask (<causal>), but transformer-1d attends both "
+        "ways: give one solved without it")  # the user gave no causal here: the artifact was solved with it
     assert not out.exists()

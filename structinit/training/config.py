@@ -45,9 +45,13 @@ OPTIONAL_DEFAULTS: Dict[str, Any] = {"window": None, "shuffle_seq": False}
 KEY_LENGTH = 12
 
 
-def causal_refused(model: str) -> UsageError:
+def causal_refused(model: str, artifact: Optional[str] = None) -> UsageError:
     """The error for causal impulse offsets on a model ``train`` builds: they are solved under a
-    decoder's mask, and these models attend both ways."""
+    decoder's mask, and these models attend both ways. ``artifact``: the key of an artifact, given
+    by path or key, that was solved with ``causal`` (the user did not ask for it here)."""
+    if artifact is not None:
+        return UsageError(f"the artifact {artifact} was solved for a decoder's causal mask ({param('causal')}), but "
+                          f"{model} attends both ways: give one solved without it")
     return UsageError(f"{param('causal')} solves for a decoder's causal mask, but {model} attends both ways: "
                       "leave it out")
 

@@ -345,8 +345,9 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
                     say(f"the init's data fit needs training inputs held in memory and {config.dataset} is read "
                         "from disk: Q/K keep the plain solve")
             init_report = initialize_model(model, spec, seed=config.seed, data=fit_to)
-            if ((init_report.get("artifact") or {}).get("config") or {}).get("causal"):
-                raise causal_refused(config.model)  # an artifact given by path or key, read just now
+            solved = init_report.get("artifact") or {}
+            if (solved.get("config") or {}).get("causal"):  # an artifact given by path or key, read just now
+                raise causal_refused(config.model, artifact=solved["key"])
             from structinit.init.specs import IMPULSE_METHODS
 
             if info.in_memory and init_report.get("method") in IMPULSE_METHODS:
