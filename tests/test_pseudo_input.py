@@ -43,3 +43,16 @@ def test_a_model_embedding_of_the_wrong_shape_is_refused_by_name():
         pseudo_input("pe", (4, 4), 16, embedding=np.zeros((15, 16)))
     assert exc.value.render(lambda n: f"<{n}>") == \
         "the position <embedding> has shape [15, 16], expected [16, 16] for a 4x4 grid"
+
+
+def test_a_model_embedding_takes_the_place_of_the_table_under_the_same_noise():
+    """``embedding`` stands where the sin-cos table would: ``pe`` is its LayerNorm, ``pe+uniform``
+    the LayerNorm of it plus the noise the same seed adds to the table (a sign flip of the
+    embedding alone leaves ``pe``'s attention logits unchanged, but not these)."""
+    emb = np.random.default_rng(3).standard_normal((16, 16)).astype(np.float32)
+    assert np.array_equal(pseudo_input("pe", (4, 4), 16, embedding=emb), layer_norm(emb))
+    noise = np.random.default_rng(5).uniform(-1.0, 1.0, size=(16, 16))
+    assert np.array_equal(pseudo_input("pe+uniform", (4, 4), 16, seed=5, embedding=emb),
+                          layer_norm(emb.astype(np.float64) + noise))
+    assert np.array_equal(pseudo_input("pe+uniform", (4, 4), 16, seed=5),
+                          layer_norm(sincos_2d((4, 4), 16).astype(np.float64) + noise))
