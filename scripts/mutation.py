@@ -18,6 +18,7 @@ Usage (from the repository root)::
     python scripts/mutation.py survivors structinit.solver.config         # unjudged survivors with diffs
     python scripts/mutation.py judge MUTANT... --reason why no test can tell  # record an equivalent one
     python scripts/mutation.py run --sample 150 structinit.init.impulse   # a random sample of what is not run
+    python scripts/mutation.py run --survivors --sample 150 structinit.init.impulse   # survivors + the sample
 
 A module too large to run whole in one sitting can be *sampled*: ``--sample N`` draws N of its
 mutants not yet run (the stratum), at random with a fixed seed, and records the draw in
