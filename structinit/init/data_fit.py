@@ -122,7 +122,7 @@ def calibrate_on_batch(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, column
     with torch.no_grad():
         x = x.float()
         q, k, columns, mask = _on(x.device, q, k, columns, mask)
-        base = _logits(x, q.float(), k.float(), None)  # [B, H, N, N], unmasked: the scale applies to all
+        base = _logits(x, q, k, None)  # [B, H, N, N], unmasked: the scale applies to all
         rows = columns >= 0
         idx = columns.clamp(min=0)[None, :, :, None].expand(base.shape[0], -1, -1, 1)
         count = rows.sum(-1).clamp(min=1) * base.shape[0]
@@ -144,4 +144,4 @@ def calibrate_on_batch(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, column
             hi = torch.where(above, mid, hi)
             lo = torch.where(above, lo, mid)
         root = ((lo + hi) / 2).exp().sqrt()[:, None, None]
-        return (q.float() * root).cpu(), (k.float() * root).cpu()
+        return (q * root).cpu(), (k * root).cpu()
