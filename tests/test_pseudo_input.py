@@ -56,3 +56,15 @@ def test_a_model_embedding_takes_the_place_of_the_table_under_the_same_noise():
                           layer_norm(emb.astype(np.float64) + noise))
     assert np.array_equal(pseudo_input("pe+uniform", (4, 4), 16, seed=5),
                           layer_norm(sincos_2d((4, 4), 16).astype(np.float64) + noise))
+
+
+def test_layer_norm_normalizes_the_last_axis_of_any_rank():
+    """Each row along the last axis gets mean 0 and variance 1 (up to eps), whatever the leading
+    axes: a batch [B, N, D] of tables equals the tables normalized one by one."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 5, 7)) * 4.0 + rng.standard_normal((3, 5, 1))
+    y = layer_norm(x)
+    assert y.dtype == np.float32 and y.shape == x.shape
+    np.testing.assert_allclose(y.mean(-1), 0.0, atol=1e-6)
+    np.testing.assert_allclose(y.var(-1), 1.0, rtol=1e-4)
+    np.testing.assert_array_equal(y, np.stack([layer_norm(t) for t in x]))
