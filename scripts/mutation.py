@@ -19,6 +19,13 @@ Usage (from the repository root)::
     python scripts/mutation.py judge MUTANT... --reason why no test can tell  # record an equivalent one
     python scripts/mutation.py run --sample 150 structinit.init.impulse   # a random sample of what is not run
     python scripts/mutation.py run --survivors --sample 150 structinit.init.impulse   # survivors + the sample
+    python scripts/mutation.py save                                       # results -> tests/mutation_results.json
+
+mutmut keeps its results in ``mutants/`` (not committed) and regenerates every mutant in a fresh
+clone. ``save`` records them in ``tests/mutation_results.json``, keyed by function and the hash
+mutmut gives the function's source; ``run`` and ``summary`` take a recorded result for a mutant
+mutmut has none for while its function is unchanged, so a pass goes on where the last one, in
+any clone, stopped. (A recorded kill assumes the tests that made it still exist.)
 
 A module too large to run whole in one sitting can be *sampled*: ``--sample N`` draws N of its
 mutants not yet run (the stratum), at random with a fixed seed, and records the draw in
@@ -37,6 +44,7 @@ import datetime
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,6 +60,7 @@ EQUIVALENTS = REPO / "tests" / "mutation_equivalents.toml"
 DOCS = REPO / "docs" / "testing.md"
 SLOW_RESULTS = LOGS / "slow-results.json"
 SAMPLES = LOGS / "samples.json"
+LEDGER = REPO / "tests" / "mutation_results.json"
 DOCS_BEGIN, DOCS_END = "<!-- mutation-summary:begin -->", "<!-- mutation-summary:end -->"
 
 #: mutmut's exit codes -> our categories. Timeouts and crashes (a mutant that loops or blows up
@@ -84,16 +93,77 @@ def normalize_module(name: str) -> str:
 
 # --------------------------------------------------------------------------- results
 
-def load_results() -> Dict[str, Optional[int]]:
-    """Every mutant's mutmut exit code (``None``: not run yet), from ``mutants/**/*.meta``."""
-    out: Dict[str, Optional[int]] = {}
+def load_metas() -> Dict[str, dict]:
+    """module -> mutmut's record of it (``exit_code_by_key``, ``hash_by_function_name``, ...), from
+    ``mutants/**/*.meta``."""
+    out: Dict[str, dict] = {}
     for meta in sorted((REPO / "mutants").rglob("*.py.meta")):
         try:
-            out.update(json.loads(meta.read_text())["exit_code_by_key"])
+            doc = json.loads(meta.read_text())
+            doc["exit_code_by_key"], doc.setdefault("hash_by_function_name", {})
         except (ValueError, KeyError) as exc:  # a pass stopped while mutmut rewrote the file in place
             raise SystemExit(f"error: {meta.relative_to(REPO)} is unreadable ({exc}); a pass stopped while "
                              "mutmut wrote it? delete it (its module's results are lost), rerun the module") from None
+        module = ".".join(meta.relative_to(REPO / "mutants").with_suffix("").with_suffix("").parts)
+        out[module] = doc
     return out
+
+
+def load_ledger() -> dict:
+    """The committed results (tests/mutation_results.json): ``{"functions": {function: {"hash",
+    "measured", "results": {mutant number: exit code}}}}``, function as :func:`function_of` names it."""
+    if not LEDGER.exists():
+        return {"functions": {}}
+    return json.loads(LEDGER.read_text())
+
+
+def load_results(ledger: Optional[dict] = None) -> Dict[str, Optional[int]]:
+    """Every mutant's mutmut exit code (``None``: not run yet), from ``mutants/**/*.meta``; a mutant
+    mutmut has no result for takes the ledger's when its function's source is unchanged (same
+    hash). mutmut regenerates every mutant in a fresh clone (its copies are older than the clone's
+    files), so without the ledger each clone would start from nothing."""
+    ledger = load_ledger() if ledger is None else ledger
+    return merge_ledger(load_metas(), ledger)
+
+
+def merge_ledger(metas: Dict[str, dict], ledger: dict) -> Dict[str, Optional[int]]:
+    """mutmut's exit codes, with the ledger's filling the gaps of functions whose hash matches."""
+    out: Dict[str, Optional[int]] = {}
+    functions = ledger.get("functions", {})
+    for doc in metas.values():
+        hashes = dict(doc["hash_by_function_name"])
+        for mutant, code in dict(doc["exit_code_by_key"]).items():
+            if code is None:
+                fn = function_of(mutant)
+                rec = functions.get(fn)
+                if rec is not None and rec["hash"] == hashes.get(fn.rpartition(".")[2]):
+                    code = rec["results"].get(mutant.rpartition("__mutmut_")[2])
+            out[mutant] = code
+    return out
+
+
+def save_ledger(metas: Dict[str, dict], ledger: dict, today: str) -> Tuple[dict, int]:
+    """The ledger with mutmut's results of ``metas`` written in: a function whose hash changed
+    loses its old results; ``(ledger, mutants recorded)``."""
+    functions = {fn: {**rec, "results": dict(rec["results"])} for fn, rec in ledger.get("functions", {}).items()}
+    recorded = 0
+    for doc in metas.values():
+        hashes = dict(doc["hash_by_function_name"])
+        for mutant, code in dict(doc["exit_code_by_key"]).items():
+            if code is None:
+                continue
+            fn = function_of(mutant)
+            digest = hashes.get(fn.rpartition(".")[2])
+            if digest is None:
+                continue
+            rec = functions.get(fn)
+            if rec is None or rec["hash"] != digest:
+                rec = functions[fn] = {"hash": digest, "measured": today, "results": {}}
+            number = mutant.rpartition("__mutmut_")[2]
+            if rec["results"].get(number) != code:
+                rec["results"][number], rec["measured"] = code, today
+                recorded += 1
+    return {"mutmut": _mutmut_version(), "functions": dict(sorted(functions.items()))}, recorded
 
 
 def status(code: Optional[int]) -> str:
@@ -248,7 +318,15 @@ def cmd_run(args) -> int:
             print("nothing to run: every sampled mutant of those modules has a result")
             return 0
     else:
-        names = [m + ".*" for m in modules]
+        results = load_results()
+        known = {module_of(m) for m in results}
+        if modules and all(mod in known for mod in modules):  # mutants exist: skip what has a result
+            names = sorted(m for m, c in results.items() if module_of(m) in modules and c is None)
+            if not names:
+                print("nothing to run: every mutant of those modules has a result (mutants/ or the ledger)")
+                return 0
+        else:
+            names = [m + ".*" for m in modules]
     LOGS.mkdir(exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     log = LOGS / f"run-{stamp}.log"
@@ -465,6 +543,27 @@ def cmd_summary(args) -> int:
     return 0
 
 
+def ledger_text(ledger: dict) -> str:
+    """The ledger as JSON with one line per function (diffs then show which functions changed)."""
+    rows = [f" {json.dumps(fn)}: {json.dumps(rec)}" for fn, rec in ledger["functions"].items()]
+    return (f'{{"mutmut": {json.dumps(ledger["mutmut"])}, "functions": {{\n' + ",\n".join(rows) + "\n}}\n")
+
+
+def cmd_save(args) -> int:
+    """Write mutmut's results into the committed ledger (tests/mutation_results.json)."""
+    metas = load_metas()
+    if not metas:
+        print("error: no mutants/ here: run a pass first", file=sys.stderr)
+        return 2
+    ledger, recorded = save_ledger(metas, load_ledger(), datetime.date.today().isoformat())
+    tmp = LEDGER.with_suffix(".json.tmp")
+    tmp.write_text(ledger_text(ledger))
+    os.replace(tmp, LEDGER)
+    total = sum(len(r["results"]) for r in ledger["functions"].values())
+    print(f"{LEDGER.relative_to(REPO)}: {recorded} result(s) new or changed, {total} in all")
+    return 0
+
+
 def _mutmut_version() -> str:
     from importlib.metadata import version
 
@@ -539,6 +638,8 @@ def cmd_slow(args) -> int:
     todo = [m for m in live if m not in eq and not (m in records and records[m]["change"] == change_of(mutant_diff(m)))]
     LOGS.mkdir(exist_ok=True)
     mutants_dir = REPO / "mutants"
+    # mutmut copies tests/ at the start of each pass; a test written since must be there too
+    shutil.copytree(REPO / "tests", mutants_dir / "tests", dirs_exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(mutants_dir))
     print(f"{len(todo)} survivors to run against: {' '.join(args.tests)}")
     for i, m in enumerate(todo, 1):
@@ -580,6 +681,8 @@ def main(argv=None) -> int:
     s.add_argument("--reasons", action="store_true", help="also list the equivalent survivors with their reason")
     s.add_argument("--write-docs", action="store_true", help="replace the summary block in docs/testing.md")
     s.set_defaults(fn=cmd_summary)
+    sub.add_parser("save", help="record mutmut's results in tests/mutation_results.json (committed; a fresh "
+                                "clone's run and summary reuse those of unchanged functions)").set_defaults(fn=cmd_save)
     v = sub.add_parser("survivors", help="surviving mutants not judged equivalent, with their diffs")
     v.add_argument("modules", nargs="*")
     v.add_argument("--toml", action="store_true", help="print them as stubs for tests/mutation_equivalents.toml")

@@ -2,6 +2,7 @@
 which mutants a run selects."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,55 @@ def test_survivors_with_a_sample_rerun_the_survivors_and_the_sample_not_every_mu
     assert both == sample | {f"{M}41", f"{M}43"}
     assert names("--survivors", "init/impulse") == {f"{M}{i}" for i in range(1, 42)} | {f"{M}43"}
     assert mutation.main(["run", "--wait", "--survivors", "--sample", "5"]) == 2  # a sample needs its modules
+
+
+def _metas(codes, hashes):
+    """mutmut's record of structinit.init.impulse: ``codes`` {function: [exit codes of mutants 1..]}."""
+    return {"structinit.init.impulse": {
+        "exit_code_by_key": {f"structinit.init.impulse.{fn}__mutmut_{i}": c
+                             for fn, cs in codes.items() for i, c in enumerate(cs, 1)},
+        "hash_by_function_name": hashes}}
+
+
+def test_the_ledger_keeps_results_across_clones_while_the_function_is_unchanged():
+    """``save`` records mutmut's results keyed by function and source hash; a fresh clone's mutants
+    (all not run) take them back for unchanged functions only, and a changed function's old results
+    are dropped when it is saved again."""
+    ran = _metas({"x_f": [1, 0, None], "x_g": [1, 1]}, {"x_f": "aaa", "x_g": "bbb"})
+    ledger, recorded = mutation.save_ledger(ran, {"functions": {}}, "2026-11-26")
+    assert recorded == 4  # f's third was not run: nothing to record
+    f, g = ledger["functions"]["structinit.init.impulse.x_f"], ledger["functions"]["structinit.init.impulse.x_g"]
+    assert (f["hash"], f["results"], f["measured"]) == ("aaa", {"1": 1, "2": 0}, "2026-11-26")
+    assert g["results"] == {"1": 1, "2": 1}
+    # a fresh clone: mutmut regenerated everything; g changed since (another hash)
+    fresh = _metas({"x_f": [None] * 3, "x_g": [None] * 2}, {"x_f": "aaa", "x_g": "ccc"})
+    merged = mutation.merge_ledger(fresh, ledger)
+    p = "structinit.init.impulse."
+    assert merged == {p + "x_f__mutmut_1": 1, p + "x_f__mutmut_2": 0, p + "x_f__mutmut_3": None,
+                      p + "x_g__mutmut_1": None, p + "x_g__mutmut_2": None}
+    # mutmut's own result wins over the ledger's
+    assert mutation.merge_ledger(_metas({"x_f": [0, 1, 1], "x_g": [1, 1]}, {"x_f": "aaa", "x_g": "ccc"}),
+                                 ledger)[p + "x_f__mutmut_1"] == 0
+    # saving g's new results replaces its old ones; f's stay
+    again, recorded = mutation.save_ledger(_metas({"x_f": [None] * 3, "x_g": [0, None]},
+                                                  {"x_f": "aaa", "x_g": "ccc"}), ledger, "2026-11-27")
+    assert recorded == 1
+    assert again["functions"][p + "x_g"] == {"hash": "ccc", "measured": "2026-11-27", "results": {"1": 0}}
+    assert again["functions"][p + "x_f"] == f
+    assert json.loads(mutation.ledger_text(again)) == again
+
+
+def test_a_full_run_skips_what_the_ledger_or_mutmut_already_has(tmp_path, monkeypatch):
+    results = {f"{M}1": 1, f"{M}2": None, f"{M}3": 0, f"{M}4": None}
+    monkeypatch.setattr(mutation, "load_results", lambda: dict(results))
+    monkeypatch.setattr(mutation, "LOGS", tmp_path)
+    monkeypatch.setattr(mutation, "PIDFILE", tmp_path / "run.pid")
+    ran = []
+    monkeypatch.setattr(mutation.subprocess, "call", lambda cmd, **kw: ran.append(cmd) or 0)
+    assert mutation.main(["run", "--wait", "init/impulse"]) == 0
+    assert ran[0][4:] == [f"{M}2", f"{M}4"]
+    # a module mutmut has not generated yet is run whole
+    assert mutation.main(["run", "--wait", "init/mimetic"]) == 0
+    assert ran[1][4:] == ["structinit.init.mimetic.*"]
+    results.update({f"{M}2": 1, f"{M}4": 1})
+    assert mutation.main(["run", "--wait", "init/impulse"]) == 0 and len(ran) == 2  # nothing left to run
