@@ -13,6 +13,9 @@ def test_sincos_shape_and_values():
     assert pe[14, 4] == pytest.approx(np.cos(4.0), abs=1e-6)
     assert pe[14, 8] == pytest.approx(np.sin(2.0), abs=1e-6)
     assert pe[14, 12] == pytest.approx(np.cos(2.0), abs=1e-6)
+    # frequency j of 4 is 10000^(-j/4) by default (the fixed embedding of MAE and the ViT papers)
+    assert pe[14, 1] == pytest.approx(np.sin(4.0 * 10000.0 ** -0.25), abs=1e-6)
+    assert pe[14, 15] == pytest.approx(np.cos(2.0 * 10000.0 ** -0.75), abs=1e-6)
     # each (sin, cos) pair has unit norm, so every row has norm sqrt(dim / 2)
     np.testing.assert_allclose(np.linalg.norm(pe, axis=1), np.sqrt(8), rtol=1e-5)
     with pytest.raises(UsageError):
