@@ -33,6 +33,8 @@ def test_window_offsets_centred_and_causal():
     assert window_offsets(3, ndim=1).tolist() == [[0, -1], [0, 0], [0, 1]]
     assert window_offsets(4, ndim=1, causal=True)[:, 1].tolist() == [-3, -2, -1, 0]
     assert window_offsets(3, ndim=2).shape == (9, 2)
+    # int32 as documented, for sequences and images alike
+    assert window_offsets(3, ndim=1).dtype == np.int32 and window_offsets(3, ndim=2).dtype == np.int32
     # Centre first: the current token, then the nearest (earlier first on a tie).
     dx = [kernel_offset_1d(k, 5)[1] for k in centre_first_order_1d(5)]
     assert dx == [0, -1, 1, -2, 2]

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from structinit.errors import UsageError
-from structinit.training.config import DATASET_HPARAMS, EXECUTION_FIELDS, HPARAMS, TrainConfig
+from structinit.training.config import DATASET_HPARAMS, EXECUTION_FIELDS, HPARAMS, TrainConfig, causal_refused
 
 
 def test_hparams_take_defaults_then_dataset_then_model_family_then_fields():
@@ -148,3 +148,16 @@ def test_dict_round_trip_and_unknown_settings():
     with pytest.raises(UsageError) as exc:
         TrainConfig.from_dict({"colour": 1, "bogus": 2})
     assert str(exc.value) == "unknown training setting(s) bogus, colour"
+
+
+def test_causal_refusals_name_the_flag_or_the_artifact():
+    """Causal offsets on a model that attends both ways: the user's own flag is named, and an
+    artifact solved causal is named by its key (the user did not give the flag)."""
+    flag = causal_refused("vit-digits")
+    assert isinstance(flag, UsageError)
+    assert flag.render(lambda n: f"--{n}") == ("--causal solves for a decoder's causal mask, but vit-digits attends "
+                                               "both ways: leave it out")
+    art = causal_refused("transformer-1d", artifact="0123abcd4567")
+    assert art.render(lambda n: f"<{n}>") == ("the artifact 0123abcd4567 was solved for a decoder's causal mask "
+                                              "(<causal>), but transformer-1d attends both ways: give one solved "
+                                              "without it")
