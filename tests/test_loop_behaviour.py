@@ -192,6 +192,24 @@ def test_a_resumed_run_keeps_its_init_record_and_refits_nothing(tmp_path, monkey
     assert rows[0] == epoch0 and [r["epoch"] for r in rows] == [0, 1, 2]
 
 
+def test_a_finished_runs_result_comes_from_its_checkpoint_field_by_field(tmp_path):
+    """Every field from the checkpoint's own record (the last epoch's accuracies, not another's),
+    and where it is read: the world and device of the processes reading it. The end-to-end test
+    below runs two epochs in one CPU process, where epoch 1 is also the last but one and the world
+    and device are the defaults."""
+    from types import SimpleNamespace
+
+    from structinit.training.loop import _result_from_checkpoint
+
+    metrics = [{"epoch": e, "test_acc": 10.0 * e, "val_acc": 20.0 + e} for e in (1, 2, 3)]
+    ck = {"metrics": metrics, "best_acc": 30.0, "best_epoch": 3, "best_on": "val", "elapsed": 12.5,
+          "params": {"total": 7}, "epoch": 3}
+    r = _result_from_checkpoint(ck, RunDir(tmp_path / "run"), SimpleNamespace(world=4, device="cuda:1"), "abc")
+    assert (r.final_acc, r.final_val_acc, r.best_acc, r.best_epoch, r.best_on) == (30.0, 23.0, 30.0, 3, "val")
+    assert (r.epochs, r.wall_seconds, r.params, r.metrics, r.resumed_from) == (3, 12.5, {"total": 7}, metrics, 3)
+    assert (r.out, r.key, r.world_size, r.device) == (str(tmp_path / "run"), "abc", 4, "cuda:1")
+
+
 def test_a_finished_run_trained_again_returns_the_result_it_returned(tmp_path):
     """From its checkpoint, without training: every field as the run returned it, but the time
     (the checkpoint's, before the last evaluation) and where it resumed from."""
