@@ -331,3 +331,18 @@ def test_grid_attention_figures_see_the_model_train_starts_from():
     initialize_model(again, cfg.init_spec(), seed=2, data=init_inputs(data.train, info))
     for a, b in zip(model.blocks, again.blocks):
         assert torch.equal(a.attn.qkv.weight, b.attn.qkv.weight)
+
+
+def test_the_fit_and_the_calibration_return_float32_on_the_cpu_whatever_they_are_given():
+    """float64 Q/K (a float64 artifact, a state dict in double) come back float32, as documented,
+    through both entry points, with and without a causal mask."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(4, 9, 12, generator=g)
+    q = torch.randn(2, 12, 4, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 12, 4, generator=g, dtype=torch.float64)
+    cols = torch.from_numpy(impulse_columns(Grid((3, 3)), np.array([[0, 1], [1, 0]]))).long()
+    for mask in (None, torch.ones(9, 9).tril().bool()):
+        for qq, kk in (refine_qk(x, q, k, cols, steps=2, mass=0.6, l2=0.0, lr=1e-2, norm=1.0, mask=mask),
+                       calibrate_on_batch(x, q, k, cols, 0.3, mask=mask, steps=5)):
+            assert qq.dtype == kk.dtype == torch.float32 and qq.device.type == kk.device.type == "cpu"
+            assert qq.shape == kk.shape == (2, 12, 4)
