@@ -346,3 +346,41 @@ def test_the_fit_and_the_calibration_return_float32_on_the_cpu_whatever_they_are
                        calibrate_on_batch(x, q, k, cols, 0.3, mask=mask, steps=5)):
             assert qq.dtype == kk.dtype == torch.float32 and qq.device.type == kk.device.type == "cpu"
             assert qq.shape == kk.shape == (2, 12, 4)
+
+
+def test_a_data_fit_refuses_what_it_cannot_run_naming_the_parameter(digits):
+    """The fit runs inputs through timm-style ``blocks`` and fits q and k as linear maps: a state
+    dict, a model that keeps its blocks elsewhere, and a layer with q/k norms are refused, each
+    with the parameter and what is wrong named."""
+    import timm
+
+    def refusal(target, **kw):
+        with pytest.raises(UsageError) as e:
+            initialize(target, "impulse", data=digits[0], data_fit=10, **kw)
+        return e.value.render(lambda n: f"<{n}>")
+
+    need = "impulse parameter <data_fit> runs real inputs through the model, so it needs a model with timm-style blocks"
+    assert refusal(vit().state_dict(), heads=4) == need + ", not a checkpoint or state dict"
+
+    class Wrapped(torch.nn.Module):  # the same ViT one attribute further down: its state dict is a ViT's
+        def __init__(self):
+            super().__init__()
+            self.inner = vit()
+
+    assert refusal(Wrapped(), grid=(8, 8), heads=4) == need + ", not a Wrapped"
+    torch.manual_seed(0)
+    normed = timm.create_model("vit_tiny_patch16_224", img_size=8, patch_size=2, in_chans=1, embed_dim=32, depth=2,
+                               num_heads=4, class_token=False, global_pool="avg", num_classes=10, qk_norm=True)
+    assert refusal(normed, layers=[1]) == ("impulse parameter <data_fit> fits q and k as linear maps; layer 1 "
+                                          "normalizes them (q_norm/k_norm)")
+
+
+def test_a_causal_data_fit_calibrates_under_the_decoders_mask():
+    """Causal offsets on a model with timm-style blocks (a 1-D transformer used as a decoder): the
+    fit calibrates each head's mean attention on its target to ``target_mass`` as the masked model
+    attends, every later token hidden (calibrated unmasked, the masked mass came out 0.56-0.68)."""
+    m = build_model(ModelConfig("transformer-1d"), num_classes=10, image_size=24, in_chans=1, seed=0)
+    x = torch.randn(32, 1, 24, generator=torch.Generator().manual_seed(0))
+    rep = initialize_model(m, "impulse", causal=True, filter=3, data=x, data_fit=10, target_mass=0.5, seed=0)
+    assert rep["artifact"]["config"]["causal"] is True and rep["data_fit"]["calibrated_to"] == 0.5
+    assert [round(row["target_mass"], 4) for row in rep["data_fit"]["layers"]] == [0.5] * 4
