@@ -384,3 +384,33 @@ def test_a_causal_data_fit_calibrates_under_the_decoders_mask():
     rep = initialize_model(m, "impulse", causal=True, filter=3, data=x, data_fit=10, target_mass=0.5, seed=0)
     assert rep["artifact"]["config"]["causal"] is True and rep["data_fit"]["calibrated_to"] == 0.5
     assert [round(row["target_mass"], 4) for row in rep["data_fit"]["layers"]] == [0.5] * 4
+
+
+def test_a_causal_data_fit_fits_each_layer_under_the_mask():
+    """Layer 0 of a causal data fit is the fit and calibration of the solved Q/K on that layer's
+    inputs with the decoder's mask, replayed here step for step (a fit without the mask differs)."""
+    from pathlib import Path
+
+    from structinit.init.target import AttentionTarget
+    from structinit.solver.artifact import read_artifact
+
+    def model():
+        return build_model(ModelConfig("transformer-1d"), num_classes=10, image_size=24, in_chans=1, seed=0)
+
+    m = model()
+    x = torch.randn(32, 1, 24, generator=torch.Generator().manual_seed(0))
+    rep = initialize_model(m, "impulse", causal=True, filter=3, data=x, data_fit=10, target_mass=0.5, seed=0,
+                           mimetic_vproj=False)
+    art = read_artifact(Path(rep["artifact"]["path"]))
+    spec = ImpulseInit()
+    x0 = attention_inputs(model(), x)[0].float()  # the init leaves the embedding that feeds layer 0 as it was
+    cols = torch.from_numpy(impulse_columns(art.config.grid, art.offsets[0], art.config.padding)).long()
+    mask = torch.from_numpy(causal_mask(art.config.grid, True))
+    q, k = refine_qk(x0, torch.from_numpy(art.q[0]), torch.from_numpy(art.k[0]), cols, steps=10,
+                     mass=spec.data_fit_mass, l2=spec.data_fit_l2, lr=spec.data_fit_lr, norm=spec.data_fit_norm,
+                     mask=mask)
+    q, k = calibrate_on_batch(x0, q, k, cols, 0.5, mask)
+    t = AttentionTarget(m)
+    got_q, got_k = read_qk(t.sd, t.slots[0], t.heads)
+    torch.testing.assert_close(got_q, q, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got_k, k, rtol=1e-5, atol=1e-6)
