@@ -654,3 +654,16 @@ def test_a_dataset_that_must_not_be_flipped_is_never_flipped():
     flip = train(TrainConfig(epochs=1, seed=4, augment="flip", **QUICK))
     assert flip.metrics[-1]["train_loss"] == plain.metrics[-1]["train_loss"]
     assert flip.metrics[-1]["test_acc"] == plain.metrics[-1]["test_acc"]
+
+
+def test_the_data_seed_and_the_shuffled_positions_reach_the_data_the_run_trains_on(tmp_path):
+    """``data_seed`` picks the training subset (``seed`` when unset) and ``shuffle_seq`` permutes
+    a sequence's positions: the first epoch's loss shows which data the run saw."""
+    def loss(**kw):
+        return train(TrainConfig(epochs=1, init="mimetic", seed=0, **{**QUICK, **kw})).metrics[-1]["train_loss"]
+
+    default = loss()
+    assert loss(data_seed=0) == default and loss(data_seed=5) != default
+    seq = dict(model="transformer-1d", dataset="mnist1d", depth=1, dim=16, heads=2, patch=None, train_size=64,
+               batch_size=16, val_size=0)
+    assert loss(**seq, shuffle_seq=True) != loss(**seq)
