@@ -29,7 +29,7 @@ any clone, stopped. (A recorded kill assumes the tests that made it still exist.
 
 A module too large to run whole in one sitting can be *sampled*: ``--sample N`` draws N of its
 mutants not yet run (the stratum), at random with a fixed seed, and records the draw in
-``mutation-logs/samples.json``. Its score is then an estimate, the mutants already run counted as
+``tests/mutation_samples.json``. Its score is then an estimate, the mutants already run counted as
 they are and the stratum at the sample's kill rate, with a 95% Wilson interval from the sample;
 the tables label it as such. Running the rest later turns the estimate back into a count.
 
@@ -59,7 +59,7 @@ PIDFILE = LOGS / "run.pid"
 EQUIVALENTS = REPO / "tests" / "mutation_equivalents.toml"
 DOCS = REPO / "docs" / "testing.md"
 SLOW_RESULTS = REPO / "tests" / "mutation_slow_kills.json"  # committed, like the ledger
-SAMPLES = LOGS / "samples.json"
+SAMPLES = REPO / "tests" / "mutation_samples.json"  # committed: the draws the estimates rest on
 LEDGER = REPO / "tests" / "mutation_results.json"
 DOCS_BEGIN, DOCS_END = "<!-- mutation-summary:begin -->", "<!-- mutation-summary:end -->"
 
