@@ -667,3 +667,68 @@ def test_the_data_seed_and_the_shuffled_positions_reach_the_data_the_run_trains_
     seq = dict(model="transformer-1d", dataset="mnist1d", depth=1, dim=16, heads=2, patch=None, train_size=64,
                batch_size=16, val_size=0)
     assert loss(**seq, shuffle_seq=True) != loss(**seq)
+
+
+def test_a_run_killed_before_its_first_checkpoint_fits_its_init_again_on_resume(tmp_path):
+    """Killed in epoch 1 (SIGKILL, a node lost), a run leaves its config.json, with the init's
+    report, and no checkpoint: its resume starts over and fits the init to data again (a report
+    with no weights behind it is not reused), ending as the uninterrupted run. The run's seed
+    reaches the solve, and the log line reports the attention the report holds."""
+    import shutil
+
+    settings = dict(QUICK, seed=3, init="impulse", init_params={"data_fit": 5, "data_fit_samples": 16})
+    logs = []
+    ref = train(TrainConfig(epochs=1, out=str(tmp_path / "ref"), **settings), log=logs.append)
+    rep, seen = ref.init_report, ref.init_report["data_attention"]
+    assert rep["artifact"]["config"]["seed"] == 3
+    assert (f"impulse attention at init on {seen['samples']} training inputs: hit rate {seen['hit_rate']:.3f}, "
+            f"target mass {seen['target_mass']:.3f} (on the pseudo input: {rep['hit_rate']:.3f}, "
+            f"{rep['target_mass']:.3f})") in logs
+
+    out = tmp_path / "run"  # what the killed run left: its config.json alone
+    out.mkdir()
+    shutil.copy(tmp_path / "ref" / "config.json", out / "config.json")
+    resumed = train(TrainConfig(epochs=1, out=str(out), resume=True, **settings))
+    assert resumed.resumed_from is None and resumed.init_report["data_attention"] == seen
+    for key in ("train_loss", "test_acc", "test_loss"):
+        assert resumed.metrics[-1][key] == pytest.approx(ref.metrics[-1][key], rel=1e-6, abs=1e-9), key
+
+
+def test_a_run_is_its_seed_and_records_its_version(tmp_path):
+    """The same seed trains the same run whatever the process's RNG did before (the model is built
+    from the run's seed); config.json names the structinit that wrote it."""
+    import structinit
+
+    settings = dict(QUICK, epochs=1, init="mimetic", seed=3)
+    torch.manual_seed(123)
+    a = train(TrainConfig(out=str(tmp_path / "a"), **settings))
+    torch.manual_seed(456)
+    b = train(TrainConfig(**settings))
+    for key in ("train_loss", "test_acc", "test_loss"):
+        assert a.metrics[-1][key] == b.metrics[-1][key], key
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["version"] == structinit.__version__
+
+
+def test_a_dataset_read_from_disk_trains_with_the_plain_solve_and_its_default_patch(tmp_path):
+    """An ImageNet-style folder is read from disk batch by batch: the impulse init's data fit,
+    which needs the training inputs in memory, is skipped with a line saying so (Q/K keep the plain
+    solve), and the model takes the dataset's default patch (16) when none is given."""
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for c, cls in enumerate(("cat", "dog")):
+            for j in range(4):
+                (tmp_path / split / cls).mkdir(parents=True, exist_ok=True)
+                Image.new("RGB", (56, 52), (120 * c, 60 + 20 * j, 30)).save(tmp_path / split / cls / f"{j}.png")
+    from structinit.errors import StructinitWarning
+
+    logs = []
+    with pytest.warns(StructinitWarning, match="impulse data_fit not run: no real inputs were given"):
+        result = train(TrainConfig(model="vit-t", dataset="imagefolder", data_dir=str(tmp_path), image_size=48,
+                                   depth=1, dim=32, heads=2, epochs=1, batch_size=4, val_size=0, workers=0,
+                                   threads=1, init="impulse", out=str(tmp_path / "run")), log=logs.append)
+    assert ("the init's data fit needs training inputs held in memory and imagefolder is read from disk: Q/K keep "
+            "the plain solve") in logs
+    assert result.init_report["data_fit"]["skipped"].startswith("not run: no real inputs were given")
+    resolved = json.loads((tmp_path / "run" / "config.json").read_text())["resolved"]
+    assert resolved["model"]["patch"] == 16 and resolved["model"]["grid"] == [3, 3]
