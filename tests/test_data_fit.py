@@ -414,3 +414,12 @@ def test_a_causal_data_fit_fits_each_layer_under_the_mask():
     got_q, got_k = read_qk(t.sd, t.slots[0], t.heads)
     torch.testing.assert_close(got_q, q, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got_k, k, rtol=1e-5, atol=1e-6)
+
+
+def test_the_skipped_fit_warning_points_at_the_callers_line():
+    """The warning that the data fit did not run names the user's call, not structinit's inside."""
+    from structinit.errors import StructinitWarning
+
+    with pytest.warns(StructinitWarning, match="impulse data_fit not run: no real inputs were given") as seen:
+        initialize_model(vit(), "impulse", seed=0)
+    assert [w.filename for w in seen.list] == [__file__]

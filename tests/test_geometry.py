@@ -71,6 +71,7 @@ def test_parse_grid_from_tokens_and_its_refusals():
 
 def test_validate_shape_returns_head_dim_and_names_each_problem():
     assert validate_shape((4, 4), 32, 4, 3) == 8 and validate_shape((12,), 6, 3, 3, layers=2) == 2
+    assert type(validate_shape((4, 4), 32, 4, 3)) is int  # a width, used as a shape
     assert validate_shape((3, 3), 4, 1, 3) == 4  # a filter as large as the grid fits
     for name, kwargs in (("dim", dict(dim=0)), ("heads", dict(heads=-1)), ("filter", dict(filter_size=0)),
                          ("layers", dict(layers=0)), ("dim", dict(dim=True)), ("heads", dict(heads=2.0))):

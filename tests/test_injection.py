@@ -547,3 +547,21 @@ def test_shape_hints_and_their_refusals():
     with pytest.raises(StructinitError) as exc:
         AttentionTarget({f"k{i}": torch.zeros(1) for i in range(12)})
     assert str(exc.value).endswith("k10, k11")  # twelve keys: all shown, no ellipsis
+
+
+@pytest.mark.parametrize("dist", ["normal", "uniform"])
+def test_mimetic_v_proj_is_the_stated_product_of_float64_draws(dist):
+    """``A = alpha Z - beta I`` with Z drawn in float64 from the generator (N(0, I/D), or U(+-sqrt(3/D))
+    per entry), and ``W_V W_proj = A``."""
+    import math
+
+    dim, alpha, beta = 12, 0.7, 0.4
+    w_v, w_p, a = mimetic_v_proj(dim, alpha, beta, torch.Generator().manual_seed(5), dist=dist)
+    g = torch.Generator().manual_seed(5)
+    if dist == "uniform":
+        z = (2 * torch.rand(dim, dim, generator=g, dtype=torch.float64) - 1) * math.sqrt(3.0 / dim)
+    else:
+        z = torch.randn(dim, dim, generator=g, dtype=torch.float64) / math.sqrt(dim)
+    want = alpha * z - beta * torch.eye(dim, dtype=torch.float64)
+    torch.testing.assert_close(a, want.float(), rtol=0, atol=0)
+    torch.testing.assert_close(w_v @ w_p, want.float(), rtol=1e-5, atol=1e-5)

@@ -80,10 +80,16 @@ def test_causal_mask_and_geometry_errors():
     m = causal_mask(Grid(5))
     assert m.dtype == bool and m[3, 3] and m[3, 0] and not m[0, 3] and m.sum() == 15
     assert causal_mask(Grid(5), causal=False) is None
-    with pytest.raises(UsageError, match="causal applies to sequences"):
+    with pytest.raises(UsageError) as e:
         check_geometry(Grid((4, 4)), causal=True)
-    with pytest.raises(UsageError, match="needs zero padding"):
+    assert e.value.render(lambda n: f"<{n}>") == ("<causal> applies to sequences (a 1-D grid such as 40), not the 4x4 "
+                                                  "image grid")
+    with pytest.raises(UsageError) as e:
         check_geometry(Grid(8), "circular", causal=True)
+    assert e.value.render(lambda n: f"<{n}>").startswith("<causal> needs zero padding: circular <padding> wraps ")
+    with pytest.raises(UsageError) as e:
+        draw_offsets(3, heads=2, layers=1, seed=0, ndim=2, causal=True)
+    assert e.value.render(lambda n: f"<{n}>") == "<causal> applies to sequences (1-D grids) only"
 
 
 @pytest.mark.parametrize("kwargs, message", [
