@@ -565,3 +565,33 @@ def test_mimetic_v_proj_is_the_stated_product_of_float64_draws(dist):
     want = alpha * z - beta * torch.eye(dim, dtype=torch.float64)
     torch.testing.assert_close(a, want.float(), rtol=0, atol=0)
     torch.testing.assert_close(w_v @ w_p, want.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_part_is_read_as_a_float32_copy_whatever_the_checkpoint_holds():
+    from structinit.init.inject import Part, read_part
+
+    for dtype in (torch.float64, torch.float16, torch.bfloat16):
+        sd = {"w": torch.arange(24, dtype=dtype).reshape(6, 4)}
+        rows, cols = read_part(sd, Part("w", 2, 4)), read_part(sd, Part("w", 1, 3, transposed=True))
+        assert rows.dtype == cols.dtype == torch.float32
+        assert rows.tolist() == [[8, 9, 10, 11], [12, 13, 14, 15]] and cols.tolist() == [list(range(1, 24, 4)),
+                                                                                         list(range(2, 24, 4))]
+        rows += 1
+        assert sd["w"][2, 0] == 8  # a copy
+
+
+def test_causal_offsets_on_a_model_attending_both_ways_are_refused_naming_both():
+    from types import SimpleNamespace
+
+    from structinit.init.impulse import check_causal
+
+    with pytest.raises(UsageError) as e:
+        check_causal(SimpleNamespace(causal=False, layout="hf-bert"), True)
+    assert e.value.render(lambda n: f"--{n}") == ("--causal solves for a decoder's causal mask, but the hf-bert model "
+                                                  "attends in both directions")
+    with pytest.raises(UsageError) as e:
+        check_causal(SimpleNamespace(causal=True, layout="hf-gpt2"), False)
+    assert e.value.render(lambda n: f"--{n}") == ("the hf-gpt2 model attends only to earlier tokens (a causal mask); "
+                                                  "pass --causal so that every offset lies in the past")
+    check_causal(SimpleNamespace(causal=None, layout="timm-vit"), True)  # unknown: either is accepted
+    check_causal(SimpleNamespace(causal=None, layout="timm-vit"), False)

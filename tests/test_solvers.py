@@ -306,3 +306,36 @@ def test_calibration_reaches_the_mass_in_a_handful_of_newton_passes(mass):
     p = torch.softmax(math.exp(t) * (xq @ xk.T) / math.sqrt(64), -1)
     assert float(p[torch.arange(64), columns].mean()) == pytest.approx(mass, abs=1e-12)
     assert len(passes) <= 12
+
+
+def test_row_chunks_tile_the_rows_within_the_budget():
+    """Three float64 rows of N per row in flight: a budget of 3 such rows x 3 gives chunks of 3 rows."""
+    from structinit.solver.algorithms import _row_chunks
+
+    assert _row_chunks(10, budget=8 * 3 * 10 * 3) == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert _row_chunks(10, budget=1) == [(i, i + 1) for i in range(10)]  # never fewer than one row
+    assert _row_chunks(4) == [(0, 4)]  # the default budget holds a small grid whole
+
+
+def test_fast_progress_counts_calibration_passes_and_its_refusal_names_the_bound():
+    """Progress in row-chunk passes: whole numbers out of PASSES x chunks per distinct head, never
+    reaching the total before the last head is done; a target mass at or below uniform attention
+    is refused with the bound 1/N."""
+    from structinit.geometry.embedding import pseudo_input
+    from structinit.geometry.targets import draw_offsets, impulse_columns
+    from structinit.solver.algorithms import solve_fast
+
+    grid, dim, heads = (4, 4), 16, 2
+    x = torch.from_numpy(pseudo_input("pe", grid, dim)).unsqueeze(0)
+    columns = torch.from_numpy(impulse_columns(grid, draw_offsets(3, heads, 1, seed=1), "zero"))
+    seen = []
+    solve_fast(x, columns, dim // heads, heads, None, target_mass=0.4, progress=lambda d, t: seen.append((d, t)))
+    total = seen[0][1]
+    assert all(type(d) is int and t == total for d, t in seen)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen) and seen[-1][0] == total
+    per_head = total // 2  # two distinct heads (two offsets)
+    assert max(d for d, _ in seen if d < total) >= per_head + per_head - 1  # the second head's last pass
+    assert sum(1 for d, _ in seen if d == per_head - 1) >= 1  # the first head's last pass, before it is done
+    with pytest.raises(UsageError) as e:
+        solve_fast(x, columns, dim // heads, heads, None, target_mass=1 / 16)
+    assert e.value.render(lambda n: f"<{n}>") == "<target_mass> must lie in (1/N, 1) = (0.0625, 1), got 0.0625"
