@@ -699,7 +699,7 @@ def test_a_run_is_its_seed_and_records_its_version(tmp_path):
     from the run's seed); config.json names the structinit that wrote it."""
     import structinit
 
-    settings = dict(QUICK, epochs=1, init="mimetic", seed=3)
+    settings = dict(QUICK, epochs=1, init="mimetic", seed=3, val_size=64)
     torch.manual_seed(123)
     a = train(TrainConfig(out=str(tmp_path / "a"), **settings))
     torch.manual_seed(456)
@@ -707,6 +707,11 @@ def test_a_run_is_its_seed_and_records_its_version(tmp_path):
     for key in ("train_loss", "test_acc", "test_loss"):
         assert a.metrics[-1][key] == b.metrics[-1][key], key
     assert json.loads((tmp_path / "a" / "config.json").read_text())["version"] == structinit.__version__
+    # the checkpoint keeps the score the best epoch was chosen by (validation accuracy), which a
+    # resume compares later epochs against; each epoch's time is its own, within the run's
+    ck = load_train_checkpoint(tmp_path / "a" / "checkpoint.pt")
+    assert ck["best_score"] == max(r["val_acc"] for r in a.metrics) and ck["best_on"] == "val"
+    assert 0 < a.metrics[-1]["epoch_seconds"] <= a.wall_seconds
 
 
 def test_a_dataset_read_from_disk_trains_with_the_plain_solve_and_its_default_patch(tmp_path):
