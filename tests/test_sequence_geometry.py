@@ -87,6 +87,9 @@ def test_causal_mask_and_geometry_errors():
     with pytest.raises(UsageError) as e:
         check_geometry(Grid(8), "circular", causal=True)
     assert e.value.render(lambda n: f"<{n}>").startswith("<causal> needs zero padding: circular <padding> wraps ")
+
+
+def test_drawing_causal_offsets_for_an_image_grid_is_refused_by_name():
     with pytest.raises(UsageError) as e:
         draw_offsets(3, heads=2, layers=1, seed=0, ndim=2, causal=True)
     assert e.value.render(lambda n: f"<{n}>") == "<causal> applies to sequences (1-D grids) only"
