@@ -620,6 +620,22 @@ def cmd_judge(args) -> int:
     return 0
 
 
+def run_slow_tests(tests: List[str], cwd: Path, env: Dict[str, str], timeout: Optional[float]):
+    """``(pytest's exit code or "timeout", its output)``. Past ``timeout`` seconds the tests and
+    every process they started are killed: a mutant that hangs them (a deadlock between torchrun's
+    processes, say) counts as caught, as mutmut counts its own timeouts."""
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--rootdir=.",
+                             *tests], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return "timeout", out
+
+
 def cmd_slow(args) -> int:
     """Run the fast tier's unjudged survivors against slow tests (each mutant in turn, in the
     foreground): tests that spawn processes see the mutant too (PYTHONPATH and MUTANT_UNDER_TEST
@@ -644,13 +660,14 @@ def cmd_slow(args) -> int:
     print(f"{len(todo)} survivors to run against: {' '.join(args.tests)}")
     for i, m in enumerate(todo, 1):
         env["MUTANT_UNDER_TEST"] = m
-        r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--rootdir=.",
-                            *args.tests], cwd=mutants_dir, env=env, capture_output=True, text=True)
-        killed = r.returncode == 1
-        if r.returncode not in (0, 1):
-            print(f"  {m}: pytest exit {r.returncode} (not counted)\n{r.stdout[-800:]}")
+        code, out = run_slow_tests(args.tests, mutants_dir, env, args.timeout)
+        killed = code in (1, "timeout")
+        if not killed and code != 0:
+            print(f"  {m}: pytest exit {code} (not counted)\n{out[-800:]}")
             continue
         records[m] = {"change": change_of(mutant_diff(m)), "killed": killed, "tests": " ".join(args.tests)}
+        if code == "timeout":
+            records[m]["timeout"] = args.timeout
         SLOW_RESULTS.write_text(json.dumps(records, indent=1, sort_keys=True))
         print(f"[{i}/{len(todo)}] {'killed  ' if killed else 'survived'} {m}", flush=True)
     return 0
@@ -697,6 +714,8 @@ def main(argv=None) -> int:
     w.add_argument("--tests", nargs="+", required=True, help="pytest node ids, relative to the repository")
     w.add_argument("--functions", nargs="*", help="only mutants of these functions (e.g. x_train)")
     w.add_argument("--mutants", nargs="*", help="only these mutants (full names, as `survivors` prints them)")
+    w.add_argument("--timeout", type=float, help="seconds before a mutant's tests are killed and it counts as "
+                                                 "caught (a hang); give several times the tests' own time")
     w.set_defaults(fn=cmd_slow)
     args = p.parse_args(argv)
     os.chdir(REPO)

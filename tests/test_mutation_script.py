@@ -124,3 +124,36 @@ def test_a_full_run_skips_what_the_ledger_or_mutmut_already_has(tmp_path, monkey
     assert ran[1][4:] == ["structinit.init.mimetic.*"]
     results.update({f"{M}2": 1, f"{M}4": 1})
     assert mutation.main(["run", "--wait", "init/impulse"]) == 0 and len(ran) == 2  # nothing left to run
+
+
+@pytest.mark.slow
+def test_slow_tests_that_hang_past_the_timeout_are_killed_with_their_children(tmp_path):
+    """A mutant that hangs the slow tests counts as caught once the timeout passes, and nothing it
+    started is left running (the tests run in a process group of their own)."""
+    import os
+    import time
+
+    pidfile = tmp_path / "child.pid"
+    (tmp_path / "test_hang.py").write_text(
+        "import subprocess, sys, time\n"
+        "def test_hang():\n"
+        "    child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"    open({str(pidfile)!r}, 'w').write(str(child.pid))\n"
+        "    time.sleep(600)\n"
+        "def test_quick():\n"
+        "    assert 1 + 1 == 3\n")
+    env = dict(os.environ)
+    t0 = time.monotonic()
+    code, out = mutation.run_slow_tests(["test_hang.py::test_hang"], tmp_path, env, timeout=5)
+    assert code == "timeout" and time.monotonic() - t0 < 60
+    child = int(pidfile.read_text())
+    for _ in range(50):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the hanging test's child survived the timeout")
+    code, out = mutation.run_slow_tests(["test_hang.py::test_quick"], tmp_path, env, timeout=60)
+    assert code == 1 and "assert 1 + 1 == 3" in out
