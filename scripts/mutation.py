@@ -624,16 +624,31 @@ def run_slow_tests(tests: List[str], cwd: Path, env: Dict[str, str], timeout: Op
     """``(pytest's exit code or "timeout", its output)``. Past ``timeout`` seconds the tests and
     every process they started are killed: a mutant that hangs them (a deadlock between torchrun's
     processes, say) counts as caught, as mutmut counts its own timeouts."""
+    import uuid
+
+    mark = uuid.uuid4().hex  # every process the tests start inherits it, torchrun's own sessions included
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--rootdir=.",
-                             *tests], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                             *tests], cwd=cwd, env=dict(env, MUTATION_SLOW_RUN=mark), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
         return proc.returncode, out
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
+        kill_marked(f"MUTATION_SLOW_RUN={mark}".encode())
         out, _ = proc.communicate()
         return "timeout", out
+
+
+def kill_marked(entry: bytes) -> None:
+    """SIGKILL every process whose environment holds ``entry`` (Linux /proc): torchrun starts its
+    workers in sessions of their own, beyond the reach of the tests' process group."""
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if entry in environ.read_bytes().split(b"\0"):
+                os.kill(int(environ.parent.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
 
 
 def cmd_slow(args) -> int:

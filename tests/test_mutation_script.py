@@ -129,7 +129,7 @@ def test_a_full_run_skips_what_the_ledger_or_mutmut_already_has(tmp_path, monkey
 @pytest.mark.slow
 def test_slow_tests_that_hang_past_the_timeout_are_killed_with_their_children(tmp_path):
     """A mutant that hangs the slow tests counts as caught once the timeout passes, and nothing it
-    started is left running (the tests run in a process group of their own)."""
+    started is left running, not even a process in a session of its own (torchrun's workers)."""
     import os
     import time
 
@@ -137,7 +137,8 @@ def test_slow_tests_that_hang_past_the_timeout_are_killed_with_their_children(tm
     (tmp_path / "test_hang.py").write_text(
         "import subprocess, sys, time\n"
         "def test_hang():\n"
-        "    child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "    child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],\n"
+        "                             start_new_session=True)  # as torchrun starts its workers\n"
         f"    open({str(pidfile)!r}, 'w').write(str(child.pid))\n"
         "    time.sleep(600)\n"
         "def test_quick():\n"
