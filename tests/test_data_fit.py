@@ -428,3 +428,24 @@ def test_the_skipped_fit_warning_points_at_the_callers_line():
         initialize_model(vit(), "impulse", seed=0)
     package = Path(structinit.__file__).resolve().parent
     assert len(seen.list) == 1 and package not in Path(seen.list[0].filename).resolve().parents
+
+
+def test_an_artifact_fitted_to_one_embedding_is_refused_for_a_model_with_another(tmp_path):
+    """``fit_pe`` solves for the model's own (learned) position embedding: that artifact, given by
+    path to a model whose embedding differs, is refused naming the parameter; the model it was
+    solved for takes it."""
+    import timm
+
+    def learned(seed):
+        torch.manual_seed(seed)
+        return timm.create_model("vit_tiny_patch16_224", img_size=8, patch_size=2, in_chans=1, embed_dim=32,
+                                 depth=1, num_heads=4, class_token=False, global_pool="avg", num_classes=10)
+
+    rep = initialize_model(learned(0), "impulse", fit_pe=True, data_fit=0, filter=3, cache_dir=tmp_path)
+    path = rep["artifact"]["path"]
+    with pytest.raises(UsageError) as e:
+        initialize_model(learned(1), "impulse", artifact=path, data_fit=0, cache_dir=tmp_path)
+    assert e.value.render(lambda n: f"<{n}>") == (
+        "the <artifact> was solved for another position embedding than the target's pos_embed; solve again with "
+        "<fit_pe>")
+    assert initialize_model(learned(0), "impulse", artifact=path, data_fit=0, cache_dir=tmp_path)["layers"]

@@ -181,3 +181,16 @@ def test_causal_artifact_round_trip(tmp_path):
     back = read_artifact(art.path)
     assert back.config.causal and back.config.grid == Grid(20) and back.key == art.key
     assert json.loads(back.config.canonical_json())["grid"] == [20]
+
+
+def test_geometry_refusals_name_their_parameters_whole():
+    def said(fn, *args, **kw):
+        with pytest.raises(UsageError) as e:
+            fn(*args, **kw)
+        return e.value.render(lambda n: f"<{n}>")
+
+    assert said(check_geometry, Grid(8), "mirror").startswith("unknown <padding> 'mirror'")
+    assert said(check_geometry, Grid(8), "circular", causal=True) == (
+        "<causal> needs zero padding: circular <padding> wraps the first tokens' window around to the end of the "
+        "sequence, which a causal mask hides")
+    assert said(draw_offsets, 3, heads=2, layers=1, seed=0, ndim=3) == "a grid has 1 or 2 dimensions, got 3"
