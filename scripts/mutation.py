@@ -142,7 +142,7 @@ def merge_ledger(metas: Dict[str, dict], ledger: dict) -> Dict[str, Optional[int
     return out
 
 
-def save_ledger(metas: Dict[str, dict], ledger: dict, today: str) -> Tuple[dict, int]:
+def save_ledger(metas: Dict[str, dict], ledger: dict, today: str, mutmut_version: str) -> Tuple[dict, int]:
     """The ledger with mutmut's results of ``metas`` written in: a function whose hash changed
     loses its old results; ``(ledger, mutants recorded)``."""
     functions = {fn: {**rec, "results": dict(rec["results"])} for fn, rec in ledger.get("functions", {}).items()}
@@ -163,7 +163,7 @@ def save_ledger(metas: Dict[str, dict], ledger: dict, today: str) -> Tuple[dict,
             if rec["results"].get(number) != code:
                 rec["results"][number], rec["measured"] = code, today
                 recorded += 1
-    return {"mutmut": _mutmut_version(), "functions": dict(sorted(functions.items()))}, recorded
+    return {"mutmut": mutmut_version, "functions": dict(sorted(functions.items()))}, recorded
 
 
 def status(code: Optional[int]) -> str:
@@ -555,7 +555,7 @@ def cmd_save(args) -> int:
     if not metas:
         print("error: no mutants/ here: run a pass first", file=sys.stderr)
         return 2
-    ledger, recorded = save_ledger(metas, load_ledger(), datetime.date.today().isoformat())
+    ledger, recorded = save_ledger(metas, load_ledger(), datetime.date.today().isoformat(), _mutmut_version())
     tmp = LEDGER.with_suffix(".json.tmp")
     tmp.write_text(ledger_text(ledger))
     os.replace(tmp, LEDGER)

@@ -87,7 +87,7 @@ def test_the_ledger_keeps_results_across_clones_while_the_function_is_unchanged(
     (all not run) take them back for unchanged functions only, and a changed function's old results
     are dropped when it is saved again."""
     ran = _metas({"x_f": [1, 0, None], "x_g": [1, 1]}, {"x_f": "aaa", "x_g": "bbb"})
-    ledger, recorded = mutation.save_ledger(ran, {"functions": {}}, "2026-11-26")
+    ledger, recorded = mutation.save_ledger(ran, {"functions": {}}, "2026-11-26", "3.8.1")
     assert recorded == 4  # f's third was not run: nothing to record
     f, g = ledger["functions"]["structinit.init.impulse.x_f"], ledger["functions"]["structinit.init.impulse.x_g"]
     assert (f["hash"], f["results"], f["measured"]) == ("aaa", {"1": 1, "2": 0}, "2026-11-26")
@@ -103,11 +103,11 @@ def test_the_ledger_keeps_results_across_clones_while_the_function_is_unchanged(
                                  ledger)[p + "x_f__mutmut_1"] == 0
     # saving g's new results replaces its old ones; f's stay
     again, recorded = mutation.save_ledger(_metas({"x_f": [None] * 3, "x_g": [0, None]},
-                                                  {"x_f": "aaa", "x_g": "ccc"}), ledger, "2026-11-27")
+                                                  {"x_f": "aaa", "x_g": "ccc"}), ledger, "2026-11-27", "3.8.1")
     assert recorded == 1
     assert again["functions"][p + "x_g"] == {"hash": "ccc", "measured": "2026-11-27", "results": {"1": 0}}
     assert again["functions"][p + "x_f"] == f
-    assert json.loads(mutation.ledger_text(again)) == again
+    assert json.loads(mutation.ledger_text(again)) == again and again["mutmut"] == "3.8.1"
 
 
 def test_a_full_run_skips_what_the_ledger_or_mutmut_already_has(tmp_path, monkeypatch):
