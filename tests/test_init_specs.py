@@ -137,6 +137,9 @@ def test_coerce_refuses_by_name(value, hint, what, shown):
 
 def test_check_positive_and_validation_messages():
     assert rendered(ImpulseInit, filter=0) == "impulse parameter <filter> must be positive, got 0"
+    # a spec's own fields are coerced under its method's name (not only coerce called directly)
+    assert rendered(ImpulseInit, filter="three") == "impulse parameter <filter> must be an integer, got 'three'"
+    assert rendered(MimeticInit, alpha1="big") == "mimetic parameter <alpha1> must be a number, got 'big'"
     assert rendered(ImpulseInit, pe_scale=-1.0) == "impulse parameter <pe_scale> must be positive, got -1.0"
     assert rendered(ImpulseInit, tolerance=-0.1) == "impulse parameter <tolerance> must be non-negative, got -0.1"
     assert ImpulseInit(tolerance=0.0).tolerance == 0.0 and ImpulseInit(pe_scale=None).pe_scale is None
