@@ -186,3 +186,24 @@ def test_training_images_of_a_sequence_run_are_what_train_feeds(shuffled):
     got = training_images(TrainConfig(model="transformer-1d", dataset="mnist1d", shuffle_seq=True), 8)
     assert got.shape == (8, 1, 40)
     assert torch.equal(got, shuffled.train.images[:8])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(model="vit-digits", dataset="mnist1d"), "<dataset> mnist1d holds sequences; <model> vit-digits is not for "
+                                                  "them: choose a sequence model (transformer-1d, cnn-1d)"),
+    (dict(model="transformer-1d", dataset="digits"), "<dataset> digits holds images; <model> transformer-1d is not "
+                                                     "for them: choose an image model"),
+    (dict(model="transformer-1d", dataset="mnist1d", augment="flip"),
+     "<augment> flip is an image augmentation; mnist1d is a sequence dataset (use none)"),
+    (dict(model="vit-digits", dataset="digits", shuffle_seq=True),
+     "<shuffle_seq> applies to sequence datasets (mnist1d), not digits"),
+    (dict(model="vit-digits", dataset="digits", image_size=16),
+     "<image_size> applies to the imagefolder dataset; digits has a fixed image size"),
+    (dict(model="vit-digits", dataset="digits", data_dir="/tmp"),
+     "<data_dir> and <download> do not apply to the digits dataset, which needs no files"),
+])
+def test_settings_that_do_not_fit_the_data_are_refused_whole(kwargs, message):
+    """The whole message, each parameter marked (the CLI writes them as its flags)."""
+    with pytest.raises(UsageError) as e:
+        TrainConfig(**kwargs).validate()
+    assert e.value.render(lambda n: f"<{n}>") == message

@@ -194,3 +194,12 @@ def test_geometry_refusals_name_their_parameters_whole():
         "<causal> needs zero padding: circular <padding> wraps the first tokens' window around to the end of the "
         "sequence, which a causal mask hides")
     assert said(draw_offsets, 3, heads=2, layers=1, seed=0, ndim=3) == "a grid has 1 or 2 dimensions, got 3"
+
+
+def test_a_zero_padded_window_past_the_edge_marks_its_row_minus_one():
+    """Impulse columns ``[..., N]``: the key token of each query row, or -1 (as documented) where
+    the offset points outside a zero-padded grid."""
+    from structinit.geometry.targets import impulse_columns
+
+    cols = impulse_columns(Grid((3, 3)), np.array([[0, 1], [-1, 0]]), "zero")
+    assert cols.tolist() == [[1, 2, -1, 4, 5, -1, 7, 8, -1], [-1, -1, -1, 0, 1, 2, 3, 4, 5]]
