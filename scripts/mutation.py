@@ -49,6 +49,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
@@ -100,12 +101,12 @@ def load_metas() -> Dict[str, dict]:
     for meta in sorted((REPO / "mutants").rglob("*.py.meta")):
         try:
             doc = json.loads(meta.read_text())
-            doc["exit_code_by_key"], doc.setdefault("hash_by_function_name", {})
+            doc["exit_code_by_key"]  # noqa: B018 - a file cut short mid-write lacks it
         except (ValueError, KeyError) as exc:  # a pass stopped while mutmut rewrote the file in place
             raise SystemExit(f"error: {meta.relative_to(REPO)} is unreadable ({exc}); a pass stopped while "
                              "mutmut wrote it? delete it (its module's results are lost), rerun the module") from None
-        module = ".".join(meta.relative_to(REPO / "mutants").with_suffix("").with_suffix("").parts)
-        out[module] = doc
+        doc.setdefault("hash_by_function_name", {})
+        out[".".join(meta.relative_to(REPO / "mutants").with_suffix("").with_suffix("").parts)] = doc
     return out
 
 
@@ -117,13 +118,12 @@ def load_ledger() -> dict:
     return json.loads(LEDGER.read_text())
 
 
-def load_results(ledger: Optional[dict] = None) -> Dict[str, Optional[int]]:
+def load_results() -> Dict[str, Optional[int]]:
     """Every mutant's mutmut exit code (``None``: not run yet), from ``mutants/**/*.meta``; a mutant
     mutmut has no result for takes the ledger's when its function's source is unchanged (same
     hash). mutmut regenerates every mutant in a fresh clone (its copies are older than the clone's
     files), so without the ledger each clone would start from nothing."""
-    ledger = load_ledger() if ledger is None else ledger
-    return merge_ledger(load_metas(), ledger)
+    return merge_ledger(load_metas(), load_ledger())
 
 
 def merge_ledger(metas: Dict[str, dict], ledger: dict) -> Dict[str, Optional[int]]:
@@ -624,8 +624,6 @@ def run_slow_tests(tests: List[str], cwd: Path, env: Dict[str, str], timeout: Op
     """``(pytest's exit code or "timeout", its output)``. Past ``timeout`` seconds the tests and
     every process they started are killed: a mutant that hangs them (a deadlock between torchrun's
     processes, say) counts as caught, as mutmut counts its own timeouts."""
-    import uuid
-
     mark = uuid.uuid4().hex  # every process the tests start inherits it, torchrun's own sessions included
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--rootdir=.",
                              *tests], cwd=cwd, env=dict(env, MUTATION_SLOW_RUN=mark), stdout=subprocess.PIPE,
