@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from structinit.analysis.fidelity import attention_inputs, data_attention_quality
+from structinit.analysis.capture import attention_inputs
+from structinit.analysis.fidelity import data_attention_quality
 from structinit.errors import StructinitError, UsageError
 from structinit.geometry.grid import Grid
 from structinit.geometry.targets import causal_mask, impulse_columns

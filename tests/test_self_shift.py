@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from structinit.analysis.fidelity import attention_inputs, data_attention_quality
+from structinit.analysis.capture import attention_inputs
+from structinit.analysis.fidelity import data_attention_quality
 from structinit.errors import UsageError
 from structinit.geometry.grid import Grid
 from structinit.init.self_shift import add_self_term

@@ -374,26 +374,6 @@ __all__ = ["Fidelity", "attention_fidelity", "init_fidelity", "capture_attention
 
 # ---- per-layer quality on one batch (timm-style blocks; sequences and causal masks too)
 
-def attention_inputs(model, x) -> List[Any]:
-    """The input of every ``model.blocks[i].attn`` (after the block's norm) on batch ``x``:
-    a list of ``[B, N, D]`` tensors, one per block (no gradients)."""
-    import torch
-
-    seen: List[Any] = []
-    hooks = [blk.attn.register_forward_pre_hook(lambda m, args: seen.append(args[0].detach()))
-             for blk in model.blocks]
-    try:
-        was_training = model.training
-        model.eval()
-        with torch.no_grad():
-            model(x)
-        model.train(was_training)
-    finally:
-        for h in hooks:
-            h.remove()
-    return seen
-
-
 def attention_of(attn, x, mask=None):
     """The attention map of a timm ``Attention`` module on ``x: [B, N, D]``: ``[B, H, N, N]``
     (its own ``qkv``, ``q_norm``/``k_norm`` and scale; ``mask``: bool ``[N, N]`` visible keys)."""
@@ -417,6 +397,7 @@ def data_attention_quality(model, x, offsets, grid, padding: str = "zero", causa
     Tokens before the grid's (a class token) are left out as queries, as in :func:`attention_fidelity`."""
     import torch
 
+    from structinit.analysis.capture import attention_inputs
     from structinit.analysis.quality import attention_quality
     from structinit.geometry.targets import causal_mask, impulse_columns
 

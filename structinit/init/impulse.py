@@ -117,12 +117,16 @@ class ImpulseInit(InitSpec):
     data_fit_norm: float = 5.0
     data_fit_samples: int = 256
     self_weight: float = 0.0
+    data_fit_version: int = 2
+    data_fit_batch: int = 0
 
     #: Parameters added after run keys were in use: left out of :meth:`to_dict` at their defaults.
     optional_defaults = ("data_fit", "data_fit_mass", "data_fit_l2", "data_fit_lr", "data_fit_norm",
-                         "data_fit_samples", "self_weight")
-    #: ``data_fit`` was 0 (off) when run keys began to carry it: a key leaves out 0, not the default.
-    legacy_defaults = {"data_fit": 0}
+                         "data_fit_samples", "self_weight", "data_fit_version", "data_fit_batch")
+    #: ``data_fit`` was 0 (off) when run keys began to carry it: a key leaves out 0, not the default;
+    #: ``data_fit_version`` was 1 before it was a parameter: keys leave out 1, so version 1's runs keep
+    #: theirs and version 2 gets keys of its own.
+    legacy_defaults = {"data_fit": 0, "data_fit_version": 1}
 
     def validate(self) -> None:
         from structinit.solver.artifact import Artifact
@@ -136,6 +140,16 @@ class ImpulseInit(InitSpec):
         if not 0 < self.data_fit_mass < 1:
             raise UsageError(f"impulse parameter {param('data_fit_mass')} must lie strictly between 0 and 1, "
                              f"got {self.data_fit_mass}")
+        from structinit.init.data_fit import FIT_VERSIONS
+
+        if self.data_fit_version not in FIT_VERSIONS:
+            raise UsageError(f"impulse parameter {param('data_fit_version')} must be one of "
+                             f"{', '.join(map(str, FIT_VERSIONS))}, got {self.data_fit_version}")
+        self.check_positive("data_fit_batch", allow_zero=True)
+        if self.data_fit_batch and (not self.data_fit or self.data_fit_version == 1):
+            why = "data_fit is 0" if not self.data_fit else "version 1 steps on the whole batch"
+            raise UsageError(f"impulse parameter {param('data_fit_batch')} sets the images of a version-2 fit step, "
+                             f"and {why}: leave it out")
         check_recipe(self.recipe)
         recipe_params(self.recipe, {**self.recipe_params, "target_mass": self.target_mass}
                       if self.target_mass is not None else self.recipe_params)  # refuse bad values now
@@ -164,6 +178,15 @@ class ImpulseInit(InitSpec):
         out = super().params()
         if hasattr(self.artifact, "config"):
             out["artifact"] = str(self.artifact.path) if self.artifact.path else self.artifact.key
+        return out
+
+    def to_dict(self) -> Dict[str, Any]:
+        """As :meth:`InitSpec.to_dict`; without a data fit (``data_fit=0``) its version and step
+        size are left out, as they change nothing."""
+        out = super().to_dict()
+        if not self.data_fit:
+            for name in ("data_fit_version", "data_fit_batch"):
+                out["params"].pop(name, None)
         return out
 
     def planned(self, slot) -> List[str]:
@@ -262,7 +285,8 @@ class ImpulseInit(InitSpec):
                 f"({param('set_pe')} sincos for a checkpoint, {param('pe_scale')} for a model)")
 
     def apply(self, target, *, seed: int = 0, cache_dir=None, device: str = "cpu", artifact=None,
-              cached: Optional[bool] = None, progress=None, check_pe: bool = True, data=None) -> Dict[str, Any]:
+              cached: Optional[bool] = None, progress=None, check_pe: bool = True, data=None,
+              fit_progress=None, log=None) -> Dict[str, Any]:
         """Write the artifact's Q/K (``artifact`` if given, else :meth:`artifact_for`) into
         ``target``. The report's per-layer ``hit_rate``/``target_mass``/``mse`` are measured from
         the written weights on the target's own LayerNorm'd position embedding (``measured_on``
@@ -271,7 +295,9 @@ class ImpulseInit(InitSpec):
         :meth:`check_embedding` (for a copy of a model already checked, e.g. an EMA state dict,
         which gets the same weights). ``data``: a batch of real, normalized model inputs (``[B, C, H, W]``
         images or ``[B, L]`` sequences) that ``data_fit`` fits to; without it the fit is skipped and the
-        report's ``data_fit`` says why."""
+        report's ``data_fit`` says why. ``fit_progress(done, total)`` follows the fit step by step (it
+        may raise to stop it: nothing is then left half-written but the model's weights, which the
+        caller discards); ``log(message)`` gets a line per fitted layer."""
         import torch
 
         from structinit.analysis.quality import measure
@@ -313,6 +339,7 @@ class ImpulseInit(InitSpec):
         gen = generator(seed + 1)
         solved = art.stats.get("layers", [])
         rows = []
+        fitter = _Fitter(self, t, data, seed, fit_progress, log) if fit else None
         for slot in t.slots:
             src = 0 if art.config.layers == 1 else slot.index
             keys = write_qk(t.sd, slot, torch.from_numpy(art.q[src]), torch.from_numpy(art.k[src]))
@@ -331,7 +358,7 @@ class ImpulseInit(InitSpec):
                             f"layer {slot.index}: the written weights give {name} {got:.3f} but the solve has "
                             f"{want:.3f}; the Q/K rows were not placed as the layout expects")
             if fit:
-                self._fit_on_data(t, slot, rq, rk, cols, mask, data)
+                fitter.fit(slot, rq, rk, cols, mask)
             elif self.self_weight:
                 write_qk(t.sd, slot, *add_self_term(rq, rk, self.self_weight))
             if fit or self.self_weight:
@@ -344,13 +371,11 @@ class ImpulseInit(InitSpec):
             rows.append(row)
         fitted = {"skipped": skipped} if skipped else None
         if fit:
-            from structinit.analysis.fidelity import data_attention_quality
-
-            fitted = data_attention_quality(t.model, data, [r["offsets"] for r in rows], art.config.grid,
-                                            padding=art.config.padding, causal=art.config.causal,
-                                            layers=[r["layer"] for r in rows])
+            fitted = fitter.report(rows, art.config)
             fitted.update(steps=self.data_fit, mass=self.data_fit_mass, l2=self.data_fit_l2, lr=self.data_fit_lr,
-                          norm=self.data_fit_norm, calibrated_to=self.calibration_mass())
+                          norm=self.data_fit_norm, calibrated_to=self.calibration_mass(),
+                          version=self.data_fit_version, step_images=fitter.step_images,
+                          streamed=fitter.streamed, seconds=round(fitter.seconds, 3))
         return {"method": "impulse", "layout": t.layout, "grid": list(t.grid), "dim": t.dim, "heads": t.heads,
                 "artifact": {"key": art.key, "path": str(art.path) if art.path else None, "cached": cached,
                              "config": art.config.to_dict()},
@@ -367,23 +392,143 @@ class ImpulseInit(InitSpec):
             return float(self.target_mass)
         return float(recipe_params("fast", {})["target_mass"])
 
-    def _fit_on_data(self, t, slot, q, k, cols, mask, data) -> None:
-        """Refine layer ``slot`` on ``data`` (see :mod:`structinit.init.data_fit`), mix in the self
-        term (``self_weight``), calibrate and write it."""
-        import torch
 
-        from structinit.analysis.fidelity import attention_inputs
-        from structinit.init.data_fit import calibrate_on_batch, refine_qk
+def prefixed_columns(columns, tokens: int):
+    """Grid target columns ``[H, N]`` as columns over all ``tokens`` (``T = prefix + N``) of a
+    model with prefix tokens (a class token) first: prefix rows get ``-1`` (no target: not fitted),
+    grid targets shift by the prefix. ``[H, T]`` int64."""
+    import torch
+
+    cols = torch.as_tensor(np.asarray(columns)).long()
+    prefix = int(tokens) - int(cols.shape[1])
+    if prefix < 0:
+        raise UsageError(f"the model has {tokens} tokens, fewer than the {cols.shape[1]} of the grid")
+    if not prefix:
+        return cols
+    shifted = torch.where(cols >= 0, cols + prefix, cols)
+    return torch.cat([torch.full((cols.shape[0], prefix), -1, dtype=torch.long), shifted], dim=1)
+
+
+def prefixed_mask(mask, tokens: int):
+    """A grid's visible-key mask ``[N, N]`` (or ``None``) over all ``tokens`` with prefix tokens
+    first (they see and are seen by every token), as a bool tensor ``[T, T]``."""
+    import torch
+
+    if mask is None:
+        return None
+    m = torch.as_tensor(np.asarray(mask)).bool()
+    prefix = int(tokens) - int(m.shape[0])
+    if not prefix:
+        return m
+    full = torch.ones(tokens, tokens, dtype=torch.bool)
+    full[prefix:, prefix:] = m
+    return full
+
+
+class _Fitter:
+    """Runs the data fit of one :meth:`ImpulseInit.apply`, layer by layer in increasing order
+    (see :mod:`structinit.init.data_fit`): captures each layer's input on the batch as the
+    earlier, already written layers make it, refines, calibrates and writes the layer."""
+
+    def __init__(self, spec: "ImpulseInit", t, data, seed: int, progress=None, log=None):
+        self.spec, self.t, self.data, self.seed = spec, t, data, seed
+        self.progress, self.log = progress, log
+        self.total = len(t.layers) * (spec.data_fit + 1)
+        self.done = 0
+        self.inputs = None
+        self.seconds = 0.0
+        self.streamed = False
+        self.step_images = None
+        self.measured: List[Dict[str, Any]] = []
+        self.measured_on = 0
+
+    def tick(self) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
+    def layer_input(self, index: int):
+        if self.spec.data_fit_version == 1:  # the whole model on the whole batch for every layer, as it was
+            from structinit.analysis.capture import attention_inputs
+
+            return attention_inputs(self.t.model, self.data)[index].float()
+        if self.inputs is None:
+            from structinit.analysis.capture import LayerInputs, projection_module
+
+            modules = [projection_module(self.t.model, s.q.key) for s in self.t.det.slots]
+            self.inputs = LayerInputs(self.t.model, self.data, modules)
+            self.streamed = self.inputs.streamed
+        return self.inputs(index)
+
+    def fit(self, slot, q, k, cols, mask) -> None:
+        """Refine layer ``slot`` from ``q, k`` (the written plain solve), mix in the self term
+        (``self_weight``), calibrate and write it."""
+        import time
+
+        from structinit.init import data_fit
         from structinit.init.inject import write_qk
 
-        x = attention_inputs(t.model, data)[slot.index].float()
-        columns = torch.from_numpy(np.asarray(cols)).long()
-        visible = None if mask is None else torch.from_numpy(np.asarray(mask))
-        q, k = refine_qk(x, q, k, columns, steps=self.data_fit, mass=self.data_fit_mass, l2=self.data_fit_l2,
-                         lr=self.data_fit_lr, norm=self.data_fit_norm, mask=visible)
-        if self.self_weight:
+        spec = self.spec
+        start = time.perf_counter()
+        x = self.layer_input(slot.index)
+        columns = prefixed_columns(cols, x.shape[1])
+        visible = prefixed_mask(mask, x.shape[1])
+        if spec.data_fit_version == 1:
+            q, k = data_fit.refine_qk(x, q, k, columns, steps=spec.data_fit, mass=spec.data_fit_mass,
+                                      l2=spec.data_fit_l2, lr=spec.data_fit_lr, norm=spec.data_fit_norm, mask=visible)
+            self.done += spec.data_fit
+        else:
+            self.step_images = min(data_fit.step_images(x.shape[1], spec.data_fit_batch), int(x.shape[0]))
+            q, k = data_fit.refine_qk_minibatch(
+                x, q, k, columns, steps=spec.data_fit, mass=spec.data_fit_mass, l2=spec.data_fit_l2,
+                lr=spec.data_fit_lr, norm=spec.data_fit_norm, batch=spec.data_fit_batch, mask=visible,
+                seed=self.seed * 1_000_003 + slot.index, tick=self.tick)
+        if spec.self_weight:
             from structinit.init.self_shift import add_self_term
 
-            q, k = add_self_term(q, k, self.self_weight)
-        q, k = calibrate_on_batch(x, q, k, columns, self.calibration_mass(), visible)
-        write_qk(t.sd, slot, q, k)
+            q, k = add_self_term(q, k, spec.self_weight)
+        calibrate = data_fit.calibrate_on_batch if spec.data_fit_version == 1 else data_fit.calibrate
+        q, k = calibrate(x, q, k, columns, spec.calibration_mass(), visible)
+        write_qk(self.t.sd, slot, q, k)
+        if spec.data_fit_version > 1:
+            self.measure(slot.index, x, q, k, columns, visible)
+        self.tick()
+        took = time.perf_counter() - start
+        self.seconds += took
+        if self.log is not None:
+            self.log(f"data fit: layer {slot.index} ({self.t.layers.index(slot.index) + 1}/{len(self.t.layers)}) "
+                     f"on {int(x.shape[0])} inputs in {took:.1f}s")
+
+    def measure(self, index: int, x, q, k, columns, visible) -> None:
+        """Layer ``index``'s attention with the written ``q, k`` on (the first
+        :data:`~structinit.init.data_fit.CALIBRATION_SAMPLES` of) its fitted inputs ``x``: hit rate,
+        target mass (per head too) and the share inside the filter's window, over grid queries."""
+        from structinit.analysis.fidelity import window_mask
+        from structinit.analysis.quality import attention_maps, attention_quality
+        from structinit.init.data_fit import CALIBRATION_SAMPLES
+
+        sub = x[:CALIBRATION_SAMPLES]
+        prefix = int(x.shape[1]) - self.t.grid.tokens
+        attn = attention_maps(sub[:, None], q[None].to(sub.device), k[None].to(sub.device),
+                              None if visible is None else visible.to(sub.device))[:, :, prefix:, :]
+        got = attention_quality(attn, columns[:, prefix:].to(sub.device))
+        import torch
+
+        window = torch.from_numpy(window_mask(self.t.grid, self.spec.filter, prefix)).to(attn.device)
+        heads = {m: [round(float(v), 6) for v in got[m].mean(0)] for m in ("hit_rate", "target_mass")}
+        self.measured.append({"layer": index, **{m: float(np.mean(v)) for m, v in heads.items()},
+                              "window_mass": float((attn * window).sum(-1).mean()), "heads": heads})
+        self.measured_on = int(sub.shape[0])
+
+    def report(self, rows, config) -> Dict[str, Any]:
+        """The fit's record for the init report: per layer the attention on the fitted inputs
+        (version 1: the whole batch through the model; version 2: measured as each layer was written)."""
+        if self.spec.data_fit_version == 1:
+            from structinit.analysis.fidelity import data_attention_quality
+
+            return data_attention_quality(self.t.model, self.data, [r["offsets"] for r in rows], config.grid,
+                                          padding=config.padding, causal=config.causal,
+                                          layers=[r["layer"] for r in rows])
+        layers = self.measured
+        mean = {m: float(np.mean([r[m] for r in layers])) for m in ("hit_rate", "target_mass", "window_mass")}
+        return {"samples": int(self.data.shape[0]), "measured_on": self.measured_on, "layers": layers, **mean}

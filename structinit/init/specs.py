@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Type, Union
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Type, Union
 
 from structinit.errors import StructinitWarning, UsageError, param
 from structinit.init.authors import Impulse2024Init, Impulse2025Init
@@ -90,7 +90,8 @@ def spec_from_dict(d: Mapping[str, Any]) -> InitSpec:
 
 def initialize(target, spec: Union[str, InitSpec], *, grid=None, heads: Optional[int] = None,
                layers: Union[None, str, Sequence[int]] = None, seed: int = 0, cache_dir=None, device: str = "cpu",
-               data=None, **params: Any) -> Dict[str, Any]:
+               data=None, progress: Optional[Callable[[int, int], None]] = None,
+               log: Optional[Callable[[str], None]] = None, **params: Any) -> Dict[str, Any]:
     """Initialize a model or a state dict (written in place) with ``spec`` (a spec, or a method name
     with ``params``) and return the method's JSON-able report.
 
@@ -98,7 +99,9 @@ def initialize(target, spec: Union[str, InitSpec], *, grid=None, heads: Optional
     layers (``None``: all; a spec such as ``"0-3,5"`` or a list of indices). ``data``: a batch of
     real, normalized inputs for a method that fits to them (impulse, whose ``data_fit`` is on by
     default); the others do not use it. A model initialized by such a method without ``data`` gets
-    its unfitted form and a :class:`~structinit.errors.StructinitWarning`.
+    its unfitted form and a :class:`~structinit.errors.StructinitWarning`. ``progress(done, total)``
+    follows that fit step by step (raise from it to stop the fit) and ``log(message)`` gets a line
+    per fitted layer.
     """
     from structinit.init.target import AttentionTarget
 
@@ -107,7 +110,7 @@ def initialize(target, spec: Union[str, InitSpec], *, grid=None, heads: Optional
     spec.check_target(t)
     if not spec.uses_data:
         return spec.apply(t, seed=seed, cache_dir=cache_dir, device=device)
-    report = spec.apply(t, seed=seed, cache_dir=cache_dir, device=device, data=data)
+    report = spec.apply(t, seed=seed, cache_dir=cache_dir, device=device, data=data, fit_progress=progress, log=log)
     skipped = (report.get("data_fit") or {}).get("skipped")
     if skipped and t.model is not None:
         warnings.warn(StructinitWarning(f"{spec.method} {param('data_fit')} {skipped}"), stacklevel=3)
@@ -115,10 +118,11 @@ def initialize(target, spec: Union[str, InitSpec], *, grid=None, heads: Optional
 
 
 def initialize_model(model, spec: Union[str, InitSpec], *, grid=None, seed: int = 0, data=None,
-                     **params: Any) -> Dict[str, Any]:
+                     progress: Optional[Callable[[int, int], None]] = None,
+                     log: Optional[Callable[[str], None]] = None, **params: Any) -> Dict[str, Any]:
     """Initialize a timm-style model in place (``grid`` defaults to ``model.patch_embed.grid_size``)
-    and return the report; ``data``: real inputs for a method that fits to them (see
-    :func:`initialize`). Example::
+    and return the report; ``data``: real inputs for a method that fits to them, ``progress`` and
+    ``log`` follow that fit (see :func:`initialize`). Example::
 
         model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=2,
                                   class_token=False, global_pool="avg", num_classes=10)
@@ -130,4 +134,4 @@ def initialize_model(model, spec: Union[str, InitSpec], *, grid=None, seed: int 
 
     if not is_module(model):
         raise UsageError("initialize_model needs an nn.Module; use initialize() for a state dict")
-    return initialize(model, spec, grid=grid, seed=seed, data=data, **params)
+    return initialize(model, spec, grid=grid, seed=seed, data=data, progress=progress, log=log, **params)
