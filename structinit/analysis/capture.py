@@ -83,11 +83,14 @@ def _inside(module, container) -> bool:
 class LayerInputs:
     """Layer ``i``'s attention input on batch ``x`` (``[B, ...]``, on the model's device), asked for
     in increasing ``i`` (see the module docstring). ``modules[i]``: the module whose first input is
-    layer ``i``'s attention input. ``streamed`` says whether the model is run block by block."""
+    layer ``i``'s attention input. ``streamed`` says whether the model is run block by block.
+    ``between()`` (optional) is called after every chunk of :data:`CHUNK` images (it may raise to
+    stop)."""
 
-    def __init__(self, model, x, modules: Sequence[Any]):
+    def __init__(self, model, x, modules: Sequence[Any], between=None):
         import torch
 
+        self.between = between
         self.model = model
         self.modules = list(modules)
         self.device = next(model.parameters()).device
@@ -114,7 +117,12 @@ class LayerInputs:
             self.model.train(was)
 
     def _chunks(self, fn, t):
-        return self._torch.cat([fn(t[i:i + CHUNK]) for i in range(0, int(t.shape[0]), CHUNK)])
+        out = []
+        for i in range(0, int(t.shape[0]), CHUNK):
+            out.append(fn(t[i:i + CHUNK]))
+            if self.between is not None:
+                self.between()
+        return self._torch.cat(out)
 
     def _start_stream(self) -> None:
         """The residual stream before block 0, and the check that block 0 of it gives what the

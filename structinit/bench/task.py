@@ -104,6 +104,12 @@ class Stopper:
                 return  # the epoch will be checkpointed before the kill
         raise TaskInterrupted(self.reason)
 
+    def on_init(self, done: int, total: int) -> None:
+        """Called as the init's data fit takes its steps: a stop request ends the run there (the
+        init wrote nothing yet, so a resumed run starts afresh)."""
+        if self.event.is_set():
+            raise TaskInterrupted(self.reason)
+
     def on_epoch(self, record: Dict[str, Any], epochs: int) -> None:
         self._epoch_start = None
         if self.event.is_set() and int(record["epoch"]) < epochs:
@@ -375,7 +381,7 @@ def _run_here(config, stopper: Stopper, log) -> tuple:
 
     epochs = int(config.hparams()["epochs"])
     try:
-        result = train(config, on_step=stopper.on_step, log=log,
+        result = train(config, on_step=stopper.on_step, log=log, on_init=stopper.on_init,
                        on_epoch=lambda r: (log(_epoch_line(r, epochs)), stopper.on_epoch(r, epochs)))
     except TaskInterrupted:
         return "interrupted", None, None

@@ -168,7 +168,8 @@ def train(
     rank0 = not launched_by_torchrun() or os.environ.get("RANK", "0") == "0"
     with Progress("training", enabled=rank0, plain=False) as bar:
         result = run_training(config, on_step=lambda e, s, n: bar.update(s, n, f"epoch {e}/{n_epochs}"),
-                              on_epoch=lambda r: bar.log(_fmt(r, n_epochs)), log=bar.log)
+                              on_epoch=lambda r: bar.log(_fmt(r, n_epochs)), log=bar.log,
+                              on_init=lambda d, n: bar.update(d, n, "init: data fit"))
     if not rank0:
         return
     if json_out:

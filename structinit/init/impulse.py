@@ -286,7 +286,7 @@ class ImpulseInit(InitSpec):
 
     def apply(self, target, *, seed: int = 0, cache_dir=None, device: str = "cpu", artifact=None,
               cached: Optional[bool] = None, progress=None, check_pe: bool = True, data=None,
-              fit_progress=None, log=None) -> Dict[str, Any]:
+              fit_progress=None, log=None, source: Optional[str] = None) -> Dict[str, Any]:
         """Write the artifact's Q/K (``artifact`` if given, else :meth:`artifact_for`) into
         ``target``. The report's per-layer ``hit_rate``/``target_mass``/``mse`` are measured from
         the written weights on the target's own LayerNorm'd position embedding (``measured_on``
@@ -297,22 +297,24 @@ class ImpulseInit(InitSpec):
         images or ``[B, L]`` sequences) that ``data_fit`` fits to; without it the fit is skipped and the
         report's ``data_fit`` says why. ``fit_progress(done, total)`` follows the fit step by step (it
         may raise to stop it: nothing is then left half-written but the model's weights, which the
-        caller discards); ``log(message)`` gets a line per fitted layer."""
-        import torch
-
+        caller discards); ``log(message)`` gets a line per fitted layer; ``source`` says in words where
+        ``data`` came from. The fit's result is a fitted artifact (:mod:`structinit.init.fitted`),
+        cached: the same model, batch and settings are fitted once. An ``artifact`` that is a fitted
+        one is written as it is (no fit runs)."""
         from structinit.analysis.quality import measure
         from structinit.geometry.targets import causal_mask, impulse_columns
-        from structinit.init.inject import read_qk, write_qk, write_vproj
+        from structinit.init.inject import read_qk, write_qk
         from structinit.init.pos_embed import set_sincos_pos_embed
         from structinit.init.self_shift import add_self_term
 
         t = target
         fit = bool(self.data_fit) and data is not None
+        given_fit = artifact is not None and bool(getattr(artifact, "fit", None))
         skipped = None
         if fit:
             self.check_data_target(t)
             data = data[: self.data_fit_samples]
-        elif self.data_fit:
+        elif self.data_fit and not given_fit:
             why = ("a checkpoint holds no model to run real inputs through" if t.model is None
                    else "no real inputs were given (data)")
             skipped = (f"not run: {why}, so Q/K are the plain solve on the position embedding alone, whose "
@@ -328,9 +330,18 @@ class ImpulseInit(InitSpec):
             artifact, cached = self.artifact_for(t, seed, cache_dir, device, progress)
         elif check_pe:
             self.check_embedding(t, artifact)
+        plain = artifact
+        check_artifact(plain, t.grid, t.dim, t.heads, t.layers)
+        check_causal(t, plain.config.causal)
+        fit_cached = None
+        if fit:
+            from structinit.init.fitted import load_or_fit
+
+            artifact, fit_cached = load_or_fit(self, t, plain, data, seed, cache_dir, fit_progress, log,
+                                               source=source)
+        elif given_fit:
+            fit_cached = cached
         art = artifact
-        check_artifact(art, t.grid, t.dim, t.heads, t.layers)
-        check_causal(t, art.config.causal)
         mask = causal_mask(art.config.grid, art.config.causal)
         own = t.own_input()
         measured_on = (f"{t.pos_key} ({t.pos_embed_kind()}), LayerNorm'd" if own is not None
@@ -339,14 +350,9 @@ class ImpulseInit(InitSpec):
         gen = generator(seed + 1)
         solved = art.stats.get("layers", [])
         rows = []
-        fitter = _Fitter(self, t, data, seed, fit_progress, log) if fit else None
         for slot in t.slots:
-            src = 0 if art.config.layers == 1 else slot.index
-            keys = write_qk(t.sd, slot, torch.from_numpy(art.q[src]), torch.from_numpy(art.k[src]))
-            if self.mimetic_vproj:
-                w_v, w_p, _ = mimetic_v_proj(t.dim, self.alpha2, self.beta2, gen)
-                keys += write_vproj(t.sd, slot, w_v, w_p)
-            rq, rk = read_qk(t.sd, slot, t.heads)
+            src = 0 if art.depth == 1 else slot.index
+            keys, rq, rk = self.write_layer(t, slot, art, gen)
             cols = impulse_columns(art.config.grid, art.offsets[src], art.config.padding)
             placed = measure(art.layer_input(src), rq, rk, cols, mask)
             if src < len(solved):
@@ -357,11 +363,8 @@ class ImpulseInit(InitSpec):
                         raise StructinitError(
                             f"layer {slot.index}: the written weights give {name} {got:.3f} but the solve has "
                             f"{want:.3f}; the Q/K rows were not placed as the layout expects")
-            if fit:
-                fitter.fit(slot, rq, rk, cols, mask)
-            elif self.self_weight:
+            if self.self_weight and not art.fit:  # a fitted artifact has the self term mixed in already
                 write_qk(t.sd, slot, *add_self_term(rq, rk, self.self_weight))
-            if fit or self.self_weight:
                 rq, rk = read_qk(t.sd, slot, t.heads)
                 placed = measure(art.layer_input(src), rq, rk, cols, mask)
             same = own is None or np.allclose(own, art.layer_input(src), atol=1e-5)
@@ -370,20 +373,36 @@ class ImpulseInit(InitSpec):
                    "solved": {m: float(getattr(placed, m).mean()) for m in ("hit_rate", "target_mass")}}
             rows.append(row)
         fitted = {"skipped": skipped} if skipped else None
-        if fit:
-            fitted = fitter.report(rows, art.config)
+        if art.fit:
+            fitted = dict(art.fit["report"])
             fitted.update(steps=self.data_fit, mass=self.data_fit_mass, l2=self.data_fit_l2, lr=self.data_fit_lr,
                           norm=self.data_fit_norm, calibrated_to=self.calibration_mass(),
-                          version=self.data_fit_version, step_images=fitter.step_images,
-                          streamed=fitter.streamed, seconds=round(fitter.seconds, 3))
+                          version=self.data_fit_version, source=art.fit.get("source"),
+                          artifact={"key": art.key, "path": str(art.path) if art.path else None,
+                                    "cached": fit_cached})
         return {"method": "impulse", "layout": t.layout, "grid": list(t.grid), "dim": t.dim, "heads": t.heads,
-                "artifact": {"key": art.key, "path": str(art.path) if art.path else None, "cached": cached,
-                             "config": art.config.to_dict()},
+                "artifact": {"key": plain.key, "path": str(plain.path) if plain.path else None,
+                             "cached": cached if not given_fit else None, "config": plain.config.to_dict()},
                 "mimetic_vproj": self.mimetic_vproj, "pe_scale": self.pe_scale, "fit_pe": self.fit_pe,
                 "self_weight": self.self_weight, "data_fit": fitted,
                 "measured_on": measured_on, "layers": rows,
                 "hit_rate": float(np.mean([r["hit_rate"] for r in rows])),
                 "target_mass": float(np.mean([r["target_mass"] for r in rows]))}
+
+    def write_layer(self, t, slot, art, gen):
+        """Write ``art``'s Q/K of layer ``slot`` into ``t`` (and mimetic V/proj, drawn from ``gen``):
+        ``(keys written, q, k)`` with ``q, k`` read back ``[H, D, d]``."""
+        import torch
+
+        from structinit.init.inject import read_qk, write_qk, write_vproj
+
+        src = 0 if art.depth == 1 else slot.index
+        keys = write_qk(t.sd, slot, torch.from_numpy(art.q[src]), torch.from_numpy(art.k[src]))
+        if self.mimetic_vproj:
+            w_v, w_p, _ = mimetic_v_proj(t.dim, self.alpha2, self.beta2, gen)
+            keys += write_vproj(t.sd, slot, w_v, w_p)
+        rq, rk = read_qk(t.sd, slot, t.heads)
+        return keys, rq, rk
 
     def calibration_mass(self) -> float:
         """The mean attention on the target token that ``data_fit`` calibrates each head to:
@@ -444,6 +463,9 @@ class _Fitter:
 
     def tick(self) -> None:
         self.done += 1
+        self.poll()
+
+    def poll(self) -> None:
         if self.progress is not None:
             self.progress(self.done, self.total)
 
@@ -456,7 +478,7 @@ class _Fitter:
             from structinit.analysis.capture import LayerInputs, projection_module
 
             modules = [projection_module(self.t.model, s.q.key) for s in self.t.det.slots]
-            self.inputs = LayerInputs(self.t.model, self.data, modules)
+            self.inputs = LayerInputs(self.t.model, self.data, modules, between=self.poll)
             self.streamed = self.inputs.streamed
         return self.inputs(index)
 

@@ -6,6 +6,13 @@ use another one, ``pseudo_input_rest`` float32 ``[N, D]``.
 Metadata (strings): ``format`` (``structinit/1``), ``config`` (canonical JSON), ``key``,
 ``stats`` (JSON), ``version``, and ``checksum`` (SHA-256 of the tensor bytes, so that a flipped
 byte is caught, not only a truncated file).
+
+A *fitted* artifact (the impulse data fit's result, :mod:`structinit.init.fitted`) has one more
+metadata entry, ``fit`` (JSON): what the Q/K were fitted to (``identity``: the plain solve's key,
+digests of the model weights and of the batch the fit read, the fit's parameters and algorithm
+version) and what it measured. Its key is the hash of ``identity`` (:func:`fit_key`), not of the
+config (the plain solve's); its Q/K and offsets have one entry per model layer (``identity``'s
+``depth``), whatever the solve shared. Its ``stats`` measure the fitted Q/K on the pseudo input.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import numpy as np
 from structinit import __version__
 from structinit.atomic import atomic_write
 from structinit.errors import ArtifactError
-from structinit.solver.config import FORMAT, SolveConfig
+from structinit.solver.config import FORMAT, KEY_LENGTH, SolveConfig
 
 
 @dataclass
@@ -37,10 +44,25 @@ class Artifact:
     pseudo_input_rest: Optional[np.ndarray] = None
     path: Optional[Path] = None
     version: str = __version__
+    fit: Optional[Dict[str, Any]] = None
 
     @property
     def key(self) -> str:
-        return self.config.key
+        """The config's key, or for a fitted artifact the key of what it was fitted to."""
+        return fit_key(self.fit["identity"]) if self.fit else self.config.key
+
+    @property
+    def depth(self) -> int:
+        """Layers of Q/K held (1 for a solve shared by every layer)."""
+        return int(self.q.shape[0])
+
+    @property
+    def filename(self) -> str:
+        """The config's file name; a fitted artifact's is ``n{N}-d{D}-h{heads}-f{f}-fit-{key}.safetensors``."""
+        if not self.fit:
+            return self.config.filename
+        c = self.config
+        return f"{c.grid.label}-d{c.dim}-h{c.heads}-f{c.filter}-fit-{self.key}.safetensors"
 
     def tensors(self) -> Dict[str, np.ndarray]:
         out = {"q": self.q, "k": self.k, "offsets": self.offsets, "pseudo_input": self.pseudo_input}
@@ -60,6 +82,12 @@ class Artifact:
         if layer > 0 and self.pseudo_input_rest is not None:
             return self.pseudo_input_rest
         return self.pseudo_input
+
+
+def fit_key(identity: Dict[str, Any]) -> str:
+    """Short hash (12 hex digits of SHA-256) of a fitted artifact's canonical ``identity`` JSON."""
+    text = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:KEY_LENGTH]
 
 
 def _checksum(tensors: Dict[str, np.ndarray]) -> str:
@@ -83,11 +111,13 @@ def write_artifact(artifact: Artifact, path: Path) -> Path:
     meta = {
         "format": FORMAT,
         "config": artifact.config.canonical_json(),
-        "key": artifact.config.key,
+        "key": artifact.key,
         "stats": json.dumps(artifact.stats, sort_keys=True),
         "version": artifact.version,
         "checksum": _checksum(tensors),
     }
+    if artifact.fit:
+        meta["fit"] = json.dumps(artifact.fit, sort_keys=True)
     data = save(tensors, metadata=meta)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -120,23 +150,27 @@ def read_artifact(path: Path) -> Artifact:
     try:
         config = SolveConfig.from_dict(json.loads(meta["config"]))
         stats = json.loads(meta["stats"])
+        fit = json.loads(meta["fit"]) if "fit" in meta else None
+        want = fit_key(fit["identity"]) if fit is not None else config.key
+        depth = int(fit["identity"]["depth"]) if fit is not None else config.layers
     except Exception as exc:  # noqa: BLE001 - any malformed metadata is a corrupt artifact
         raise ArtifactError(f"{path}: corrupt metadata ({exc})") from None
-    if meta.get("key") != config.key:
-        raise ArtifactError(f"{path}: key {meta.get('key')!r} does not match its config (expected {config.key})")
+    if meta.get("key") != want:
+        what = "what it was fitted to" if fit is not None else "its config"
+        raise ArtifactError(f"{path}: key {meta.get('key')!r} does not match {what} (expected {want})")
     if meta.get("checksum") != _checksum(tensors):
         raise ArtifactError(f"{path}: checksum mismatch (the tensor data is corrupt)")
     missing = [n for n in ("q", "k", "offsets", "pseudo_input") if n not in tensors]
     if missing:
         raise ArtifactError(f"{path}: missing tensors {missing}")
-    L, H, D, d = config.layers, config.heads, config.dim, config.head_dim
+    L, H, D, d = depth, config.heads, config.dim, config.head_dim
     expect = {"q": (L, H, D, d), "k": (L, H, D, d), "offsets": (L, H, 2), "pseudo_input": (config.tokens, D)}
     for name, shape in expect.items():
         if tuple(tensors[name].shape) != shape:
             raise ArtifactError(f"{path}: tensor {name} has shape {tuple(tensors[name].shape)}, expected {shape}")
     return Artifact(config=config, q=tensors["q"], k=tensors["k"], offsets=tensors["offsets"],
                     pseudo_input=tensors["pseudo_input"], pseudo_input_rest=tensors.get("pseudo_input_rest"),
-                    stats=stats, path=path, version=meta.get("version", "?"))
+                    stats=stats, path=path, version=meta.get("version", "?"), fit=fit)
 
 
 def _metadata(raw: bytes) -> Dict[str, str]:

@@ -32,7 +32,9 @@ from structinit.training.rundir import RunDir
 class TrainResult:
     """What :func:`train` returns (its :meth:`summary` is ``final.json``). Accuracies in %.
 
-    ``final_acc`` is the test accuracy after the last epoch (the headline). ``best_acc`` /
+    ``final_acc`` is the test accuracy after the last epoch (the headline). ``init_seconds``: the
+    time the init took when the run started (its solve and data fit; ``None`` for the model's own
+    init). ``best_acc`` /
     ``best_epoch`` are the test accuracy and epoch of the best evaluated epoch, chosen on the
     validation split when there is one (``best_on == "val"``), else on the test split itself
     (``best_on == "test"``, an optimistic figure).
@@ -53,6 +55,7 @@ class TrainResult:
     world_size: int = 1
     device: str = "cpu"
     init_report: Optional[Dict[str, Any]] = None
+    init_seconds: Optional[float] = None
 
     @property
     def last_acc(self) -> float:
@@ -65,7 +68,8 @@ class TrainResult:
                 "best_epoch": {"epoch": self.best_epoch, "test_acc": self.best_acc, "selected_on": self.best_on},
                 "epochs": self.epochs, "wall_seconds": round(self.wall_seconds, 3), "params": self.params,
                 "out": self.out, "key": self.key, "resumed_from": self.resumed_from, "world_size": self.world_size,
-                "device": self.device, "last": self.metrics[-1] if self.metrics else None}
+                "device": self.device, "init_seconds": self.init_seconds,
+                "last": self.metrics[-1] if self.metrics else None}
 
 
 # --------------------------------------------------------------------------- parts
@@ -242,12 +246,15 @@ def _result_from_checkpoint(ck: Dict[str, Any], run: RunDir, ctx, key: str) -> T
 
 def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], None]] = None,
           on_epoch: Optional[Callable[[Dict[str, Any]], None]] = None,
-          log: Optional[Callable[[str], None]] = None) -> TrainResult:
+          log: Optional[Callable[[str], None]] = None,
+          on_init: Optional[Callable[[int, int], None]] = None) -> TrainResult:
     """Train ``config``; return the :class:`TrainResult` (also written to ``out/final.json``).
 
     Under ``torchrun`` every process calls this; each trains on its share of every global batch
     (DDP) and only rank 0 writes files and calls the callbacks: ``on_step(epoch, step, steps)``
-    (1-based epoch), ``on_epoch(record)`` with the ``metrics.jsonl`` record, ``log(message)``.
+    (1-based epoch), ``on_epoch(record)`` with the ``metrics.jsonl`` record, ``log(message)``,
+    ``on_init(done, total)`` as the init's data fit takes its steps. Any callback may raise to stop
+    the run (an init stopped so leaves no files behind; the run starts afresh when resumed).
     """
     hp = config.validate()  # before torch is imported
     import torch
@@ -321,6 +328,7 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
         arch = model.structinit_arch
         spec = config.init_spec()
         init_report = None
+        init_seconds = None
         init_record = None  # metrics.jsonl's epoch-0 line: the init's attention on real inputs
         recorded = (old or {}).get("init_report") if ck is not None else None
         if spec is not None and recorded is not None:
@@ -332,6 +340,7 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
             # it recorded when it started.
             initialize_model(model, init_spec(spec, data_fit=0) if spec.uses_data else spec, seed=config.seed)
             init_report = recorded
+            init_seconds = (old or {}).get("init_seconds")
             if recorded.get("data_attention") is not None:
                 init_record = {"epoch": 0, "init_attention": recorded["data_attention"]}
         elif spec is not None:
@@ -344,7 +353,10 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
                 else:
                     say(f"the init's data fit needs training inputs held in memory and {config.dataset} is read "
                         "from disk: Q/K keep the plain solve")
-            init_report = initialize_model(model, spec, seed=config.seed, data=fit_to)
+            t_init = time.perf_counter()
+            init_report = initialize_model(model, spec, seed=config.seed, data=fit_to,
+                                           progress=on_init if ctx.main else None, log=say)
+            init_seconds = time.perf_counter() - t_init
             solved = init_report.get("artifact") or {}
             if (solved.get("config") or {}).get("causal"):  # an artifact given by path or key, read just now
                 raise causal_refused(config.model, artifact=solved["key"])
@@ -402,6 +414,7 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
             run.create()
             run.write_config({"config": config.to_dict(), "key": key, "resolved": resolved,
                               "init": spec.to_dict() if spec is not None else None, "init_report": init_report,
+                              "init_seconds": None if init_seconds is None else round(init_seconds, 3),
                               "version": __version__})
             # the checkpoint is the truth: drop epochs it does not have (the epoch-0 line is the init's, rebuilt)
             run.write_metrics(([init_record] if init_record else []) + metrics)
@@ -521,7 +534,8 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
                              wall_seconds=elapsed_before + time.perf_counter() - t_start, params=params,
                              metrics=metrics, out=str(run.path) if run is not None else None, key=key,
                              resumed_from=start_epoch if ck is not None else None, world_size=ctx.world,
-                             device=device, init_report=init_report)
+                             device=device, init_report=init_report,
+                             init_seconds=None if init_seconds is None else round(init_seconds, 3))
         if run is not None and ctx.main:
             run.write_final(result.summary())
         return result
