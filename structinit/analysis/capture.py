@@ -158,8 +158,8 @@ class LayerInputs:
             return self._eval(lambda: self._chunks(
                 lambda c: _first_input(self.modules[i], lambda: self.model(c)), self.x)).float()
         while self._at < i:
-            blk = self.blocks[self._at]
-            self._h = self._eval(lambda: self._chunks(blk, self._h))
+            blk, h = self.blocks[self._at], self._h
+            self._h = self._eval(lambda b=blk, h=h: self._chunks(b, h))
             self._at += 1
         blk = self.blocks[i]
         return self._eval(lambda: self._chunks(lambda c: _first_input(self.modules[i], lambda: blk(c)),

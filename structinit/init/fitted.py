@@ -31,8 +31,6 @@ from structinit.errors import ArtifactError, StructinitError, param
 
 def tensor_digest(h, name: str, t) -> None:
     """Feed ``name``, dtype, shape and the bytes of tensor ``t`` (as float32 when floating) into ``h``."""
-    import torch
-
     t = t.detach().to("cpu")
     if t.is_floating_point():
         t = t.float()
