@@ -8,8 +8,7 @@ is captured from timm's attention modules by :func:`structinit.analysis.fidelity
 
 The same rebuild serves ``structinit inspect TARGET --data DATASET``: :func:`run_model` gives the
 model of a ``train`` run folder at init (or of its ``checkpoint.pt``/``best.pt``), :func:`preset_model`
-that of a preset with an init; and ``structinit apply CKPT --data DATASET``:
-:func:`applied_fidelity` measures the weights ``apply`` wrote into a train checkpoint.
+that of a preset with an init.
 
 Example::
 
@@ -29,6 +28,7 @@ import numpy as np
 from structinit.analysis.figures import shown_layers
 from structinit.bench.expand import Cell, Expansion
 from structinit.errors import StructinitError, UsageError, param
+from structinit.training.fit_inputs import training_images
 
 
 @dataclass
@@ -143,16 +143,6 @@ def run_model(path, data_dir=None, cache_dir=None) -> InspectedModel:
                           config_path=str(folder / RunDir.CONFIG) if doc is not None else None, recorded=recorded)
 
 
-def train_checkpoint_config(path, data_dir=None):
-    """The :class:`~structinit.training.config.TrainConfig` a ``train`` checkpoint (``checkpoint.pt``
-    or ``best.pt``) holds, checked to have attention layers. Raises :class:`UsageError` for a
-    checkpoint ``train`` did not write (it holds no settings to rebuild the model from).
-    ``data_dir`` replaces the run's dataset folder."""
-    from structinit.training.rundir import load_run_weights
-
-    return _run_config(load_run_weights(path)["args"], path, data_dir)
-
-
 def _run_config(settings, path, data_dir=None):
     """The checked :class:`~structinit.training.config.TrainConfig` of a run's ``settings`` (read
     from ``path``), its dataset folder replaced by ``data_dir`` when given."""
@@ -168,53 +158,6 @@ def _run_config(settings, path, data_dir=None):
         config = dataclasses.replace(config, data_dir=str(data_dir))
     _check_attention(config)
     return config
-
-
-def applied_fidelity(config, weights, report, samples: int = 256):
-    """The attention, on the first ``samples`` training inputs of ``config``'s run (its dataset, subset
-    and normalization), of ``config``'s model with the weights of file ``weights`` (what
-    ``apply_checkpoint`` wrote: its first state dict, in any format it writes), measured against the
-    offsets of ``report`` (``apply_checkpoint``'s, or ``initialize_model``'s) by
-    :func:`~structinit.analysis.fidelity.init_fidelity`. Returns the
-    :class:`~structinit.analysis.fidelity.Fidelity`."""
-    import torch
-
-    from structinit.analysis.fidelity import init_fidelity
-    from structinit.init.checkpoints import load_checkpoint
-    from structinit.training.datasets import dataset_info
-    from structinit.training.models import build_model
-
-    info = dataset_info(config.dataset)
-    model = build_model(config.model_config(), num_classes=info.num_classes or 1000,
-                        image_size=config.image_size or info.image_size, in_chans=info.in_chans,
-                        default_patch=info.default_patch, seed=config.seed)
-    state = load_checkpoint(weights).state_dicts[0][1]
-    try:
-        model.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()})
-    except RuntimeError as exc:
-        raise StructinitError(f"the weights in {weights} do not fit the model its settings describe: "
-                              f"{str(exc).splitlines()[0]}") from None
-    return init_fidelity(model, training_images(config, samples), report, keep_maps=False)
-
-
-def training_images(config, n: int):
-    """The first ``n`` inputs of the run's training split (its subset and validation hold-out
-    applied) as the model sees them in training: images normalized, float ``[n, C, H, W]``;
-    sequences as stored (already standardized; ``shuffle_seq`` applied), float ``[n, C, L]``."""
-    import torch
-
-    from structinit.training.augment import normalize
-    from structinit.training.datasets import load_dataset, split_train
-
-    data = load_dataset(config.dataset, config.data_dir, image_size=config.image_size,
-                        shuffle_seq=config.shuffle_seq)
-    data = split_train(data, config.train_size, config.val_size,
-                       config.seed if config.data_seed is None else config.data_seed)
-    n = min(n, len(data.train))
-    if data.info.in_memory:
-        x = data.train.images[:n]
-        return x if data.info.is_sequence else normalize(x, data.info.mean, data.info.std)
-    return torch.stack([data.train[i][0] for i in range(n)])
 
 
 def _config_of(ex: Expansion, cell: Cell):

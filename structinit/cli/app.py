@@ -43,7 +43,7 @@ def build_app() -> typer.Typer:
 
     app.command("solve", epilog=solve.EXAMPLES)(handle_errors(solve.solve, solve.ALIASES))
     app.command("inspect", epilog=inspect.EXAMPLES)(handle_errors(inspect.inspect, inspect.ALIASES))
-    app.command("apply", epilog=apply.EXAMPLES)(handle_errors(apply.apply))
+    app.command("apply", epilog=apply.EXAMPLES)(handle_errors(apply.apply, apply.ALIASES))
     app.command("train", epilog=train.EXAMPLES)(handle_errors(train.train))
     bench_app = typer.Typer(help="Benchmarks: the solver recipes side by side, and the paper's comparison as "
                             "training grids (run locally or on SLURM) with their reports.", no_args_is_help=True,

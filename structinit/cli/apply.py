@@ -12,15 +12,20 @@ from typing_extensions import Annotated
 from structinit.cli.common import CacheDir, Device, GridOpt, JsonOut, Progress, Threads, emit_json, examples
 
 EXAMPLES = examples(
-    'structinit apply vit.pth --heads 3                  # impulse-3: writes vit.impulse.pth',
+    'structinit apply vit.pth --heads 3 --set-pe sincos --data images/  # impulse fitted to real images',
+    'structinit apply vit.pth --heads 3                  # the plain solve (no data): writes vit.impulse.pth',
     'structinit apply vit.pth --heads 3 --filter 5 --layers 0-5 --target-mass 0.5 --out vit-imp5.pth',
     'structinit apply vit.pth --heads 3 --method mimetic --dry-run',
     'structinit apply learned.pth --heads 3 --fit-pe     # solve for its learned position embedding',
     'structinit apply mha.pt --heads 4 --grid 8x8 --in-place --json',
     'structinit apply bert.pt --heads 12 --filter 5 --set-pe sincos  # a sequence of 512 (the position table)',
     'structinit apply gpt2.pt --heads 12 --filter 3 --causal --set-pe sincos --grid 256 --out gpt2-imp.pt',
-    'structinit apply runs/digits/checkpoint.pt --out imp.pt --data digits  # + attention on real digits',
+    'structinit apply runs/digits/checkpoint.pt --out imp.pt --data digits  # Q/K fitted to the run\'s digits',
+    'structinit apply vit.pth --model vit_tiny_patch16_224 --set-pe sincos --data inputs.pt  # inputs [B, 3, H, W]',
 )
+
+#: Library parameters this command spells with another flag.
+ALIASES = {"model_name": "--model", "data": "--data", "samples": "--samples"}
 
 #: Flags that only the impulse method takes: flag -> init parameter.
 IMPULSE_FLAGS = {"--filter": "filter", "--recipe": "recipe", "--target-mass": "target_mass",
@@ -78,12 +83,20 @@ def apply(
                                            "CKPT.bak.1, ...: a backup is never overwritten).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; solve and write nothing.")] = False,
     data: Annotated[Optional[str], typer.Option(
-        "--data", metavar="DATASET", help="Also measure the written attention on the first training inputs of "
-        "this dataset (the run's own), through the model a structinit train checkpoint describes: per layer, hit "
-        "rate and target mass on the solved offsets and the share inside the f x f window.")] = None,
-    samples: Annotated[int, typer.Option("--samples", min=1, help="--data: how many training inputs.")] = 256,
+        "--data", metavar="SOURCE", help="impulse: fit Q/K to real inputs run through the model the checkpoint "
+        "describes (the data fit of structinit train): a dataset (digits, mnist1d, or one read from --data-dir; a "
+        "structinit train checkpoint takes its run's own training inputs), a folder of images, or a tensor file "
+        "(.pt, .npy, .safetensors) of inputs normalized as the model sees them.")] = None,
+    samples: Annotated[Optional[int], typer.Option("--samples", min=1, help="--data: how many inputs (the first).",
+                                                   show_default="the fit's data_fit_samples, 256")] = None,
     data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="--data: dataset folder (cifar10, cifar100, "
-                                                     "svhn), instead of the run's.", show_default=False)] = None,
+                                                     "svhn, fashion-mnist), instead of the run's.",
+                                                     show_default=False)] = None,
+    model_name: Annotated[Optional[str], typer.Option("--model", help="--data: the timm model the checkpoint holds, "
+                                                      "e.g. vit_tiny_patch16_224 (else timm's arch in the file, "
+                                                      "else a ViT of the tensors' shape).")] = None,
+    config: Annotated[Optional[Path], typer.Option("--config", help="--data: the Hugging Face config.json of the "
+                                                   "checkpoint (default: the one beside it).")] = None,
     device: Device = "cpu",
     threads: Threads = None,
     cache_dir: CacheDir = None,
@@ -93,12 +106,13 @@ def apply(
 
     Only the Q/K rows and biases of the chosen layers change (plus V/proj for mimetic and for
     impulse unless --no-mimetic-vproj, and the position embedding with --set-pe); everything else
-    is kept bit for bit. A checkpoint has no model to run data through, so impulse's fit to real
-    inputs (the default in train) does not run here: Q/K are the plain solve, and the report says
-    so. Reports, per layer, what was replaced and the attention's hit rate and target mass,
-    measured from the written weights on the checkpoint's own LayerNorm'd position embedding. A
-    learned position embedding needs --set-pe sincos or --fit-pe for the impulse method. With
-    --data, a checkpoint written by structinit train is also measured on real inputs.
+    is kept bit for bit. With --data, impulse's fit to real inputs (what structinit train does)
+    runs through the model the checkpoint describes (a structinit train run, a timm ViT, a Hugging
+    Face ViT/DeiT, BERT or GPT-2): the fitted Q/K are the ones train and initialize_model write for
+    the same weights, seed and inputs, cached like a solve. Without --data Q/K are the plain solve,
+    and a warning says what that costs. Reports, per layer, what was replaced, the attention on the
+    batch (with --data) and on the checkpoint's own LayerNorm'd position embedding (the pseudo
+    input). A learned position embedding needs --set-pe sincos or --fit-pe for the impulse method.
     """
     from structinit.errors import UsageError
     from structinit.geometry.grid import parse_grid
@@ -120,49 +134,38 @@ def apply(
         from structinit.init.specs import init_spec
 
         spec = init_spec(spec, **{IMPULSE_FLAGS[flag]: value for flag, value in given.items()})
-    run_config = None
-    if data is None and (samples != 256 or data_dir is not None):
-        raise UsageError("--samples and --data-dir need --data DATASET")
-    if data is not None:
-        from structinit.bench.attention import train_checkpoint_config
-        from structinit.training.datasets import dataset_info
-
-        if dry_run:
-            raise UsageError("--data measures the written weights, and --dry-run writes none")
-        dataset_info(data)  # an unknown dataset is named before anything is read
-        try:
-            run_config = train_checkpoint_config(ckpt, data_dir)
-        except UsageError as exc:
-            raise UsageError(f"--data: {exc}") from None
-        if run_config.dataset != data:
-            raise UsageError(f"{ckpt} was trained on {run_config.dataset}; --data {data} would feed it other inputs "
-                             f"(give --data {run_config.dataset})")
+    if data is None:
+        needs = [flag for flag, value in (("--samples", samples), ("--data-dir", data_dir), ("--model", model_name),
+                                          ("--config", config)) if value is not None]
+        if needs:
+            raise UsageError(f"{', '.join(needs)} {'needs' if len(needs) == 1 else 'need'} --data SOURCE")
+    elif dry_run:
+        raise UsageError("--data fits Q/K on real inputs, and --dry-run writes nothing: give one of them")
+    elif method != "impulse":
+        raise UsageError(f"--data is the impulse init's data fit; --method {method} does not fit to data")
+    if data is None and spec.uses_data and not dry_run:
+        typer.echo("warning: without --data, impulse writes the plain solve, which real inputs wash out: it trained "
+                   "12 points below mimetic init at 100 digits (docs/results/digits-datafit); give --data DATASET, "
+                   "an image folder or a tensor file to fit it to real inputs", err=True)
     with Progress(f"apply {method}", enabled=not json_out) as bar:
-        report = apply_checkpoint(ckpt, spec, out=out, in_place=in_place, dry_run=dry_run, force=force,
-                                  layers=layers, heads=heads, grid=parse_grid(grid=grid) if grid else None,
-                                  set_pe=set_pe, pe_scale=pe_scale, seed=seed, cache_dir=cache_dir, device=device,
-                                  progress=bar, log=lambda msg: bar.stage(f"apply {method}: {msg}"))
-        fid = None
-        if run_config is not None:
-            from structinit.bench.attention import applied_fidelity
+        common = dict(out=out, in_place=in_place, dry_run=dry_run, force=force, layers=layers, heads=heads,
+                      grid=parse_grid(grid=grid) if grid else None, set_pe=set_pe, pe_scale=pe_scale, seed=seed,
+                      cache_dir=cache_dir, device=device, progress=bar,
+                      log=lambda msg: bar.stage(f"apply {method}: {msg}"))
+        if data is None:
+            report = apply_checkpoint(ckpt, spec, **common)
+        else:
+            from structinit.training.fit_inputs import fit_checkpoint
 
-            bar.stage(f"apply {method}: attention on {samples} {data} training inputs")
-            fid = applied_fidelity(run_config, report["output"], report, samples)
-            report["data_attention"] = {"dataset": data, "samples": fid.images, **fid.summary(),
-                                        "layers": fid.layer_rows(), "filter": fid.filter}
+            report = fit_checkpoint(ckpt, spec, data=data, samples=samples or spec.data_fit_samples,
+                                    data_dir=data_dir, model_name=model_name,
+                                    config=str(config) if config is not None else None,
+                                    fit_progress=lambda d, n: bar.update(d, n, f"apply {method}: data fit"),
+                                    **common)
     if json_out:
         emit_json(report)
         return
     typer.echo(format_report(report))
-    if fid is not None:
-        from structinit.analysis.text import fidelity_table
-
-        typer.echo(f"attention of the written weights on the first {fid.images} training inputs of {data}:")
-        typer.echo(fidelity_table(fid))
-        window = f"{fid.filter} positions" if fid.grid.ndim == 1 else f"{fid.filter}x{fid.filter} window"
-        typer.echo(("hit rate: share of queries whose strongest key is the solved offset's target; target mass: "
-                    "mean attention on that target; " if fid.hit_rate is not None else "")
-                   + f"window: share of attention inside the {window} around the query")
 
 
 def format_report(r: dict) -> str:
@@ -185,12 +188,28 @@ def format_report(r: dict) -> str:
         lines.append(f"  position embedding {r['pos_embed']}: {r.get('pos_embed_kind')}")
     if r.get("measured_on"):
         lines.append(f"  hit rate and target mass measured on {r['measured_on']}")
-    if (r.get("data_fit") or {}).get("skipped"):
-        lines.append(f"  data fit {r['data_fit']['skipped']}")
+    fit = r.get("data_fit") or {}
+    if fit.get("skipped"):
+        lines.append(f"  data fit {fit['skipped']}")
+    on_batch = {}
+    if fit.get("layers"):
+        art = fit.get("artifact") or {}
+        lines.append(f"  model {r['model']}" if r.get("model") else "  model (given)")
+        lines.append(f"  data fit (version {fit.get('version')}) on {fit.get('source') or 'the batch'}: "
+                     f"{fit.get('seconds', 0):.1f}s{', read from the cache' if art.get('cached') else ''}; "
+                     f"fitted artifact {art.get('key')}")
+        lines.append(f"  attention on the batch (first {fit.get('measured_on', fit.get('samples'))} inputs), then on "
+                     "the position embedding alone (pseudo input):")
+        on_batch = {row["layer"]: row for row in fit["layers"]}
     for row in r["layers"]:
         q = ""
+        b = on_batch.get(row["layer"])
+        if b is not None:
+            q += (f"  batch: hit {b['hit_rate']:.3f} mass {b['target_mass']:.3f}"
+                  + (f" window {b['window_mass']:.3f}" if "window_mass" in b else "") + " |")
         if "hit_rate" in row:
-            q = f"  hit rate {row['hit_rate']:.3f}  target mass {row['target_mass']:.3f}"
+            hit, mass = ("pseudo input: hit", "mass") if b is not None else ("hit rate", "target mass")
+            q += f"  {hit} {row['hit_rate']:.3f}  {mass} {row['target_mass']:.3f}"
         lines.append(f"  layer {row['layer']:>3}{q}  replaced: {', '.join(row['replaced'])}")
     backup = f" (backup {r['backup']})" if r.get("backup") and not r.get("dry_run") else ""
     fmt = f" ({r['output_format']})" if r.get("output_format") and r.get("output_format") != r.get("format") else ""

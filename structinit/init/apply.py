@@ -107,7 +107,9 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
                      heads: Optional[int] = None, grid=None, set_pe: Optional[str] = None,
                      pe_scale: Optional[float] = None, seed: int = 0, cache_dir=None, device: str = "cpu",
                      progress: Optional[Callable[[int, int], None]] = None,
-                     log: Optional[Callable[[str], None]] = None, **params: Any) -> Dict[str, Any]:
+                     log: Optional[Callable[[str], None]] = None, data=None,
+                     build: Optional[Callable[[Any, Any], Any]] = None, source: Optional[str] = None,
+                     fit_progress: Optional[Callable[[int, int], None]] = None, **params: Any) -> Dict[str, Any]:
     """Initialize checkpoint ``path`` with ``spec`` (a spec, or a method name with ``params``) and
     write the result (see the module docstring for what is written where).
 
@@ -117,12 +119,31 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
     ``progress(done, total)`` follows the solve and the layers; ``log(message)`` gets a line as each
     stage starts. Returns a JSON-able report; with ``dry_run`` the plan only (nothing solved,
     nothing written).
+
+    ``data``: a batch of real inputs, normalized as the model sees them, for the impulse data fit
+    (``[B, C, H, W]`` images, ``[B, C, L]`` or ``[B, L]`` sequences). The fit runs them through the
+    model the checkpoint describes, which ``build(checkpoint, state_dict)`` returns with the state
+    dict loaded (see :func:`structinit.training.checkpoint_models.fit_checkpoint`, which passes
+    it); the fitted Q/K (a cached fitted artifact, the same one ``initialize_model`` and ``train``
+    use for the same weights, seed and batch) are then written into every copy of the model in the
+    file. ``source`` says in words where ``data`` came from; ``fit_progress(done, total)`` follows
+    the fit.
     """
     path = Path(path)
     spec = init_spec(spec, **params)
     if set_pe is not None and set_pe not in PE_KINDS:
         raise UsageError(f"{param('set_pe')} must be one of {', '.join(PE_KINDS)}, got {set_pe!r}")
     _check_pe_scale(pe_scale, set_pe)
+    if data is not None:
+        if dry_run:
+            raise UsageError(f"{param('data')} fits Q/K on real inputs and {param('dry_run')} writes nothing; give "
+                             "one of them")
+        if not spec.uses_data:
+            raise UsageError(f"{param('data')} is for the impulse data fit; the {spec.method} init does not use it"
+                             + (" (data_fit is 0)" if spec.method == "impulse" else ""))
+        if build is None:
+            raise UsageError(f"{param('data')} runs real inputs through the model the checkpoint describes: give "
+                             f"{param('build')} (or call structinit.training.checkpoint_models.fit_checkpoint)")
     target = _output_path(path, spec.method, out, in_place, force or dry_run)  # a dry run writes nothing
     say = log or (lambda message: None)
 
@@ -170,7 +191,26 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
         for view in views:
             write_sincos(view.sd[det.pos_key], view.grid, plan["pe_scale"], name=det.pos_key)
     extra: Dict[str, Any] = {}
-    if spec.method == "impulse":  # one solve for every copy of the model in the file
+    built = None
+    if data is not None:  # the fit on the model the checkpoint describes: one fitted artifact for every copy
+        say("building the model")
+        built = build(ckpt, views[0].sd)
+        model_view = AttentionTarget(built.model, first.grid, first.heads, layers)
+        if (tuple(model_view.grid), model_view.dim, model_view.depth) != (tuple(first.grid), first.dim, first.depth):
+            raise StructinitError(f"the model built for {path} ({built.how}) has grid {model_view.grid.describe()}, "
+                                  f"dim {model_view.dim}, depth {model_view.depth}; the checkpoint has "
+                                  f"{first.grid.describe()}, {first.dim}, {first.depth}")
+        spec.check_target(model_view)
+        spec.check_data_target(model_view)
+        say("solving" if spec.artifact is None else "reading the artifact")
+        plain, _ = spec.artifact_for(model_view, seed, cache_dir, device, progress)
+        from structinit.init.fitted import load_or_fit
+
+        say(f"fitting Q/K on {min(int(data.shape[0]), spec.data_fit_samples)} real inputs")
+        extra["artifact"], extra["cached"] = load_or_fit(spec, model_view, plain, data[: spec.data_fit_samples],
+                                                         seed, cache_dir, fit_progress, say, source)
+        plan["model"] = built.how
+    elif spec.method == "impulse":  # one solve for every copy of the model in the file
         say("solving" if spec.artifact is None else "reading the artifact")
         extra["artifact"], extra["cached"] = spec.artifact_for(first, seed, cache_dir, device, progress)
     reports = []

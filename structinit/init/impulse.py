@@ -208,20 +208,22 @@ class ImpulseInit(InitSpec):
             check_causal(target, self.artifact.config.causal)
 
     def check_data_target(self, target) -> None:
-        """``data_fit`` on a batch needs a model with timm-style blocks (it runs the inputs through
-        them) whose q and k are plain linear maps."""
-        if self.data_fit:
-            model = target.model
-            if model is None or not hasattr(model, "blocks"):
-                what = "a checkpoint or state dict" if model is None else f"a {type(model).__name__}"
-                raise UsageError(f"impulse parameter {param('data_fit')} runs real inputs through the model, so it "
-                                 f"needs a model with timm-style blocks, not {what}")
-            for i in target.layers:
-                attn = model.blocks[i].attn
-                if any(type(getattr(attn, n, None)).__name__ not in ("Identity", "NoneType")
-                       for n in ("q_norm", "k_norm")):
-                    raise UsageError(f"impulse parameter {param('data_fit')} fits q and k as linear maps; layer {i} "
-                                     "normalizes them (q_norm/k_norm)")
+        """``data_fit`` on a batch needs a model (it runs the inputs through it) whose q and k are
+        plain linear maps of each layer's input (no q/k norms)."""
+        if not self.data_fit:
+            return
+        from structinit.analysis.capture import projection_module
+
+        model = target.model
+        if model is None:
+            raise UsageError(f"impulse parameter {param('data_fit')} runs real inputs through the model, so it needs "
+                             "a model, not a checkpoint or state dict (apply_checkpoint builds one with build)")
+        for i in target.layers:
+            owner = projection_module(model, target.det.slots[i].q.key)
+            attn = model.blocks[i].attn if hasattr(model, "blocks") else owner
+            if any(type(getattr(attn, n, None)).__name__ not in ("Identity", "NoneType") for n in ("q_norm", "k_norm")):
+                raise UsageError(f"impulse parameter {param('data_fit')} fits q and k as linear maps; layer {i} "
+                                 "normalizes them (q_norm/k_norm)")
 
     def solve_config(self, grid, dim: int, heads: int, depth: int, seed: int = 0, embedding=None):
         """The :class:`~structinit.solver.config.SolveConfig` for a model of this shape (fitted to
@@ -381,8 +383,10 @@ class ImpulseInit(InitSpec):
                           artifact={"key": art.key, "path": str(art.path) if art.path else None,
                                     "cached": fit_cached})
         return {"method": "impulse", "layout": t.layout, "grid": list(t.grid), "dim": t.dim, "heads": t.heads,
-                "artifact": {"key": plain.key, "path": str(plain.path) if plain.path else None,
-                             "cached": cached if not given_fit else None, "config": plain.config.to_dict()},
+                "artifact": ({"key": plain.key, "path": str(plain.path) if plain.path else None, "cached": cached,
+                              "config": plain.config.to_dict()} if not given_fit else
+                             {"key": plain.fit["identity"]["plain"], "path": None, "cached": None,
+                              "config": plain.config.to_dict()}),
                 "mimetic_vproj": self.mimetic_vproj, "pe_scale": self.pe_scale, "fit_pe": self.fit_pe,
                 "self_weight": self.self_weight, "data_fit": fitted,
                 "measured_on": measured_on, "layers": rows,

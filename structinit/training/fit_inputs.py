@@ -1,0 +1,255 @@
+"""Real inputs for the impulse data fit of a checkpoint (``structinit apply --data SOURCE``), as the
+model sees them, and the fit of a checkpoint itself (:func:`fit_checkpoint`).
+
+``SOURCE`` is one of:
+
+- a dataset structinit knows (``digits``, ``mnist1d``, and those read from ``data_dir``): for a
+  ``structinit train`` checkpoint the run's own first training inputs (its subset and validation
+  hold-out applied, normalized as in training); for any other checkpoint the dataset's first
+  training inputs, normalized with the dataset's mean and standard deviation;
+- a folder of images (searched recursively, sorted by path): each read as RGB (or grayscale for a
+  one-channel model), resized to the model's input size, scaled to [0, 1] and standardized per
+  channel with the batch's own mean and standard deviation;
+- a tensor file (``.pt``/``.pth``: a tensor, loaded without running code; ``.npy``; ``.safetensors``:
+  its one tensor, or the one named ``inputs``) of inputs already normalized as the model will see
+  them: ``[B, C, H, W]`` images, ``[B, C, L]`` or ``[B, L]`` sequences, ``[B, L]`` token ids.
+
+At most ``samples`` inputs are used (the first ones). Inputs of the wrong shape, type or range
+(images that look unnormalized: standard deviation above 20 or mean beyond +-10, say 0-255
+pixel values) are refused.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from structinit.errors import StructinitError, UsageError, param
+
+#: Images whose standard deviation or mean magnitude exceeds these look unnormalized.
+MAX_STD, MAX_MEAN = 20.0, 10.0
+
+
+@dataclass
+class FitInputs:
+    """A batch for the data fit: ``x`` (as the model takes it) and ``source``, where it came from in words."""
+
+    x: Any
+    source: str
+
+
+def training_images(config, n: int):
+    """The first ``n`` inputs of a ``train`` run's training split (its subset and validation hold-out
+    applied) as the model sees them in training: images normalized, float ``[n, C, H, W]``;
+    sequences as stored (already standardized; ``shuffle_seq`` applied), float ``[n, C, L]``."""
+    import torch
+
+    from structinit.training.augment import normalize
+    from structinit.training.datasets import load_dataset, split_train
+
+    data = load_dataset(config.dataset, config.data_dir, image_size=config.image_size,
+                        shuffle_seq=config.shuffle_seq)
+    data = split_train(data, config.train_size, config.val_size,
+                       config.seed if config.data_seed is None else config.data_seed)
+    n = min(n, len(data.train))
+    if data.info.in_memory:
+        x = data.train.images[:n]
+        return x if data.info.is_sequence else normalize(x, data.info.mean, data.info.std)
+    return torch.stack([data.train[i][0] for i in range(n)])
+
+
+def fit_inputs(source: str, built, samples: int, data_dir: Optional[os.PathLike] = None) -> FitInputs:
+    """The batch ``source`` names (see the module docstring) for the model ``built`` (a
+    :class:`~structinit.training.checkpoint_models.CheckpointModel`), checked against what it takes."""
+    from structinit.training.datasets import DATASETS
+
+    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
+        raise UsageError(f"{param('samples')} must be a positive integer, got {samples!r}")
+    text = str(source)
+    path = Path(text).expanduser()
+    if text in DATASETS and not path.exists():
+        got = _dataset_inputs(text, built, samples, data_dir)
+    elif path.is_dir():
+        got = _folder_inputs(path, built, samples)
+    elif path.is_file():
+        got = _file_inputs(path, samples)
+    else:
+        raise UsageError(f"{param('data')} {text!r} is neither a dataset ({', '.join(DATASETS)}) nor an existing "
+                         "image folder or tensor file (.pt, .npy, .safetensors)")
+    check_inputs(got.x, built, where=got.source)
+    return got
+
+
+def _dataset_inputs(name: str, built, samples: int, data_dir) -> FitInputs:
+    import dataclasses
+
+    from structinit.training.augment import normalize
+    from structinit.training.datasets import dataset_info, load_dataset
+
+    config = built.settings
+    if config is not None:
+        if config.dataset != name:
+            raise UsageError(f"the checkpoint's run trained on {config.dataset}; {param('data')} {name} would feed it "
+                             f"other inputs (give {config.dataset})")
+        if data_dir is not None:
+            config = dataclasses.replace(config, data_dir=str(data_dir))
+        x = training_images(config, samples)
+        return FitInputs(x, f"{name}: the run's first {int(x.shape[0])} training inputs")
+    if built.kind == "tokens":
+        raise UsageError(f"the checkpoint's model takes token ids; {param('data')} {name} holds "
+                         f"{dataset_info(name).kind}s (give a tensor file of token ids)")
+    data = load_dataset(name, data_dir)
+    info = data.info
+    if not info.in_memory:
+        raise UsageError(f"{param('data')} {name} streams from disk; give a folder of images or a tensor file")
+    x = data.train.images[:samples]
+    x = x if info.is_sequence else normalize(x, info.mean, info.std)
+    return FitInputs(x, f"{name}: the first {int(x.shape[0])} training inputs, normalized with its mean and std")
+
+
+def _folder_inputs(folder: Path, built, samples: int) -> FitInputs:
+    import numpy as np
+    import torch
+
+    from structinit.training.datasets import IMAGE_EXTENSIONS
+
+    if built.kind != "image":
+        raise UsageError(f"{param('data')} {folder} is a folder of images, but the checkpoint's model takes "
+                         f"{built.kind}s")
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)[:samples]
+    if not files:
+        raise UsageError(f"{param('data')} {folder} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
+    from PIL import Image, UnidentifiedImageError
+
+    chans, h, w = built.input_shape
+    out = []
+    for f in files:
+        try:
+            with Image.open(f) as im:
+                im = im.convert("L" if chans == 1 else "RGB").resize((w, h), Image.BILINEAR)
+                arr = np.asarray(im, dtype=np.float32) / 255.0
+        except (OSError, UnidentifiedImageError) as exc:
+            raise UsageError(f"{param('data')}: {f} is not a readable image ({exc})") from None
+        out.append(arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1))
+    x = torch.from_numpy(np.stack(out))
+    if x.shape[1] != chans:
+        raise UsageError(f"{param('data')}: the images have {x.shape[1]} channels; the model takes {chans}")
+    mean = x.mean(dim=(0, 2, 3), keepdim=True)
+    std = x.std(dim=(0, 2, 3), keepdim=True).clamp(min=1e-6)
+    return FitInputs((x - mean) / std, f"{folder}: {len(files)} images, resized to {h}x{w} and standardized "
+                                       "with their own mean and std")
+
+
+def _file_inputs(path: Path, samples: int) -> FitInputs:
+    import numpy as np
+    import torch
+
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".npy":
+            x = torch.from_numpy(np.load(path, allow_pickle=False))
+        elif suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            tensors = load_file(str(path))
+            if "inputs" in tensors:
+                x = tensors["inputs"]
+            elif len(tensors) == 1:
+                x = next(iter(tensors.values()))
+            else:
+                raise UsageError(f"{param('data')} {path} holds {len(tensors)} tensors; name the inputs 'inputs'")
+        elif suffix in (".pt", ".pth"):
+            from structinit.init.checkpoints import read_object
+
+            x, _, _ = read_object(path)
+        else:
+            raise UsageError(f"{param('data')} {path}: a tensor file ends in .pt, .pth, .npy or .safetensors")
+    except UsageError:
+        raise
+    except StructinitError as exc:
+        raise UsageError(f"{param('data')}: {exc.render()}") from None
+    except (ValueError, OSError, RuntimeError) as exc:
+        raise UsageError(f"{param('data')} {path} is not a readable tensor file "
+                         f"({str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__})") \
+            from None
+    if not isinstance(x, torch.Tensor):
+        raise UsageError(f"{param('data')} {path} holds a {type(x).__name__}, not one tensor of inputs")
+    return FitInputs(x[:samples], f"{path}: the first {min(int(x.shape[0]) if x.dim() else 0, samples)} inputs")
+
+
+def check_inputs(x, built, where: str = "the inputs") -> None:
+    """Refuse inputs ``built``'s model cannot take as normalized inputs (see the module docstring)."""
+    import torch
+
+    if x.dim() < 2 or int(x.shape[0]) < 1:
+        raise UsageError(f"{param('data')} ({where}) must be a non-empty batch [B, ...], got shape {list(x.shape)}")
+    if built.kind == "tokens":
+        if x.is_floating_point() or x.dim() != 2:
+            raise UsageError(f"{param('data')} ({where}): the model takes token ids, int64 [B, L]; got "
+                             f"{str(x.dtype).replace('torch.', '')} {list(x.shape)}")
+        vocab = _vocab(built.model)
+        if int(x.min()) < 0 or (vocab is not None and int(x.max()) >= vocab):
+            raise UsageError(f"{param('data')} ({where}): token ids must lie in 0..{vocab - 1 if vocab else '?'}, "
+                             f"got {int(x.min())}..{int(x.max())}")
+        return
+    if not x.is_floating_point():
+        raise UsageError(f"{param('data')} ({where}) is {str(x.dtype).replace('torch.', '')}; give float inputs "
+                         "normalized as the model sees them (not raw pixel values)")
+    want = tuple(built.input_shape)
+    got = tuple(int(s) for s in x.shape[1:])
+    if built.kind == "sequence" and len(got) == 1:
+        got = (1, *got)
+    if got != want:
+        raise UsageError(f"{param('data')} ({where}) has inputs of shape {list(got)}; the model takes {list(want)}")
+    if not bool(torch.isfinite(x).all()):
+        raise UsageError(f"{param('data')} ({where}) holds values that are not finite")
+    mean, std = float(x.float().mean()), float(x.float().std()) if x.numel() > 1 else 0.0
+    if std > MAX_STD or abs(mean) > MAX_MEAN:
+        raise UsageError(f"{param('data')} ({where}) does not look normalized (mean {mean:.3g}, std {std:.3g}); give "
+                         "inputs as the model sees them in training, e.g. (pixels / 255 - mean) / std")
+
+
+def _vocab(model) -> Optional[int]:
+    emb = getattr(model, "get_input_embeddings", lambda: None)()
+    return int(emb.num_embeddings) if emb is not None and hasattr(emb, "num_embeddings") else None
+
+
+def fit_checkpoint(path, spec="impulse", *, data, samples: int = 256, data_dir: Optional[os.PathLike] = None,
+                   model_name: Optional[str] = None, config: Optional[str] = None, heads: Optional[int] = None,
+                   grid=None, **apply_kwargs):
+    """Apply ``spec`` (impulse, with its data fit) to checkpoint ``path`` on real inputs: build the
+    model the checkpoint describes (:func:`~structinit.training.checkpoint_models.checkpoint_model`
+    with ``model_name``/``config``/``heads``/``grid``), take the batch ``data`` names (a source, see
+    the module docstring, or a tensor already normalized), fit, and write every copy of the model in
+    the file as :func:`~structinit.init.apply.apply_checkpoint` does (``apply_kwargs``). Returns its
+    report, with ``data_fit`` saying what was fitted to and what the attention on that batch is."""
+    from structinit.geometry.grid import Grid
+    from structinit.init.apply import apply_checkpoint
+    from structinit.init.checkpoints import load_checkpoint
+    from structinit.training.checkpoint_models import checkpoint_model
+
+    ckpt = load_checkpoint(path)
+    built = checkpoint_model(ckpt, model_name=model_name, config=config, heads=heads, grid=grid)
+    if isinstance(data, (str, os.PathLike)):
+        inputs = fit_inputs(str(data), built, samples, data_dir)
+    else:
+        check_inputs(data, built, "the given tensor")
+        inputs = FitInputs(data[:samples], f"a tensor of {min(int(data.shape[0]), samples)} inputs")
+    if built.kind == "tokens" and grid is None:
+        grid = Grid((int(inputs.x.shape[1]),))  # a sequence model's grid is the inputs' length
+    grid = grid if grid is not None else built.grid
+    if built.kind == "sequence" and inputs.x.dim() == 2:
+        inputs.x = inputs.x.unsqueeze(1)
+
+    def build(ck, sd):
+        return checkpoint_model(ck, sd, model_name=model_name, config=config, heads=heads, grid=grid)
+
+    report = apply_checkpoint(path, spec, data=inputs.x, build=build, source=inputs.source,
+                              heads=heads if heads is not None else built.heads, grid=grid, **apply_kwargs)
+    report["data_source"] = inputs.source
+    return report
+
+
+__all__ = ["FitInputs", "fit_inputs", "check_inputs", "training_images", "fit_checkpoint"]
