@@ -513,8 +513,10 @@ def test_the_summary_written_to_final_json():
     assert done == {"final_acc": 90.0, "final_val_acc": 89.0,
                     "best_epoch": {"epoch": 2, "test_acc": 91.0, "selected_on": "val"}, "epochs": 2,
                     "wall_seconds": 12.346, "params": {"total": 5, "trainable": 4}, "out": "o", "key": "k",
-                    "resumed_from": 1, "world_size": 1, "device": "cpu", "last": {"epoch": 2, "test_acc": 90.0}}
+                    "resumed_from": 1, "world_size": 1, "device": "cpu", "init_seconds": None,
+                    "last": {"epoch": 2, "test_acc": 90.0}}
     assert TrainResult(epochs=0, metrics=[], **kw).summary()["last"] is None
+    assert TrainResult(epochs=0, metrics=[], init_seconds=3.25, **kw).summary()["init_seconds"] == 3.25
 
 
 def test_lr_schedule_shape():

@@ -69,6 +69,12 @@ def _first_input(module, run) -> Any:
         run()
     except _Stop:
         pass
+    except UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a model that cannot take the batch: one line that says so
+        text = str(exc).strip().splitlines()
+        raise UsageError(f"the {param('model')} cannot run on the {param('data')} given "
+                         f"({type(exc).__name__}: {text[0][:200] if text else ''})") from exc
     finally:
         handle.remove()
     if not got:

@@ -143,10 +143,6 @@ def apply(
         raise UsageError("--data fits Q/K on real inputs, and --dry-run writes nothing: give one of them")
     elif method != "impulse":
         raise UsageError(f"--data is the impulse init's data fit; --method {method} does not fit to data")
-    if data is None and spec.uses_data and not dry_run:
-        typer.echo("warning: without --data, impulse writes the plain solve, which real inputs wash out: it trained "
-                   "12 points below mimetic init at 100 digits (docs/results/digits-datafit); give --data DATASET, "
-                   "an image folder or a tensor file to fit it to real inputs", err=True)
     with Progress(f"apply {method}", enabled=not json_out) as bar:
         common = dict(out=out, in_place=in_place, dry_run=dry_run, force=force, layers=layers, heads=heads,
                       grid=parse_grid(grid=grid) if grid else None, set_pe=set_pe, pe_scale=pe_scale, seed=seed,
@@ -162,6 +158,10 @@ def apply(
                                     config=str(config) if config is not None else None,
                                     fit_progress=lambda d, n: bar.update(d, n, f"apply {method}: data fit"),
                                     **common)
+    if data is None and spec.uses_data and not dry_run:  # said once it is written, before the table
+        typer.echo("warning: without --data, impulse writes the plain solve, which real inputs wash out: it trained "
+                   "12 points below mimetic init at 100 digits (docs/results/digits-datafit); give --data DATASET, "
+                   "an image folder or a tensor file to fit it to real inputs", err=True)
     if json_out:
         emit_json(report)
         return

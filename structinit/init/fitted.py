@@ -50,25 +50,15 @@ def modules_run(model, probe, last) -> List[Any]:
     module ``last``, where the pass stops (it never reaches what comes after, the head say)."""
     import torch
 
-    from structinit.analysis.capture import _Stop
+    from structinit.analysis.capture import _first_input
 
     ran: List[Any] = []
-
-    def note(module, _args):
-        ran.append(module)
-
-    def stop(_module, _args):
-        raise _Stop
-
-    handles = [m.register_forward_pre_hook(note) for m in model.modules()]
-    handles.append(last.register_forward_pre_hook(stop))
+    handles = [m.register_forward_pre_hook(lambda module, _args: ran.append(module)) for m in model.modules()]
     was = model.training
     try:
         model.eval()
         with torch.no_grad():
-            model(probe)
-    except _Stop:
-        pass
+            _first_input(last, lambda: model(probe))  # stops at ``last``; a model that cannot run is one error
     finally:
         model.train(was)
         for handle in handles:

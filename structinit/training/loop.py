@@ -239,7 +239,7 @@ def _result_from_checkpoint(ck: Dict[str, Any], run: RunDir, ctx, key: str) -> T
                        best_epoch=int(ck["best_epoch"]), best_on=ck["best_on"], epochs=len(metrics),
                        wall_seconds=float(ck["elapsed"]), params=dict(ck["params"]),
                        metrics=metrics, out=str(run.path), key=key, resumed_from=int(ck["epoch"]),
-                       world_size=ctx.world, device=ctx.device)
+                       world_size=ctx.world, device=ctx.device, init_seconds=ck.get("init_seconds"))
 
 
 # --------------------------------------------------------------------------- the run
@@ -517,6 +517,7 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
                          "scaler": scaler.state_dict() if scaler is not None else None, "metrics": metrics,
                          "best_acc": best_acc, "best_score": best_score, "best_epoch": best_epoch, "best_on": best_on,
                          "elapsed": elapsed_before + time.perf_counter() - t_start, "params": params, "key": key,
+                         "init_seconds": None if init_seconds is None else round(init_seconds, 3),
                          "rng": {"torch": torch.get_rng_state(),
                                  "cuda": torch.cuda.get_rng_state() if device.startswith("cuda") else None}}
                 if improved:
