@@ -1,97 +1,264 @@
-"""``structinit apply CKPT --data DATASET``: the attention the written weights give on the run's own
-real training inputs, through the model a train checkpoint describes; checked against the
-pseudo-input quality where the two must agree, against an independent measure where they do not,
-and refused with one line (nothing written) where it cannot be measured."""
+"""``structinit apply CKPT --data SOURCE``: the impulse data fit through the model a checkpoint
+describes, for every kind of checkpoint it can build a model for (a structinit train run, timm's
+train.py checkpoint, a bare timm state dict, a Hugging Face ViT folder, a 1-D transformer on
+MNIST-1D). Each writes the Q/K that ``initialize_model`` writes for the same weights, seed and batch,
+and the written model attends to its offsets on held-out real inputs; what cannot be fitted is
+refused with one line and nothing written."""
 
+import argparse
 import json
 
+import numpy as np
 import pytest
 import torch
 
 from structinit.analysis.fidelity import data_attention_quality
-from structinit.bench.attention import run_model, training_images
 from structinit.geometry.grid import Grid
-from structinit.training.config import TrainConfig
-from structinit.training.loop import train
+from structinit.init.specs import initialize_model
+from structinit.training.augment import normalize
+from structinit.training.datasets import load_dataset, split_train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """A one-epoch digits run's checkpoint.pt (trunc normal init), and the same with the patch
-    embedding and every block's output (attention proj, MLP fc2) zeroed and the attention's
-    LayerNorm reset: there every layer sees the LayerNorm'd position embedding alone, the input the
-    impulse solve is made for."""
-    out = tmp_path_factory.mktemp("apply-data") / "run"
-    train(TrainConfig(model="vit-digits", dataset="digits", init="trunc-normal", epochs=1, train_size=64,
-                      batch_size=32, out=str(out), threads=1))
-    ck = torch.load(out / "checkpoint.pt", weights_only=True)
-    sd = ck["state_dict"]
-    for name in list(sd):
-        if name.startswith("patch_embed.proj.") or ".attn.proj." in name or ".mlp.fc2." in name:
-            sd[name] = torch.zeros_like(sd[name])
-        elif ".norm1." in name:  # the plain LayerNorm the solve assumes (one epoch moved it a little)
-            sd[name] = torch.ones_like(sd[name]) if name.endswith("weight") else torch.zeros_like(sd[name])
-    zeroed = out.parent / "zeroed.pt"
-    torch.save(ck, zeroed)
-    return out / "checkpoint.pt", zeroed
+def digits():
+    """Fit inputs (the first 128 training digits) and held-out ones (the 360 test digits)."""
+    data = load_dataset("digits")
+    info = data.info
+    return normalize(data.train.images[:128], info.mean, info.std), normalize(data.test.images, info.mean, info.std)
 
 
-def test_on_position_alone_the_real_data_measure_is_the_pseudo_input_one(checkpoint, cli, tmp_path):
-    _, zeroed = checkpoint
-    r = cli("apply", zeroed, "--out", tmp_path / "imp.pt", "--no-mimetic-vproj", "--data", "digits",
-            "--samples", "16", "--json")
+def timm_vit(seed=0, **kw):
+    """A timm ViT shaped like the vit-digits preset (8x8 digits, patch 1, dim 64, depth 4, 4 heads) with the
+    fixed sin-cos position embedding written."""
+    import timm
+
+    from structinit.init.pos_embed import set_sincos_pos_embed
+
+    torch.manual_seed(seed)
+    args = dict(img_size=8, patch_size=1, in_chans=1, num_classes=10, embed_dim=64, depth=4, num_heads=4,
+                mlp_ratio=2.0, class_token=False, global_pool="avg")
+    args.update(kw)
+    model = timm.create_model("vit_tiny_patch16_224", **args)
+    set_sincos_pos_embed(model)
+    return model
+
+
+def held_out_hits(model, report, x):
+    rows = report["layers"]
+    q = data_attention_quality(model, x, [r["offsets"] for r in rows], Grid(report["grid"]))
+    return [round(r["hit_rate"], 3) for r in q["layers"]]
+
+
+def written_state(path):
+    obj = torch.load(path, weights_only=False) if not str(path).endswith(".safetensors") else None
+    if obj is None:
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    return obj.get("state_dict", obj)
+
+
+def assert_same_attention_weights(got, want, keys):
+    for k in keys:
+        torch.testing.assert_close(got[k].float(), want[k].float(), rtol=0, atol=1e-6)
+
+
+def test_a_structinit_train_checkpoint_gets_the_fit_train_would_give(tmp_path, cli, digits):
+    from structinit.training.config import TrainConfig
+    from structinit.training.loop import init_inputs, train
+    from structinit.training.models import build_model
+
+    out = tmp_path / "run"
+    config = TrainConfig(init="trunc-normal", epochs=1, train_size=128, batch_size=32, out=str(out), threads=1, seed=4)
+    train(config)
+    r = cli("apply", out / "checkpoint.pt", "--out", tmp_path / "imp.pt", "--data", "digits", "--seed", "4", "--json")
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
-    got = rep["data_attention"]
-    assert got["dataset"] == "digits" and got["samples"] == 16 and got["filter"] == 3
-    for mine, solved in zip(got["layers"], rep["layers"]):
-        assert mine["layer"] == solved["layer"]
-        assert mine["hit_rate"] == pytest.approx(solved["hit_rate"], abs=1e-6)
-        assert mine["target_mass"] == pytest.approx(solved["target_mass"], abs=1e-4)
-    assert [row["hit_rate"] for row in got["layers"]] == pytest.approx([1.0] * 4)
+    assert rep["model"] == "structinit train settings: vit-digits on digits"
+    assert rep["data_fit"]["source"] == "digits: the run's first 128 training inputs"
+    assert rep["data_fit"]["samples"] == 128 and rep["data_fit"]["artifact"]["cached"] is False
+    # initialize_model on the same weights, seed and batch: the same fitted artifact, the same weights
+    model = build_model(config.model_config(), num_classes=10, image_size=8, in_chans=1, seed=4)
+    model.load_state_dict(torch.load(out / "checkpoint.pt", weights_only=True)["state_dict"])
+    batch = init_inputs(split_train(load_dataset("digits"), 128, 0, 4).train, load_dataset("digits").info)
+    ref = initialize_model(model, "impulse", data=batch, seed=4)
+    assert ref["data_fit"]["artifact"]["key"] == rep["data_fit"]["artifact"]["key"]
+    assert ref["data_fit"]["artifact"]["cached"] is True
+    got = written_state(tmp_path / "imp.pt")
+    assert_same_attention_weights(got, model.state_dict(), [k for k in got if ".attn." in k])
+    written = build_model(config.model_config(), num_classes=10, image_size=8, in_chans=1, seed=4)
+    written.load_state_dict(got)
+    assert min(held_out_hits(written, rep, digits[1])) >= 0.9
 
 
-def test_on_real_digits_it_matches_an_independent_measure_of_the_written_model(checkpoint, cli, tmp_path):
-    ckpt, _ = checkpoint
-    out = tmp_path / "imp.pt"
-    r = cli("apply", ckpt, "--out", out, "--data", "digits", "--samples", "24", "--seed", "3", "--json")
-    assert r.returncode == 0, r.stderr
-    rep = json.loads(r.stdout)
-    model = run_model(out).model  # the written file, loaded over the model its settings describe
-    config = TrainConfig.from_dict(torch.load(ckpt, weights_only=True)["args"])
-    want = data_attention_quality(model, training_images(config, 24), [row["offsets"] for row in rep["layers"]],
-                                  Grid(rep["grid"]))
-    got = rep["data_attention"]["layers"]
-    assert [g["hit_rate"] for g in got] == pytest.approx([w["hit_rate"] for w in want["layers"]], abs=1e-6)
-    assert [g["target_mass"] for g in got] == pytest.approx([w["target_mass"] for w in want["layers"]], abs=1e-5)
-    # the plain solve on real digits: the content embedding washes the structure out
-    assert max(g["hit_rate"] for g in got) < 0.5
-    text = cli("apply", ckpt, "--out", tmp_path / "imp2.pt", "--data", "digits", "--samples", "24", "--seed", "3")
-    assert "attention of the written weights on the first 24 training inputs of digits:" in text.stdout
-    assert f"{got[0]['hit_rate']:.3f}" in text.stdout
+def test_timms_train_checkpoint_and_a_bare_state_dict_get_the_fit_of_the_model_they_hold(tmp_path, cli, digits):
+    """timm's train.py saves ``arch`` (a registered model name) and its ``args`` beside the weights
+    and the EMA; a bare state dict tells everything but the heads, which --heads gives."""
+    import timm
+    from timm.models import register_model
 
+    @register_model
+    def structinit_test_vit_digits(pretrained=False, **kwargs):  # a user's own registered timm model
+        return timm.models.vision_transformer.VisionTransformer(embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0,
+                                                                **kwargs)
 
-@pytest.mark.parametrize("args, message", [
-    (("--data", "mnist1d"), "was trained on digits; --data mnist1d would feed it other inputs (give --data digits)"),
-    (("--data", "digits", "--dry-run"), "--data measures the written weights, and --dry-run writes none"),
-    (("--samples", "3"), "--samples and --data-dir need --data DATASET"),
-    (("--data", "nope"), "unknown dataset 'nope'"),
-])
-def test_what_cannot_be_measured_is_refused_before_anything_is_written(checkpoint, cli, tmp_path, args, message):
-    ckpt, _ = checkpoint
-    r = cli("apply", ckpt, "--out", tmp_path / "o.pt", *args)
-    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_a_checkpoint_train_did_not_write_has_no_model_to_measure(checkpoint, cli, tmp_path):
-    ckpt, _ = checkpoint
+    model = timm_vit(seed=1)
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    ckpt = tmp_path / "train.pth.tar"
+    torch.save({"epoch": 3, "arch": "structinit_test_vit_digits", "state_dict": sd,
+                "state_dict_ema": {k: v.clone() for k, v in sd.items()},
+                "args": argparse.Namespace(model="structinit_test_vit_digits", img_size=8, num_classes=10)}, ckpt)
     bare = tmp_path / "bare.pt"
-    torch.save(torch.load(ckpt, weights_only=True)["state_dict"], bare)
-    r = cli("apply", bare, "--heads", "4", "--out", tmp_path / "o.pt", "--data", "digits")
-    assert r.returncode == 2
-    assert r.stderr.strip() == (f"error: --data: {bare} is not a checkpoint written by structinit train "
-                                "(checkpoint.pt or best.pt, which hold the run's settings)")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bare.pt"]
+    torch.save(sd, bare)
+    torch.save(digits[0][:96], tmp_path / "x.pt")
+    ref = timm_vit(seed=1)
+    want = initialize_model(ref, "impulse", data=digits[0][:96], seed=2)
+    for path, extra, how in ((ckpt, [], "timm structinit_test_vit_digits"),
+                             (bare, ["--heads", "4"], "timm VisionTransformer built from the tensors' shapes")):
+        out = tmp_path / f"o-{path.name}"
+        r = cli("apply", path, "--out", out, "--data", tmp_path / "x.pt", "--seed", "2", "--json", *extra)
+        assert r.returncode == 0, r.stderr
+        rep = json.loads(r.stdout)
+        assert rep["model"].startswith(how) and rep["data_source"] == f"{tmp_path / 'x.pt'}: the first 96 inputs"
+        assert rep["data_fit"]["artifact"]["key"] == want["data_fit"]["artifact"]["key"]
+        saved = torch.load(out, weights_only=False)
+        for state in ([saved["state_dict"], saved["state_dict_ema"]] if "state_dict" in saved else [saved]):
+            assert_same_attention_weights(state, ref.state_dict(), [k for k in state if ".attn." in k])
+            for k, v in state.items():  # everything else as it was
+                if ".attn." not in k:
+                    assert torch.equal(v, sd[k]), k
+        if path == ckpt:
+            assert saved["epoch"] == 3 and saved["arch"] == "structinit_test_vit_digits"
+    assert min(held_out_hits(ref, want, digits[1])) >= 0.9
+
+
+@pytest.mark.slow
+def test_a_hugging_face_vit_folder_gets_the_fit_through_transformers(tmp_path, cli, digits):
+    """A ViT written by save_pretrained (a class token, a learned embedding that --set-pe replaces):
+    built from its config.json by transformers, fitted, written back in its own on-disk layout."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(0)
+    cfg = ViTConfig(image_size=8, patch_size=1, num_channels=1, hidden_size=64, num_hidden_layers=4,
+                    num_attention_heads=4, intermediate_size=128, num_labels=10, initializer_range=0.2)
+    ViTForImageClassification(cfg).save_pretrained(tmp_path / "hf")
+    out = tmp_path / "o.safetensors"
+    r = cli("apply", tmp_path / "hf" / "model.safetensors", "--set-pe", "sincos", "--data", "digits",
+            "--samples", "128", "--out", out, "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["model"].startswith("transformers ViTForImageClassification from")
+    assert rep["data_fit"]["source"] == "digits: the first 128 training inputs, normalized with its mean and std"
+    # the written file, loaded by transformers, attends by its offsets on held-out digits (its class token a key)
+    import shutil
+
+    shutil.copy(out, tmp_path / "hf" / "model.safetensors")
+    model = ViTForImageClassification.from_pretrained(tmp_path / "hf").eval()
+    seen = []
+    hooks = [layer.attention.q_proj.register_forward_pre_hook(lambda m, a: seen.append(a[0]))
+             for layer in model.vit.layers]
+    with torch.no_grad():
+        model(digits[1])
+    for h in hooks:
+        h.remove()
+    hits = []
+    from structinit.geometry.targets import impulse_columns
+
+    for layer, (x, row) in enumerate(zip(seen, rep["layers"])):
+        att = model.vit.layers[layer].attention
+        q = att.q_proj(x).view(x.shape[0], x.shape[1], 4, 16).transpose(1, 2)
+        k = att.k_proj(x).view(x.shape[0], x.shape[1], 4, 16).transpose(1, 2)
+        p = torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1)[:, :, 1:, :]  # grid queries, every key
+        cols = torch.from_numpy(impulse_columns(Grid((8, 8)), np.asarray(row["offsets"]))) + 1
+        has = cols >= 1
+        hits.append(float(((p.argmax(-1) == cols) & has).sum() / (has.sum() * x.shape[0])))
+    assert min(hits) >= 0.9, hits
+    assert [round(h, 2) for h in hits] == pytest.approx([round(r["hit_rate"], 2) for r in rep["data_fit"]["layers"]],
+                                                        abs=0.05)
+
+
+def test_a_1d_transformer_on_mnist1d_gets_the_fit_of_its_run(tmp_path, cli):
+    from structinit.bench.attention import run_model
+    from structinit.training.config import TrainConfig
+    from structinit.training.loop import train
+
+    out = tmp_path / "run"
+    train(TrainConfig(model="transformer-1d", dataset="mnist1d", init="trunc-normal", epochs=1, train_size=200,
+                      val_size=500, batch_size=50, out=str(out), threads=1))
+    r = cli("apply", out / "checkpoint.pt", "--out", tmp_path / "imp.pt", "--data", "mnist1d", "--filter", "5",
+            "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["grid"] == [40] and rep["data_fit"]["samples"] == 200
+    model = run_model(tmp_path / "imp.pt").model
+    data = split_train(load_dataset("mnist1d"), 200, 500, 0)
+    assert min(held_out_hits(model, rep, data.val.images[:300])) >= 0.9
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+@pytest.fixture(scope="module")
+def bare_checkpoint(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bare")
+    torch.save(timm_vit().state_dict(), folder / "vit.pt")
+    return folder / "vit.pt"
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (print, ("this ran",))
+
+
+@pytest.mark.parametrize("make, args, message", [
+    (None, ["--data", "digits", "--dry-run"], "--data fits Q/K on real inputs, and --dry-run writes nothing: give "
+                                              "one of them"),
+    (None, ["--samples", "8"], "--samples needs --data SOURCE"),
+    (None, ["--data", "digits", "--method", "mimetic"], "--data is the impulse init's data fit; --method mimetic "
+                                                         "does not fit to data"),
+    (None, ["--data", "nowhere"], "--data 'nowhere' is neither a dataset"),
+    (lambda p: torch.save(torch.zeros(4, 1, 16, 16), p), ["--data", "{x}"],
+     "has inputs of shape [1, 16, 16]; the model takes [1, 8, 8]"),
+    (lambda p: torch.save(torch.randint(0, 255, (4, 1, 8, 8), dtype=torch.uint8), p), ["--data", "{x}"],
+     "is uint8; give float inputs normalized as the model sees them"),
+    (lambda p: torch.save(torch.rand(4, 1, 8, 8) * 255, p), ["--data", "{x}"], "does not look normalized"),
+    (lambda p: torch.save(_RunsCode(), p), ["--data", "{x}"], "refusing to load a pickle that asks to run code"),
+    (lambda p: np.save(p.with_suffix(".npy"), np.zeros((4, 1, 8, 8), dtype=object), allow_pickle=True),
+     ["--data", "{npy}"], "is not a readable tensor file"),
+])
+def test_what_cannot_be_fitted_is_refused_with_one_line_and_nothing_written(tmp_path, cli, bare_checkpoint, make,
+                                                                            args, message):
+    x = tmp_path / "x.pt"
+    if make is not None:
+        make(x)
+    args = [a.format(x=x, npy=x.with_suffix(".npy")) for a in args]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    r = cli("apply", bare_checkpoint, "--heads", "4", "--out", tmp_path / "o.pt", *args)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_checkpoint_without_a_model_to_build_is_refused(tmp_path, cli, digits):
+    mha = torch.nn.MultiheadAttention(64, 4)
+    torch.save(mha.state_dict(), tmp_path / "mha.pt")
+    torch.save(digits[0][:8], tmp_path / "x.pt")
+    r = cli("apply", tmp_path / "mha.pt", "--heads", "4", "--grid", "8x8", "--data", tmp_path / "x.pt",
+            "--out", tmp_path / "o.pt")
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "error: the torch-mha checkpoint holds attention weights but no model structinit can build and run real "
+        "inputs through (timm ViTs, Hugging Face ViT/DeiT, BERT and GPT-2, and structinit train checkpoints can)")
+    assert not (tmp_path / "o.pt").exists()
+
+
+def test_without_data_the_plain_solve_is_written_with_one_warning_first(tmp_path, cli, bare_checkpoint):
+    r = cli("apply", bare_checkpoint, "--heads", "4", "--out", tmp_path / "o.pt")
+    assert r.returncode == 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: without --data, impulse writes the plain solve")
+    assert "give --data DATASET, an image folder or a tensor file" in lines[0]
+    assert "data fit not run" in r.stdout and "wrote:" in r.stdout
+    quiet = cli("apply", bare_checkpoint, "--heads", "4", "--out", tmp_path / "p.pt", "--init-param", "data_fit=0")
+    assert quiet.returncode == 0 and quiet.stderr == ""

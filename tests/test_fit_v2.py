@@ -58,8 +58,8 @@ def mean_mass(x, q, k, cols):
 
 
 def test_a_step_takes_enough_images_for_its_rows():
-    assert step_images(64) == ROWS_PER_STEP // 64 == 8
-    assert step_images(256) == 2 and step_images(196) == 3 and step_images(40) == 13 and step_images(4096) == 1
+    assert step_images(64) == ROWS_PER_STEP // 64 == 16
+    assert step_images(256) == 4 and step_images(196) == 6 and step_images(40) == 26 and step_images(4096) == 1
     assert step_images(64, batch=5) == 5
 
 
@@ -237,7 +237,7 @@ def test_the_fit_of_layer_0_is_its_replayed_steps(digits, batch):
     torch.testing.assert_close(got_q, q, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got_k, k, rtol=1e-5, atol=1e-6)
     fit = rep["data_fit"]
-    assert fit["version"] == 2 and fit["step_images"] == (batch or 8) and fit["streamed"] is True
+    assert fit["version"] == 2 and fit["step_images"] == (batch or 16) and fit["streamed"] is True
     assert fit["samples"] == 48 and fit["measured_on"] == 48 and fit["seconds"] > 0
     # calibrated to 0.3 where a head reaches it within the logit cap (after 15 steps some stop just short)
     assert all(0.25 < m <= 0.3001 for row in fit["layers"] for m in row["heads"]["target_mass"])

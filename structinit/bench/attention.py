@@ -65,7 +65,8 @@ def initialized_model(config, cache_dir=None):
         from structinit.training.loop import FIDELITY_SAMPLES
 
         data = training_images(config, FIDELITY_SAMPLES) if spec.uses_data else None
-        report = initialize_model(model, spec, seed=config.seed, data=data, cache_dir=cache_dir)
+        source = f"{config.dataset}: the run's first {int(data.shape[0])} training inputs" if data is not None else None
+        report = initialize_model(model, spec, seed=config.seed, data=data, cache_dir=cache_dir, source=source)
     return model, report, info
 
 

@@ -148,7 +148,8 @@ def _list(cache_dir, json_out: bool) -> None:
         try:
             art = read_artifact(path)
             s = art.stats.get("summary", {})
-            entries.append({"path": str(path), "key": art.key, "config": art.config.describe(),
+            what = art.config.describe() + (f", fitted to {art.fit.get('source') or 'real inputs'}" if art.fit else "")
+            entries.append({"path": str(path), "key": art.key, "config": what, "fitted": bool(art.fit),
                             "hit_rate": s.get("hit_rate"), "target_mass": s.get("target_mass"), "ok": True})
         except ArtifactError as exc:
             entries.append({"path": str(path), "ok": False, "error": str(exc)})
@@ -173,8 +174,8 @@ def _show_artifact(path: Path, layer: int, head: int, query: Optional[int], png:
 
     art = read_artifact(path)
     cfg = art.config
-    if not 0 <= layer < cfg.layers:
-        raise UsageError(f"--layer {layer} is out of range: the artifact has {cfg.layers} layer(s)")
+    if not 0 <= layer < art.depth:
+        raise UsageError(f"--layer {layer} is out of range: the artifact has {art.depth} layer(s)")
     if not 0 <= head < cfg.heads:
         raise UsageError(f"--head {head} is out of range: the artifact has {cfg.heads} head(s)")
     gh, gw = cfg.grid.hw
@@ -188,22 +189,46 @@ def _show_artifact(path: Path, layer: int, head: int, query: Optional[int], png:
 
         target = check_output(png, force)
         png = str(target)
-        title = f"structinit artifact {art.key}: layer {layer} of {cfg.layers}, {cfg.describe()}"
+        title = f"structinit artifact {art.key}: layer {layer} of {art.depth}, {cfg.describe()}"
+        if art.fit:
+            title += ", fitted Q/K on the pseudo input"
         save_png(attention_figure(artifact_attention(art, layer), cfg.grid, query, art.offsets[layer], title,
                                   cfg.padding), target, force=force)
     if json_out:
         emit_json({"path": str(path), "key": art.key, "config": cfg.to_dict(), "version": art.version,
-                   "offsets": art.offsets.tolist(), "stats": art.stats, "png": str(png) if png else None})
+                   "offsets": art.offsets.tolist(), "stats": art.stats, "fit": art.fit,
+                   "png": str(png) if png else None})
         return
     typer.echo(f"artifact  {path}")
-    typer.echo(f"key       {art.key}   (structinit {art.version}, solved in {art.stats.get('seconds', 0):.3f} s on "
+    made = "fitted" if art.fit else "solved"
+    typer.echo(f"key       {art.key}   (structinit {art.version}, {made} in {art.stats.get('seconds', 0):.3f} s on "
                f"{art.stats.get('device', '?')})")
     typer.echo(f"config    {cfg.canonical_json()}")
+    if art.fit:
+        typer.echo(fit_text(art.fit))
+        typer.echo("quality of the fitted Q/K on the pseudo input (what the solve was made for):")
     typer.echo(quality_table(art.quality, art.offsets))
     typer.echo("")
     typer.echo(query_attention_text(art, layer, head, query))
     if png is not None:
         typer.echo(f"wrote {png}")
+
+
+def fit_text(fit: dict) -> str:
+    """Terminal lines saying what a fitted artifact was fitted to and what it measured on that batch."""
+    ident, rep = fit.get("identity", {}), fit.get("report", {})
+    f = ident.get("fit", {})
+    lines = [f"fitted to {fit.get('source') or 'a batch of real inputs'} ({ident.get('samples')} inputs, "
+             f"{ident.get('batch', '?')[:19]}...)",
+             f"  from the plain solve {ident.get('plain')}, layers {ident.get('layers')} of {ident.get('depth')}, "
+             f"seed {ident.get('seed')}, through model weights {ident.get('weights', '?')[:19]}...",
+             f"  data fit version {f.get('data_fit_version')}: {f.get('data_fit')} steps, calibrated to target mass "
+             f"{f.get('calibrated_to')}"]
+    for row in rep.get("layers", []):
+        window = f"  window {row['window_mass']:.3f}" if "window_mass" in row else ""
+        lines.append(f"  layer {row['layer']:>3} on the batch: hit rate {row['hit_rate']:.3f}  target mass "
+                     f"{row['target_mass']:.3f}{window}")
+    return "\n".join(lines)
 
 
 def _show_checkpoint(path: Path, heads: Optional[int], grid: Optional[str], json_out: bool) -> None:

@@ -49,7 +49,7 @@ MAX_LOGIT = 30.0
 FIT_VERSIONS = (1, 2)
 DEFAULT_FIT_VERSION = 2
 #: Version 2: query rows per head in one step (the step's images: this over the tokens per image).
-ROWS_PER_STEP = 512
+ROWS_PER_STEP = 1024
 #: Version 2: images the temperature is calibrated on (the first of the batch).
 CALIBRATION_SAMPLES = 64
 

@@ -111,11 +111,19 @@ def load_or_fit(spec, target, plain, data, seed: int = 0, cache_dir=None,
     model on the batch ``data``, from the cache, or fitted now (writing the fitted layers into the
     model as it goes) and stored. ``source`` says in words where the batch came from (kept in the
     artifact for ``inspect``). ``progress``/``log`` follow the fit (see
-    :meth:`~structinit.init.impulse.ImpulseInit.apply`)."""
+    :meth:`~structinit.init.impulse.ImpulseInit.apply`); ``warn(message)`` hears of a corrupt cached
+    copy, which is removed and fitted again (default: a :class:`~structinit.errors.StructinitWarning`)."""
     from structinit.solver.artifact import fit_key, write_artifact
     from structinit.solver.cache import check_cache_dir, find_cached, key_lock, user_cache_dir
 
     check_cache_dir(cache_dir)
+    if warn is None:
+        def warn(message: str) -> None:
+            import warnings
+
+            from structinit.errors import StructinitWarning
+
+            warnings.warn(StructinitWarning(message), stacklevel=2)
     identity = fit_identity(spec, target, plain, data, seed)
     name = fitted_filename(plain, fit_key(identity))
     hit = find_cached(name, cache_dir, warn)

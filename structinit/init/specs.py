@@ -91,7 +91,8 @@ def spec_from_dict(d: Mapping[str, Any]) -> InitSpec:
 def initialize(target, spec: Union[str, InitSpec], *, grid=None, heads: Optional[int] = None,
                layers: Union[None, str, Sequence[int]] = None, seed: int = 0, cache_dir=None, device: str = "cpu",
                data=None, progress: Optional[Callable[[int, int], None]] = None,
-               log: Optional[Callable[[str], None]] = None, **params: Any) -> Dict[str, Any]:
+               log: Optional[Callable[[str], None]] = None, source: Optional[str] = None,
+               **params: Any) -> Dict[str, Any]:
     """Initialize a model or a state dict (written in place) with ``spec`` (a spec, or a method name
     with ``params``) and return the method's JSON-able report.
 
@@ -100,8 +101,8 @@ def initialize(target, spec: Union[str, InitSpec], *, grid=None, heads: Optional
     real, normalized inputs for a method that fits to them (impulse, whose ``data_fit`` is on by
     default); the others do not use it. A model initialized by such a method without ``data`` gets
     its unfitted form and a :class:`~structinit.errors.StructinitWarning`. ``progress(done, total)``
-    follows that fit step by step (raise from it to stop the fit) and ``log(message)`` gets a line
-    per fitted layer.
+    follows that fit step by step (raise from it to stop the fit), ``log(message)`` gets a line
+    per fitted layer, and ``source`` (words) says where ``data`` came from, for the fitted artifact.
     """
     from structinit.init.target import AttentionTarget
 
@@ -110,7 +111,8 @@ def initialize(target, spec: Union[str, InitSpec], *, grid=None, heads: Optional
     spec.check_target(t)
     if not spec.uses_data:
         return spec.apply(t, seed=seed, cache_dir=cache_dir, device=device)
-    report = spec.apply(t, seed=seed, cache_dir=cache_dir, device=device, data=data, fit_progress=progress, log=log)
+    report = spec.apply(t, seed=seed, cache_dir=cache_dir, device=device, data=data, fit_progress=progress, log=log,
+                        source=source)
     skipped = (report.get("data_fit") or {}).get("skipped")
     if skipped and t.model is not None:
         warnings.warn(StructinitWarning(f"{spec.method} {param('data_fit')} {skipped}"), stacklevel=3)
@@ -119,10 +121,11 @@ def initialize(target, spec: Union[str, InitSpec], *, grid=None, heads: Optional
 
 def initialize_model(model, spec: Union[str, InitSpec], *, grid=None, seed: int = 0, data=None,
                      progress: Optional[Callable[[int, int], None]] = None,
-                     log: Optional[Callable[[str], None]] = None, **params: Any) -> Dict[str, Any]:
+                     log: Optional[Callable[[str], None]] = None, source: Optional[str] = None,
+                     **params: Any) -> Dict[str, Any]:
     """Initialize a timm-style model in place (``grid`` defaults to ``model.patch_embed.grid_size``)
-    and return the report; ``data``: real inputs for a method that fits to them, ``progress`` and
-    ``log`` follow that fit (see :func:`initialize`). Example::
+    and return the report; ``data``: real inputs for a method that fits to them, ``progress``,
+    ``log`` and ``source`` go with that fit (see :func:`initialize`). Example::
 
         model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=2,
                                   class_token=False, global_pool="avg", num_classes=10)
@@ -134,4 +137,5 @@ def initialize_model(model, spec: Union[str, InitSpec], *, grid=None, seed: int 
 
     if not is_module(model):
         raise UsageError("initialize_model needs an nn.Module; use initialize() for a state dict")
-    return initialize(model, spec, grid=grid, seed=seed, data=data, progress=progress, log=log, **params)
+    return initialize(model, spec, grid=grid, seed=seed, data=data, progress=progress, log=log, source=source,
+                      **params)

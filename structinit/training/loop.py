@@ -354,8 +354,10 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
                     say(f"the init's data fit needs training inputs held in memory and {config.dataset} is read "
                         "from disk: Q/K keep the plain solve")
             t_init = time.perf_counter()
+            source = (f"{config.dataset}: the run's first {int(fit_to.shape[0])} training inputs"
+                      if fit_to is not None else None)
             init_report = initialize_model(model, spec, seed=config.seed, data=fit_to,
-                                           progress=on_init if ctx.main else None, log=say)
+                                           progress=on_init if ctx.main else None, log=say, source=source)
             init_seconds = time.perf_counter() - t_init
             solved = init_report.get("artifact") or {}
             if (solved.get("config") or {}).get("causal"):  # an artifact given by path or key, read just now

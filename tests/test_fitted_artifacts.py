@@ -1,0 +1,144 @@
+"""Fitted artifacts: the data fit's Q/K stored like a solve, under a key of everything the fit reads
+(the plain solve, the weights up to the last fitted layer, the batch, the settings and version);
+found again instead of fitted again; recomputed, never loaded, when damaged."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from structinit.errors import ArtifactError
+from structinit.init import fitted
+from structinit.init.specs import initialize_model
+from structinit.solver.artifact import read_artifact
+from structinit.training.augment import normalize
+from structinit.training.datasets import load_dataset
+from structinit.training.models import ModelConfig, build_model
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+FIT = dict(data_fit=8)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    data = load_dataset("digits")
+    return normalize(data.train.images[:40], data.info.mean, data.info.std)
+
+
+def vit(seed=0):
+    return build_model(ModelConfig("vit-digits"), num_classes=10, image_size=8, in_chans=1, seed=seed)
+
+
+def fitted_key(report):
+    return report["data_fit"]["artifact"]["key"]
+
+
+def test_the_same_fit_is_read_from_the_cache_and_writes_the_same_weights(digits, monkeypatch):
+    a = vit()
+    first = initialize_model(a, "impulse", data=digits, seed=0, **FIT)
+    assert first["data_fit"]["artifact"]["cached"] is False
+    path = Path(first["data_fit"]["artifact"]["path"])
+    assert path.name == f"n64-d64-h4-f3-fit-{fitted_key(first)}.safetensors" and path.exists()
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("fitted again")
+
+    monkeypatch.setattr(fitted, "run_fit", no_fit)
+    b = vit()
+    again = initialize_model(b, "impulse", data=digits, seed=0, **FIT)
+    assert again["data_fit"]["artifact"] == {**first["data_fit"]["artifact"], "cached": True}
+    assert again["data_fit"]["layers"] == first["data_fit"]["layers"]
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), name
+    art = read_artifact(path)
+    ident = art.fit["identity"]
+    assert ident["plain"] == first["artifact"]["key"] and ident["samples"] == 40 and ident["layers"] == [0, 1, 2, 3]
+    assert ident["fit"]["data_fit"] == 8 and ident["fit"]["data_fit_version"] == 2 and ident["seed"] == 0
+    assert art.q.shape == (4, 4, 64, 16) and art.offsets.shape == (4, 4, 2)
+
+
+def test_the_key_follows_what_the_fit_reads_and_nothing_else(digits):
+    base = fitted_key(initialize_model(vit(), "impulse", data=digits, seed=0, **FIT))
+
+    def key_of(model=None, data=digits, seed=0, **params):
+        return fitted_key(initialize_model(model or vit(), "impulse", data=data, seed=seed, **{**FIT, **params}))
+
+    head = vit()
+    with torch.no_grad():
+        head.head.weight.add_(1.0)  # the classifier is never reached by the fit
+        head.fc_norm.weight.add_(1.0)
+    assert key_of(head) == base
+    embed = vit()
+    with torch.no_grad():
+        embed.patch_embed.proj.weight.mul_(0.5)
+    mlp = vit()
+    with torch.no_grad():
+        mlp.blocks[2].mlp.fc1.weight.mul_(0.5)
+    others = {key_of(embed), key_of(mlp), key_of(data=digits[:39]), key_of(data=digits + 1e-3), key_of(seed=1),
+              key_of(data_fit_version=1), key_of(data_fit=9), key_of(target_mass=0.4), key_of(mimetic_vproj=False)}
+    assert base not in others and len(others) == 9
+
+
+def test_only_the_layers_up_to_the_last_fitted_one_count(digits):
+    """Fitting layers 0-1 reads nothing of blocks 2-3 but block 1's projection input."""
+    base = fitted_key(initialize_model(vit(), "impulse", data=digits, seed=0, layers="0-1", **FIT))
+    late = vit()
+    with torch.no_grad():
+        late.blocks[3].attn.qkv.weight.mul_(2.0)
+        late.blocks[1].mlp.fc2.weight.mul_(2.0)  # after block 1's attention: not read either
+    assert fitted_key(initialize_model(late, "impulse", data=digits, seed=0, layers="0-1", **FIT)) == base
+    early = vit()
+    with torch.no_grad():
+        early.blocks[1].norm1.weight.mul_(2.0)
+    assert fitted_key(initialize_model(early, "impulse", data=digits, seed=0, layers="0-1", **FIT)) != base
+
+
+def test_a_damaged_fitted_artifact_is_fitted_again_never_loaded(digits):
+    first = initialize_model(vit(), "impulse", data=digits, seed=0, **FIT)
+    path = Path(first["data_fit"]["artifact"]["path"])
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ArtifactError):
+        read_artifact(path)
+    with pytest.warns(UserWarning, match="ignoring corrupt artifact"):
+        again = initialize_model(vit(), "impulse", data=digits, seed=0, **FIT)
+    assert again["data_fit"]["artifact"]["cached"] is False and read_artifact(path).key == fitted_key(first)
+
+
+def test_a_fitted_artifact_whose_identity_was_edited_is_refused(digits, tmp_path):
+    from safetensors.numpy import load, save
+
+    first = initialize_model(vit(), "impulse", data=digits, seed=0, **FIT)
+    path = Path(first["data_fit"]["artifact"]["path"])
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    meta = json.loads(raw[8:8 + n])["__metadata__"]
+    fit = json.loads(meta["fit"])
+    fit["identity"]["seed"] = 7  # claims another seed than the one its key hashes
+    meta["fit"] = json.dumps(fit, sort_keys=True)
+    bad = tmp_path / path.name
+    bad.write_bytes(save(load(raw), metadata=meta))
+    with pytest.raises(ArtifactError, match="does not match what it was fitted to"):
+        read_artifact(bad)
+
+
+def test_train_and_initialize_model_share_the_fit(tmp_path, digits):
+    """train fits the run's first training inputs; the same model, seed and batch through
+    initialize_model finds that fit in the cache."""
+    from structinit.training.config import TrainConfig
+    from structinit.training.loop import init_inputs, train
+
+    config = TrainConfig(init="impulse", init_params=FIT, train_size=64, epochs=1, out=str(tmp_path / "r"),
+                         threads=1, seed=3)
+    result = train(config)
+    fit = result.init_report["data_fit"]
+    assert fit["artifact"]["cached"] is False and fit["source"] == "digits: the run's first 64 training inputs"
+    final = json.loads((tmp_path / "r" / "final.json").read_text())
+    assert final["init_seconds"] >= fit["seconds"] > 0
+    from structinit.training.datasets import split_train
+
+    data = split_train(load_dataset("digits"), 64, 0, 3)
+    model = vit(seed=3)
+    again = initialize_model(model, "impulse", data=init_inputs(data.train, data.info), seed=3, **FIT)
+    assert again["data_fit"]["artifact"] == {**fit["artifact"], "cached": True}
