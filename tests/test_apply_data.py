@@ -71,24 +71,24 @@ def test_a_structinit_train_checkpoint_gets_the_fit_train_would_give(tmp_path, c
     from structinit.training.models import build_model
 
     out = tmp_path / "run"
-    config = TrainConfig(init="trunc-normal", epochs=1, train_size=128, batch_size=32, out=str(out), threads=1, seed=4)
+    config = TrainConfig(init="trunc-normal", epochs=1, train_size=256, batch_size=64, out=str(out), threads=1, seed=0)
     train(config)
-    r = cli("apply", out / "checkpoint.pt", "--out", tmp_path / "imp.pt", "--data", "digits", "--seed", "4", "--json")
+    r = cli("apply", out / "checkpoint.pt", "--out", tmp_path / "imp.pt", "--data", "digits", "--json")
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert rep["model"] == "structinit train settings: vit-digits on digits"
-    assert rep["data_fit"]["source"] == "digits: the run's first 128 training inputs"
-    assert rep["data_fit"]["samples"] == 128 and rep["data_fit"]["artifact"]["cached"] is False
+    assert rep["data_fit"]["source"] == "digits: the run's first 256 training inputs"
+    assert rep["data_fit"]["samples"] == 256 and rep["data_fit"]["artifact"]["cached"] is False
     # initialize_model on the same weights, seed and batch: the same fitted artifact, the same weights
-    model = build_model(config.model_config(), num_classes=10, image_size=8, in_chans=1, seed=4)
+    model = build_model(config.model_config(), num_classes=10, image_size=8, in_chans=1, seed=0)
     model.load_state_dict(torch.load(out / "checkpoint.pt", weights_only=True)["state_dict"])
-    batch = init_inputs(split_train(load_dataset("digits"), 128, 0, 4).train, load_dataset("digits").info)
-    ref = initialize_model(model, "impulse", data=batch, seed=4)
+    batch = init_inputs(split_train(load_dataset("digits"), 256, 0, 0).train, load_dataset("digits").info)
+    ref = initialize_model(model, "impulse", data=batch, seed=0)
     assert ref["data_fit"]["artifact"]["key"] == rep["data_fit"]["artifact"]["key"]
     assert ref["data_fit"]["artifact"]["cached"] is True
     got = written_state(tmp_path / "imp.pt")
     assert_same_attention_weights(got, model.state_dict(), [k for k in got if ".attn." in k])
-    written = build_model(config.model_config(), num_classes=10, image_size=8, in_chans=1, seed=4)
+    written = build_model(config.model_config(), num_classes=10, image_size=8, in_chans=1, seed=0)
     written.load_state_dict(got)
     assert min(held_out_hits(written, rep, digits[1])) >= 0.9
 
@@ -96,13 +96,13 @@ def test_a_structinit_train_checkpoint_gets_the_fit_train_would_give(tmp_path, c
 def test_timms_train_checkpoint_and_a_bare_state_dict_get_the_fit_of_the_model_they_hold(tmp_path, cli, digits):
     """timm's train.py saves ``arch`` (a registered model name) and its ``args`` beside the weights
     and the EMA; a bare state dict tells everything but the heads, which --heads gives."""
-    import timm
-    from timm.models import register_model
+    from timm.models import build_model_with_cfg, register_model
+    from timm.models.vision_transformer import VisionTransformer
 
     @register_model
     def structinit_test_vit_digits(pretrained=False, **kwargs):  # a user's own registered timm model
-        return timm.models.vision_transformer.VisionTransformer(embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0,
-                                                                **kwargs)
+        kwargs = dict(dict(embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0), **kwargs)
+        return build_model_with_cfg(VisionTransformer, "structinit_test_vit_digits", pretrained, **kwargs)
 
     model = timm_vit(seed=1)
     sd = {k: v.clone() for k, v in model.state_dict().items()}

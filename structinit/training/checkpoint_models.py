@@ -182,7 +182,8 @@ def _timm_model(ckpt, sd: Mapping, model_name: Optional[str], heads: Optional[in
 
     det = ckpt.detected
     kwargs = timm_vit_kwargs(sd, det.model_prefix, grid or det.grid)
-    name = model_name or ckpt.extra.get("arch")
+    arch = ckpt.obj.get("arch") if isinstance(ckpt.obj, Mapping) else None
+    name = model_name or (arch if isinstance(arch, str) and timm.is_model(arch) else None)
     if name is not None:
         if not timm.is_model(name):
             raise UsageError(f"{param('model_name')} {name!r} is not a timm model name (see timm.list_models)")
