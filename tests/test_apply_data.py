@@ -179,6 +179,35 @@ def test_a_hugging_face_vit_folder_gets_the_fit_through_transformers(tmp_path, c
                                                         abs=0.05)
 
 
+@pytest.mark.slow
+def test_bert_and_gpt2_folders_take_token_ids_and_gpt2_needs_causal_offsets(tmp_path, cli):
+    """Sequence models from save_pretrained: the fit runs token ids [B, L] through them; the grid is the
+    ids' length; GPT-2 (a decoder) needs --causal, and its written attention is fitted under its mask."""
+    from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    BertModel(BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                         max_position_embeddings=64, vocab_size=100)).save_pretrained(tmp_path / "bert")
+    GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=64, vocab_size=100, bos_token_id=0,
+                               eos_token_id=0)).save_pretrained(tmp_path / "gpt2")
+    torch.save(torch.randint(0, 100, (32, 24)), tmp_path / "ids.pt")
+    for name, extra in (("bert", []), ("gpt2", ["--causal"])):
+        r = cli("apply", tmp_path / name / "model.safetensors", "--set-pe", "sincos", "--data", tmp_path / "ids.pt",
+                "--out", tmp_path / f"{name}.safetensors", "--json", *extra)
+        assert r.returncode == 0, r.stderr
+        rep = json.loads(r.stdout)
+        assert rep["grid"] == [24] and rep["data_fit"]["samples"] == 32
+        assert rep["artifact"]["config"].get("causal", False) is (name == "gpt2")
+        assert min(row["hit_rate"] for row in rep["data_fit"]["layers"]) >= 0.9
+    r = cli("apply", tmp_path / "gpt2" / "model.safetensors", "--set-pe", "sincos", "--data", tmp_path / "ids.pt",
+            "--out", tmp_path / "g2.safetensors")
+    assert r.returncode == 2 and "pass --causal so that every offset lies in the past" in r.stderr
+    torch.save(torch.randint(0, 1000, (4, 24)), tmp_path / "big.pt")
+    r = cli("apply", tmp_path / "bert" / "model.safetensors", "--set-pe", "sincos", "--data", tmp_path / "big.pt",
+            "--out", tmp_path / "b2.safetensors")
+    assert r.returncode == 2 and "token ids must lie in 0..99" in r.stderr
+
+
 def test_a_1d_transformer_on_mnist1d_gets_the_fit_of_its_run(tmp_path, cli):
     from structinit.bench.attention import run_model
     from structinit.training.config import TrainConfig

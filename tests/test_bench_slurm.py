@@ -390,6 +390,8 @@ def test_a_grid_on_slurm_survives_requeue_and_the_time_limit_signal(cluster, tmp
     again = structinit("bench", "grid", "grid.toml", "--launcher", "slurm", cwd=tmp_path, env=env)
     assert again.returncode == 0 and "nothing to launch: 2 of 2 runs finished" in again.stdout
 
+    shared_fit(cluster, tmp_path / "shared")
+
     # A refused submission shows SLURM's message and leaves nothing. Asked of this cluster, in this
     # test: a second test using the cluster may run on another xdist worker, which would start a
     # second cluster on the same host beside this one.
@@ -402,3 +404,53 @@ def test_a_grid_on_slurm_survives_requeue_and_the_time_limit_signal(cluster, tmp
     assert lines[-1].startswith("error: SLURM refused the job: ") and "invalid partition" in lines[-1].lower()
     assert "Traceback" not in r.stderr
     assert not list((refused / "runs" / "slurm").iterdir())
+
+
+# 20 runs that differ only in their learning rate: the same model (seed 0) and the same first
+# training inputs, so the same impulse data fit. One step of training each: what is counted is fits.
+SHARED = """\
+name = "slurm-shared-fit"
+title = "Twenty runs of one model and batch"
+seeds = 1
+rows = "lr"
+[settings]
+model = "vit-digits"
+dataset = "digits"
+init = "impulse"
+init_params = { data_fit_samples = 16, data_fit = 100 }
+train_size = 16
+batch_size = 16
+epochs = 1
+warmup_epochs = 0
+""" + "".join(f'[[axes.lr]]\nid = "{i}"\nlr = {0.001 * (i + 1):.3f}\n' for i in range(20))
+
+
+def shared_fit(cluster, folder):
+    """A SLURM array of 20 tasks with one model seed and one batch fits once; the other tasks read
+    the fitted artifact the first wrote (under its lock), and every run starts from the same Q/K."""
+    folder.mkdir()
+    (folder / "grid.toml").write_text(SHARED)
+    cache = folder / "cache"
+    env = dict(cluster.env, STRUCTINIT_CACHE=str(cache))
+    r = structinit("bench", "grid", "grid.toml", "--launcher", "slurm", "--cpus", "1", "--json", cwd=folder, env=env)
+    assert r.returncode == 0, r.stderr
+    job = json.loads(r.stdout)["job_id"]
+    runs = [p for p in (folder / "runs").iterdir() if len(p.name) == 12]
+    assert len(runs) == 20
+    deadline = time.monotonic() + 2400
+    while squeue(cluster, job) and time.monotonic() < deadline:
+        for jid, state, reason in squeue(cluster, job):
+            if state == "PENDING" and "held" in reason.lower():
+                cluster.run("scontrol", "release", jid, check=False)
+        time.sleep(2)
+    states = [json.loads((run / "task.json").read_text())["state"] for run in runs if (run / "task.json").exists()]
+    assert states == ["finished"] * 20, f"{states}\n{cluster.diagnose(job)}"
+    fitted = [run for run in runs if "data fit: layer" in (run / "log.txt").read_text()]
+    assert len(fitted) == 1, [run.name for run in fitted]  # the others read what it wrote
+    assert len(list(cache.glob("*-fit-*.safetensors"))) == 1
+    keys = {json.loads((run / "config.json").read_text())["init_report"]["data_fit"]["artifact"]["key"]
+            for run in runs}
+    assert len(keys) == 1
+    cached = [json.loads((run / "config.json").read_text())["init_report"]["data_fit"]["artifact"]["cached"]
+              for run in runs]
+    assert sorted(cached) == [False] + [True] * 19

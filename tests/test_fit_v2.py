@@ -250,3 +250,75 @@ def test_the_fit_reports_each_layer_and_its_progress(digits):
                      progress=lambda d, n: steps.append((d, n)))
     assert [line.split(" on ")[0] for line in lines] == [f"data fit: layer {i} ({i + 1}/4)" for i in range(4)]
     assert steps[-1] == (24, 24) and [d for d, _ in steps] == sorted(d for d, _ in steps)
+
+
+LONG_FIT = """\
+name = "long-fit"
+title = "One run whose init fits for minutes"
+seeds = 1
+rows = "init"
+[settings]
+model = "vit-digits"
+dataset = "digits"
+train_size = 64
+epochs = 1
+[[axes.init]]
+id = "impulse"
+init = "impulse"
+init_params = { data_fit = 1000000 }
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGUSR2", "Ctrl-C"])
+def test_a_stop_request_ends_a_long_fit_within_two_seconds_and_leaves_the_run_to_start_afresh(tmp_path, how):
+    """A launcher's SIGTERM, SLURM's USR2 (to ``bench run``) and Ctrl-C (to ``train``) stop the init's
+    data fit at its next step: no run files, no fitted artifact, and the task says it was interrupted."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO
+
+    (tmp_path / "grid.toml").write_text(LONG_FIT)
+    env = dict(os.environ, PYTHONPATH=str(REPO), STRUCTINIT_CACHE=str(tmp_path / "cache"))
+    run = [sys.executable, "-m", "structinit"]
+    subprocess.run(run + ["bench", "grid", "grid.toml", "--launcher", "print"], cwd=tmp_path, env=env, check=True,
+                   capture_output=True)
+    folder = next(p for p in (tmp_path / "runs").iterdir() if len(p.name) == 12)
+    if how == "Ctrl-C":
+        out = tmp_path / "direct"
+        cmd = run + ["train", "--init", "impulse", "--init-param", "data_fit=1000000", "--train-size", "64",
+                     "--epochs", "1", "--out", str(out)]
+        sig, watch = signal.SIGINT, None
+    else:
+        out, cmd = folder, run + ["bench", "run", str(folder)]
+        sig, watch = getattr(signal, how), folder / "log.txt"
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started = time.monotonic()
+    while time.monotonic() - started < 300:  # until the fit has begun: it holds the lock of its fitted artifact
+        if list((tmp_path / "cache" / ".locks").glob("*-fit-*.lock")) and (watch is None or watch.exists()):
+            break
+        time.sleep(0.1)
+    assert time.monotonic() - started < 300, "the fit never started"
+    time.sleep(2.0)
+    assert proc.poll() is None, proc.communicate()
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - sent < 2.0 + 1.5  # the fit stops at its next step; +1.5 s for the interpreter's exit
+    assert not list((tmp_path / "cache").glob("*-fit-*.safetensors"))
+    if how == "Ctrl-C":
+        assert proc.returncode == 130 and err.strip().splitlines()[-1] == "error: interrupted"
+        assert not out.exists() or not any(out.iterdir())
+    else:
+        task = json.loads((folder / "task.json").read_text())
+        assert task["state"] == "interrupted"
+        assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == \
+            ["config.json", "heartbeat", "log.txt", "task.json"]
+        from structinit.training.rundir import RunDir
+
+        assert RunDir(folder).state == "fresh"  # nothing of the run was written: the next task starts it afresh
