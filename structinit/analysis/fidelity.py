@@ -197,15 +197,14 @@ def centre_query(grid) -> int:
 
 def report_settings(report: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
     """What an init report (``initialize_model``'s) says about the structure to look for:
-    ``offsets`` (``{layer: [heads, 2]}``; ``None`` unless the init is an impulse one), ``filter`` and
-    ``padding`` of the solve (``None``/``"zero"`` without one) and ``method`` (``None`` for the
-    model's own init)."""
-    from structinit.init.specs import IMPULSE_METHODS
-
+    ``offsets`` (``{layer: [heads, 2]}``; ``None`` unless the init solved impulse offsets, i.e. every
+    layer of its report gives them), ``filter`` and ``padding`` of the solve (``None``/``"zero"``
+    without one) and ``method`` (``None`` for the model's own init)."""
     if report is None:
         return {"method": None, "offsets": None, "filter": None, "padding": "zero"}
     method = report.get("method")
-    if method not in IMPULSE_METHODS:
+    rows = report.get("layers")
+    if not rows or not all(isinstance(r, Mapping) and "offsets" in r for r in rows) or "grid" not in report:
         return {"method": method, "offsets": None, "filter": None, "padding": "zero"}
     solved = (report.get("artifact") or {}).get("config") or {}
     return {"method": method, "offsets": offsets_from_report(report), "filter": int(solved.get("filter", 3)),

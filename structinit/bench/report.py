@@ -31,7 +31,9 @@ from structinit.errors import UsageError, param
 
 @dataclass
 class RunResult:
-    """One cell's run as the report sees it. Accuracies in %; ``metrics``: the epoch records."""
+    """One cell's run as the report sees it. Accuracies in %; ``metrics``: the epoch records;
+    ``algorithms``: the versions of the algorithms its init computed with, as the run recorded
+    them (:func:`algorithms_text`; ``None`` for a run made before runs recorded them)."""
 
     key: str
     row: str
@@ -49,6 +51,7 @@ class RunResult:
     wall_seconds: Optional[float] = None
     metrics: List[Dict[str, Any]] = field(default_factory=list)
     problem: Optional[str] = None
+    algorithms: Optional[str] = None
 
     def to_dict(self, metrics: bool = False) -> Dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k != "metrics"}
@@ -158,6 +161,8 @@ def read_run(ex: Expansion, cell: Cell) -> RunResult:
     st = run_status(path)
     r = RunResult(cell.key, cell.row, tuple(cell.column), cell.seed, st.state)
     cfg = _read_json(path / "config.json") or {}
+    if isinstance(cfg.get("algorithms"), dict):
+        r.algorithms = algorithms_text(cfg["algorithms"])
     resolved = cfg.get("resolved") or {}
     r.train_images = resolved.get("train_images")
     r.epochs_expected = (resolved.get("hparams") or {}).get("epochs")
@@ -182,6 +187,27 @@ def read_run(ex: Expansion, cell: Cell) -> RunResult:
     elif metrics and metrics[-1].get("test_acc") != r.final_acc:
         r.problem = "final_acc differs from the last epoch's test accuracy"
     return r
+
+
+def algorithms_text(algorithms: Dict[str, Any]) -> str:
+    """A run's recorded algorithm versions in one line: ``data fit 2, recipe fast 1`` (``none``
+    for an init of its own, such as trunc normal)."""
+    return ", ".join(f"{name} {algorithms[name]}" for name in sorted(algorithms)) or "none"
+
+
+def check_versions(runs: List[RunResult], grid: str) -> None:
+    """Refuse a table whose row pools finished runs made with different algorithm versions (a run
+    made before runs recorded them counts as ``not recorded``): their mean would mix two methods."""
+    by_row: Dict[str, Dict[str, List[int]]] = {}
+    for r in runs:
+        if r.final_acc is not None:
+            by_row.setdefault(r.row, {}).setdefault(r.algorithms or "not recorded", []).append(r.seed)
+    for row, found in by_row.items():
+        if len(found) > 1:
+            what = "; ".join(f"{v} (seeds {','.join(map(str, sorted(set(seeds))))})"
+                             for v, seeds in sorted(found.items()))
+            raise UsageError(f"grid {grid}, row {row}: its runs were made with different algorithm versions ({what}); "
+                             f"pool them only on purpose, with {param('mixed_versions')}")
 
 
 def _ranges(xs: List[Any]) -> str:
@@ -236,17 +262,20 @@ def read_runs_csv(path: os.PathLike) -> Dict[str, RunResult]:
                 final_acc=num(r["final_acc"]), best_acc=num(r.get("best_acc")),
                 best_epoch=num(r.get("best_epoch"), int), best_on=r.get("best_on") or None,
                 final_val_acc=num(r.get("final_val_acc")), epochs=num(r.get("epochs"), int),
-                train_images=num(r.get("train_images"), int), wall_seconds=num(r.get("wall_seconds")))
+                train_images=num(r.get("train_images"), int), wall_seconds=num(r.get("wall_seconds")),
+                algorithms=r.get("algorithms") or None)
         except ValueError:
             raise UsageError(f"{param('runs_csv')} {path}:{i}: not a number in {r}") from None
     return out
 
 
-def collect(ex: Expansion, earlier: Optional[Dict[str, RunResult]] = None) -> GridReport:
+def collect(ex: Expansion, earlier: Optional[Dict[str, RunResult]] = None,
+            mixed_versions: bool = False) -> GridReport:
     """Read every run of ``ex`` and aggregate the cells (unfinished runs are counted, not hidden).
     ``earlier``: results of runs whose folders are gone, by run key (:func:`read_runs_csv`); a run
     not finished in the folder is taken from there when its key is (the key is the run's whole
-    configuration, so it is the same run)."""
+    configuration, so it is the same run). A row whose runs recorded different algorithm versions
+    is refused (:func:`check_versions`) unless ``mixed_versions``."""
     runs = [read_run(ex, c) for c in ex.cells]
     if earlier:
         for i, (cell, r) in enumerate(zip(ex.cells, runs)):
@@ -255,6 +284,8 @@ def collect(ex: Expansion, earlier: Optional[Dict[str, RunResult]] = None) -> Gr
                 runs[i] = dataclasses.replace(old, row=cell.row, column=tuple(cell.column), seed=cell.seed,
                                               epochs_expected=r.epochs_expected, metrics=[])
     spec = ex.spec
+    if not mixed_versions:
+        check_versions(runs, spec.name)
     by_cell: Dict[Tuple[str, Tuple[str, ...]], List[RunResult]] = {}
     for r in runs:
         by_cell.setdefault((r.row, r.column), []).append(r)
@@ -416,12 +447,12 @@ def runs_csv(reports: List[GridReport]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["grid", "key", "row_id", "column_id", "seed", "state", "final_acc", "best_acc", "best_epoch",
-                "best_on", "final_val_acc", "epochs", "train_images", "wall_seconds", "problem"])
+                "best_on", "final_val_acc", "epochs", "train_images", "wall_seconds", "problem", "algorithms"])
     for rep in reports:
         for r in rep.runs:
             w.writerow([rep.spec.name, r.key, r.row, "/".join(r.column), r.seed, r.state, _csv(r.final_acc),
                         _csv(r.best_acc), r.best_epoch or "", r.best_on or "", _csv(r.final_val_acc), r.epochs or "",
-                        r.train_images or "", r.wall_seconds or "", r.problem or ""])
+                        r.train_images or "", r.wall_seconds or "", r.problem or "", r.algorithms or ""])
     return buf.getvalue()
 
 
@@ -431,7 +462,8 @@ def _csv(x: Optional[float]) -> str:
 
 # --------------------------------------------------------------------------- sources
 
-def reports_for_folder(runs_dir: os.PathLike, grid: Optional[str] = None) -> List[GridReport]:
+def reports_for_folder(runs_dir: os.PathLike, grid: Optional[str] = None,
+                       mixed_versions: bool = False) -> List[GridReport]:
     """Reports of every grid recorded in ``runs_dir`` (or of the one named ``grid``); a folder of
     runs made without a grid (e.g. by ``structinit train``) is reported as one table of its runs."""
     folder = Path(runs_dir)
@@ -440,8 +472,8 @@ def reports_for_folder(runs_dir: os.PathLike, grid: Optional[str] = None) -> Lis
     expansions = pick_manifest(load_manifests(folder), grid)
     if not expansions:
         ex = loose_runs(folder)
-        return [collect(ex)]
-    return [collect(ex) for ex in expansions]
+        return [collect(ex, mixed_versions=mixed_versions)]
+    return [collect(ex, mixed_versions=mixed_versions) for ex in expansions]
 
 
 def loose_runs(folder: Path) -> Expansion:

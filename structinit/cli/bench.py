@@ -320,6 +320,8 @@ def bench_report(
                                         "its run key, without its per-epoch curve. With a grid.")] = [],  # noqa: B006
     baseline: Annotated[Optional[str], Opt("--baseline", help="The row (init id) the differences are paired "
                                            "against. With a grid.", show_default="the grid's")] = None,
+    mixed_versions: Annotated[bool, Opt("--mixed-versions", help="Pool the runs of a row even where they recorded "
+                                        "different algorithm versions (refused otherwise).")] = False,
     json_out: JsonOut = False,
 ):
     """Turn whatever runs have finished into the paper's tables (markdown, CSV, JSON) and figures.
@@ -339,7 +341,7 @@ def bench_report(
         if overrides or seeds is not None or only or runs_csv or baseline:
             raise UsageError("--set, --seeds, --only, --runs-csv and --baseline apply to a grid; with a folder the "
                              "grids recorded in it are reported")
-        reports = reports_for_folder(Path(target).expanduser(), grid_name)
+        reports = reports_for_folder(Path(target).expanduser(), grid_name, mixed_versions)
     else:
         spec = load_grid(target)
         if baseline is not None:
@@ -356,7 +358,7 @@ def bench_report(
         if not out.is_dir() and not earlier:
             raise UsageError(f"no runs: {out} does not exist (launch the grid with structinit bench grid {target} "
                              f"--out {out})")
-        reports = [collect(ex, earlier)]
+        reports = [collect(ex, earlier, mixed_versions)]
     if not earlier and not any(r.ex.run_dir(c).is_dir() for r in reports for c in r.ex.cells):
         raise UsageError(f"no runs of {target} in {reports[0].ex.runs_dir} yet; launch them with structinit bench "
                          "grid")

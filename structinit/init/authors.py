@@ -126,6 +126,14 @@ class _AuthorsInit(InitSpec):
             raise UsageError(f"{self.method} writes the model's position embedding, but the model has no pos_embed "
                              "tensor")
 
+    #: The solver recipe this init computes with.
+    recipe: ClassVar[str] = ""
+
+    def algorithms(self) -> Dict[str, int]:
+        from structinit.solver.recipes import RECIPE_VERSIONS
+
+        return {f"recipe {self.recipe}": RECIPE_VERSIONS[self.recipe]}
+
     def _summary(self, t, reset: List[str]) -> Dict[str, Any]:
         return {"method": self.method, "paper": self.paper, "layout": t.layout, "grid": list(t.grid), "dim": t.dim,
                 "heads": t.heads, "params": self.params(), "padding": "zero", "causal": False,
@@ -153,6 +161,7 @@ class Impulse2024Init(_AuthorsInit):
     """
 
     method = "impulse-2024"
+    recipe = "released"
     paper = PAPER_2024
     writes = ("model: every module with reset_parameters() (PyTorch defaults); pos_embed (sin-cos, frozen); "
               "Q/K rows")
@@ -238,6 +247,7 @@ class Impulse2025Init(_AuthorsInit):
     """
 
     method = "impulse-2025"
+    recipe = "authors-2025"
     paper = PAPER_2025
     writes = ("model: every module with reset_parameters() (PyTorch defaults); pos_embed (18 x random, learnable); "
               "Q/K rows; V and output projection")

@@ -110,13 +110,24 @@ class InitSpec:
         """Every parameter, defaults included (containers copied)."""
         return {f.name: _copy(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
+    def algorithms(self) -> Dict[str, int]:
+        """The versions of the algorithms this init computes with (a solver recipe, the data fit):
+        ``{name: version}``, empty for an init that computes nothing of structinit's own."""
+        return {}
+
     def to_dict(self) -> Dict[str, Any]:
-        """``{"method": NAME, "params": {...}}``: the spec as one axis value of a comparison grid."""
+        """``{"method": NAME, "params": {...}}``: the spec as one axis value of a comparison grid;
+        with ``"algorithms"`` where one of :meth:`algorithms` is past version 1 (run keys made
+        before versions existed are version 1, and keep their keys)."""
         params = self.params()
         for f in dataclasses.fields(self):
             if f.name in self.optional_defaults and params[f.name] == self.legacy_defaults.get(f.name, f.default):
                 del params[f.name]
-        return {"method": self.method, "params": params}
+        out = {"method": self.method, "params": params}
+        newer = {name: v for name, v in self.algorithms().items() if v != 1}
+        if newer:
+            out["algorithms"] = newer
+        return out
 
     def canonical_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))

@@ -180,13 +180,26 @@ class ImpulseInit(InitSpec):
             out["artifact"] = str(self.artifact.path) if self.artifact.path else self.artifact.key
         return out
 
+    def algorithms(self) -> Dict[str, int]:
+        """The solve recipe's version and, with a data fit, the fit's (``data_fit_version``)."""
+        from structinit.solver.recipes import RECIPE_VERSIONS
+
+        out = {f"recipe {self.recipe}": RECIPE_VERSIONS[self.recipe]}
+        if self.data_fit:
+            out["data fit"] = self.data_fit_version
+        return out
+
     def to_dict(self) -> Dict[str, Any]:
         """As :meth:`InitSpec.to_dict`; without a data fit (``data_fit=0``) its version and step
-        size are left out, as they change nothing."""
+        size are left out, as they change nothing (the fit's version is a parameter, so it is not
+        repeated under ``algorithms``)."""
         out = super().to_dict()
         if not self.data_fit:
             for name in ("data_fit_version", "data_fit_batch"):
                 out["params"].pop(name, None)
+        newer = {k: v for k, v in out.pop("algorithms", {}).items() if k != "data fit"}
+        if newer:
+            out["algorithms"] = newer
         return out
 
     def planned(self, slot) -> List[str]:

@@ -20,7 +20,7 @@ from structinit.solver.recipes import check_recipe, recipe_params
 FORMAT = "structinit/1"
 KEY_LENGTH = 12
 #: Settings newer than the format: written into the config (and the key) only when not at these defaults.
-OPTIONAL_DEFAULTS: Dict[str, Any] = {"causal": False, "pos_embed": None}
+OPTIONAL_DEFAULTS: Dict[str, Any] = {"causal": False, "pos_embed": None, "algorithm": 1}
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,9 @@ class SolveConfig:
     :func:`embedding_digest` of another position embedding ``[N, D]`` that takes its place (a
     model's own, e.g. a learned one; the solve is then given the array, and the artifact stores
     the pseudo input made from it). ``pos_embed`` is left out of the canonical JSON when ``None``,
-    so the keys of sin-cos solves do not depend on it.
+    so the keys of sin-cos solves do not depend on it. ``algorithm``: the recipe's version
+    (:data:`~structinit.solver.recipes.RECIPE_VERSIONS`; ``None``: the current one), left out of the
+    key at 1.
     """
 
     grid: Grid
@@ -58,11 +60,19 @@ class SolveConfig:
     seed: int = 0
     pos_embed: Optional[str] = None
     causal: bool = False
+    algorithm: Optional[int] = None
 
     def __post_init__(self):
+        from structinit.solver.recipes import RECIPE_VERSIONS
+
         object.__setattr__(self, "grid", Grid(self.grid))
         validate_shape(self.grid, self.dim, self.heads, self.filter, self.layers)
         check_recipe(self.recipe)
+        if self.algorithm is None:
+            object.__setattr__(self, "algorithm", RECIPE_VERSIONS[self.recipe])
+        if not isinstance(self.algorithm, int) or isinstance(self.algorithm, bool) or self.algorithm < 1:
+            raise UsageError(f"{param('algorithm')} must be a positive integer (a recipe's version), got "
+                             f"{self.algorithm!r}")
         object.__setattr__(self, "params", recipe_params(self.recipe, self.params))
         check_choice("pseudo_input", self.pseudo_input, PSEUDO_INPUTS)
         if self.pseudo_input_rest is not None:
@@ -106,8 +116,11 @@ class SolveConfig:
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "SolveConfig":
+        """Inverse of :meth:`to_dict`; a dict without ``algorithm`` is version 1 (made before versions
+        were recorded), whatever the recipe's version is now."""
         d = {k: v for k, v in d.items() if k != "format"}
         d["grid"] = Grid(d["grid"])
+        d.setdefault("algorithm", 1)
         return cls(**d)
 
     def canonical_json(self) -> str:

@@ -25,6 +25,11 @@ RECIPE_DEFAULTS: Dict[str, Dict[str, Any]] = {
     "authors-2025": {"logit": 1000.0, "noise_scale": 3.0, "noise_std": 0.6, "noise_bound": 2.0, "qk_scale": 7.0},
 }
 RECIPES = tuple(RECIPE_DEFAULTS)
+#: The algorithm version of each recipe. A change to what a recipe computes (not only to how fast)
+#: needs a new number: it enters the artifact key (``SolveConfig.algorithm``) and the run key of
+#: every init that solves with it, so results of one version are never taken for another's.
+#: Version 1 is left out of keys (every key made before versions existed is version 1).
+RECIPE_VERSIONS: Dict[str, int] = {name: 1 for name in RECIPE_DEFAULTS}
 DEFAULT_RECIPE = "fast"
 #: Parameters that may be zero (all others must be positive).
 NON_NEGATIVE = ("ridge",)

@@ -172,6 +172,12 @@ def compute(config: SolveConfig, device: str = "auto", progress: Optional[Callab
     """
     import torch
 
+    from structinit.solver.recipes import RECIPE_VERSIONS
+
+    if config.algorithm != RECIPE_VERSIONS[config.recipe]:
+        raise UsageError(f"the config asks for version {config.algorithm} of recipe {config.recipe!r}, and this "
+                         f"structinit computes version {RECIPE_VERSIONS[config.recipe]} (an artifact of another "
+                         "version can be read, not solved again)")
     set_threads(threads)
     from structinit.solver.algorithms import SOLVERS, distinct_heads
 

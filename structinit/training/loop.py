@@ -417,6 +417,7 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
             run.write_config({"config": config.to_dict(), "key": key, "resolved": resolved,
                               "init": spec.to_dict() if spec is not None else None, "init_report": init_report,
                               "init_seconds": None if init_seconds is None else round(init_seconds, 3),
+                              "algorithms": spec.algorithms() if spec is not None else {},
                               "version": __version__})
             # the checkpoint is the truth: drop epochs it does not have (the epoch-0 line is the init's, rebuilt)
             run.write_metrics(([init_record] if init_record else []) + metrics)
