@@ -51,6 +51,8 @@ def build_app() -> typer.Typer:
     bench_app.command("solver", epilog=bench.SOLVER_EXAMPLES)(handle_errors(bench.bench_solver, solve.ALIASES))
     bench_app.command("exactness", epilog=exactness.EXAMPLES)(handle_errors(exactness.bench_exactness,
                                                                             {"padding": "--paddings"}))
+    bench_app.command("fit", epilog=bench.FIT_EXAMPLES)(handle_errors(bench.bench_fit))
+    bench_app.command("loop", epilog=bench.LOOP_EXAMPLES)(handle_errors(bench.bench_loop))
     bench_app.command("grid", epilog=bench.GRID_EXAMPLES)(handle_errors(bench.bench_grid, bench.ALIASES))
     bench_app.command("report", epilog=bench.REPORT_EXAMPLES)(handle_errors(bench.bench_report, bench.ALIASES))
     bench_app.command("run", epilog=bench.RUN_EXAMPLES)(handle_errors(bench.bench_run, bench.ALIASES))

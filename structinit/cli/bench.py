@@ -95,6 +95,80 @@ def bench_solver(
         typer.echo(solver_bench_table(result))
 
 
+FIT_EXAMPLES = examples(
+    'structinit bench fit --model vit-digits --dataset digits --versions 1,2 --threads 1   # real digits',
+    'structinit bench fit --model vit-t --image-size 32 --in-chans 3 --threads 1          # ViT-T shape, noise',
+)
+
+
+def bench_fit(
+    model: Annotated[str, typer.Option("--model", help="A ViT preset (see structinit train --help).")] = "vit-digits",
+    dataset: Annotated[Optional[str], typer.Option("--dataset", help="Real inputs: an in-memory image dataset "
+                                                   "(digits, fashion-mnist, ...); without it, noise images.",
+                                                   show_default="noise")] = None,
+    image_size: Annotated[Optional[int], typer.Option("--image-size", min=1, help="Noise images: side.",
+                                                      show_default="32")] = None,
+    in_chans: Annotated[Optional[int], typer.Option("--in-chans", min=1, help="Noise images: channels.",
+                                                    show_default="3")] = None,
+    versions: Annotated[str, typer.Option("--versions", help="Data fit versions to time, comma-separated.")] = "2",
+    samples: Annotated[int, typer.Option("--samples", min=1, help="Inputs the fit gets.")] = 256,
+    train_steps: Annotated[int, typer.Option("--train-steps", min=1, help="Training steps (batch 64) timed as the "
+                                             "unit.")] = 10,
+    seed: Seed = 0,
+    threads: Threads = None,
+    json_out: JsonOut = False,
+):
+    """Time the default impulse init with its data fit against training steps of the same model."""
+    from structinit.bench.fit import fit_bench_table, run_fit_bench
+    from structinit.errors import UsageError
+    from structinit.runtime import use_threads
+
+    if dataset is not None and (image_size is not None or in_chans is not None):
+        raise UsageError("--image-size and --in-chans shape the noise images; --dataset has its own")
+    try:
+        wanted = [int(v) for v in versions.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"--versions takes comma-separated integers, got {versions!r}") from None
+    use_threads(threads)
+    with Progress("bench fit", enabled=not json_out) as bar:
+        result = run_fit_bench(model, dataset=dataset, image_size=image_size or 32, in_chans=in_chans or 3,
+                               versions=wanted,
+                               samples=samples, train_steps=train_steps, seed=seed, progress=bar.stage)
+    if json_out:
+        emit_json(result)
+    else:
+        typer.echo(fit_bench_table(result))
+
+
+LOOP_EXAMPLES = examples(
+    'structinit bench loop --model vit-digits --dataset digits --threads 1',
+)
+
+
+def bench_loop(
+    model: Annotated[str, typer.Option("--model", help="A preset (see structinit train --help).")] = "vit-digits",
+    dataset: Annotated[str, typer.Option("--dataset", help="An in-memory dataset.")] = "digits",
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", min=1, help="Batch size.")] = 64,
+    epochs: Annotated[int, typer.Option("--epochs", "-e", min=1, help="Epochs a repeat.")] = 2,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Repeats of each loop, alternating.")] = 3,
+    seed: Seed = 0,
+    threads: Threads = None,
+    json_out: JsonOut = False,
+):
+    """Images per second of train's epoch loop against a bare PyTorch loop of the same recipe."""
+    from structinit.bench.fit import loop_bench_table, run_loop_bench
+    from structinit.runtime import use_threads
+
+    use_threads(threads)
+    with Progress("bench loop", enabled=not json_out) as bar:
+        result = run_loop_bench(model, dataset, batch_size=batch_size, epochs=epochs, repeats=repeats, seed=seed,
+                                progress=bar.stage)
+    if json_out:
+        emit_json(result)
+    else:
+        typer.echo(loop_bench_table(result))
+
+
 # --------------------------------------------------------------------------- bench grid / report / run
 
 GRID_EXAMPLES = examples(

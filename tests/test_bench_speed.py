@@ -1,0 +1,46 @@
+"""``structinit bench fit`` and ``bench loop``: what they time and report (their numbers are
+measurements for docs/bench-fit.md, not asserted here), and their refusals."""
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_bench_fit_times_each_version_against_training_steps(cli):
+    r = cli("bench", "fit", "--dataset", "digits", "--versions", "2", "--samples", "16", "--train-steps", "1",
+            "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["shape"] == {"preset": "vit-digits", "grid": [8, 8], "dim": 64, "heads": 4, "depth": 4,
+                            "inputs": "digits", "threads": 1}
+    (row,) = doc["rows"]
+    assert row["version"] == 2 and row["samples"] == 16 and row["step_images"] == 16
+    assert row["seconds"] >= row["fit_seconds"] > 0 and doc["train_step_seconds"] > 0
+    assert row["train_steps"] == pytest.approx(row["seconds"] / doc["train_step_seconds"])
+    assert 0.5 < row["min_layer_hit_rate"] <= row["hit_rate"] <= 1
+    text = cli("bench", "fit", "--model", "vit-digits", "--image-size", "8", "--in-chans", "1", "--samples", "8",
+               "--train-steps", "1")
+    assert text.returncode == 0 and "inputs noise [8, 1, 8, 8]" in text.stdout and " -" in text.stdout
+
+
+def test_bench_loop_compares_trains_loop_with_a_bare_one(cli):
+    r = cli("bench", "loop", "--epochs", "1", "--repeats", "2", "--batch-size", "256", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert len(doc["bare"]) == len(doc["train_epoch"]) == len(doc["ratio"]) == 2
+    assert doc["ratio"] == pytest.approx([o / b for o, b in zip(doc["train_epoch"], doc["bare"])])
+    assert all(v > 0 for v in doc["bare"] + doc["train_epoch"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["fit", "--versions", "3"], "versions must be among 1, 2, got 3"),
+    (["fit", "--versions", "two"], "--versions takes comma-separated integers, got 'two'"),
+    (["fit", "--dataset", "digits", "--image-size", "8"], "--image-size and --in-chans shape the noise images"),
+    (["fit", "--dataset", "mnist1d"], "the fit benchmark takes an in-memory image dataset"),
+    (["loop", "--batch-size", "5000"], "--batch-size 5000 is larger than the 1437 training images of digits"),
+])
+def test_bad_benchmark_settings_are_one_line(cli, args, message):
+    r = cli("bench", *args)
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
