@@ -14,7 +14,7 @@ def test_bench_fit_times_each_version_against_training_steps(cli):
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["shape"] == {"preset": "vit-digits", "grid": [8, 8], "dim": 64, "heads": 4, "depth": 4,
-                            "inputs": "digits", "threads": 1}
+                            "inputs": "digits", "threads": 1, "device": "cpu"}
     (row,) = doc["rows"]
     assert row["version"] == 2 and row["samples"] == 16 and row["step_images"] == 16
     assert row["seconds"] >= row["fit_seconds"] > 0 and doc["train_step_seconds"] > 0

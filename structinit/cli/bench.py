@@ -115,6 +115,7 @@ def bench_fit(
     train_steps: Annotated[int, typer.Option("--train-steps", min=1, help="Training steps (batch 64) timed as the "
                                              "unit.")] = 10,
     seed: Seed = 0,
+    device: Device = "cpu",
     threads: Threads = None,
     json_out: JsonOut = False,
 ):
@@ -132,8 +133,8 @@ def bench_fit(
     use_threads(threads)
     with Progress("bench fit", enabled=not json_out) as bar:
         result = run_fit_bench(model, dataset=dataset, image_size=image_size or 32, in_chans=in_chans or 3,
-                               versions=wanted,
-                               samples=samples, train_steps=train_steps, seed=seed, progress=bar.stage)
+                               versions=wanted, samples=samples, train_steps=train_steps, seed=seed, device=device,
+                               progress=bar.stage)
     if json_out:
         emit_json(result)
     else:
@@ -152,6 +153,9 @@ def bench_loop(
     epochs: Annotated[int, typer.Option("--epochs", "-e", min=1, help="Epochs a repeat.")] = 2,
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Repeats of each loop, alternating.")] = 3,
     seed: Seed = 0,
+    device: Device = "cpu",
+    amp: Annotated[str, typer.Option("--amp", help="Mixed precision, as train's: auto (bf16/fp16 on a GPU, off on "
+                                     "the CPU), bf16, fp16 or off.")] = "auto",
     threads: Threads = None,
     json_out: JsonOut = False,
 ):
@@ -162,7 +166,7 @@ def bench_loop(
     use_threads(threads)
     with Progress("bench loop", enabled=not json_out) as bar:
         result = run_loop_bench(model, dataset, batch_size=batch_size, epochs=epochs, repeats=repeats, seed=seed,
-                                progress=bar.stage)
+                                device=device, amp=amp, progress=bar.stage)
     if json_out:
         emit_json(result)
     else:

@@ -1,6 +1,7 @@
 """Datasets for ``structinit train``: what they are, where they live on disk, and how to load them.
 
-Small image datasets (``digits``, ``synthetic``, ``cifar10``, ``cifar100``, ``svhn``) load whole
+Small image datasets (``digits``, ``synthetic``, ``fashion-mnist``, ``cifar10``, ``cifar100``,
+``svhn``) load whole
 into memory as uint8 images ``[N, C, H, W]`` and int64 labels ``[N]``, so training can keep them on
 the GPU and augment there. ``imagefolder`` (ImageNet layout) streams from disk through a
 DataLoader. Sequence datasets (``mnist1d``) load as float32 sequences ``[N, C, L]``, already
@@ -66,7 +67,18 @@ DATASETS: Dict[str, DatasetInfo] = {
     # MNIST-1D (Greydanus): mnist1d's make_dataset() with its default arguments, 4000 train / 1000 test
     # sequences of 40 values, 10 classes; standardized by the package itself.
     "mnist1d": DatasetInfo("mnist1d", 10, 40, 1, (0.0,), (1.0,), 1, False, "none", kind="sequence"),
+    # Fashion-MNIST (Xiao et al.): the original IDX files, 60,000 train / 10,000 test 28x28 grayscale
+    # images of 10 clothing classes. Mean and std of the 60,000 training images (pixels / 255). Random
+    # crops (4-pixel zero padding) and horizontal flips: every class keeps its label in a mirror image
+    # (a shoe pointing right is still a sneaker); the test images are never augmented.
+    "fashion-mnist": DatasetInfo("fashion-mnist", 10, 28, 1, (0.2860,), (0.3530,), 4, True, "crop-flip"),
 }
+#: Where Debian's dataset-fashion-mnist package puts the original files.
+FASHION_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
+FASHION_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+                 "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                   "Ankle boot"]
 #: Datasets whose positions may be shuffled (one fixed permutation of the sequence axis).
 SHUFFLABLE = ("mnist1d",)
 
@@ -189,6 +201,11 @@ def load_dataset(name: str, data_dir: Optional[os.PathLike] = None, download: bo
         return _digits(info)
     if name == "synthetic":
         return _synthetic(info)
+    if name == "fashion-mnist":
+        if download:
+            raise UsageError(f"{param('download')} is not available for fashion-mnist: install Debian's "
+                             f"dataset-fashion-mnist, or put the original files in {param('data_dir')}")
+        return _fashion_mnist(info, data_dir)
     root = Path(data_dir) if data_dir is not None else default_data_dir()
     if name == "imagefolder":
         if download:
@@ -279,6 +296,79 @@ def _mnist1d(info: DatasetInfo, shuffle_seq: bool) -> Data:
                            torch.from_numpy(np.asarray(y, dtype=np.int64)))
 
     return Data(info, split(d["x"], d["y"]), split(d["x_test"], d["y_test"]), [str(i) for i in range(10)])
+
+
+def read_idx(path: Path, magic: int, dims: int):
+    """The array in an IDX file (gzipped when its name ends in ``.gz``): big-endian ``magic`` (2051 for
+    uint8 images, 2049 for uint8 labels), ``dims`` big-endian sizes, then the bytes. A wrong magic
+    number, a file shorter or longer than its sizes say, or one that is not gzip when named so is a
+    :class:`UsageError` naming the file."""
+    import gzip
+    import zlib
+
+    try:
+        raw = path.read_bytes()
+        if path.suffix == ".gz":
+            raw = gzip.decompress(raw)
+    except (OSError, EOFError, zlib.error) as exc:  # gzip raises BadGzipFile (an OSError), EOFError, zlib errors
+        raise UsageError(f"{path}: not a readable IDX file ({exc})") from None
+    head = 4 * (1 + dims)
+    if len(raw) < head:
+        raise UsageError(f"{path}: truncated: {len(raw)} bytes, shorter than an IDX header")
+    found = int.from_bytes(raw[:4], "big")
+    if found != magic:
+        raise UsageError(f"{path}: magic number {found}, expected {magic} (an IDX file of "
+                         f"{'images' if magic == 2051 else 'labels'})")
+    sizes = [int.from_bytes(raw[4 * (i + 1):4 * (i + 2)], "big") for i in range(dims)]
+    want = int(np.prod(sizes))
+    if len(raw) - head != want:
+        raise UsageError(f"{path}: {len(raw) - head} bytes of data, but its header says {'x'.join(map(str, sizes))} "
+                         f"= {want} ({'truncated' if len(raw) - head < want else 'extra bytes'})")
+    return np.frombuffer(raw, dtype=np.uint8, offset=head).reshape(sizes)
+
+
+def fashion_files(data_dir: Optional[os.PathLike] = None) -> Dict[str, Path]:
+    """The four Fashion-MNIST files, gzipped or not: in ``data_dir`` (or its ``fashion-mnist``
+    folder) when given, else where Debian's ``dataset-fashion-mnist`` puts them. A missing file is a
+    :class:`UsageError` that says how to get them."""
+    if data_dir is not None:
+        roots = [Path(data_dir), Path(data_dir) / "fashion-mnist"]
+        if Path(data_dir).exists() and not Path(data_dir).is_dir():
+            raise UsageError(f"{param('data_dir')} {data_dir} is a file, not a directory")
+    else:
+        roots = [FASHION_SYSTEM_DIR]
+    found: Dict[str, Path] = {}
+    for split in ("train", "test"):
+        for kind, stem in zip(("images", "labels"), FASHION_FILES[split]):
+            hits = [r / (stem + ext) for r in roots for ext in (".gz", "") if (r / (stem + ext)).is_file()]
+            if not hits:
+                where = " or ".join(str(r) for r in roots)
+                raise UsageError(f"fashion-mnist: {stem}(.gz) not found in {where}. Install Debian's package "
+                                 f"(apt-get install dataset-fashion-mnist), or put the original files "
+                                 f"(train-images-idx3-ubyte.gz, ...) in a folder given as {param('data_dir')}")
+            found[f"{split}_{kind}"] = hits[0]
+    return found
+
+
+def _fashion_mnist(info: DatasetInfo, data_dir) -> Data:
+    import torch
+
+    files = fashion_files(data_dir)
+    splits = {}
+    for split in ("train", "test"):
+        x = read_idx(files[f"{split}_images"], 2051, 3)
+        y = read_idx(files[f"{split}_labels"], 2049, 1)
+        if x.shape[0] != y.shape[0]:
+            raise UsageError(f"fashion-mnist: {files[f'{split}_images'].name} has {x.shape[0]} images but "
+                             f"{files[f'{split}_labels'].name} has {y.shape[0]} labels")
+        if x.shape[1:] != (28, 28):
+            raise UsageError(f"fashion-mnist: {files[f'{split}_images'].name} holds {x.shape[1]}x{x.shape[2]} images, "
+                             "not 28x28")
+        if y.size and int(y.max()) >= 10:
+            raise UsageError(f"fashion-mnist: {files[f'{split}_labels'].name} has label {int(y.max())}; the classes "
+                             "are 0-9")
+        splits[split] = TensorSplit(torch.from_numpy(x.copy()).unsqueeze(1), torch.from_numpy(y.astype(np.int64)))
+    return Data(info, splits["train"], splits["test"], list(FASHION_CLASSES))
 
 
 def _expected_message(name: str, root: Path, missing) -> str:

@@ -34,6 +34,10 @@ VIT_PRESETS: Dict[str, Dict[str, Any]] = {
     "vit-d8": dict(depth=8, dim=256, heads=4),
     # The CPU-scale grid: scikit-learn's 8x8 digits, patch 1 (64 tokens).
     "vit-digits": dict(depth=4, dim=64, heads=4, mlp_ratio=2.0, patch=1),
+    # Fashion-MNIST (28x28): sized to train on a CPU; patch 4 (7x7 = 49 tokens) and the same ViT at
+    # patch 2 (14x14 = 196 tokens, the paper's scale of tokens).
+    "vit-fashion": dict(depth=4, dim=64, heads=4, mlp_ratio=2.0, patch=4),
+    "vit-fashion-196": dict(depth=4, dim=64, heads=4, mlp_ratio=2.0, patch=2),
     # Table 1 variants of ViT-T.
     "vit-t-cls": dict(depth=12, dim=192, heads=3, pool="token"),
     "vit-t-learned-pe": dict(depth=12, dim=192, heads=3, pos_embed="learned"),
