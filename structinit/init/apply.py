@@ -222,6 +222,15 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
         reports.append(spec.apply(view, seed=seed, cache_dir=cache_dir, device=device, **extra))
 
     report = reports[0]
+    from structinit.init.impulse import structure_warning
+
+    weak = structure_warning(report) if spec.method == "impulse" else None
+    if weak:
+        import warnings
+
+        from structinit.errors import StructinitWarning
+
+        warnings.warn(StructinitWarning(f"impulse: {weak}"), stacklevel=2)
     rows = {r["layer"]: r for r in report["layers"]}
     if spec.method != "impulse" and first.grid is not None:
         measured = describe_state_dict(ckpt.state_dicts[0][1], det, first.heads, first.grid)

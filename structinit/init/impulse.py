@@ -22,6 +22,52 @@ from structinit.init.baselines import generator
 from structinit.init.mimetic import mimetic_v_proj, vproj_keys
 from structinit.solver.recipes import check_recipe, recipe_params
 
+#: What the data fit runs on: the batch given (``data``), or Gaussian noise inputs in the model's
+#: normalized input space (``noise``: no dataset needed; see :func:`noise_inputs`).
+DATA_FIT_INPUTS = ("data", "noise")
+#: The hit rate on the fit's batch below which a layer's structure is reported as weak.
+STRUCTURE_FLOOR = 0.9
+#: The scale of the sin-cos table written in place of a learned position embedding (see ``pe_scale``).
+AUTO_PE_SCALE = 1.0
+
+
+def model_input_shape(model):
+    """One input's shape for a timm-style model: ``(C, H, W)`` from ``patch_embed`` (its ``img_size``
+    and the projection's channels), ``(C, L)`` for a sequence model (``grid_size == (L,)``); ``None``
+    when the model does not tell."""
+    pe = getattr(model, "patch_embed", None)
+    proj = getattr(pe, "proj", None)
+    chans = getattr(proj, "in_channels", None)
+    if chans is None:
+        return None
+    grid = tuple(getattr(pe, "grid_size", ()) or ())
+    if len(grid) == 1:
+        return (int(chans), int(grid[0]))
+    size = getattr(pe, "img_size", None)
+    return (int(chans), int(size[0]), int(size[1])) if size is not None else None
+
+
+def noise_inputs(shape, samples: int, seed: int):
+    """``samples`` Gaussian inputs ``N(0, 1)`` of one input's ``shape`` (normalized inputs have that
+    mean and spread), from a generator seeded with ``seed``: float32 ``[samples, *shape]``."""
+    import torch
+
+    return torch.randn(int(samples), *shape, generator=torch.Generator().manual_seed(int(seed) + 7_000_001))
+
+
+def structure_warning(report: Dict[str, Any]) -> Optional[str]:
+    """The warning for an impulse report whose data fit left a layer below :data:`STRUCTURE_FLOOR`
+    on its batch (``None`` when every layer is at or above it, or no fit ran)."""
+    rows = (report.get("data_fit") or {}).get("layers") or []
+    weak = [r for r in rows if r.get("hit_rate") is not None and r["hit_rate"] < STRUCTURE_FLOOR]
+    if not weak:
+        return None
+    worst = min(weak, key=lambda r: r["hit_rate"])
+    others = f" ({len(weak)} layers below {STRUCTURE_FLOOR})" if len(weak) > 1 else ""
+    return (f"the data fit left layer {worst['layer']} hitting its offsets in {worst['hit_rate']:.2f} of the rows on "
+            f"the batch{others}: the init is only partly structured; try more steps ({param('data_fit')}=1000), a "
+            f"sharper fit target ({param('data_fit_mass')}=0.8) or more inputs")
+
 
 def check_artifact(artifact, grid: Grid, dim: int, heads: int, layers: Sequence[int]) -> None:
     """Raise :class:`UsageError` unless ``artifact`` fits a model of this shape and these layers
@@ -119,10 +165,13 @@ class ImpulseInit(InitSpec):
     self_weight: float = 0.0
     data_fit_version: int = 2
     data_fit_batch: int = 0
+    data_fit_inputs: str = "data"
+    pe_factor: Optional[float] = None
 
     #: Parameters added after run keys were in use: left out of :meth:`to_dict` at their defaults.
     optional_defaults = ("data_fit", "data_fit_mass", "data_fit_l2", "data_fit_lr", "data_fit_norm",
-                         "data_fit_samples", "self_weight", "data_fit_version", "data_fit_batch")
+                         "data_fit_samples", "self_weight", "data_fit_version", "data_fit_batch", "data_fit_inputs",
+                         "pe_factor")
     #: ``data_fit`` was 0 (off) when run keys began to carry it: a key leaves out 0, not the default;
     #: ``data_fit_version`` was 1 before it was a parameter: keys leave out 1, so version 1's runs keep
     #: theirs and version 2 gets keys of its own.
@@ -145,7 +194,16 @@ class ImpulseInit(InitSpec):
         if self.data_fit_version not in FIT_VERSIONS:
             raise UsageError(f"impulse parameter {param('data_fit_version')} must be one of "
                              f"{', '.join(map(str, FIT_VERSIONS))}, got {self.data_fit_version}")
-        self.check_positive("data_fit_batch", allow_zero=True)
+        self.check_positive("data_fit_batch", "pe_factor", allow_zero=True)
+        if self.data_fit_inputs not in DATA_FIT_INPUTS:
+            raise UsageError(f"impulse parameter {param('data_fit_inputs')} must be one of "
+                             f"{', '.join(DATA_FIT_INPUTS)}, got {self.data_fit_inputs!r}")
+        if self.data_fit_inputs != "data" and not self.data_fit:
+            raise UsageError(f"impulse parameter {param('data_fit_inputs')} chooses the data fit's inputs, and "
+                             "data_fit is 0: leave it out")
+        if self.pe_factor is not None and (not self.fit_pe or self.pe_factor == 0):
+            raise UsageError(f"impulse parameter {param('pe_factor')} scales the target's own position embedding "
+                             f"for {param('fit_pe')}: give fit_pe=true and a positive factor")
         if self.data_fit_batch and (not self.data_fit or self.data_fit_version == 1):
             why = "data_fit is 0" if not self.data_fit else "version 1 steps on the whole batch"
             raise UsageError(f"impulse parameter {param('data_fit_batch')} sets the images of a version-2 fit step, "
@@ -316,6 +374,8 @@ class ImpulseInit(InitSpec):
         ``data`` came from. The fit's result is a fitted artifact (:mod:`structinit.init.fitted`),
         cached: the same model, batch and settings are fitted once. An ``artifact`` that is a fitted
         one is written as it is (no fit runs)."""
+        import torch
+
         from structinit.analysis.quality import measure
         from structinit.geometry.targets import causal_mask, impulse_columns
         from structinit.init.inject import read_qk, write_qk
@@ -323,8 +383,15 @@ class ImpulseInit(InitSpec):
         from structinit.init.self_shift import add_self_term
 
         t = target
-        fit = bool(self.data_fit) and data is not None
         given_fit = artifact is not None and bool(getattr(artifact, "fit", None))
+        if self.data_fit and self.data_fit_inputs == "noise" and t.model is not None and not given_fit:
+            shape = tuple(data.shape[1:]) if data is not None else model_input_shape(t.model)
+            if shape is None:
+                raise UsageError(f"impulse parameter {param('data_fit_inputs')} noise needs the inputs' shape: the "
+                                 "model does not tell it, so give data (only its shape is used)")
+            data = noise_inputs(shape, self.data_fit_samples, seed)
+            source = f"noise: {self.data_fit_samples} Gaussian inputs N(0, 1) of shape {list(shape)}"
+        fit = bool(self.data_fit) and data is not None
         skipped = None
         if fit:
             self.check_data_target(t)
@@ -334,13 +401,31 @@ class ImpulseInit(InitSpec):
                    else "no real inputs were given (data)")
             skipped = (f"not run: {why}, so Q/K are the plain solve on the position embedding alone, whose "
                        "structure real inputs mostly wash out (data_fit=0 asks for this explicitly)")
-        if self.pe_scale is not None:
+        pe_written = None
+        if self.pe_scale is None and not self.fit_pe and self.artifact is None and artifact is None \
+                and t.model is not None and t.pos_embed_kind() == "other" and isinstance(
+                    getattr(t.model, "pos_embed", None), torch.Tensor):
+            # A learned embedding (timm's trunc normal 0.02) tells the layers almost nothing of position: the
+            # sin-cos table takes its place, learnable as it was (see docs/results/stock-models).
+            pe_scale = AUTO_PE_SCALE
+            pe_written = f"sin-cos table x{AUTO_PE_SCALE:g} in place of the model's own {t.pos_key}, kept learnable"
+        else:
+            pe_scale = self.pe_scale
+        if pe_scale is not None:
             if t.model is None:
                 raise UsageError(f"impulse parameter {param('pe_scale')} needs a model; on a checkpoint write the "
                                  "embedding with set_pe")
             learned = bool(getattr(t.model.pos_embed, "requires_grad", False))
-            set_sincos_pos_embed(t.model, t.grid, scale=self.pe_scale)
+            set_sincos_pos_embed(t.model, t.grid, scale=pe_scale)
             t.model.pos_embed.requires_grad_(learned)  # a learned embedding stays learnable
+            pe_written = pe_written or f"sin-cos table x{pe_scale:g} ({param('pe_scale')})"
+        if self.pe_factor is not None:
+            if t.model is None or not isinstance(getattr(t.model, "pos_embed", None), torch.Tensor):
+                raise UsageError(f"impulse parameter {param('pe_factor')} scales a model's pos_embed; the target has "
+                                 "none (on a checkpoint, scale it before)")
+            with torch.no_grad():
+                t.model.pos_embed.mul_(self.pe_factor)
+            pe_written = f"the model's own {t.pos_key} x{self.pe_factor:g} ({param('pe_factor')})"
         if artifact is None:
             artifact, cached = self.artifact_for(t, seed, cache_dir, device, progress)
         elif check_pe:
@@ -401,6 +486,7 @@ class ImpulseInit(InitSpec):
                              {"key": plain.fit["identity"]["plain"], "path": None, "cached": None,
                               "config": plain.config.to_dict()}),
                 "mimetic_vproj": self.mimetic_vproj, "pe_scale": self.pe_scale, "fit_pe": self.fit_pe,
+                "pos_embed_written": pe_written,
                 "self_weight": self.self_weight, "data_fit": fitted,
                 "measured_on": measured_on, "layers": rows,
                 "hit_rate": float(np.mean([r["hit_rate"] for r in rows])),

@@ -100,7 +100,8 @@ def initialize(target, spec: Union[str, InitSpec], *, grid=None, heads: Optional
     layers (``None``: all; a spec such as ``"0-3,5"`` or a list of indices). ``data``: a batch of
     real, normalized inputs for a method that fits to them (impulse, whose ``data_fit`` is on by
     default); the others do not use it. A model initialized by such a method without ``data`` gets
-    its unfitted form and a :class:`~structinit.errors.StructinitWarning`. ``progress(done, total)``
+    its unfitted form and a :class:`~structinit.errors.StructinitWarning`, as does a fit that leaves a
+    layer hitting its offsets in under 0.9 of the batch's rows. ``progress(done, total)``
     follows that fit step by step (raise from it to stop the fit), ``log(message)`` gets a line
     per fitted layer, and ``source`` (words) says where ``data`` came from, for the fitted artifact.
     """
@@ -116,6 +117,11 @@ def initialize(target, spec: Union[str, InitSpec], *, grid=None, heads: Optional
     skipped = (report.get("data_fit") or {}).get("skipped")
     if skipped and t.model is not None:
         warnings.warn(StructinitWarning(f"{spec.method} {param('data_fit')} {skipped}"), stacklevel=3)
+    from structinit.init.impulse import structure_warning
+
+    weak = structure_warning(report)
+    if weak:
+        warnings.warn(StructinitWarning(f"{spec.method}: {weak}"), stacklevel=3)
     return report
 
 
