@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from structinit.errors import UsageError
-from structinit.training.datasets import FASHION_SYSTEM_DIR, DATASETS, load_dataset, read_idx, split_train
+from structinit.training.datasets import DATASETS, FASHION_SYSTEM_DIR, load_dataset, read_idx, split_train
 
 needs_files = pytest.mark.skipif(not (FASHION_SYSTEM_DIR / "train-images-idx3-ubyte.gz").exists(),
                                  reason="Debian's dataset-fashion-mnist is not installed (.ci/run installs it)")

@@ -418,14 +418,14 @@ class ImpulseInit(InitSpec):
             learned = bool(getattr(t.model.pos_embed, "requires_grad", False))
             set_sincos_pos_embed(t.model, t.grid, scale=pe_scale)
             t.model.pos_embed.requires_grad_(learned)  # a learned embedding stays learnable
-            pe_written = pe_written or f"sin-cos table x{pe_scale:g} ({param('pe_scale')})"
+            pe_written = pe_written or f"sin-cos table x{pe_scale:g} (pe_scale)"
         if self.pe_factor is not None:
             if t.model is None or not isinstance(getattr(t.model, "pos_embed", None), torch.Tensor):
                 raise UsageError(f"impulse parameter {param('pe_factor')} scales a model's pos_embed; the target has "
                                  "none (on a checkpoint, scale it before)")
             with torch.no_grad():
                 t.model.pos_embed.mul_(self.pe_factor)
-            pe_written = f"the model's own {t.pos_key} x{self.pe_factor:g} ({param('pe_factor')})"
+            pe_written = f"the model's own {t.pos_key} x{self.pe_factor:g} (pe_factor)"
         if artifact is None:
             artifact, cached = self.artifact_for(t, seed, cache_dir, device, progress)
         elif check_pe:

@@ -1,0 +1,101 @@
+"""The impulse init on a stock timm ViT (a learnable position embedding drawn from a truncated
+normal of std 0.02, with or without a class token): the plain call brings position with it; the fit
+on noise inputs needs no data; the model's own embedding can be scaled and solved for; and a fit
+that leaves a layer weakly structured says so."""
+
+import warnings
+
+import pytest
+import torch
+
+from structinit.analysis.fidelity import data_attention_quality
+from structinit.errors import StructinitWarning, UsageError
+from structinit.geometry.embedding import sincos
+from structinit.geometry.grid import Grid
+from structinit.init.specs import initialize, initialize_model
+from structinit.training.augment import normalize
+from structinit.training.datasets import load_dataset, split_train
+from structinit.training.models import ModelConfig, build_model
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def digits():
+    data = split_train(load_dataset("digits"), None, 300, 0)
+    info = data.info
+    return normalize(data.train.images[:256], info.mean, info.std), normalize(data.val.images, info.mean, info.std)
+
+
+def stock(pool="avg", seed=0):
+    return build_model(ModelConfig("vit-digits", pos_embed="learned", pool=pool), num_classes=10, image_size=8,
+                       in_chans=1, seed=seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pool", ["avg", "token"])
+def test_the_plain_call_on_a_stock_model_writes_the_table_and_is_structured_on_held_out_digits(digits, pool):
+    model = stock(pool)
+    assert model.pos_embed.requires_grad and float(model.pos_embed.std()) < 0.05
+    before = model.pos_embed.detach().clone()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a structured init is silent
+        report = initialize_model(model, "impulse", data=digits[0], seed=0)
+    assert report["pos_embed_written"] == "sin-cos table x1 in place of the model's own pos_embed, kept learnable"
+    table = torch.from_numpy(sincos(Grid((8, 8)), 64)).float()
+    rows = model.pos_embed.detach()[0, -64:]
+    torch.testing.assert_close(rows, table, rtol=0, atol=1e-6)
+    if pool == "token":  # the class token's own row is kept as it was
+        assert torch.equal(model.pos_embed.detach()[0, 0], before[0, 0])
+    assert model.pos_embed.requires_grad  # learnable, as it was
+    rows = report["layers"]
+    held = data_attention_quality(model, digits[1][:256], [r["offsets"] for r in rows], Grid((8, 8)))
+    assert min(r["hit_rate"] for r in held["layers"]) >= 0.9
+
+
+def test_a_state_dict_with_a_learned_embedding_is_still_refused_without_an_answer(digits):
+    with pytest.raises(UsageError, match="is not the sin-cos table the impulse solve assumes"):
+        initialize(stock().state_dict(), "impulse", heads=4)
+
+
+def test_the_fit_on_noise_needs_no_data_and_uses_only_the_shape_of_data_given(digits):
+    a = initialize_model(build_model(ModelConfig("vit-digits"), num_classes=10, image_size=8, in_chans=1, seed=0),
+                         "impulse", data_fit_inputs="noise", data_fit=20, seed=0)
+    assert a["data_fit"]["source"] == "noise: 256 Gaussian inputs N(0, 1) of shape [1, 8, 8]"
+    b_model = build_model(ModelConfig("vit-digits"), num_classes=10, image_size=8, in_chans=1, seed=0)
+    b = initialize_model(b_model, "impulse", data_fit_inputs="noise", data_fit=20, seed=0, data=digits[0] * 0 + 5)
+    assert b["data_fit"]["artifact"]["key"] == a["data_fit"]["artifact"]["key"]  # the same noise, the same fit
+    c = initialize_model(build_model(ModelConfig("vit-digits"), num_classes=10, image_size=8, in_chans=1, seed=1),
+                         "impulse", data_fit_inputs="noise", data_fit=20, seed=1)
+    assert c["data_fit"]["artifact"]["key"] != a["data_fit"]["artifact"]["key"]
+    with pytest.raises(UsageError, match="data_fit_inputs chooses the data fit's inputs, and data_fit is 0"):
+        initialize_model(stock(), "impulse", data_fit_inputs="noise", data_fit=0)
+    with pytest.raises(UsageError, match="must be one of data, noise, got 'images'"):
+        initialize_model(stock(), "impulse", data_fit_inputs="images")
+
+
+def test_the_models_own_embedding_scaled_and_solved_for(digits):
+    model = stock()
+    before = model.pos_embed.detach().clone()
+    report = initialize_model(model, "impulse", fit_pe=True, pe_factor=18.0, data=digits[0], data_fit=10, seed=0)
+    torch.testing.assert_close(model.pos_embed.detach(), before * 18)
+    assert report["pos_embed_written"] == "the model's own pos_embed x18 (pe_factor)"
+    assert report["artifact"]["config"]["pos_embed"].startswith("sha256:")  # solved for that embedding
+    for params, message in (({"pe_factor": 18.0}, "pe_factor scales the target's own position embedding for fit_pe"),
+                            ({"fit_pe": True, "pe_factor": 0.0}, "give fit_pe=true and a positive factor")):
+        with pytest.raises(UsageError, match=message):
+            initialize_model(stock(), "impulse", **params)
+
+
+@pytest.mark.slow
+def test_a_fit_that_leaves_a_layer_below_0_9_says_which_and_what_to_try(digits, cli, tmp_path):
+    with pytest.warns(StructinitWarning) as seen:
+        initialize_model(stock(), "impulse", data=digits[0][:16], data_fit=1, seed=0)
+    text = str(seen.list[-1].message)
+    assert "of the rows on the batch" in text and "try more steps (data_fit=1000)" in text
+    assert text.startswith("impulse: the data fit left layer ")
+    r = cli("train", "--model", "vit-digits", "--pos-embed", "learned", "--init", "impulse", "--init-param",
+            "data_fit=1", "--train-size", "32", "--batch-size", "16", "--epochs", "1", "--out", tmp_path / "r")
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
+    assert len(lines) == 1 and "the data fit left layer" in lines[0]
