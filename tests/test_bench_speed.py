@@ -44,3 +44,25 @@ def test_bench_loop_compares_trains_loop_with_a_bare_one(cli):
 def test_bad_benchmark_settings_are_one_line(cli, args, message):
     r = cli("bench", *args)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_the_device_check_script_runs_its_steps_and_summarizes_them(tmp_path):
+    """scripts/device-check.sh in its CPU smoke mode: every step runs, and summary.json/.md say what
+    each measured (on a GPU the same script adds the GPU tests and measures at the ViT-T/S shapes)."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, DEVICE="cpu", QUICK="1", OUT=str(tmp_path / "out"))
+    r = subprocess.run(["bash", str(repo / "scripts" / "device-check.sh")], cwd=repo, env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [(s["step"], s["exit"]) for s in doc["steps"]] == [("solver", 0), ("fit-vit-t", 0), ("fit-vit-s", 0),
+                                                              ("loop", 0)]
+    assert doc["fit_vit_t"]["rows"][0]["version"] == 2 and doc["loop"]["ratio_median"] > 0
+    assert {r["recipe"] for r in doc["solver"]["rows"]} == {"fast", "paper"}
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert md.startswith("# structinit device check, ") and "Training loop (vit-digits, digits" in md

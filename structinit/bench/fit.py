@@ -156,11 +156,12 @@ def fit_bench_table(result: Dict[str, Any]) -> str:
 
 
 def run_loop_bench(preset: str = "vit-digits", dataset: str = "digits", *, batch_size: int = 64, epochs: int = 2,
-                   repeats: int = 3, seed: int = 0, device: str = "cpu", amp: str = "auto",
+                   repeats: int = 3, seed: int = 0, device: str = "cpu", amp: str = "auto", data_dir=None,
                    progress: Optional[Callable[[str], None]] = None) -> Dict:
     """Images per second of ``train``'s epoch loop and of a bare loop (see the module docstring),
     ``repeats`` times each, alternating, ``epochs`` epochs a time, on ``device`` with ``train``'s
-    mixed precision (``amp``: auto is bf16 on a GPU) in both. Returns ``{"bare", "train_epoch",
+    mixed precision (``amp``: auto is bf16 on a GPU) in both; ``data_dir``: where the dataset's files
+    are (datasets read from disk). Returns ``{"bare", "train_epoch",
     "ratio"}`` (lists, one per repeat; ``ratio`` = train_epoch / bare of that repeat) and the medians."""
     import torch
 
@@ -184,7 +185,7 @@ def run_loop_bench(preset: str = "vit-digits", dataset: str = "digits", *, batch
     def autocast():
         return torch.autocast(torch.device(dev).type, dtype=dtype, enabled=dtype is not None)
 
-    data = load_dataset(dataset)
+    data = load_dataset(dataset, data_dir)
     x_all, y_all = data.train.images.to(dev), data.train.labels.to(dev)
     n = len(data.train)
     if batch_size > n:

@@ -156,6 +156,8 @@ def bench_loop(
     device: Device = "cpu",
     amp: Annotated[str, typer.Option("--amp", help="Mixed precision, as train's: auto (bf16/fp16 on a GPU, off on "
                                      "the CPU), bf16, fp16 or off.")] = "auto",
+    data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="Where the dataset's files are.",
+                                                     show_default="the dataset's default")] = None,
     threads: Threads = None,
     json_out: JsonOut = False,
 ):
@@ -166,7 +168,7 @@ def bench_loop(
     use_threads(threads)
     with Progress("bench loop", enabled=not json_out) as bar:
         result = run_loop_bench(model, dataset, batch_size=batch_size, epochs=epochs, repeats=repeats, seed=seed,
-                                device=device, amp=amp, progress=bar.stage)
+                                device=device, amp=amp, data_dir=data_dir, progress=bar.stage)
     if json_out:
         emit_json(result)
     else:
