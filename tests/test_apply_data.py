@@ -291,3 +291,35 @@ def test_without_data_the_plain_solve_is_written_with_one_warning_first(tmp_path
     assert "data fit not run" in r.stdout and "wrote:" in r.stdout
     quiet = cli("apply", bare_checkpoint, "--heads", "4", "--out", tmp_path / "p.pt", "--init-param", "data_fit=0")
     assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+def test_a_folder_of_images_is_read_resized_and_standardized(tmp_path, cli, bare_checkpoint):
+    """Real digits written as 16x16 PNGs in class folders: read in path order, resized to the model's
+    8x8 input, standardized with their own mean and std, and fitted to; an unreadable image is named."""
+    from PIL import Image
+
+    from structinit.init.checkpoints import load_checkpoint
+    from structinit.training.checkpoint_models import checkpoint_model
+    from structinit.training.fit_inputs import fit_inputs
+
+    data = load_dataset("digits")
+    for i in range(24):
+        folder = tmp_path / "images" / str(int(data.train.labels[i]))
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(data.train.images[i, 0].numpy()).resize((16, 16)).save(folder / f"{i:03d}.png")
+    built = checkpoint_model(load_checkpoint(bare_checkpoint), heads=4)
+    got = fit_inputs(str(tmp_path / "images"), built, samples=20)
+    assert tuple(got.x.shape) == (20, 1, 8, 8)
+    assert got.source == (f"{tmp_path / 'images'}: 20 images, resized to 8x8 and standardized with their own mean "
+                          "and std")
+    assert float(got.x.mean()) == pytest.approx(0, abs=1e-5) and float(got.x.std()) == pytest.approx(1, abs=0.01)
+    r = cli("apply", bare_checkpoint, "--heads", "4", "--data", tmp_path / "images", "--out", tmp_path / "o.pt",
+            "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["data_fit"]["samples"] == 24 and rep["data_source"].endswith("24 images, resized to 8x8 and "
+                                                                           "standardized with their own mean and std")
+    (tmp_path / "images" / "0" / "broken.png").write_bytes(b"not a png")
+    r = cli("apply", bare_checkpoint, "--heads", "4", "--data", tmp_path / "images", "--out", tmp_path / "p.pt")
+    assert r.returncode == 2 and "broken.png is not a readable image" in r.stderr
+    assert not (tmp_path / "p.pt").exists()
