@@ -55,7 +55,7 @@ def test_print_launcher_lists_the_train_commands(cli, folder):
     out = shlex.split(cmds[0])[-2]
     assert (folder / out / "config.json").is_file()  # the run folders and the manifest are prepared
     st = cli("bench", "grid", "grid.toml", "--seeds", "2", "--status", "--json", cwd=folder)
-    assert json.loads(st.stdout)["counts"] == {"finished": 0, "running": 0, "failed": 0, "pending": 4}
+    assert json.loads(st.stdout)["counts"] == {"finished": 0, "running": 0, "failed": 0, "damaged": 0, "pending": 4}
 
 
 @pytest.mark.parametrize("args, message", [

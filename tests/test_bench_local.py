@@ -110,7 +110,7 @@ def test_local_grid_runs_every_run_once_and_a_rerun_launches_nothing(tmp_path):
     again = structinit("bench", "grid", "tiny.toml", cwd=tmp_path)
     assert again.returncode == 0 and "nothing to launch: 4 of 4 runs finished" in again.stdout
     status = structinit("bench", "grid", "tiny.toml", "--status", "--json", cwd=tmp_path)
-    assert json.loads(status.stdout)["counts"] == {"finished": 4, "running": 0, "failed": 0, "pending": 0}
+    assert json.loads(status.stdout)["counts"] == {"finished": 4, "running": 0, "failed": 0, "damaged": 0, "pending": 0}
 
 
 @pytest.mark.slow

@@ -113,19 +113,41 @@ class Expansion:
                 "cells": [{"row": c.row, "column": list(c.column), "seed": c.seed, "key": c.key} for c in self.cells]}
 
     def write_manifest(self) -> Path:
-        """Write the manifest (kept as it is when the same expansion was recorded before)."""
+        """Write the manifest (kept as it is when the same expansion was recorded before). One that
+        no longer reads as this expansion (cut short, edited) is moved aside to
+        ``NAME-DIGEST.json.damaged-<time>`` and written again, with a warning."""
+        import warnings
+
         from structinit.atomic import atomic_write
+        from structinit.errors import StructinitError, StructinitWarning
 
         path = self.manifest_path
-        if path.is_file():
-            return path
         try:
+            if path.is_file():
+                why = self._manifest_damage(path)
+                if why is None:
+                    return path
+                aside = path.with_name(f"{path.name}.damaged-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}")
+                os.replace(path, aside)
+                warnings.warn(StructinitWarning(f"the grid manifest {path} was damaged ({why}): moved to {aside.name} "
+                                                "and written again"), stacklevel=2)
             path.parent.mkdir(parents=True, exist_ok=True)
             with atomic_write(path, "w") as f:
                 f.write(json.dumps(self.manifest(), indent=1, sort_keys=True, default=str) + "\n")
         except OSError as exc:
-            raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+            raise StructinitError(f"cannot write {path}: {exc.strerror or exc}") from None
         return path
+
+    def _manifest_damage(self, path: Path) -> Optional[str]:
+        """Why the manifest at ``path`` is not this expansion's record (``None`` when it is)."""
+        try:
+            old = Expansion.from_manifest(json.loads(path.read_text()), self.runs_dir)
+        except (ValueError, UsageError) as exc:
+            return str(exc).splitlines()[0][:200]
+        mine = [(c.row, tuple(c.column), c.seed, c.key) for c in self.cells]
+        if [(c.row, tuple(c.column), c.seed, c.key) for c in old.cells] != mine or old.spec.name != self.spec.name:
+            return "it records other runs"
+        return None
 
     @classmethod
     def from_manifest(cls, doc: Dict[str, Any], runs_dir: os.PathLike) -> "Expansion":
@@ -275,8 +297,9 @@ def expand(spec: GridSpec, *, overrides: Union[Iterable[str], Dict[str, Any], No
     return Expansion(spec_seeds, runs_dir, cells, dict(overrides), command, warnings=warnings)
 
 
-def load_manifests(runs_dir: os.PathLike) -> List[Expansion]:
-    """Every grid recorded in ``runs_dir/grids/``, oldest first (unreadable manifests are errors)."""
+def load_manifests(runs_dir: os.PathLike, unreadable: Optional[Dict[Path, str]] = None) -> List[Expansion]:
+    """Every grid recorded in ``runs_dir/grids/``, oldest first. An unreadable manifest is an error,
+    unless ``unreadable`` is given: then it is left out and recorded there (path -> why)."""
     folder = Path(runs_dir) / "grids"
     out = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
@@ -284,13 +307,30 @@ def load_manifests(runs_dir: os.PathLike) -> List[Expansion]:
             doc = json.loads(path.read_text())
             out.append(Expansion.from_manifest(doc, runs_dir))
         except (OSError, ValueError, UsageError) as exc:
-            raise UsageError(f"{path} is not a readable grid manifest ({exc})") from None
+            why = str(exc).splitlines()[0][:200]
+            if unreadable is None:
+                raise UsageError(f"{path} is not a readable grid manifest ({why})") from None
+            unreadable[path] = why
     out.sort(key=lambda e: (e.created or "", e.spec.name))
     return out
 
 
-def pick_manifest(expansions: List[Expansion], name: Optional[str]) -> List[Expansion]:
-    """The expansions named ``name`` (all when ``None``)."""
+def manifest_name(path: Path) -> str:
+    """The grid name in a manifest's file name (``NAME-DIGEST.json``)."""
+    stem = Path(path).stem
+    return stem.rsplit("-", 1)[0] if "-" in stem else stem
+
+
+def pick_manifest(expansions: List[Expansion], name: Optional[str],
+                  unreadable: Optional[Dict[Path, str]] = None) -> List[Expansion]:
+    """The expansions named ``name`` (all when ``None``). A damaged manifest of the grid asked for
+    (``unreadable``, from :func:`load_manifests`) is an error; those of other grids are not."""
+    if name is not None:
+        for path, why in (unreadable or {}).items():
+            if name in (manifest_name(path), path.stem):
+                raise UsageError(f"{path} is not a readable grid manifest ({why}); run the command that launched the "
+                                 "grid again (structinit bench grid ..., which trains nothing finished) to write it "
+                                 "anew")
     if name is None:
         return expansions
     chosen = [e for e in expansions if e.spec.name == name or e.manifest_path.stem == name]

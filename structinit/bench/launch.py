@@ -46,13 +46,14 @@ def cpu_count() -> int:
 # --------------------------------------------------------------------------- preparing
 
 def prepare(ex: Expansion) -> List[Cell]:
-    """Record the grid (its manifest) and give every run to launch (pending, or failed: a rerun
-    retries it) its folder with ``config.json``. Running and finished runs are left alone.
-    Returns the cells to launch, one per distinct run."""
+    """Record the grid (its manifest) and give every run to launch (pending; failed or damaged: a
+    rerun retries it, a damaged one after its task sets the damaged files aside) its folder with
+    ``config.json``. Running and finished runs are left alone. Returns the cells to launch, one per
+    distinct run."""
     from structinit.training.rundir import RunDir
 
     st = grid_status(ex)
-    todo_keys = {r["key"] for r in st.runs if r["state"] in ("pending", "failed")}
+    todo_keys = {r["key"] for r in st.runs if r["state"] in ("pending", "failed", "damaged")}
     ex.write_manifest()
     todo = [c for c in ex.unique_cells() if c.key in todo_keys]
     for cell in todo:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from structinit.bench.expand import Cell, Expansion, load_manifests, pick_manifest
-from structinit.bench.status import run_status
+from structinit.bench.status import STATES, run_status
 from structinit.errors import UsageError, param
 
 
@@ -166,6 +166,10 @@ def read_run(ex: Expansion, cell: Cell) -> RunResult:
     resolved = cfg.get("resolved") or {}
     r.train_images = resolved.get("train_images")
     r.epochs_expected = (resolved.get("hparams") or {}).get("epochs")
+    if st.state == "damaged":
+        r.problem = (f"damaged, not counted: {st.detail}; a rerun of the grid moves the damaged files into a "
+                     "damaged-<time>/ folder of the run and trains it again")
+        return r
     if st.state != "finished":
         return r
     final = _read_json(path / "final.json")
@@ -358,7 +362,7 @@ def markdown(rep: GridReport, figures: Optional[Dict[str, str]] = None, heading:
         lines += [s.description, ""]
     if ex.command:
         lines += ["Command:", "", "```bash", ex.command, "```", ""]
-    state_text = ", ".join(f"{counts[k]} {k}" for k in ("finished", "running", "failed", "pending") if counts.get(k))
+    state_text = ", ".join(f"{counts[k]} {k}" for k in STATES if counts.get(k))
     lines += [f"Seeds {', '.join(map(str, s.seeds))} ({len(s.seeds)} per cell); {total} runs: {state_text}. "
               f"Runs in `{ex.runs_dir}`." + (f" Settings changed for the whole grid: "
                                              f"{', '.join(f'{k}={v}' for k, v in ex.overrides.items())}."
@@ -466,10 +470,19 @@ def reports_for_folder(runs_dir: os.PathLike, grid: Optional[str] = None,
                        mixed_versions: bool = False) -> List[GridReport]:
     """Reports of every grid recorded in ``runs_dir`` (or of the one named ``grid``); a folder of
     runs made without a grid (e.g. by ``structinit train``) is reported as one table of its runs."""
+    import warnings
+
+    from structinit.errors import StructinitWarning
+
     folder = Path(runs_dir)
     if not folder.is_dir():
         raise UsageError(f"{param('target')} {folder} is not a folder of runs")
-    expansions = pick_manifest(load_manifests(folder), grid)
+    unreadable: Dict[Path, str] = {}
+    expansions = pick_manifest(load_manifests(folder, unreadable), grid, unreadable)
+    if grid is None:
+        for path, why in unreadable.items():
+            warnings.warn(StructinitWarning(f"left out {path}, which is not a readable grid manifest ({why}); run the "
+                                            "command that launched its grid again to write it anew"), stacklevel=2)
     if not expansions:
         ex = loose_runs(folder)
         return [collect(ex, mixed_versions=mixed_versions)]

@@ -1,7 +1,10 @@
-"""Where the runs of a grid stand: ``finished`` (a ``final.json``), ``running`` (a task's heartbeat
-younger than :data:`STALE_SECONDS`, or a fresh checkpoint), ``failed`` (the last task ended with an
-error; its last log line says which) or ``pending`` (not started, or stopped with a checkpoint to
-resume from). Reading the status touches no run and imports no torch.
+"""Where the runs of a grid stand: ``finished`` (a ``final.json`` that checks out against the run's
+config and checkpoint), ``running`` (a task's heartbeat younger than :data:`STALE_SECONDS`, or a
+fresh checkpoint), ``failed`` (the last task ended with an error; its last log line says which),
+``damaged`` (files that do not check out: a ``final.json`` that does not parse or belongs to another
+run, a checkpoint that cannot be read; see :meth:`~structinit.training.rundir.RunDir.damage`; a
+rerun sets them aside and trains the run) or ``pending`` (not started, or stopped with a checkpoint
+to resume from). Reading the status touches no run and imports no torch.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ from typing import Any, Dict, List, Optional
 
 from structinit.bench.expand import Cell, Expansion
 from structinit.bench.task import HEARTBEAT_FILE, last_log_line, task_record
+from structinit.training.rundir import RunDir
 
-STATES = ("finished", "running", "failed", "pending")
+STATES = ("finished", "running", "failed", "damaged", "pending")
 #: A heartbeat older than this (seconds) is a task that is gone.
 STALE_SECONDS = 120.0
 #: A checkpoint younger than this (or than three epochs of the run) counts as a running run
@@ -60,14 +64,19 @@ def run_status(run: Path, now: Optional[float] = None) -> RunStatus:
     now = time.time() if now is None else now
     run = Path(run)
     key = run.name
-    if (run / "final.json").is_file():
-        return RunStatus(key, str(run), "finished", _epochs_done(run))
-    checkpoint = run / "checkpoint.pt"
-    resumable = checkpoint.is_file()
-    done = _epochs_done(run)
     beat = _age(run / HEARTBEAT_FILE, now)
     task = task_record(run) or {}
-    if task.get("state") == "running" and beat is not None and beat < STALE_SECONDS:
+    running = task.get("state") == "running" and beat is not None and beat < STALE_SECONDS
+    checkpoint = run / "checkpoint.pt"
+    if not running and ((run / "final.json").is_file() or checkpoint.is_file()):
+        why = RunDir(run).damage()
+        if why is not None:
+            return RunStatus(key, str(run), "damaged", _epochs_done(run), False, why)
+    if (run / "final.json").is_file():
+        return RunStatus(key, str(run), "finished", _epochs_done(run))
+    resumable = checkpoint.is_file()
+    done = _epochs_done(run)
+    if running:
         return RunStatus(key, str(run), "running", done, resumable, f"heartbeat {beat:.0f}s ago on {task.get('host')}")
     ck_age = _age(checkpoint, now) if resumable else None
     if ck_age is not None and (task.get("state") in (None, "running")) and ck_age < FRESH_CHECKPOINT_SECONDS:
@@ -118,9 +127,9 @@ def status_text(st: GridStatus, limit: int = 20) -> str:
     c = st.counts
     resumable = sum(1 for r in st.runs if r["state"] == "pending" and r["resumable"])
     lines = [f"grid {st.name}: {st.total} runs in {st.runs_dir}: {c['finished']} finished, {c['running']} running, "
-             f"{c['failed']} failed, {c['pending']} pending" + (f" ({resumable} with a checkpoint)" if resumable
-                                                                 else "")]
-    for state in ("failed", "running"):
+             f"{c['failed']} failed, " + (f"{c['damaged']} damaged, " if c.get("damaged") else "")
+             + f"{c['pending']} pending" + (f" ({resumable} with a checkpoint)" if resumable else "")]
+    for state in ("failed", "damaged", "running"):
         chosen = [r for r in st.runs if r["state"] == state]
         if chosen:
             lines.append(f"{state}:")

@@ -11,7 +11,7 @@ files beside the run's own:
                    and when it ran, the SLURM job, the error of a failed run
 ``log.txt``        every task's log lines, appended
 ``heartbeat``      touched every 30 s while a task runs (``bench grid --status`` reads its age)
-``.lock``          the run's lock file
+``.lock``          the run's lock, held while a task (or ``structinit train``) writes the run
 =================  ============================================================================
 
 Stopping (submitit's conventions): ``SIGTERM`` (``scancel``, a requeue by the scheduler, Ctrl-C of
@@ -311,9 +311,7 @@ def run_task(run_dir: os.PathLike, *, threads: Optional[int] = None, device: Opt
     the message in ``task.json`` and ``log.txt``); only a run folder that cannot be used at all
     raises.
     """
-    from filelock import FileLock, Timeout
-
-    from structinit.training.rundir import RunDir
+    from structinit.training.rundir import RunBusy, RunDir
 
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
@@ -324,10 +322,9 @@ def run_task(run_dir: os.PathLike, *, threads: Optional[int] = None, device: Opt
         final = rd.read_final() or {}
         return TaskOutcome(key, str(run_dir), "already-finished", time.perf_counter() - t0,
                            final_acc=final.get("final_acc"))
-    lock = FileLock(str(run_dir / LOCK_FILE), timeout=0)
     try:
-        lock.acquire()
-    except Timeout:
+        rd.lock()  # train() takes it again in this process; another process gets RunBusy
+    except RunBusy:
         return TaskOutcome(key, str(run_dir), "busy", time.perf_counter() - t0)
     stopper = stopper or Stopper()
     log = _Log(run_dir / LOG_FILE, echo)
@@ -349,8 +346,10 @@ def run_task(run_dir: os.PathLike, *, threads: Optional[int] = None, device: Opt
         if device is not None:
             config.device = device
         where = f" (SLURM job {record['slurm']['job_id']})" if record["slurm"] else ""
+        state = rd.state
         log(f"task start: run {key} on {record['host']}{where}"
-            + (f", resuming after epoch {len(rd.read_metrics())}" if rd.state == "resumable" else ""))
+            + (f", resuming after epoch {len(rd.read_metrics())}" if state == "resumable" else "")
+            + (f"; it is damaged: {rd.damage()}" if state == "damaged" else ""))
         t_train = time.perf_counter()
         if nproc > 1:
             state, final_acc, error = _run_torchrun(config, nproc, stopper, log)
@@ -373,7 +372,7 @@ def run_task(run_dir: os.PathLike, *, threads: Optional[int] = None, device: Opt
                            requeued)
     finally:
         beat_stop.set()
-        lock.release()
+        rd.unlock()
 
 
 def _run_here(config, stopper: Stopper, log) -> tuple:
@@ -403,7 +402,11 @@ def _run_torchrun(config, nproc: int, stopper: Stopper, log) -> tuple:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "structinit"] + train_command(config, program=[])
     log("torchrun: " + shell_command(cmd))
-    env = dict(os.environ, OMP_NUM_THREADS=str(config.threads or 1))
+    from structinit.training.rundir import LOCK_HELD_ENV
+
+    # this task holds the run's lock; torchrun's rank 0 writes the run for it
+    env = dict(os.environ, OMP_NUM_THREADS=str(config.threads or 1),
+               **{LOCK_HELD_ENV: str(Path(config.out).expanduser().resolve())})
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
 

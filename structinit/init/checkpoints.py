@@ -16,9 +16,13 @@ kept as loaded and written back unchanged.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
+import pickle
 import re
+import zipfile
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -88,6 +92,109 @@ def is_cut_short(exc: BaseException) -> bool:
                                                                               "failed reading zip archive"))
 
 
+# --------------------------------------------------------------------------- reading without torch
+
+class _Stub:
+    """What a torch class or function in a pickle stands for when it is read without torch:
+    nothing of it is called."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __setstate__(self, state):
+        pass
+
+
+def _stub(*args, **kwargs):
+    return _Stub()
+
+
+#: Plain globals a checkpoint's pickle may name besides torch's own; any other would run code.
+_PLAIN_GLOBALS = {("collections", "OrderedDict"): OrderedDict, ("builtins", "set"): set,
+                  ("builtins", "frozenset"): frozenset, ("builtins", "complex"): complex,
+                  ("builtins", "slice"): slice, ("builtins", "bytearray"): bytearray,
+                  ("argparse", "Namespace"): argparse.Namespace,
+                  ("_codecs", "encode"): lambda text, encoding="latin1": str(text).encode(encoding)}
+
+
+class CodeRefused(pickle.UnpicklingError):
+    """A pickle names a global that is neither torch's nor a plain container: loading it would run code."""
+
+
+class _Outline(pickle.Unpickler):
+    """Reads a pickle's plain structure: torch's classes and functions become :class:`_Stub`,
+    tensors' storages ``None``, and any other global is refused before anything of it is called."""
+
+    def find_class(self, module: str, name: str):
+        if module == "torch" or module.startswith("torch."):
+            return _stub
+        if (module, name) in _PLAIN_GLOBALS:
+            return _PLAIN_GLOBALS[(module, name)]
+        raise CodeRefused(f"{module}.{name}")
+
+    def persistent_load(self, pid):
+        return None
+
+
+def _pickle_bytes(path: Path) -> bytes:
+    """The pickle stream of a ``torch.save`` zip (its ``data.pkl``) or of a plain pickle file."""
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path} is empty (0 bytes)")
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    if head[:1] == b"\x80":
+        return path.read_bytes()
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = [n for n in zf.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
+            if not names:
+                raise CheckpointError(f"{path} is not a torch.save file (it holds no data.pkl)")
+            return zf.read(names[0])
+    except zipfile.BadZipFile:
+        raise CheckpointError(f"{path} is not a whole torch.save file (truncated or corrupt)") from None
+    except (RuntimeError, ValueError, EOFError) as exc:  # a member cut short, a bad CRC
+        raise CheckpointError(f"{path} is not a whole torch.save file ({exc})") from None
+
+
+def pickle_outline(path: os.PathLike) -> Any:
+    """What a ``torch.save`` file (or a plain pickle) holds, its tensors as stand-ins, read without
+    torch and without running anything in it (cheap: no tensor data is read). Raises
+    :class:`CheckpointError` saying why it cannot be read: empty, not a whole ``torch.save`` file,
+    or a pickle that names code (which is refused, not run)."""
+    path = Path(path)
+    try:
+        data = _pickle_bytes(path)
+    except OSError as exc:
+        raise CheckpointError(f"{path} cannot be read ({exc.strerror or exc})") from None
+    try:
+        return _Outline(io.BytesIO(data)).load()
+    except CodeRefused as exc:
+        raise CheckpointError(f"{path} was refused: unpickling it would run code ({exc}); nothing of it was "
+                              "run") from None
+    except Exception as exc:  # noqa: BLE001 - whatever a damaged pickle raises is one line
+        raise CheckpointError(f"{path} is not a readable checkpoint ({type(exc).__name__}: {exc})") from None
+
+
+def code_named(path: os.PathLike) -> Optional[str]:
+    """The first global a pickle file (or ``torch.save`` zip) names that would run code, found
+    without running anything; ``None`` when it names none or cannot be read that far."""
+    try:
+        _Outline(io.BytesIO(_pickle_bytes(Path(path)))).load()
+    except CodeRefused as exc:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - unreadable: no code found
+        return None
+    return None
+
+
+def refused_for_code(path: os.PathLike, name: Optional[str]) -> str:
+    """The one line that says a pickle was refused because loading it would run code (``name``,
+    when known)."""
+    return (f"{path}: refusing to load a pickle that asks to run code{f': it asks for {name}' if name else ''} "
+            "(only tensors and plain containers are loaded; nothing of it was run). Re-save it as a plain state "
+            "dict (or .safetensors) from a trusted environment")
+
+
 def read_object(path: os.PathLike) -> Tuple[Any, str, Optional[Dict[str, str]]]:
     """``(object, format, safetensors metadata)`` from a file, safely; raises :class:`CheckpointError`.
     The format is told by the file's content, not its name. Tensors are read onto the CPU, so a
@@ -127,16 +234,16 @@ def read_object(path: os.PathLike) -> Tuple[Any, str, Optional[Dict[str, str]]]:
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line
         msg = str(exc)
-        if is_cut_short(exc):  # nothing to refuse, just unreadable
+        if is_cut_short(exc):  # torch's own reader gave up early: refuse code it did not reach, else unreadable
+            code = code_named(path)
+            if code is not None:
+                raise CheckpointError(refused_for_code(path, code)) from None
             raise CheckpointError(f"{path}: not a readable checkpoint (not a torch or safetensors file, or "
                                   "truncated)") from None
         if "Weights only load failed" in msg:
             # torch names it "GLOBAL module.name" (after "Unsupported global:", in torch 2.4 on).
             m = re.search(r"GLOBAL\s+([\w.]+)", msg)
-            what = f": it asks for {m.group(1)}" if m else ""
-            raise CheckpointError(f"{path}: refusing to load a pickle that asks to run code{what} (only tensors "
-                                  "and plain containers are loaded; nothing of it was run). Re-save it as a plain "
-                                  "state dict (or .safetensors) from a trusted environment") from None
+            raise CheckpointError(refused_for_code(path, m.group(1) if m else code_named(path))) from None
         raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt: {_first_line(exc)})") from None
     return obj, "torch", None
 

@@ -18,6 +18,7 @@ repeated or skipped.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -225,9 +226,31 @@ def impulse_fidelity(model, split, info, report: Dict[str, Any]) -> Dict[str, An
                                   padding=solved.get("padding", "zero"), layers=[r["layer"] for r in rows])
 
 
+def _flat(settings: Dict[str, Any]) -> Dict[str, Any]:
+    """Settings with the init spec spelt as the options are (``init``, ``init_params.NAME``)."""
+    out = {k: v for k, v in settings.items() if k != "init"}
+    spec = settings.get("init")
+    if isinstance(spec, dict):
+        for name, value in spec.items():
+            if name == "params" and isinstance(value, dict):
+                out.update({f"init_params.{k}": v for k, v in value.items()})
+            else:
+                out["init" if name == "method" else f"init.{name}"] = value
+    else:
+        out["init"] = spec
+    return out
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "not set"
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+
+
 def _differences(old: TrainConfig, new: TrainConfig) -> List[str]:
-    a, b = old.computed_settings(), new.computed_settings()
-    return [f"{k} {a.get(k)!r} in the run, {b.get(k)!r} now" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    a, b = _flat(old.computed_settings()), _flat(new.computed_settings())
+    return [f"{k} {_shown(a.get(k))} in the run, {_shown(b.get(k))} now" for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k)]
 
 
 def _result_from_checkpoint(ck: Dict[str, Any], run: RunDir, ctx, key: str) -> TrainResult:
@@ -271,20 +294,30 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
     key = config.key
     run = RunDir(config.out) if config.out else None
     ctx = dist_.setup(config.device)
+    locked = False
     try:
         if hp["batch_size"] % ctx.world:
             raise UsageError(f"{param('batch_size')} {hp['batch_size']} (the global batch) is not divisible by "
                              f"the {ctx.world} processes")
         say = log if (log and ctx.main) else (lambda msg: None)
 
-        # ---- run directory: fresh, resumed or finished
+        # ---- run directory: fresh, resumed or finished; held by this run alone
         ck, old = None, None
         if run is not None:
-            if not config.resume and run.holds_run():
-                names = (run.CONFIG, run.CHECKPOINT, run.BEST, run.FINAL, run.METRICS)
-                found = [n for n in names if run.file(n).exists()]
-                raise UsageError(f"{run.path} already holds a run ({', '.join(found)}); pass {param('resume')} to "
-                                 f"continue it or choose another {param('out')}")
+            _refuse_taken(run, config)  # before the lock, which would leave its file in someone else's folder
+            if ctx.main:
+                run.lock()  # a second process writing this folder is refused here, naming it
+                locked = True
+                _refuse_taken(run, config)
+                if config.resume:
+                    why = run.damage()
+                    aside = run.set_aside()
+                    if aside is not None:
+                        moved = ", ".join(sorted(p.name for p in aside.iterdir() if p.name != "why.txt"))
+                        say(f"{run.path} was damaged ({why}): moved {moved} into {aside}; "
+                            + ("resuming from its checkpoint" if run.file(run.CHECKPOINT).exists()
+                               else "training it afresh"))
+            dist_.barrier(ctx)  # the other processes read the folder once rank 0 has made it sound
             old = run.read_config() if config.resume else None
             if old is not None:
                 try:
@@ -548,7 +581,18 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
             run.discard_unstarted()  # a run that failed before its first checkpoint leaves nothing behind
         raise
     finally:
+        if locked:
+            run.unlock()
         dist_.teardown(ctx)
+
+
+def _refuse_taken(run: RunDir, config: TrainConfig) -> None:
+    """A fresh run never writes into a folder that holds a run's files (whoever wrote them)."""
+    if not config.resume and run.holds_run():
+        names = (run.CONFIG, run.CHECKPOINT, run.BEST, run.FINAL, run.METRICS)
+        found = [n for n in names if run.file(n).exists()]
+        raise UsageError(f"{run.path} already holds a run ({', '.join(found)}); pass {param('resume')} to "
+                         f"continue it or choose another {param('out')}")
 
 
 def _now(device: str) -> float:

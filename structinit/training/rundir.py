@@ -8,15 +8,26 @@
 ``best.pt``        the weights of the best epoch on the validation split (on the test split when
                    there is none; labelled so in ``final.json``)
 ``final.json``     the result: final-epoch accuracy first, the best epoch labelled as such
+``.lock``          held by the process that writes the run (``train``, a grid's task); it exists
+                   only while one does
 =================  =============================================================================
 
-A run is *fresh* (no checkpoint), *resumable* (a checkpoint, no ``final.json``) or *finished*.
+A run is *fresh* (no checkpoint), *resumable* (a checkpoint, no ``final.json``), *finished* or
+*damaged*. Nothing on disk is trusted: a run is finished only when its ``final.json`` parses as a
+dict with a numeric ``final_acc``, its key is ``config.json``'s, and ``checkpoint.pt`` is readable
+(:func:`checkpoint_info`, which runs nothing of the file and needs no torch) and holds the last
+epoch; a ``final.json`` that fails any of these, or a ``checkpoint.pt`` that cannot be read, makes
+the run *damaged* (:meth:`RunDir.damage` says why). Resuming a damaged run moves the damaged files
+into a ``damaged-<time>/`` folder of the run (:meth:`RunDir.set_aside`; nothing is deleted) and
+trains what is missing.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -24,7 +35,31 @@ from structinit.atomic import atomic_write
 from structinit.errors import StructinitError, UsageError, param
 
 CHECKPOINT_FORMAT = "structinit-train/1"
-STATES = ("fresh", "resumable", "finished")
+STATES = ("fresh", "resumable", "finished", "damaged")
+LOCK_FILE = ".lock"
+#: A run folder whose lock the parent process holds for this one (``bench run --nproc N`` starts
+#: ``torchrun``, whose rank 0 writes the run the task has locked): its resolved path.
+LOCK_HELD_ENV = "STRUCTINIT_RUN_LOCK_HELD"
+#: The files a run writes as it trains (``config.json`` is its settings, kept when it is set aside).
+RESULT_FILES = ("final.json", "checkpoint.pt", "best.pt", "metrics.jsonl")
+
+
+class RunBusy(StructinitError):
+    """Another process holds the run folder's lock (it is training or writing the run)."""
+
+    exit_code = 1
+
+
+class _Held:
+    """This process's hold of one run folder's lock: the lock, how many holders, and the folders
+    the first holder created for it (removed again when the last one lets go, if empty)."""
+
+    def __init__(self, lock: Any, created: List[Path], path: Path):
+        self.lock, self.created, self.path, self.count = lock, created, path, 1
+
+
+_HELD: Dict[str, _Held] = {}
+_HELD_GUARD = threading.Lock()
 
 
 class RunDir:
@@ -46,10 +81,101 @@ class RunDir:
 
     @property
     def state(self) -> str:
-        """``fresh``, ``resumable`` or ``finished`` (see the module docstring)."""
+        """``fresh``, ``resumable``, ``finished`` or ``damaged`` (see the module docstring)."""
+        if self.damage() is not None:
+            return "damaged"
         if self.file(self.FINAL).is_file():
             return "finished"
         return "resumable" if self.file(self.CHECKPOINT).is_file() else "fresh"
+
+    def damage(self) -> Optional[str]:
+        """Why the files here are not a sound run (``None`` when they are, or are a run not yet
+        finished): a ``checkpoint.pt`` that cannot be read, or a ``final.json`` that does not parse
+        as a result, belongs to another run than ``config.json``, or has no readable checkpoint of
+        the last epoch beside it. Reads no tensor, runs nothing of the files, needs no torch."""
+        return _damage(self)[0]
+
+    def set_aside(self) -> Optional[Path]:
+        """Move the damaged files (see :meth:`damage`) into a new ``damaged-<time>/`` folder of the
+        run and return it (``None`` when nothing is damaged). A readable checkpoint is kept (the run
+        resumes from it); without one every file the run wrote as it trained goes (it starts
+        afresh). ``config.json`` stays. Call it holding the lock."""
+        why, files = _damage(self)
+        if why is None:
+            return None
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        folder, k = self.path / f"damaged-{stamp}", 1
+        while folder.exists():
+            k += 1
+            folder = self.path / f"damaged-{stamp}-{k}"
+        try:
+            folder.mkdir()
+            for name in files:
+                os.replace(self.file(name), folder / name)
+            (folder / "why.txt").write_text(why + "\n")
+        except OSError as exc:
+            raise StructinitError(f"cannot set the damaged files of {self.path} aside into {folder}: "
+                                  f"{exc.strerror or exc}") from None
+        return folder
+
+    # ---- the lock
+    def lock(self) -> None:
+        """Hold the run's lock (``.lock`` in the folder, created with the folder if need be) until
+        :meth:`unlock`. Reentrant within a process (``bench run``'s task holds it while its own call
+        of :func:`~structinit.training.loop.train` takes it again); a second process gets
+        :class:`RunBusy` at once, naming the folder."""
+        from filelock import FileLock, Timeout
+
+        key = str(self.path.expanduser().resolve())
+        with _HELD_GUARD:
+            held = _HELD.get(key)
+            if held is not None:
+                held.count += 1
+                return
+            if os.environ.get(LOCK_HELD_ENV) == key:  # a parent process holds it for this one
+                _HELD[key] = _Held(None, [], self.path)
+                return
+            missing = [p for p in [self.path, *self.path.parents] if not p.exists()][::-1]
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StructinitError(f"cannot create run folder {self.path}: {exc.strerror or exc}") from None
+            lock = FileLock(str(self.file(LOCK_FILE)), timeout=0, thread_local=False)
+            try:
+                lock.acquire()
+            except Timeout:
+                _remove_empty(missing)
+                raise RunBusy(f"run folder {self.path} is in use: another process is training or writing it (it "
+                              "holds the folder's .lock); wait for it to finish, or stop it, and run again") from None
+            except OSError as exc:
+                _remove_empty(missing)
+                raise StructinitError(f"cannot lock run folder {self.path}: {exc.strerror or exc}") from None
+            _HELD[key] = _Held(lock, missing, self.path)
+
+    def unlock(self) -> None:
+        """Let go of a hold :meth:`lock` took; the last one removes ``.lock`` (while it still holds
+        it, so no other process can be holding it) and the folders the lock created, if empty."""
+        key = str(self.path.expanduser().resolve())
+        with _HELD_GUARD:
+            held = _HELD.get(key)
+            if held is None:
+                return
+            held.count -= 1
+            if held.count > 0:
+                return
+            del _HELD[key]
+            if held.lock is None:
+                return
+            try:
+                self.file(LOCK_FILE).unlink()
+            except OSError:
+                pass
+            held.lock.release()
+            _remove_empty(held.created)
+
+    def locked(self) -> bool:
+        """Whether this process holds the run's lock."""
+        return str(self.path.expanduser().resolve()) in _HELD
 
     def holds_run(self) -> bool:
         """Whether anything a run writes is here (its config, a checkpoint, metrics or a result):
@@ -161,6 +287,80 @@ class RunDir:
         return load_train_checkpoint(self.file(self.CHECKPOINT), map_location)
 
 
+def _remove_empty(folders: List[Path]) -> None:
+    """Remove ``folders`` (outermost first) innermost first, stopping at the first that is not empty."""
+    for folder in reversed(folders):
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
+def checkpoint_info(path: os.PathLike) -> Dict[str, Any]:
+    """A training checkpoint's plain fields (``epoch``, ``key``, ``format``, ...; tensors as
+    stand-ins), read without torch and without running anything in the file. Raises
+    :class:`StructinitError` saying why it cannot be read (empty, not a ``torch.save`` zip, cut
+    short, or a pickle that would run code)."""
+    from structinit.init.checkpoints import pickle_outline
+
+    obj = pickle_outline(path)
+    if not isinstance(obj, dict):
+        raise StructinitError(f"{path} holds a {type(obj).__name__}, not a training checkpoint")
+    return obj
+
+
+def _damage(run: "RunDir"):
+    """``(why, files to set aside)``, or ``(None, [])`` for a sound run (see :meth:`RunDir.damage`)."""
+    present = [n for n in RESULT_FILES if run.file(n).exists()]
+    ck_path, final_path = run.file(run.CHECKPOINT), run.file(run.FINAL)
+    ck, ck_why = None, None
+    if ck_path.exists():
+        try:
+            ck = checkpoint_info(ck_path)
+            if ck.get("format") != CHECKPOINT_FORMAT or not isinstance(ck.get("epoch"), int):
+                ck, ck_why = None, f"{ck_path} is not a structinit training checkpoint"
+        except StructinitError as exc:
+            ck_why = str(exc)
+    config = None
+    try:
+        config = run.read_config()
+    except StructinitError:
+        pass
+    key = config.get("key") if isinstance(config, dict) else None
+    if ck is not None and key is not None and ck.get("key") not in (None, key):
+        ck, ck_why = None, f"{ck_path} is run {ck.get('key')}'s checkpoint, not run {key}'s"
+    if ck_why is not None:
+        return ck_why, present  # no checkpoint to resume from: everything it trained goes
+    if not final_path.exists():
+        return None, []
+    try:
+        final = json.loads(final_path.read_text())
+    except (OSError, ValueError) as exc:
+        final, why = None, f"{final_path} does not parse ({type(exc).__name__})"
+    else:
+        why = None
+    if final is not None:
+        acc = final.get("final_acc") if isinstance(final, dict) else None
+        if not isinstance(final, dict):
+            why = f"{final_path} holds a {type(final).__name__}, not a result"
+        elif isinstance(acc, bool) or not isinstance(acc, (int, float)):
+            why = f"{final_path} has no numeric final_acc"
+        elif key is None:
+            why = f"{run.file(run.CONFIG)} is missing or unreadable, so {final_path} cannot be checked"
+        elif final.get("key") != key:
+            why = f"{final_path} is run {final.get('key')}'s result, not run {key}'s"
+        elif ck is None:
+            why = f"{final_path} has no {run.CHECKPOINT} beside it"
+        else:
+            last = ((config.get("resolved") or {}).get("hparams") or {}).get("epochs", final.get("epochs"))
+            if ck["epoch"] != last or final.get("epochs") != last:
+                why = (f"{final_path} reports {final.get('epochs')} epoch(s) and {ck_path} holds epoch "
+                       f"{ck['epoch']}, of {last}")
+    if why is None:
+        return None, []
+    return why, ([run.FINAL] if ck is not None else present)
+
+
 def _read_torch(path: os.PathLike, map_location) -> Any:
     """``torch.load(path, weights_only=True)``; every failure is one :class:`StructinitError` line."""
     import torch
@@ -169,10 +369,16 @@ def _read_torch(path: os.PathLike, map_location) -> Any:
 
     try:
         if sniff_format(path) == "torch":
-            return torch.load(path, map_location=map_location, weights_only=True)
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch's advice about weights_only; the error below says it all
+                return torch.load(path, map_location=map_location, weights_only=True)
         why = "not a torch checkpoint, or truncated"  # its first bytes are neither a torch.save zip nor a pickle
+        if Path(path).stat().st_size == 0:
+            why = "the file is empty (0 bytes)"
     except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line
-        why = _unreadable(exc)
+        why = _unreadable(exc, path)
     raise StructinitError(f"cannot read checkpoint {path}: {why}")
 
 
@@ -198,12 +404,16 @@ def load_run_weights(path: os.PathLike, map_location="cpu") -> Dict[str, Any]:
     return ck
 
 
-def _unreadable(exc: BaseException) -> str:
+def _unreadable(exc: BaseException, path: os.PathLike) -> str:
     """Why ``torch.load(weights_only=True)`` failed, in one line (torch's own messages run to a
     page and suggest ``weights_only=False``, which would run whatever the file holds)."""
-    from structinit.init.checkpoints import is_cut_short
+    from structinit.init.checkpoints import code_named, is_cut_short
 
     msg = str(exc)
+    if "Weights only load failed" in msg or is_cut_short(exc):
+        code = code_named(path)  # torch may give up before it reaches the code a pickle names
+        if code is not None:
+            return f"refused: unpickling it would run code ({code}); nothing of it was run"
     if is_cut_short(exc):
         return "not a torch checkpoint, or truncated"
     if "Weights only load failed" in msg:
