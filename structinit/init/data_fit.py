@@ -116,6 +116,16 @@ def refine_qk(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, columns: torch.
     """Rescale every head to Frobenius norm ``norm`` and take ``steps`` Adam steps on the batch
     ``x`` (see the module docstring), on the device ``x`` is on; returns float32 ``q, k: [H, D, d]``
     on the CPU."""
+    return _adam_steps(x, q, k, columns, steps=steps, mass=mass, l2=l2, lr=lr, norm=norm, mask=mask)
+
+
+def _adam_steps(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, columns: torch.Tensor, *, steps: int,
+                mass: float, l2: float, lr: float, norm: float, mask: Optional[torch.Tensor] = None,
+                draws: Optional[torch.Tensor] = None,
+                tick: Optional[Callable[[], None]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The fit's Adam steps: every head rescaled to Frobenius norm ``norm``, then ``steps`` steps on
+    the fit loss plus the L2 penalty, step ``s`` on ``x[draws[s]]`` (on all of ``x`` without
+    ``draws``), ``tick()`` after each. Float32 ``q, k`` on the CPU."""
     x = x.detach().float()
     q, k, columns, mask = _on(x.device, q, k, columns, mask)
     q = (q * (norm / q.norm(dim=(-2, -1), keepdim=True).clamp(min=1e-12))).requires_grad_(True)
@@ -124,11 +134,14 @@ def refine_qk(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, columns: torch.
         return q.detach().cpu(), k.detach().cpu()
     heads = q.shape[0]
     opt = torch.optim.Adam([q, k], lr=lr)
-    for _ in range(steps):
-        loss = fit_loss(x, q, k, columns, mass, mask) + l2 * ((q ** 2).sum() + (k ** 2).sum()) / heads
+    for s in range(steps):
+        batch = x if draws is None else x[draws[s]]
+        loss = fit_loss(batch, q, k, columns, mass, mask) + l2 * ((q ** 2).sum() + (k ** 2).sum()) / heads
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if tick is not None:
+            tick()
     return q.detach().cpu(), k.detach().cpu()
 
 
@@ -181,25 +194,11 @@ def refine_qk_minibatch(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, colum
     """:func:`refine_qk`, each Adam step on :func:`step_images` images drawn (with replacement,
     from a generator seeded with ``seed``) from the batch ``x`` instead of all of it. ``tick()`` is
     called after every step (progress; it may raise to stop the fit). Returns float32 ``q, k`` on the CPU."""
-    x = x.detach().float()
-    q, k, columns, mask = _on(x.device, q, k, columns, mask)
-    q = (q * (norm / q.norm(dim=(-2, -1), keepdim=True).clamp(min=1e-12))).requires_grad_(True)
-    k = (k * (norm / k.norm(dim=(-2, -1), keepdim=True).clamp(min=1e-12))).requires_grad_(True)
-    if not bool((columns >= 0).any()):
-        return q.detach().cpu(), k.detach().cpu()
-    heads, b = q.shape[0], int(x.shape[0])
+    b = int(x.shape[0])
     size = min(step_images(x.shape[1], batch), b)
-    gen = torch.Generator().manual_seed(int(seed))
-    draws = torch.randint(0, b, (steps, size), generator=gen).to(x.device)
-    opt = torch.optim.Adam([q, k], lr=lr)
-    for s in range(steps):
-        loss = fit_loss(x[draws[s]], q, k, columns, mass, mask) + l2 * ((q ** 2).sum() + (k ** 2).sum()) / heads
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if tick is not None:
-            tick()
-    return q.detach().cpu(), k.detach().cpu()
+    draws = torch.randint(0, b, (steps, size), generator=torch.Generator().manual_seed(int(seed))).to(x.device)
+    return _adam_steps(x, q, k, columns, steps=steps, mass=mass, l2=l2, lr=lr, norm=norm, mask=mask, draws=draws,
+                       tick=tick)
 
 
 def calibrate(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, columns: torch.Tensor, target_mass: float,
