@@ -84,14 +84,15 @@ def train_step_seconds(model, x, steps: int, batch: int = 64) -> float:
 
 def run_fit_bench(preset: str = "vit-digits", *, dataset: Optional[str] = None, image_size: int = 32,
                   in_chans: int = 3, versions: Sequence[int] = (2,), samples: int = 256, train_steps: int = 10,
-                  seed: int = 0, cache_dir=None, device: str = "cpu",
+                  steps: int = 300, seed: int = 0, cache_dir=None, device: str = "cpu",
                   progress: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
     """Time the impulse init with its data fit (each of ``versions``) on ``preset`` (see the module
     docstring), its plain solve cached first, on a fresh model each time; and ``train_steps``
     training steps of the model at batch 64. Returns ``{"shape", "train_step_seconds", "rows"}``;
     each row: ``version``, ``seconds`` (the whole init), ``fit_seconds`` (the fit itself),
     ``train_steps`` (``seconds`` in training steps), ``hit_rate``/``min_layer_hit_rate`` on the batch
-    (real inputs only), ``step_images``. ``device``: where the model, the inputs and so the fit are."""
+    (real inputs only), ``step_images``. ``steps``: the fit's Adam steps (300, the default; fewer to
+    time a slow version's steps and scale). ``device``: where the model, the inputs and so the fit are."""
     import tempfile
 
     import torch
@@ -124,12 +125,12 @@ def run_fit_bench(preset: str = "vit-digits", *, dataset: Optional[str] = None, 
             _sync(dev)
             t0 = time.perf_counter()
             rep = initialize_model(fresh, "impulse", seed=seed, data=x, data_fit_version=v, cache_dir=cache,
-                                   data_fit_samples=samples)
+                                   data_fit_samples=samples, data_fit=steps)
             _sync(dev)
             total = time.perf_counter() - t0
             fit = rep["data_fit"]
-            row = {"version": v, "seconds": total, "fit_seconds": fit.get("seconds"), "train_steps": total / step,
-                   "step_images": fit.get("step_images"), "samples": fit.get("samples")}
+            row = {"version": v, "steps": steps, "seconds": total, "fit_seconds": fit.get("seconds"),
+                   "train_steps": total / step, "step_images": fit.get("step_images"), "samples": fit.get("samples")}
             if dataset is not None:
                 hits = [r["hit_rate"] for r in fit["layers"]]
                 row.update(hit_rate=sum(hits) / len(hits), min_layer_hit_rate=min(hits))
@@ -147,11 +148,12 @@ def fit_bench_table(result: Dict[str, Any]) -> str:
     lines = [f"{s['preset']}: grid {'x'.join(map(str, s['grid']))}, dim {s['dim']}, {s['heads']} heads, depth "
              f"{s['depth']}; inputs {s['inputs']}; {s['threads']} thread(s); {s['device']}",
              f"one training step at batch 64: {result['train_step_seconds']:.3f} s",
-             f"{'version':>7} {'init s':>8} {'fit s':>8} {'= steps':>8} {'imgs/step':>9} {'hit':>6} {'min hit':>8}"]
+             f"{'version':>7} {'steps':>5} {'init s':>8} {'fit s':>8} {'= steps':>8} {'imgs/step':>9} {'hit':>6} "
+             f"{'min hit':>8}"]
     for r in result["rows"]:
         hit = f"{r['hit_rate']:>6.3f} {r['min_layer_hit_rate']:>8.3f}" if "hit_rate" in r else f"{'-':>6} {'-':>8}"
-        lines.append(f"{r['version']:>7} {r['seconds']:>8.2f} {r['fit_seconds']:>8.2f} {r['train_steps']:>8.1f} "
-                     f"{str(r['step_images'] or 'all'):>9} {hit}")
+        lines.append(f"{r['version']:>7} {r['steps']:>5} {r['seconds']:>8.2f} {r['fit_seconds']:>8.2f} "
+                     f"{r['train_steps']:>8.1f} {str(r['step_images'] or 'all'):>9} {hit}")
     return "\n".join(lines)
 
 

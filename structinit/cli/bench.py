@@ -112,6 +112,8 @@ def bench_fit(
                                                     show_default="3")] = None,
     versions: Annotated[str, typer.Option("--versions", help="Data fit versions to time, comma-separated.")] = "2",
     samples: Annotated[int, typer.Option("--samples", min=1, help="Inputs the fit gets.")] = 256,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="The fit's Adam steps (fewer: to time a slow "
+                                       "version's steps; the init then is not the default).")] = 300,
     train_steps: Annotated[int, typer.Option("--train-steps", min=1, help="Training steps (batch 64) timed as the "
                                              "unit.")] = 10,
     seed: Seed = 0,
@@ -133,7 +135,8 @@ def bench_fit(
     use_threads(threads)
     with Progress("bench fit", enabled=not json_out) as bar:
         result = run_fit_bench(model, dataset=dataset, image_size=image_size or 32, in_chans=in_chans or 3,
-                               versions=wanted, samples=samples, train_steps=train_steps, seed=seed, device=device,
+                               versions=wanted, samples=samples, train_steps=train_steps, steps=steps, seed=seed,
+                               device=device,
                                progress=bar.stage)
     if json_out:
         emit_json(result)
