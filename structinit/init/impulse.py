@@ -122,6 +122,12 @@ class ImpulseInit(InitSpec):
     the plain solve, a :class:`UserWarning` says so and the report's ``data_fit`` holds the reason.
     ``data_fit=0`` pins the plain solve. The defaults (data fit + mimetic V/proj) are the setting
     chosen on the validation split of the digits learning curve; see ``docs/results``.
+    ``data_fit_version`` (default 2; 1 steps on the whole batch) is the fit's algorithm,
+    ``data_fit_batch`` version 2's inputs per step (0: 1,024 query rows per head), ``data_fit_inputs``
+    what the fit runs on: the batch (``data``) or Gaussian noise inputs of the model's input shape
+    (``noise``: no dataset needed). The fit's result is a cached fitted artifact
+    (:mod:`structinit.init.fitted`); a layer it leaves below a hit rate of 0.9 on its batch is
+    warned about.
 
     ``self_weight`` (default 0, off; ``0 <= self_weight < 1``): self + shift, every head's
     ``Q_h K_h^T`` mixed with a mimetic-style identity term of this share, so that a head attends to
@@ -129,11 +135,14 @@ class ImpulseInit(InitSpec):
     and before its calibration to ``target_mass``; without a data fit, into the solve as written.
 
     The solve assumes the target's first layer sees the LayerNorm'd sin-cos table on position
-    alone. A target whose position embedding is something else (a learned one) is refused unless
-    ``fit_pe`` or ``pe_scale`` (or, for checkpoints, writing the table with ``set_pe``) says what to
-    do: a sin-cos solve would not give impulse attention on it. The report's hit rate and target
-    mass are measured on the target's own LayerNorm'd position embedding (where it has one), after
-    the write.
+    alone. A model whose position embedding is something else (timm's learned one, drawn with std
+    0.02, which tells the layers almost nothing of position) gets the sin-cos table in its place, as
+    ``pe_scale=1`` writes it (kept learnable; the report's ``pos_embed_written`` says so), unless
+    ``fit_pe`` solves for the embedding it has (scaled by ``pe_factor`` first when given) or
+    ``pe_scale`` chooses another scale. A checkpoint or state dict with such an embedding is refused
+    unless ``fit_pe`` or, for ``apply_checkpoint``, ``set_pe`` says what to do: its weights are not
+    changed beyond what was asked. The report's hit rate and target mass are measured on the
+    target's own LayerNorm'd position embedding (where it has one), after the write.
     """
 
     method = "impulse"
