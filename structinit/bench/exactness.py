@@ -97,6 +97,37 @@ def attention_conv(attn, x, taps):
     return (attn @ x.unsqueeze(0) @ taps).sum(0)
 
 
+def estimate_memory(tokens: int, heads: int, ndim: int, filter_size: int, channels: int, out_channels: int) -> int:
+    """Bytes the comparison itself holds at its peak (float64): the inputs, the kernel and its taps,
+    the attention maps, each head's values ``[heads, N, C_in]`` and outputs ``[heads, N, C_out]``,
+    the convolution and the difference."""
+    n = tokens
+    kernel = out_channels * channels * filter_size ** ndim
+    return 8 * (n * channels + 2 * kernel + heads * n * n + heads * n * (channels + out_channels)
+                + 3 * n * out_channels)
+
+
+def _check_memory(grid: Grid, heads: int, dim: int, filter_size: int, channels: int, out_channels: int, *,
+                  padding: str, device: str, causal: bool, ridge: float, seed: int) -> None:
+    """Refuse, before anything is allocated, a comparison that cannot fit in the memory ``device``
+    has free (as ``solve`` refuses a solve)."""
+    from structinit.solver.config import SolveConfig
+    from structinit.solver.run import available_memory
+    from structinit.solver.run import estimate_memory as solve_memory
+
+    config = SolveConfig(grid=grid, dim=dim, heads=heads, filter=filter_size, recipe="fast",
+                         params={"target_mass": 0.9, "ridge": ridge}, padding=padding, offset_order="centre",
+                         seed=seed, causal=causal)
+    need = estimate_memory(grid.tokens, heads, grid.ndim, filter_size, channels, out_channels) + solve_memory(config)
+    free = available_memory(device)
+    if free is not None and need > free:
+        gib = 2 ** 30
+        raise StructinitError(f"the comparison on {grid.tokens} tokens with {channels} input and {out_channels} "
+                              f"output channels needs about {need / gib:.1f} GiB of memory on {device}, and only "
+                              f"{free / gib:.1f} GiB is free; try fewer {param('channels')} or "
+                              f"{param('out_channels')}")
+
+
 def run_exactness(grid, filter_size: int = 3, *, masses: Sequence[float] = DEFAULT_MASSES,
                   paddings: Iterable[str] = PADDINGS, channels: int = 4, out_channels: Optional[int] = None,
                   dim: Optional[int] = None, causal: bool = False, ridge: float = DEFAULT_RIDGE, seed: int = 0,
@@ -130,15 +161,24 @@ def run_exactness(grid, filter_size: int = 3, *, masses: Sequence[float] = DEFAU
         check_geometry(grid, p, causal)
     if not paddings:
         raise UsageError(f"give at least one {param('padding')}")
+    twice = sorted({p for p in paddings if paddings.count(p) > 1})
+    if twice:
+        raise UsageError(f"{param('padding')} {twice[0]} is given twice; each padding is compared once")
     masses = [float(m) for m in masses]
     if not masses or any(not 0 < m < 1 for m in masses):
         raise UsageError(f"{param('masses')} must be numbers strictly between 0 and 1, got {masses}")
+    twice = sorted({m for m in masses if masses.count(m) > 1})
+    if twice:
+        raise UsageError(f"{param('masses')} {twice[0]:g} is given twice; the verdict compares each mass with the "
+                         "next larger one, so give each once")
     for name, value in (("channels", channels), ("out_channels", out_channels), ("filter", filter_size)):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise UsageError(f"{param(name)} must be a positive integer, got {value!r}")
     heads = filter_size if grid.ndim == 1 else filter_size * filter_size
     dim = dim or default_dim(grid, heads)
     out_channels = out_channels or channels
+    _check_memory(grid, heads, dim, filter_size, channels, out_channels, padding=paddings[0], device=device,
+                  causal=causal, ridge=ridge, seed=seed)
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(grid.tokens, channels, generator=gen, dtype=torch.float64)
     kshape = (out_channels, channels) + (filter_size,) * grid.ndim

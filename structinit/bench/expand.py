@@ -192,6 +192,36 @@ def parse_overrides(items: Iterable[str]) -> Dict[str, Any]:
     return out
 
 
+def _check_axes_kept(spec: GridSpec, plain: Dict[str, Any], init_over: Dict[str, Any]) -> None:
+    """Refuse ``--set`` settings that would replace what an axis varies: the setting an axis is
+    named after, or one without which two values of an axis are the same settings (their runs would
+    collapse into one while the report shows them apart)."""
+    for axis in spec.axes:
+        name = axis.name
+        if name in plain and any(name in v.settings for v in axis.values):
+            raise GridError(f"{param('overrides')} {name}={plain[name]} would replace the axis {name!r} of grid "
+                            f"{spec.name} in every run; choose some of its values with {param('only')} "
+                            f"{name}={','.join(v.id for v in axis.values[:2])}")
+        left = []
+        for v in axis.values:
+            kept = {k: val for k, val in v.settings.items() if k not in plain}
+            if "init_params" in kept and init_over:
+                kept["init_params"] = {k: val for k, val in kept["init_params"].items() if k not in init_over}
+                if not kept["init_params"]:
+                    del kept["init_params"]
+            left.append(json.dumps(kept, sort_keys=True, default=str))
+        for i, text in enumerate(left):
+            j = left.index(text)
+            if j < i:
+                a, b = axis.values[j], axis.values[i]
+                gone = sorted({k for k in (*a.settings, *b.settings) if k in plain}
+                              | {f"init_params.{k}" for k in init_over
+                                 if k in (a.settings.get("init_params") or {}) or k in (b.settings.get("init_params")
+                                                                                         or {})})
+                raise GridError(f"{param('overrides')} {', '.join(gone)} would make the values {a.id!r} and {b.id!r} "
+                                f"of the axis {name!r} the same runs; choose values with {param('only')} instead")
+
+
 def _merge(cfg: Dict[str, Any], settings: Dict[str, Any]) -> None:
     for k, v in settings.items():
         if k == "init_params":
@@ -240,8 +270,10 @@ def expand(spec: GridSpec, *, overrides: Union[Iterable[str], Dict[str, Any], No
     plain = {k: v for k, v in overrides.items() if not k.startswith(INIT_PARAM_PREFIX)}
     init_over = {k[len(INIT_PARAM_PREFIX):]: v for k, v in overrides.items() if k.startswith(INIT_PARAM_PREFIX)}
     used_init_over = set()
+    _check_axes_kept(spec, plain, init_over)
 
     long_warmup: Dict[Tuple[float, int], int] = {}
+    first_seed: Dict[str, str] = {}  # the run key of each cell's first seed -> the cell
     row_axis = spec.row_axis
     col_cells = spec.column_cells()
     layout = [spec.rows] + list(spec.columns)
@@ -281,9 +313,15 @@ def expand(spec: GridSpec, *, overrides: Union[Iterable[str], Dict[str, Any], No
                 raise GridError(f"{spec.source}: cell {where}: {exc}") from None
             except TypeError as exc:  # a value of a type the config cannot take
                 raise GridError(f"{spec.source}: cell {where}: {exc}") from None
-            for seed in seed_list:
+            for i, seed in enumerate(seed_list):
                 config = TrainConfig(**dict(copy.deepcopy(cfg), seed=seed))
                 key = config.key
+                if i == 0:
+                    if key in first_seed:  # two cells that are one run: the report would show it twice
+                        raise GridError(f"{spec.source}: cells {first_seed[key]} and {where} are the same runs (their "
+                                        "settings differ only in spelling or in defaults); give each cell settings "
+                                        "of its own, or drop one")
+                    first_seed[key] = where
                 config.out = str(runs_dir / key)
                 config.resume = True
                 cells.append(Cell(row.id, tuple(v.id for v in col), seed, key, config))

@@ -93,9 +93,18 @@ def suggest(name: str, known: Sequence[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def coerce_setting(name: str, value: Any, fields: Optional[Dict[str, Any]] = None) -> Any:
+def _base(hint: Any) -> Any:
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    base = args[0] if typing.get_origin(hint) is typing.Union and args else hint
+    return typing.get_origin(base) or base
+
+
+def coerce_setting(name: str, value: Any, fields: Optional[Dict[str, Any]] = None, strict: bool = False) -> Any:
     """``value`` of training setting ``name`` converted to the field's type; a :class:`GridError`
-    saying what was expected when it does not fit (or when ``name`` is not a setting)."""
+    saying what was expected when it does not fit (or when ``name`` is not a setting). ``strict``
+    (a value from a grid file, which TOML types): a number or a true/false given as a string is
+    refused rather than converted, as any other value of the wrong type is (a number for a string
+    setting is read as its text)."""
     from structinit.init.base import coerce
 
     fields = fields if fields is not None else settable_fields()
@@ -104,6 +113,9 @@ def coerce_setting(name: str, value: Any, fields: Optional[Dict[str, Any]] = Non
                         + (" (use seeds / --seeds)" if name == "seed" else " (use --out)" if name == "out" else ""))
     if name not in fields:
         raise GridError(f"unknown setting {name!r}{suggest(name, list(fields))}")
+    base = _base(fields[name])
+    if strict and isinstance(value, str) and base in (bool, int, float):
+        raise GridError(f"'{name}' must be {_kind(fields[name])}, got {value!r} (write it without quotes)")
     try:
         return coerce("training", name, value, fields[name])
     except UsageError:
@@ -284,7 +296,7 @@ def parse_grid_text(text: str, source: str = "<grid>", default_name: str = "grid
     settings = {}
     for key, value in settings_doc.items():
         try:
-            settings[key] = coerce_setting(key, value, fields)
+            settings[key] = coerce_setting(key, value, fields, strict=True)
         except GridError as exc:
             raise _at(source, lines.key(key, "settings") or lines.key(key), f"[settings] {exc}") from None
 
@@ -343,6 +355,10 @@ def _parse_axis(name: str, raw: Any, source: str, lines: _Lines, fields: Dict[st
     if not NAME_RE.match(name):
         raise _at(source, lines.header(f"axes.{name}") or lines.key(name, "axes"), f"axis name {name!r} must be "
                   "letters, digits, '-', '_' or '.'")
+    if name in LAUNCHER_FIELDS:
+        raise _at(source, lines.header(f"axes.{name}") or lines.key(name, "axes"), f"'{name}' cannot be an axis: "
+                  "it is set by the launcher" + (", and every cell already runs each of the grid's seeds (set them "
+                                                 "with seeds = N or a list, or --seeds)" if name == "seed" else ""))
     inline_line = lines.key(name, "axes")
     if not isinstance(raw, list) or not raw:
         raise _at(source, inline_line or lines.header(f"axes.{name}"), f"axis {name!r} must be a non-empty list of "
@@ -355,7 +371,7 @@ def _parse_axis(name: str, raw: Any, source: str, lines: _Lines, fields: Dict[st
                 raise _at(source, inline_line, f"axis {name!r} lists plain values, so it must be a training setting"
                           f"{suggest(name, list(fields))}; otherwise give each value as a table with its settings")
             try:
-                value = coerce_setting(name, item, fields)
+                value = coerce_setting(name, item, fields, strict=True)
             except GridError as exc:
                 raise _at(source, inline_line, f"axis {name!r}: {exc}") from None
             values.append(AxisValue(str(item), str(item), {name: value}, inline_line))
@@ -368,7 +384,7 @@ def _parse_axis(name: str, raw: Any, source: str, lines: _Lines, fields: Dict[st
                               f"'{key}' must be a non-empty string, got {value!r}")
                 continue
             try:
-                settings[key] = coerce_setting(key, value, fields)
+                settings[key] = coerce_setting(key, value, fields, strict=True)
             except GridError as exc:
                 where = lines.key(key, f"axes.{name}", i) if lines.header(f"axes.{name}", i) else \
                     lines.key(key, after=line or 0)
@@ -383,12 +399,41 @@ def _parse_axis(name: str, raw: Any, source: str, lines: _Lines, fields: Dict[st
                 raise _at(source, line, f"axis {name!r} value {i + 1} needs an 'id' (it sets no setting named "
                           f"{name!r} to name it by)")
         values.append(AxisValue(vid, item.get("label", vid), settings, line))
-    seen = set()
+    seen: Dict[str, AxisValue] = {}
+    labels: Dict[str, AxisValue] = {}
     for v in values:
         if v.id in seen:
             raise _at(source, v.line, f"axis {name!r} has the id {v.id!r} twice; give each value its own 'id'")
-        seen.add(v.id)
+        bad = [c for c in ID_FORBIDDEN if c in v.id]
+        if bad or v.id != v.id.strip():
+            what = f"{bad[0]!r}" if bad else "spaces at its ends"
+            raise _at(source, v.line, f"axis {name!r}: the id {v.id!r} has {what}, which --only and the report's "
+                      f"column ids use to separate ids; give the value an 'id' without ', / =' or end spaces")
+        if v.label in labels:
+            raise _at(source, v.line, f"axis {name!r} has the label {v.label!r} twice (values {labels[v.label].id!r} "
+                      f"and {v.id!r}); tables and figures would show two rows or columns of that name")
+        for other in seen.values():
+            if _canonical(other.settings) == _canonical(v.settings):
+                raise _at(source, v.line, f"axis {name!r}: the values {other.id!r} and {v.id!r} set the same settings "
+                          f"({_settings_text(v.settings)}), so they would be the same runs under two names")
+        seen[v.id] = v
+        labels[v.label] = v
     return Axis(name, tuple(values))
+
+
+#: Characters an axis value's id may not hold: --only separates ids with ',' and the axis with
+#: '=', the report joins column ids with '/'.
+ID_FORBIDDEN = (",", "/", "=")
+
+
+def _canonical(settings: Dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(settings, sort_keys=True, default=str)
+
+
+def _settings_text(settings: Dict[str, Any]) -> str:
+    return ", ".join(f"{k} = {v!r}" for k, v in sorted(settings.items())) or "none"
 
 
 def _parse_paper(spec: GridSpec, paper: Any, source: str, lines: _Lines) -> None:
@@ -468,6 +513,8 @@ def restrict(spec: GridSpec, selection: Dict[str, Sequence[str]]) -> GridSpec:
         return spec
     names = [a.name for a in spec.axes]
     for name, ids in selection.items():
+        if name not in names and name in ("seed", "seeds"):
+            raise GridError(f"{param('only')}: the seeds are not an axis; choose them with {param('seeds')}")
         if name not in names:
             raise GridError(f"{param('only')}: unknown axis {name!r}{suggest(name, names)}; grid {spec.name} has "
                             f"{', '.join(names)}")
@@ -508,8 +555,13 @@ def load_grid(name_or_path: str) -> GridSpec:
             raise GridError(f"grid file {text_arg} does not exist")
         try:
             text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise GridError(f"cannot read grid file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        except OSError as exc:  # a file-system problem (exit code 1), not a mistake in the grid
+            from structinit.errors import StructinitError
+
+            raise StructinitError(f"cannot read grid file {path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise GridError(f"cannot read grid file {path}: it is not UTF-8 text ({exc.reason} at byte "
+                            f"{exc.start})") from None
         return parse_grid_text(text, str(path), default_name=path.stem)
     shipped = shipped_grids()
     if text_arg not in shipped:

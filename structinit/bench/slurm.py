@@ -31,6 +31,31 @@ from structinit.errors import StructinitError, UsageError, param
 
 TEMPLATE = "slurm_array.sbatch"
 TIME_RE = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}\Z|\d+-\d+\Z")
+MEM_RE = re.compile(r"\d+[KMGTkmgt]?\Z")
+#: #SBATCH options the launcher writes itself (short and long names -> the long one).
+OWN_OPTIONS = {"array": "array", "a": "array", "output": "output", "o": "output", "signal": "signal",
+               "open-mode": "open-mode"}
+
+
+def check_time(text: str) -> str:
+    """A SLURM time limit: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, each field in
+    range (a :class:`UsageError` naming ``time`` otherwise)."""
+    def bad(why: str = "") -> UsageError:
+        return UsageError(f"{param('time')} must look like HH:MM:SS, D-HH:MM:SS or minutes{why}, got {text!r}")
+
+    if not TIME_RE.match(text):
+        raise bad()
+    days, _, rest = text.rpartition("-")
+    parts = [int(x) for x in rest.split(":")]
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        limits = [("hours", 24), ("minutes", 60), ("seconds", 60)][:len(parts)]
+    else:  # MM, MM:SS, HH:MM:SS
+        limits = {1: [("minutes", None)], 2: [("minutes", None), ("seconds", 60)],
+                  3: [("hours", None), ("minutes", 60), ("seconds", 60)]}[len(parts)]
+    for value, (what, top) in zip(parts, limits):
+        if top is not None and value >= top:
+            raise bad(f" ({what} below {top})")
+    return text
 
 
 class _Template(Template):
@@ -62,15 +87,27 @@ class SlurmOptions:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < lowest):
                 raise UsageError(f"{param(name)} must be an integer of at least {lowest}, got {value!r}")
-        if self.time is not None and not TIME_RE.match(str(self.time)):
-            raise UsageError(f"{param('time')} must look like HH:MM:SS, D-HH:MM:SS or minutes, got {self.time!r}")
+        if self.time is not None:
+            check_time(str(self.time))
         for name in ("partition", "mem", "account", "qos", "job_name"):
             value = getattr(self, name)
             if value is not None and (not str(value).strip() or any(c.isspace() for c in str(value))):
                 raise UsageError(f"{param(name)} must be one word, got {value!r}")
+        if self.mem is not None and not MEM_RE.match(str(self.mem)):
+            raise UsageError(f"{param('mem')} must be a size in megabytes or with a unit K, M, G or T (32G, 4000M), "
+                             f"got {self.mem!r}")
         for line in self.extra:
             if "\n" in line or not line.strip():
                 raise UsageError(f"{param('sbatch')} takes one #SBATCH option per use, got {line!r}")
+            text = line.strip()
+            text = text[len("#SBATCH"):].strip() if text.startswith("#SBATCH") else text
+            if not re.match(r"--?[A-Za-z]", text):
+                raise UsageError(f"{param('sbatch')} takes an sbatch option such as --constraint=a100 (one that "
+                                 f"starts with -), got {line!r}")
+            name = re.match(r"--?([A-Za-z-]+)", text).group(1)
+            if name in OWN_OPTIONS:
+                raise UsageError(f"{param('sbatch')} {text}: the launcher writes --{OWN_OPTIONS[name]} itself (one "
+                                 "array task per run, its log, the stop signal); edit the written script to change it")
 
     def sbatch_lines(self, count: int, log_dir: Path, job_name: str) -> List[str]:
         array = f"0-{count - 1}" + (f"%{self.max_concurrent}" if self.max_concurrent else "")

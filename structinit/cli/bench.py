@@ -22,6 +22,7 @@ from structinit.cli.common import (
     Tokens,
     emit_json,
     examples,
+    path_arg,
 )
 
 SOLVER_EXAMPLES = examples(
@@ -210,10 +211,11 @@ Seeds = Annotated[Optional[str], Opt("--seeds", help="Seeds: a count N (seeds 0.
                                      show_default="the grid's")]
 Only = Annotated[List[str], Opt("--only", help="Keep only some values of an axis: AXIS=ID[,ID...] (repeatable), "
                                 "e.g. train_size=100,250.")]
-RunsDir = Annotated[Path, Opt("--out", "-o", help="Where the runs live: one folder per run, named by its key.")]
+RunsDir = Annotated[Path, Opt("--out", "-o", help="Where the runs live: one folder per run, named by its key.",
+                               parser=path_arg, metavar="DIR")]
 DataDir = Annotated[Optional[Path], Opt("--data-dir", help="Data root: every run reads its dataset from here; a "
                                         "grid's relative data_dir is read below it.",
-                                        show_default="$STRUCTINIT_DATA, else ./data")]
+                                        show_default="$STRUCTINIT_DATA, else ./data", parser=path_arg, metavar="DIR")]
 
 
 def _grid_command(grid: str, out: Path, overrides: List[str], seeds: Optional[str],
@@ -245,7 +247,59 @@ def _list_grids(json_out: bool) -> None:
         typer.echo(f"{r['name']:<{width}}  {r['runs']:>4} runs ({shape} x {len(r['seeds'])} seeds)  {r['title']}")
 
 
+#: bench grid's options per launcher (parameter name -> flag).
+SLURM_OPTIONS = {"partition": "--partition", "time_limit": "--time", "gpus": "--gpus", "cpus": "--cpus",
+                 "mem": "--mem", "account": "--account", "qos": "--qos", "sbatch": "--sbatch",
+                 "max_concurrent": "--max-concurrent", "signal_seconds": "--signal-seconds", "dry_run": "--dry-run"}
+LOCAL_OPTIONS = {"jobs": "--jobs"}
+
+
+def _given(ctx: typer.Context, names: Dict[str, str]) -> List[str]:
+    """The flags among ``names`` (parameter -> flag) given on the command line."""
+    out = []
+    for name, flag in names.items():
+        source = ctx.get_parameter_source(name)
+        # compared by name: newer Typer releases vendor their own copy of click's ParameterSource
+        if source is not None and getattr(source, "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP"):
+            out.append(flag)
+    return out
+
+
+def _refuse_idle_options(ctx: typer.Context, grid: Optional[str], list_grids: bool, status: bool,
+                         launcher: str) -> None:
+    """Options that would do nothing in the mode asked for are errors, not silently ignored."""
+    from structinit.errors import UsageError
+
+    if list_grids:
+        if grid is not None:
+            raise UsageError(f"--list lists the shipped grids and takes no grid (got {grid!r}); for that grid's runs: "
+                             f"structinit bench grid {grid} --status")
+        others = {n: f for n, f in {**SLURM_OPTIONS, **LOCAL_OPTIONS, "status": "--status", "overrides": "--set",
+                                    "seeds": "--seeds", "only": "--only", "out": "--out", "data_dir": "--data-dir",
+                                    "launcher": "--launcher", "threads": "--threads"}.items()}
+        extra = _given(ctx, others)
+        if extra:
+            raise UsageError(f"--list takes no other option than --json; {extra[0]} would do nothing")
+        return
+    if status:
+        extra = _given(ctx, {"launcher": "--launcher", **LOCAL_OPTIONS, **SLURM_OPTIONS})
+        if extra:
+            raise UsageError(f"--status launches nothing, so {extra[0]} would do nothing; drop it (or --status)")
+        return
+    if launcher != "slurm":
+        extra = _given(ctx, SLURM_OPTIONS)
+        if extra:
+            raise UsageError(f"{extra[0]} is an option of --launcher slurm, not of --launcher {launcher}; it would do "
+                             "nothing here")
+    if launcher != "local":
+        extra = _given(ctx, LOCAL_OPTIONS)
+        if extra:
+            raise UsageError(f"{extra[0]} is an option of --launcher local, not of --launcher {launcher}; it would do "
+                             "nothing here")
+
+
 def bench_grid(
+    ctx: typer.Context,
     grid: Annotated[Optional[str], typer.Argument(help="A shipped grid (see --list) or a grid file (.toml).",
                                                   show_default=False)] = None,
     list_grids: Annotated[bool, Opt("--list", help="List the shipped grids with their run counts.")] = False,
@@ -293,12 +347,13 @@ def bench_grid(
     from structinit.errors import UsageError
 
     t0 = time.perf_counter()
+    check_launcher(launcher)
+    _refuse_idle_options(ctx, grid, list_grids, status, launcher)
     if list_grids:
         _list_grids(json_out)
         return
     if grid is None:
         raise UsageError("give a grid: a shipped name (structinit bench grid --list) or a .toml file")
-    check_launcher(launcher)
     options = None
     if launcher == "slurm":  # bad cluster options are refused before anything else is said or done
         from structinit.bench.slurm import SlurmOptions, check_sbatch
@@ -379,6 +434,7 @@ def bench_grid(
 
 
 def bench_report(
+    ctx: typer.Context,
     target: Annotated[str, typer.Argument(help="A folder of runs (bench grid's --out), or a grid (name or file) "
                                           "whose runs are in --out.", show_default=False)],
     out: RunsDir = Path("runs"),
@@ -387,7 +443,8 @@ def bench_report(
     only: Only = [],  # noqa: B006
     grid_name: Annotated[Optional[str], Opt("--grid", help="With a folder: report only this grid.")] = None,
     report_dir: Annotated[Optional[Path], Opt("--report-dir", help="Write report.md, cells.csv, runs.csv, "
-                                              "report.json and the figures (PNG) into this folder.")] = None,
+                                              "report.json and the figures (PNG) into this folder.",
+                                              parser=path_arg, metavar="DIR")] = None,
     force: Annotated[bool, Opt("--force", help="Replace files of an earlier report in --report-dir.")] = False,
     figures: Annotated[bool, Opt("--figures/--no-figures", help="Draw the figures (with --report-dir).")] = True,
     attention: Annotated[bool, Opt("--attention", help="Also draw the attention after init averaged over real "
@@ -419,6 +476,18 @@ def bench_report(
     from structinit.bench.report import collect, markdown, read_runs_csv, reports_for_folder
     from structinit.errors import UsageError
 
+    if report_dir is None:
+        extra = _given(ctx, {"force": "--force", "figures": "--figures/--no-figures", "attention": "--attention",
+                             "attention_column": "--attention-column", "attention_images": "--attention-images"})
+        if extra:
+            raise UsageError(f"{extra[0]} is about the files --report-dir writes; without --report-dir it would do "
+                             "nothing")
+    if not attention:
+        extra = _given(ctx, {"attention_column": "--attention-column", "attention_images": "--attention-images"})
+        if extra:
+            raise UsageError(f"{extra[0]} chooses what --attention draws; without --attention it would do nothing")
+    elif not figures:
+        raise UsageError("--attention draws a figure, which --no-figures turns off; give one of them")
     earlier = {}
     if Path(target).expanduser().is_dir():
         if overrides or seeds is not None or only or runs_csv or baseline:
@@ -447,8 +516,6 @@ def bench_report(
                          "grid")
     att = None
     if attention:
-        if report_dir is None:
-            raise UsageError("--attention draws a figure: give --report-dir")
         from structinit.analysis.figures import save_png  # noqa: F401  (matplotlib is needed)
         from structinit.bench.attention import attention_grid_figure, column_arg, grid_attention
 

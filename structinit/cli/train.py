@@ -143,9 +143,10 @@ def train(
     the best epoch is chosen on --val-size's validation split when there is one. Runs unchanged
     under torchrun (DDP; NCCL on GPUs, gloo on CPU); only rank 0 writes and prints.
     """
+    from structinit.errors import StructinitError
     from structinit.init.specs import parse_assignments
     from structinit.runtime import use_threads
-    from structinit.training.config import TrainConfig
+    from structinit.training.config import TrainConfig, long_warmup
     from structinit.training.distributed import launched_by_torchrun
     from structinit.training.loop import train as run_training
 
@@ -163,9 +164,13 @@ def train(
     if resume and out is not None:
         fields = _with_run_settings(ctx, fields, out)
     config = TrainConfig(**fields)
-    n_epochs = int(config.validate()["epochs"])  # before torch is imported
+    hp = config.validate()  # before torch is imported
+    n_epochs = int(hp["epochs"])
     use_threads(threads)
     rank0 = not launched_by_torchrun() or os.environ.get("RANK", "0") == "0"
+    too_long = long_warmup(hp)
+    if too_long and rank0:
+        typer.echo("warning: " + StructinitError(too_long).render(lambda n: "--" + n.replace("_", "-")), err=True)
     with Progress("training", enabled=rank0, plain=False) as bar:
         result = run_training(config, on_step=lambda e, s, n: bar.update(s, n, f"epoch {e}/{n_epochs}"),
                               on_epoch=lambda r: bar.log(_fmt(r, n_epochs)), log=bar.log,

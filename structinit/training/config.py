@@ -239,6 +239,15 @@ class TrainConfig:
         return hashlib.sha256(text.encode()).hexdigest()[:KEY_LENGTH]
 
 
+def long_warmup(hp: Dict[str, Any]) -> Optional[str]:
+    """What is wrong with resolved hyperparameters ``hp`` whose warm-up is as long as the training
+    (``None`` when it is shorter): the learning rate never reaches its peak."""
+    if float(hp["warmup_epochs"]) < float(hp["epochs"]):
+        return None
+    return (f"warm up for {float(hp['warmup_epochs']):g} epochs but train for only {hp['epochs']}: the learning rate "
+            f"never reaches its peak (set {param('warmup_epochs')} too)")
+
+
 def _check_hparams(r: Dict[str, Any]) -> None:
     from structinit.training.augment import AUGMENTS
 
