@@ -23,12 +23,13 @@ def test_band_figure_puts_each_head_on_its_offset(seq_artifact):
     fig = band_figure(attn, 15, seq_artifact.offsets[0], "title")
     bands = [ax for ax in fig.axes if ax.get_xlabel() == "relative position (key - query)"]
     assert len(bands) == 4
+    assert [ax.images[0].colorbar is not None for ax in bands].count(True) == 1  # one colour bar for them
     for head, ax in enumerate(bands):
         band = np.asarray(ax.images[0].get_array())  # [queries, relative positions], blank (nan) outside
         reach = (band.shape[1] - 1) // 2
         column = int(np.nanargmax(np.nanmean(band, axis=0))) - reach
         assert column == int(seq_artifact.offsets[0, head, 1])
-        assert ax.images[0].colorbar is not None
+        assert ax.images[0].get_clim() == bands[0].images[0].get_clim()  # one scale for every band
         assert np.isnan(band[0, :reach]).all()  # keys before the first token are outside the sequence
 
 

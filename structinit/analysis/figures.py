@@ -1,5 +1,7 @@
 """Figures a person looks at (matplotlib, written as PNG): every one has a title, labelled axes and
-a colour bar with its scale.
+a colour bar with its scale. An attention figure has one colour scale for all its panels (0 to the
+largest weight shown), so a uniform map looks uniform and dark beside a sharp one instead of
+filling its own scale.
 
 Figures are built on :class:`matplotlib.figure.Figure` directly (no pyplot state, no display
 needed) and written with :func:`save_png`, atomically, never over an existing file unless asked.
@@ -62,8 +64,8 @@ def attention_figure(attn: np.ndarray, grid, query: int, offsets: Optional[np.nd
     with a white square, the impulse target with a red circle) and the full ``N x N`` attention
     matrix (bottom; rows are queries). ``attn: [heads, N, N]``, ``offsets: [heads, 2]``.
 
-    Each panel has its own colour bar (attention weight, 0 to the panel's maximum). A sequence
-    (a 1-D grid) is drawn by :func:`band_figure`."""
+    One colour scale for every panel (attention weight, 0 to the largest weight in the figure),
+    with one colour bar. A sequence (a 1-D grid) is drawn by :func:`band_figure`."""
     from matplotlib.figure import Figure
 
     from structinit.geometry.grid import Grid
@@ -73,14 +75,15 @@ def attention_figure(attn: np.ndarray, grid, query: int, offsets: Optional[np.nd
     heads, n, _ = attn.shape
     gh, gw = Grid(grid).hw
     qy, qx = divmod(int(query), gw)
-    fig = Figure(figsize=(3.4 * heads, 6.4), layout="constrained")
+    fig = Figure(figsize=(3.0 * heads + 1.0, 6.4), layout="constrained")
     axes = fig.subplots(2, heads, squeeze=False)
+    top_weight = max(float(attn.max()), 1e-12)  # one scale for the figure
     fig.suptitle(f"{title}\ntop: the attention of query token {query} (row {qy}, col {qx}; white square) over the "
                  "grid, its impulse target circled red; bottom: all queries (rows) x keys (columns)", fontsize=10)
     for h in range(heads):
         top, bottom = axes[0, h], axes[1, h]
         qmap = attn[h, query].reshape(gh, gw)
-        im = top.imshow(qmap, cmap=CMAP, vmin=0, vmax=max(float(qmap.max()), 1e-12), interpolation="nearest")
+        im = top.imshow(qmap, cmap=CMAP, vmin=0, vmax=top_weight, interpolation="nearest")
         head_title = f"head {h}"
         top.plot(qx, qy, marker="s", markersize=9, markerfacecolor="none", markeredgecolor="white", markeredgewidth=2)
         if offsets is not None:
@@ -95,13 +98,11 @@ def attention_figure(attn: np.ndarray, grid, query: int, offsets: Optional[np.nd
         top.set_title(head_title, fontsize=9)
         top.set_xlabel("token column x")
         top.set_ylabel("token row y")
-        fig.colorbar(im, ax=top, shrink=0.8, label="attention weight")
-        im2 = bottom.imshow(attn[h], cmap=CMAP, vmin=0, vmax=max(float(attn[h].max()), 1e-12),
-                            interpolation="nearest")
+        bottom.imshow(attn[h], cmap=CMAP, vmin=0, vmax=top_weight, interpolation="nearest")
         bottom.set_xlabel("key token")
         bottom.set_ylabel("query token")
         bottom.set_title(f"head {h}: {n} x {n} attention", fontsize=9)
-        fig.colorbar(im2, ax=bottom, shrink=0.8, label="attention weight")
+    fig.colorbar(im, ax=list(axes.ravel()), shrink=0.6, label="attention weight\n(one scale for every panel)")
     return fig
 
 
@@ -112,8 +113,9 @@ def band_figure(attn: np.ndarray, query: int, offsets: Optional[np.ndarray] = No
     band (bottom): row ``q`` shows the attention on keys ``q + r`` for relative positions ``r`` in
     ``-reach .. reach`` (default: 8, or more to hold every offset), so an impulse filter is a bright
     column at its offset ``dx``, marked by dashed red lines. ``attn: [heads, L, L]``,
-    ``offsets: [heads, 2]`` as ``(0, dx)``. Each band has a colour bar (attention weight, 0 to its
-    maximum); keys outside the sequence are blank (with ``circular`` padding they wrap around)."""
+    ``offsets: [heads, 2]`` as ``(0, dx)``. The bands share one colour scale (attention weight, 0
+    to the largest weight in any of them) and one colour bar; keys outside the sequence are blank
+    (with ``circular`` padding they wrap around)."""
     from matplotlib.figure import Figure
 
     heads, n, _ = attn.shape
@@ -125,6 +127,9 @@ def band_figure(attn: np.ndarray, query: int, offsets: Optional[np.ndarray] = No
                  "target circled red; bottom: every query's attention by relative position key - query (the band), "
                  "the head's offset between dashed red lines (blank: keys outside the sequence)", fontsize=10)
     positions = np.arange(n)
+    bands = [relative_band(attn[h], reach, padding) for h in range(heads)]
+    band_top = max(max(float(np.nanmax(b)) if np.isfinite(b).any() else 0.0 for b in bands), 1e-12)
+    weight_top = max(float(attn[:, query].max()) * 1.15, 1e-12)
     for h in range(heads):
         top, bottom = axes[0, h], axes[1, h]
         top.bar(positions, attn[h, query], width=1.0, color="tab:blue")
@@ -141,11 +146,10 @@ def band_figure(attn: np.ndarray, query: int, offsets: Optional[np.ndarray] = No
                          markeredgecolor="red", markeredgewidth=2)
         top.set_title(head_title, fontsize=9)
         top.set_xlim(-0.5, n - 0.5)
-        top.set_ylim(0, max(float(attn[h, query].max()) * 1.15, 1e-12))
+        top.set_ylim(0, weight_top)  # one scale for every head
         top.set_xlabel("key position")
         top.set_ylabel("attention weight")
-        band = relative_band(attn[h], reach, padding)
-        im = bottom.imshow(band, cmap=CMAP, vmin=0, vmax=max(float(np.nanmax(band)), 1e-12), aspect="auto",
+        im = bottom.imshow(bands[h], cmap=CMAP, vmin=0, vmax=band_top, aspect="auto",
                            interpolation="nearest", extent=(-reach - 0.5, reach + 0.5, n - 0.5, -0.5))
         if dx is not None:
             for edge in (dx - 0.5, dx + 0.5):
@@ -153,7 +157,7 @@ def band_figure(attn: np.ndarray, query: int, offsets: Optional[np.ndarray] = No
         bottom.set_xlabel("relative position (key - query)")
         bottom.set_ylabel("query position")
         bottom.set_title(f"head {h}: the band, {2 * reach + 1} relative positions", fontsize=9)
-        fig.colorbar(im, ax=bottom, shrink=0.8, label="attention weight")
+    fig.colorbar(im, ax=list(axes[1]), shrink=0.8, label="attention weight\n(one scale for every band)")
     return fig
 
 
@@ -194,9 +198,10 @@ def fidelity_figure(fid, query: Optional[int] = None, layers: Optional[Sequence[
     token; white square) over the ``H x W`` grid of keys, averaged over the real inputs, with the
     head's impulse target circled red and the ``f x f`` window dashed. On a sequence each panel is
     the head's band: every query's attention by relative position ``key - query`` (as in
-    :func:`band_figure`), the offset between dashed red lines. One colour bar per row (attention
-    weight, 0 to the row's maximum, so the heads of a layer share a scale). Panel titles give the
-    head's hit rate, target mass and window share over all queries and inputs."""
+    :func:`band_figure`), the offset between dashed red lines. One colour scale for the figure
+    (attention weight, 0 to the largest weight shown) and one colour bar, so layers and heads
+    compare at a glance. Panel titles give the head's hit rate, target mass and window share over
+    all queries and inputs."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 
@@ -222,13 +227,14 @@ def fidelity_figure(fid, query: Optional[int] = None, layers: Optional[Sequence[
         bands = fid.grid_maps()
     gh, gw = fid.grid.hw
     qy, qx = divmod(q, gw)
+    if seq:
+        all_panels = {l: [relative_band(bands[l, h], reach, fid.padding) for h in range(heads)] for l in rows}
+    else:
+        all_panels = {l: [qmaps[l, h] for h in range(heads)] for l in rows}
+    top = max(max(float(np.nanmax(p)) if np.isfinite(p).any() else 0.0 for ps in all_panels.values() for p in ps),
+              1e-12)  # one scale for the figure
     for i, l in enumerate(rows):
-        if seq:
-            panels = [relative_band(bands[l, h], reach, fid.padding) for h in range(heads)]
-            top = max(max(float(np.nanmax(b)) for b in panels), 1e-12)
-        else:
-            panels = [qmaps[l, h] for h in range(heads)]
-            top = max(float(qmaps[l].max()), 1e-12)
+        panels = all_panels[l]
         for h in range(heads):
             ax = axes[i, h]
             has_offset = offsets is not None and not (offsets[l] == -9999).any()
@@ -261,9 +267,9 @@ def fidelity_figure(fid, query: Optional[int] = None, layers: Optional[Sequence[
                 ax.set_xlabel("key column x", fontsize=7)
                 ax.set_ylabel("key row y", fontsize=7)
             ax.tick_params(labelsize=6)
-        cb = fig.colorbar(im, ax=list(axes[i]), shrink=0.85)
-        cb.set_label(f"attention weight, layer {l}", fontsize=7)
-        cb.ax.tick_params(labelsize=6)
+    cb = fig.colorbar(im, ax=list(axes.ravel()), shrink=0.6)
+    cb.set_label("attention weight (one scale for every panel)", fontsize=7)
+    cb.ax.tick_params(labelsize=6)
     solved = offsets is not None
     if seq:
         what = (f"each head's attention by relative position (key - query), for every query position of the "

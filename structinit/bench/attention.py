@@ -206,8 +206,12 @@ def attention_grid_figure(entries: List[AttentionEntry], title: str = "attention
                           layers: Optional[Sequence[int]] = None):
     """Rows: the first, middle and last layer (or ``layers``); columns: the init methods. Each
     panel is the attention between grid tokens (queries as rows, keys as columns, averaged over
-    the images and the heads), with its own colour bar; its title gives the share of attention in
-    the ``f x f`` window and, for impulse init, the hit rate on the solved offsets."""
+    the images and the heads); all panels share one colour scale (0 to the largest weight shown)
+    and one colour bar, so a uniform map is dark, not a bright field of its own scale. A panel's
+    title (the method's label, wrapped) gives the share of attention in the ``f x f`` window and,
+    for impulse init, the hit rate on the solved offsets."""
+    import textwrap
+
     from matplotlib.figure import Figure
 
     from structinit.analysis.figures import CMAP
@@ -217,28 +221,32 @@ def attention_grid_figure(entries: List[AttentionEntry], title: str = "attention
         raise UsageError("no init method of this grid has a model with attention layers to show")
     depth = shown[0].fidelity.layers
     rows = list(layers) if layers is not None else shown_layers(depth)
-    fig = Figure(figsize=(3.3 * len(shown), 3.1 * len(rows) + 0.9), layout="constrained")
+    fig = Figure(figsize=(2.9 * len(shown) + 1.0, 3.3 * len(rows) + 0.9), layout="constrained")
     axes = fig.subplots(len(rows), len(shown), squeeze=False)
+    maps = {e.row: e.fidelity.grid_maps().mean(axis=1) for e in shown}  # [layers, N, N], mean over heads
+    top = max(max((float(maps[e.row][l].max()) for e in shown for l in rows if l < e.fidelity.layers),
+                  default=0.0), 1e-12)
+    im = None
     for j, e in enumerate(shown):
         fid = e.fidelity
-        maps = fid.grid_maps().mean(axis=1)  # [layers, N, N], mean over heads
         for i, l in enumerate(rows):
             ax = axes[i, j]
             if l >= fid.layers:
                 ax.set_visible(False)
                 continue
-            m = maps[l]
-            im = ax.imshow(m, cmap=CMAP, vmin=0.0, vmax=max(float(m.max()), 1e-12), interpolation="nearest")
-            text = f"{e.label}\nlayer {l + 1}/{fid.layers}: window {fid.window_mass[l].mean():.2f}"
+            im = ax.imshow(maps[e.row][l], cmap=CMAP, vmin=0.0, vmax=top, interpolation="nearest")
+            label = "\n".join(textwrap.wrap(e.label, 30, break_long_words=False)) or e.label
+            text = f"{label}\nlayer {l + 1}/{fid.layers}: window {fid.window_mass[l].mean():.2f}"
             if fid.hit_rate is not None and not np.isnan(fid.hit_rate[l]).all():
                 text += f", hit {np.nanmean(fid.hit_rate[l]):.2f}"
             ax.set_title(text, fontsize=8)
             ax.set_xlabel("key token", fontsize=7)
             ax.set_ylabel("query token", fontsize=7)
             ax.tick_params(labelsize=6)
-            cb = fig.colorbar(im, ax=ax, shrink=0.8)
-            cb.ax.tick_params(labelsize=6)
-            cb.set_label("attention weight", fontsize=6)
+    if im is not None:
+        cb = fig.colorbar(im, ax=list(axes.ravel()), shrink=0.6)
+        cb.ax.tick_params(labelsize=6)
+        cb.set_label("attention weight (one scale for every panel)", fontsize=7)
     skipped = [f"{e.label} ({e.note})" for e in entries if e.fidelity is None]
     f0 = shown[0].fidelity
     fig.suptitle(f"{title}\nattention after initialization, averaged over {f0.images} real training images and "
@@ -325,7 +333,8 @@ def fidelity_figure(entries: List[AttentionEntry], title: str = "real-data atten
         ax.grid(alpha=0.3)
     ax_hit.set_title("impulse inits: rows whose attention peaks on the offset", fontsize=9)
     ax_win.set_title("every init: share of attention near the query", fontsize=9)
-    ax_win.legend(fontsize=7, loc="best")
+    handles, labels = ax_win.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4), fontsize=7, frameon=False)
     fig.suptitle(f"{title}\non {f0.images} real training images at init, averaged over the heads "
                  f"({f0.grid.describe()} tokens)", fontsize=10)
     return fig

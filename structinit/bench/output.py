@@ -31,20 +31,20 @@ def render_report(reports: List[GridReport], figures: bool = True, attention: Op
         figs: Dict[str, str] = {}
         if figures:
             for kind, fig in report_figures(rep).items():
-                name = f"{rep.spec.name}-{kind}.png"
+                name = f"{rep.name}-{kind}.png"
                 files[name] = fig
                 figs[kind] = name
         table = ""
-        if attention and rep.spec.name in attention:
+        if attention and rep.name in attention:
             from structinit.bench.attention import fidelity_figure, fidelity_markdown
 
-            name = f"{rep.spec.name}-attention.png"
-            entries = attention[rep.spec.name][1]
-            files[name] = attention[rep.spec.name][0]
+            name = f"{rep.name}-attention.png"
+            entries = attention[rep.name][1]
+            files[name] = attention[rep.name][0]
             figs["attention after init"] = name
             if any(e.fidelity is not None for e in entries):
-                files[f"{rep.spec.name}-fidelity.png"] = fidelity_figure(entries, title=rep.spec.title)
-                figs["real-data fidelity per layer"] = f"{rep.spec.name}-fidelity.png"
+                files[f"{rep.name}-fidelity.png"] = fidelity_figure(entries, title=rep.spec.title)
+                figs["real-data fidelity per layer"] = f"{rep.name}-fidelity.png"
                 table = fidelity_markdown(entries)
         parts.append(markdown(rep, figs))
         if table:
@@ -57,18 +57,46 @@ def render_report(reports: List[GridReport], figures: bool = True, attention: Op
         doc["attention"] = {name: [{"row": e.row, "label": e.label, "note": e.note,
                                     "fidelity": e.fidelity.to_dict() if e.fidelity is not None else None}
                                    for e in entries] for name, (_, entries) in attention.items()}
+    doc["files"] = sorted([*files, "report.json"])  # what a later --force replaces, stale figures included
     files["report.json"] = json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n"
     return files
 
 
+#: The figures a report may draw per grid (``GRID-KIND.png``).
+FIGURE_KINDS = ("accuracy", "learning-curve", "curves", "attention", "fidelity")
+TEXT_FILES = ("report.md", "cells.csv", "runs.csv", "report.json")
+
+
+def earlier_report_files(folder: Path) -> List[str]:
+    """The files an earlier report wrote into ``folder`` (from its ``report.json``: its list of
+    files, or for a report written before it kept one, the figure names of the grids it holds);
+    only those that are still there."""
+    try:
+        doc = json.loads((folder / "report.json").read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(doc, dict):
+        return []
+    names = doc.get("files")
+    if not isinstance(names, list):
+        grids = [g.get("grid") for g in doc.get("grids") or [] if isinstance(g, dict)]
+        names = [*TEXT_FILES] + [f"{g}-{kind}.png" for g in grids if isinstance(g, str) for kind in FIGURE_KINDS]
+    return sorted(n for n in names if isinstance(n, str) and "/" not in n and n not in ("", ".", "..")
+                  and (folder / n).is_file())
+
+
 def write_report(files: Dict[str, Any], folder: os.PathLike, force: bool = False) -> List[Path]:
     """Write ``files`` (from :func:`render_report`) into ``folder`` (created if needed). Refuses,
-    before writing anything, to replace an existing file unless ``force``."""
+    before writing anything, to replace an existing file unless ``force``; with ``force`` the
+    earlier report is replaced whole: its files that the new one does not write (the figures of a
+    grid no longer reported) are removed once the new files are in place, so no figure of another
+    report is left beside them."""
     from structinit.analysis.figures import save_png
 
     folder = Path(folder).expanduser()
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"{param('report_dir')} {folder} exists and is not a folder")
+    stale = [n for n in earlier_report_files(folder) if n not in files] if force and folder.is_dir() else []
     clash = sorted(n for n in files if (folder / n).exists())
     if clash and not force:
         raise UsageError(f"{param('report_dir')} {folder} already holds {', '.join(clash)}; choose another folder or "
@@ -89,6 +117,8 @@ def write_report(files: Dict[str, Any], folder: os.PathLike, force: bool = False
         for name in files:
             os.replace(tmp / name, folder / name)
             written.append(folder / name)
+        for name in stale:
+            (folder / name).unlink(missing_ok=True)
         return written
     except OSError as exc:
         raise StructinitError(f"cannot write the report into {folder}: {exc.strerror or exc}") from None

@@ -5,17 +5,38 @@ and written with :func:`structinit.analysis.figures.save_png`.
 - :func:`accuracy_figure`: final accuracy per method, one panel per column, each seed a dot;
 - :func:`learning_curve_figure`: accuracy against training-set size (grids with a ``train_size`` axis);
 - :func:`curves_figure`: test accuracy against epoch per method, one panel per column.
+
+So that a figure cannot mislead: the panels of a figure share one accuracy scale (a gap of two
+points looks the same in every panel), long labels are wrapped rather than squeezing the panels,
+and legends sit outside the data, below or beside the panels.
 """
 
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import Dict, List, Optional, Tuple
 
 from structinit.bench.report import GridReport, RunResult
 
 #: Panels per row of a figure.
 PANELS_PER_ROW = 4
+#: Labels longer than this (characters) are wrapped onto more lines.
+LABEL_WIDTH = 26
+
+
+def wrap(text: str, width: int = LABEL_WIDTH) -> str:
+    """``text`` on lines of at most ``width`` characters (a word longer than that stays whole)."""
+    return "\n".join(textwrap.wrap(str(text), width, break_long_words=False, break_on_hyphens=False)) or str(text)
+
+
+def _limits(values: List[float], pad: float = 0.06) -> Optional[Tuple[float, float]]:
+    """Axis limits that hold every value with a margin (``None`` without values)."""
+    if not values:
+        return None
+    lo, hi = min(values), max(values)
+    span = max(hi - lo, 1.0)
+    return lo - pad * span, hi + pad * span
 
 
 def _colors(n: int) -> List:
@@ -25,17 +46,30 @@ def _colors(n: int) -> List:
     return [cmap(i % 10) for i in range(n)]
 
 
-def _panels(n: int, width: float, height: float):
+def _panels(n: int, width: float, height: float, extra_width: float = 0.0, **share):
     from matplotlib.figure import Figure
 
     cols = min(n, PANELS_PER_ROW)
     rows = math.ceil(n / cols)
-    fig = Figure(figsize=(width * cols, height * rows), layout="constrained")
-    axes = fig.subplots(rows, cols, squeeze=False)
+    fig = Figure(figsize=(width * cols + extra_width, height * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False, **share)
     flat = [ax for row in axes for ax in row]
     for ax in flat[n:]:
         ax.set_visible(False)
     return fig, flat[:n]
+
+
+def _legend_below(fig, axes) -> None:
+    """One legend for the figure, below the panels (never over the data)."""
+    handles, labels = [], []
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
+                handles.append(h)
+                labels.append(label)
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4), fontsize=8,
+                   frameon=False)
 
 
 def _by_cell(rep: GridReport) -> Dict[Tuple[str, Tuple[str, ...]], List[RunResult]]:
@@ -49,25 +83,26 @@ def _subtitle(rep: GridReport) -> str:
     n = len(rep.spec.seeds)
     done = {c.n for c in rep.cells.values() if c.n}
     count = f"{n}" if done <= {n} else f"{min(done)}-{max(done)} of {n}"
-    return f"{rep.spec.name}: final-epoch test accuracy, {count} seed{'s' if n > 1 else ''} per cell"
+    return f"{rep.name}: final-epoch test accuracy, {count} seed{'s' if n > 1 else ''} per cell"
 
 
 def accuracy_figure(rep: GridReport):
     """One panel per column: a row per method, each finished seed a dot, the mean ± std as a bar,
-    the paper's number as a red cross; unfinished seeds counted in the method's label."""
+    the paper's number as a red cross; the seeds of a cell that have not finished as ``(k/n)`` at
+    the panel's right edge. Every panel has the same accuracy scale; the method names, wrapped, are
+    written once per row of panels; the legend is below the panels."""
+    from matplotlib.transforms import blended_transform_factory
+
     ex = rep.ex
     rows, columns = rep.rows, rep.columns
     by_cell = _by_cell(rep)
-    fig, axes = _panels(len(columns), 4.6, 0.5 * len(rows) + 1.6)
+    labels = [wrap(ex.row_label(row)) for row in reversed(rows)]
+    lines = max((label.count("\n") + 1 for label in labels), default=1)
+    height = max(0.45, 0.16 * lines + 0.22) * len(rows) + 1.7
+    label_width = 0.075 * max((len(line) for label in labels for line in label.splitlines()), default=10)
+    fig, axes = _panels(len(columns), 3.2, height, extra_width=label_width, sharey=True)
     colors = _colors(len(rows))
-    labelled = set()
-
-    def label_once(name: str) -> Optional[str]:
-        if name in labelled:
-            return None
-        labelled.add(name)
-        return name
-
+    values: List[float] = []
     for ax, col in zip(axes, columns):
         for i, row in enumerate(rows):
             y = len(rows) - 1 - i
@@ -75,27 +110,35 @@ def accuracy_figure(rep: GridReport):
             accs = [r.final_acc for r in runs if r.final_acc is not None]
             st = rep.cells[(row, col)]
             if accs:
+                values += accs
                 jitter = [(k - (len(accs) - 1) / 2) * 0.08 for k in range(len(accs))]
                 ax.scatter(accs, [y + j for j in jitter], s=18, color=colors[i], alpha=0.8, zorder=3,
-                           label=label_once("each seed") if ax is axes[0] else None)
+                           label="each seed")
                 ax.errorbar([st.final_mean], [y], xerr=[st.final_std or 0.0], fmt="|", color="black", markersize=14,
-                            capsize=4, zorder=4, label=label_once("mean ± std") if ax is axes[0] else None)
+                            capsize=4, zorder=4, label="mean ± std")
+                values += [st.final_mean - (st.final_std or 0.0), st.final_mean + (st.final_std or 0.0)]
             if st.paper is not None:
-                ax.scatter([st.paper], [y], marker="x", color="red", s=40, zorder=5,
-                           label=label_once("paper") if ax is axes[0] else None)
-        labels = []
-        for row in reversed(rows):
-            st = rep.cells[(row, col)]
-            labels.append(ex.row_label(row) + (f" ({st.n}/{st.expected})" if st.n < st.expected else ""))
+                values.append(st.paper)
+                ax.scatter([st.paper], [y], marker="x", color="red", s=40, zorder=5, label="the paper's number")
+            if st.n < st.expected:
+                ax.text(1.0, y, f" {st.n}/{st.expected}", fontsize=7, va="center", ha="left", color="0.35",
+                        transform=blended_transform_factory(ax.transAxes, ax.transData))
         ax.set_yticks(range(len(rows)))
         ax.set_yticklabels(labels, fontsize=8)
         ax.set_ylim(-0.6, len(rows) - 0.4)
-        ax.set_xlabel("test accuracy after the last epoch (%)")
-        ax.set_title(ex.column_label(col), fontsize=10)
+        ax.set_xlabel("test accuracy after\nthe last epoch (%)", fontsize=8)
+        ax.set_title(wrap(ex.column_label(col), 30), fontsize=9)
         ax.grid(axis="x", alpha=0.3)
-    if axes:
-        axes[0].legend(fontsize=7, loc="best")
-    fig.suptitle(f"{rep.spec.title}\n{_subtitle(rep)}; (k/n): k of n seeds finished", fontsize=10)
+        ax.tick_params(axis="x", labelsize=8)
+    limits = _limits(values)
+    for ax in axes:
+        if limits:
+            ax.set_xlim(*limits)  # one accuracy scale for every panel
+        if ax.get_subplotspec().colspan.start != 0:
+            ax.tick_params(axis="y", labelleft=False)
+    _legend_below(fig, axes)
+    fig.suptitle(f"{rep.spec.title}\n{_subtitle(rep)}; k/n at the right: only k of n seeds finished; one accuracy "
+                 "scale for every panel", fontsize=10)
     return fig
 
 
@@ -114,6 +157,7 @@ def learning_curve_figure(rep: GridReport):
     by_cell = _by_cell(rep)
     fig, axes = _panels(len(others), 6.0, 4.2)
     colors = _colors(len(rep.rows))
+    values: List[float] = []
     for ax, other in zip(axes, others):
         cols = [c for c in rep.columns if c[:k] + c[k + 1:] == other]
         for i, row in enumerate(rep.rows):
@@ -126,12 +170,14 @@ def learning_curve_figure(rep: GridReport):
                 n = sizes[0]
                 ax.scatter([n] * len(runs), [r.final_acc for r in runs], s=10, color=colors[i], alpha=0.35)
                 st = rep.cells[(row, col)]
+                values.extend([r.final_acc for r in runs] + [st.final_mean - (st.final_std or 0.0),
+                                                            st.final_mean + (st.final_std or 0.0)])
                 xs.append(n)
                 means.append(st.final_mean)
                 stds.append(st.final_std or 0.0)
             if xs:
                 ax.errorbar(xs, means, yerr=stds, color=colors[i], marker="o", markersize=4, capsize=3,
-                            label=ex.row_label(row))
+                            label=wrap(ex.row_label(row), 40))
         ax.set_xscale("log")
         sizes = sorted({r.train_images for r in rep.runs if r.train_images})
         if sizes:
@@ -141,10 +187,14 @@ def learning_curve_figure(rep: GridReport):
         ax.set_xlabel("training images (log scale)")
         ax.set_ylabel("test accuracy after the last epoch (%)")
         if other:
-            ax.set_title(" / ".join(spec.axis(n).value(v).label for n, v in zip(names[:k] + names[k + 1:], other)),
-                         fontsize=10)
+            ax.set_title(wrap(" / ".join(spec.axis(n).value(v).label
+                                         for n, v in zip(names[:k] + names[k + 1:], other)), 40), fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
+    limits = _limits(values)
+    for ax in axes:
+        if limits:
+            ax.set_ylim(*limits)  # one accuracy scale for every panel
+    _legend_below(fig, axes)
     fig.suptitle(f"{spec.title}\n{_subtitle(rep)}: mean ± std (bars), each seed a dot", fontsize=10)
     return fig
 
@@ -158,13 +208,16 @@ def curves_figure(rep: GridReport):
     by_cell = _by_cell(rep)
     if not any(r.metrics for r in rep.runs):
         return None
-    fig, axes = _panels(len(rep.columns), 4.6, 3.6)
+    fig, axes = _panels(len(rep.columns), 4.2, 3.4)
     colors = _colors(len(rep.rows))
+    values: List[float] = []
     for ax, col in zip(axes, rep.columns):
+        seeds = []
         for i, row in enumerate(rep.rows):
             runs = [r for r in by_cell.get((row, col), []) if r.final_acc is not None and r.metrics]
             if not runs:
                 continue
+            seeds.append(len(runs))
             per_epoch: Dict[int, List[float]] = {}
             for r in runs:
                 for m in r.metrics:
@@ -175,21 +228,27 @@ def curves_figure(rep: GridReport):
                 continue
             mean = [sum(per_epoch[e]) / len(per_epoch[e]) for e in epochs]
             ax.plot(epochs, mean, color=colors[i], marker="." if len(epochs) < 30 else None,
-                    label=f"{rep.ex.row_label(row)} ({len(runs)})")
+                    label=wrap(rep.ex.row_label(row), 40))
+            values.extend(v for e in epochs for v in per_epoch[e])
             if len(runs) > 1:
                 ax.fill_between(epochs, [min(per_epoch[e]) for e in epochs], [max(per_epoch[e]) for e in epochs],
                                 color=colors[i], alpha=0.15, linewidth=0)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("epoch")
         ax.set_ylabel("test accuracy (%)")
-        ax.set_title(rep.ex.column_label(col), fontsize=10)
+        count = "" if not seeds else f" ({min(seeds)} seed{'s' if max(seeds) > 1 else ''})" if min(seeds) == max(
+            seeds) else f" ({min(seeds)}-{max(seeds)} seeds)"
+        ax.set_title(wrap(rep.ex.column_label(col) + count, 40), fontsize=10)
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7, loc="lower right")
-        else:
+        if not ax.get_legend_handles_labels()[0]:
             ax.text(0.5, 0.5, "no finished runs yet", ha="center", va="center", transform=ax.transAxes, color="0.5")
-    fig.suptitle(f"{rep.spec.title}\n{rep.spec.name}: test accuracy at every evaluated epoch, mean over seeds "
-                 "(band: min to max; in brackets: seeds)", fontsize=10)
+    limits = _limits(values)
+    for ax in axes:
+        if limits:
+            ax.set_ylim(*limits)  # one accuracy scale for every panel
+    _legend_below(fig, axes)
+    fig.suptitle(f"{rep.spec.title}\n{rep.name}: test accuracy at every evaluated epoch, mean over seeds "
+                 "(band: min to max; in brackets: seeds per method)", fontsize=10)
     return fig
 
 

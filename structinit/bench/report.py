@@ -83,6 +83,7 @@ class CellStats:
     paper_delta: Optional[float] = None
     val_mean: Optional[float] = None
     val_std: Optional[float] = None
+    states: Dict[str, int] = field(default_factory=dict)  # how many of the cell's runs are in each state
 
     def to_dict(self) -> Dict[str, Any]:
         d = dict(self.__dict__)
@@ -92,12 +93,13 @@ class CellStats:
 
 
 def mean_std(xs: List[float]) -> Tuple[Optional[float], Optional[float]]:
-    """Mean and sample standard deviation (``None`` for no values; std 0 for one)."""
+    """Mean and sample standard deviation (``None`` for no values; a std of ``None`` for one value,
+    which has no spread to show)."""
     if not xs:
         return None, None
     m = sum(xs) / len(xs)
     if len(xs) < 2:
-        return m, 0.0
+        return m, None
     return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
 
@@ -108,6 +110,13 @@ class GridReport:
     ex: Expansion
     runs: List[RunResult]
     cells: Dict[Tuple[str, Tuple[str, ...]], CellStats]
+    #: How files, CSV lines and the JSON name this report: the grid's name, or, where one report
+    #: holds several expansions of a grid (its file edited between launches), each expansion's
+    #: manifest name (``NAME-DIGEST``; :func:`name_reports`).
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.name = self.name or self.ex.spec.name
 
     @property
     def spec(self):
@@ -143,7 +152,8 @@ class GridReport:
 
     def to_dict(self, metrics: bool = False) -> Dict[str, Any]:
         s = self.spec
-        return {"grid": s.name, "title": s.title, "description": s.description, "command": self.ex.command,
+        return {"grid": self.name, "grid_name": s.name, "title": s.title, "description": s.description,
+                "command": self.ex.command,
                 "runs_dir": str(self.ex.runs_dir), "seeds": list(s.seeds), "overrides": self.ex.overrides,
                 "rows": [{"id": v.id, "label": v.label} for v in s.row_axis.values], "row_axis": s.rows,
                 "column_axes": list(s.columns),
@@ -300,6 +310,8 @@ def collect(ex: Expansion, earlier: Optional[Dict[str, RunResult]] = None,
             done = [r for r in by_cell.get((row, col), []) if r.final_acc is not None]
             final = {r.seed: r.final_acc for r in done}
             c = CellStats(row, col, len(done), len(by_cell.get((row, col), [])), final)
+            for r in by_cell.get((row, col), []):
+                c.states[r.state] = c.states.get(r.state, 0) + 1
             c.final_mean, c.final_std = mean_std(list(final.values()))
             bests = [r.best_acc for r in done if r.best_acc is not None]
             c.best_mean, c.best_std = mean_std(bests)
@@ -332,16 +344,54 @@ def _num(x: Optional[float], sign: bool = False) -> str:
     return f"{x:+.2f}" if sign else f"{x:.2f}"
 
 
+def _unfinished(c: CellStats) -> str:
+    """What a cell without a finished run is waiting for: ``failed`` (every run failed or is
+    damaged: a rerun is needed), ``running`` or ``pending``."""
+    states = {k for k, n in c.states.items() if n}
+    if states and states <= {"failed", "damaged"}:
+        return "failed" if "failed" in states else "damaged"
+    return "running" if "running" in states else "pending"
+
+
+def _spread(mean: Optional[float], std: Optional[float], n: int, expected: Optional[int] = None) -> str:
+    """``mean ± std``; one value has no spread: ``mean (1/n)``."""
+    if mean is None:
+        return "—"
+    if std is None:
+        return f"{mean:.2f} (1/{expected or n})"
+    return f"{mean:.2f} ± {std:.2f}"
+
+
 def _cell_text(c: CellStats, show_paper: bool) -> str:
     if c.n == 0:
-        text = f"pending (0/{c.expected})"
+        text = f"{_unfinished(c)} (0/{c.expected})"
     else:
-        text = f"{c.final_mean:.2f} ± {c.final_std:.2f}"
-        if c.n < c.expected:
+        text = _spread(c.final_mean, c.final_std, c.n, c.expected)
+        if c.n < c.expected and c.n > 1:
             text += f" ({c.n}/{c.expected})"
     if show_paper and c.paper is not None:
         text += f" [{c.paper:.2f}]"
     return text
+
+
+def _held_out(rep: "GridReport") -> Optional[bool]:
+    """Whether the grid's runs hold a validation split out (``val_size`` above 0), from the runs'
+    own settings or the grid's; ``None`` when some do and some do not."""
+    sizes = set()
+    for cell in rep.ex.cells:
+        if cell.config is not None:
+            sizes.add(bool(cell.config.val_size))
+            continue
+        value = rep.ex.overrides.get("val_size", rep.spec.settings.get("val_size", 0))
+        if "val_size" not in rep.ex.overrides:
+            chosen = dict(zip([rep.spec.rows, *rep.spec.columns], [cell.row, *cell.column]))
+            for axis in rep.spec.axes:
+                vid = chosen.get(axis.name)
+                for v in axis.values:
+                    if v.id == vid and "val_size" in v.settings:
+                        value = v.settings["val_size"]
+        sizes.add(bool(value))
+    return sizes.pop() if len(sizes) == 1 else None
 
 
 def _table(header: List[str], rows: List[List[str]]) -> str:
@@ -357,7 +407,10 @@ def markdown(rep: GridReport, figures: Optional[Dict[str, str]] = None, heading:
     counts = rep.counts()
     total = sum(counts.values())
     has_paper = any(c.paper is not None for c in rep.cells.values())
-    lines = [f"{h} {s.title}", ""]
+    lines = [f"{h} {s.title}" + (f" ({rep.name})" if rep.name != s.name else ""), ""]
+    if rep.name != s.name:
+        lines += [f"One of several expansions of grid {s.name} in `{ex.runs_dir}` (its file or options changed between "
+                  f"launches): this one is recorded as `{rep.name}`, and its files and CSV lines carry that name.", ""]
     if s.description:
         lines += [s.description, ""]
     if ex.command:
@@ -371,8 +424,9 @@ def markdown(rep: GridReport, figures: Optional[Dict[str, str]] = None, heading:
     row_title = s.rows.replace("_", " ")
 
     lines += [f"{h}# Final-epoch test accuracy (%)", "",
-              "Mean ± standard deviation over the seeds that finished; (k/n): only k of n seeds finished; "
-              "pending: none yet." + (f" [x]: the paper's number ({s.paper_source})." if has_paper else ""), ""]
+              "Mean ± standard deviation over the seeds that finished; (k/n): k of n seeds finished (one seed "
+              "alone has no ±); pending, running or failed (0/n): none finished yet, and what its runs are doing."
+              + (f" [x]: the paper's number ({s.paper_source})." if has_paper else ""), ""]
     body = [[ex.row_label(r)] + [_cell_text(rep.cells[(r, c)], has_paper) for c in rep.columns] for r in rep.rows]
     lines += [_table([row_title] + col_labels, body), ""]
 
@@ -403,17 +457,20 @@ def markdown(rep: GridReport, figures: Optional[Dict[str, str]] = None, heading:
         lines += [f"{h}# Final-epoch validation accuracy (%)", "",
                   "On the images held out of training (the same for every seed): the split to make choices on; "
                   "mean ± std.", ""]
-        body = [[ex.row_label(r)] + [(f"{c.val_mean:.2f} ± {c.val_std:.2f}" if c.val_mean is not None else "—")
+        body = [[ex.row_label(r)] + [_spread(c.val_mean, c.val_std, c.n, c.expected)
                                      for c in (rep.cells[(r, col)] for col in rep.columns)] for r in rep.rows]
         lines += [_table([row_title] + col_labels, body), ""]
 
     ons = sorted({c.best_on for c in rep.cells.values() if c.best_on})
+    if not ons:  # nothing finished yet: say what the runs will choose on
+        held = _held_out(rep)
+        ons = ["val"] if held else ["test"] if held is False else ["val", "test"]
     chosen = {"val": "the validation split", "test": "the test split itself (optimistic: no validation split)"}
     lines += [f"{h}# Best epoch (%)", "",
               "Test accuracy at the evaluated epoch with the best accuracy on "
-              + (" / ".join(chosen.get(o, o) for o in ons) if ons else "the validation split")
-              + "; mean ± std. The final epoch above is the headline.", ""]
-    body = [[ex.row_label(r)] + [(f"{c.best_mean:.2f} ± {c.best_std:.2f}" if c.best_mean is not None else "—")
+              + " / ".join(chosen.get(o, o) for o in ons) + "; mean ± std. The final epoch above is the headline.",
+              ""]
+    body = [[ex.row_label(r)] + [_spread(c.best_mean, c.best_std, c.n, c.expected)
                                  for c in (rep.cells[(r, col)] for col in rep.columns)] for r in rep.rows]
     lines += [_table([row_title] + col_labels, body), ""]
 
@@ -438,7 +495,7 @@ def cells_csv(reports: List[GridReport]) -> str:
         for r in rep.rows:
             for c in rep.columns:
                 st = rep.cells[(r, c)]
-                w.writerow([rep.spec.name, r, rep.ex.row_label(r), "/".join(c), rep.ex.column_label(c), st.n,
+                w.writerow([rep.name, r, rep.ex.row_label(r), "/".join(c), rep.ex.column_label(c), st.n,
                             st.expected] + [_csv(x) for x in (st.final_mean, st.final_std, st.best_mean, st.best_std)]
                            + [st.best_on or ""] + [_csv(st.delta_mean), _csv(st.delta_se), st.n_paired,
                                                    _csv(st.paper), _csv(st.paper_delta), _csv(st.val_mean),
@@ -454,7 +511,7 @@ def runs_csv(reports: List[GridReport]) -> str:
                 "best_on", "final_val_acc", "epochs", "train_images", "wall_seconds", "problem", "algorithms"])
     for rep in reports:
         for r in rep.runs:
-            w.writerow([rep.spec.name, r.key, r.row, "/".join(r.column), r.seed, r.state, _csv(r.final_acc),
+            w.writerow([rep.name, r.key, r.row, "/".join(r.column), r.seed, r.state, _csv(r.final_acc),
                         _csv(r.best_acc), r.best_epoch or "", r.best_on or "", _csv(r.final_val_acc), r.epochs or "",
                         r.train_images or "", r.wall_seconds or "", r.problem or "", r.algorithms or ""])
     return buf.getvalue()
@@ -486,7 +543,19 @@ def reports_for_folder(runs_dir: os.PathLike, grid: Optional[str] = None,
     if not expansions:
         ex = loose_runs(folder)
         return [collect(ex, mixed_versions=mixed_versions)]
-    return [collect(ex, mixed_versions=mixed_versions) for ex in expansions]
+    return name_reports([collect(ex, mixed_versions=mixed_versions) for ex in expansions])
+
+
+def name_reports(reports: List[GridReport]) -> List[GridReport]:
+    """Give every report a name of its own: a grid expanded twice into one folder (its file edited,
+    other ``--set``) is two reports whose sections, figures and CSV lines must not share one name;
+    each is then named by its manifest (``NAME-DIGEST``)."""
+    counts: Dict[str, int] = {}
+    for rep in reports:
+        counts[rep.spec.name] = counts.get(rep.spec.name, 0) + 1
+    for rep in reports:
+        rep.name = rep.ex.manifest_path.stem if counts[rep.spec.name] > 1 else rep.spec.name
+    return reports
 
 
 def loose_runs(folder: Path) -> Expansion:
@@ -518,7 +587,7 @@ def loose_runs(folder: Path) -> Expansion:
         s = json.loads(g)
         label = ", ".join(f"{k}={_short(s.get(k))}" for k in differing) or (s.get("init") or "default")
         vid = f"r{i}"
-        values.append(AxisValue(vid, label, {}))
+        values.append(AxisValue(vid, label, {"val_size": s.get("val_size") or 0}))
         for sub, c in groups[g]:
             cells.append(Cell(vid, (), int(c.get("seed", 0)), sub.name))
     seeds = tuple(sorted({c.seed for c in cells}))

@@ -522,7 +522,7 @@ def bench_report(
         att = {}
         for rep in reports:
             entries = grid_attention(rep.ex, column=column_arg(attention_column), images=attention_images)
-            att[rep.spec.name] = (attention_grid_figure(entries, title=rep.spec.title), entries)
+            att[rep.name] = (attention_grid_figure(entries, title=rep.spec.title), entries)
     if report_dir is not None:
         files = render_report(reports, figures=figures, attention=att)
         written = write_report(files, report_dir, force=force)

@@ -1,0 +1,201 @@
+"""Reports that cannot mislead: one seed is shown as one seed (no "± 0.00"), a cell whose runs all
+failed says so, the best epoch names the split it was chosen on even before anything finished, two
+expansions of one grid in one folder are reported under names of their own, and a forced report
+replaces an earlier one whole. Real training runs (a run that fails, fails in train itself)."""
+
+import csv
+import io
+import json
+
+import pytest
+import torch
+
+from structinit.bench.expand import expand
+from structinit.bench.gridspec import parse_grid_text
+from structinit.bench.launch import prepare
+from structinit.bench.report import collect, markdown, reports_for_folder
+from structinit.bench.task import run_task
+
+GRID = """\
+name = "h"
+title = "Honest grid"
+seeds = 2
+rows = "init"
+columns = ["size"]
+[settings]
+model = "vit-digits"
+dataset = "digits"
+patch = 2
+depth = 1
+dim = 32
+heads = 2
+lr = 0.01
+batch_size = 32
+epochs = 1
+warmup_epochs = 0.5
+[[axes.init]]
+id = "mimetic"
+init = "mimetic"
+[[axes.init]]
+id = "kaiming"
+init = "kaiming"
+[[axes.size]]
+id = "64"
+train_size = 64
+[[axes.size]]
+id = "big-batch"
+label = "64, batch 128"
+train_size = 64
+batch_size = 128
+"""
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The grid with Mimetic / 64 finished on both seeds, Kaiming / 64 on seed 0 only, and every
+    run of the big-batch column failed (a batch larger than the training set: train refuses it)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("honest")
+    (root / "h.toml").write_text(GRID)
+    ex = expand(parse_grid_text(GRID, "h.toml", "h"), runs_dir=root / "runs", command="structinit bench grid h.toml")
+    for cell in prepare(ex):
+        if (cell.row, cell.seed) == ("kaiming", 1) and cell.column == ("64",):
+            continue
+        want = "failed" if cell.column == ("big-batch",) else "finished"
+        assert run_task(ex.run_dir(cell), threads=1).state == want
+    torch.set_num_threads(old)
+    return root, ex
+
+
+def test_one_seed_is_shown_as_one_and_failed_cells_as_failed(runs):
+    root, ex = runs
+    rep = collect(ex)
+    text = markdown(rep)
+    one = rep.cells[("kaiming", ("64",))]
+    assert one.n == 1 and one.final_std is None
+    assert f"| {one.final_mean:.2f} (1/2) |" in text and "± 0.00" not in text  # S12
+    assert "| failed (0/2) |\n" in text.split("### Final-epoch test accuracy")[1].split("###")[0]  # S13
+    assert "pending (0/2)" not in text
+    row = next(line for line in csv.DictReader(io.StringIO(_cells_csv(rep))) if line["row_id"] == "kaiming"
+               and line["column_id"] == "64")
+    assert row["final_std"] == "" and row["n"] == "1"  # the CSV says the same: no spread of one value
+
+
+def _cells_csv(rep):
+    from structinit.bench.report import cells_csv
+
+    return cells_csv([rep])
+
+
+def test_the_best_epoch_names_the_split_before_anything_finished(tmp_path):
+    for val, says in ((0, "the test split itself (optimistic: no validation split)"), (100, "the validation split")):
+        text = GRID.replace("epochs = 1", f"epochs = 1\nval_size = {val}")
+        ex = expand(parse_grid_text(text, "h.toml", "h"), runs_dir=tmp_path / f"runs{val}")
+        prepare(ex)
+        md = markdown(collect(ex))
+        assert "Best epoch chosen" not in md
+        assert f"with the best accuracy on {says}; mean" in md, md  # S14
+        # read back from the manifest alone (no configs in memory), the same
+        (folder_rep,) = reports_for_folder(tmp_path / f"runs{val}")
+        assert f"with the best accuracy on {says}; mean" in markdown(folder_rep)
+
+
+def test_two_expansions_of_one_grid_name_are_reported_apart(runs, tmp_path, cli):  # S4
+    root, _ = runs
+    import shutil
+
+    shutil.copytree(root, tmp_path / "w")
+    w = tmp_path / "w"
+    (w / "h.toml").write_text(GRID.replace("lr = 0.01", "lr = 0.02"))  # the grid file edited, same name
+    r = cli("bench", "grid", "h.toml", "--launcher", "print", "--only", "size=64", cwd=w)
+    assert r.returncode == 0, r.stderr
+    manifests = sorted(p.stem for p in (w / "runs" / "grids").glob("h-*.json"))
+    assert len(manifests) == 2
+    reports = reports_for_folder(w / "runs")
+    assert sorted(rep.name for rep in reports) == manifests
+    r = cli("bench", "report", "runs", "--report-dir", "rep", cwd=w)
+    assert r.returncode == 0, r.stderr
+    md = (w / "rep" / "report.md").read_text()
+    titles = [line for line in md.splitlines() if line.startswith("## Honest grid")]
+    assert sorted(titles) == sorted(f"## Honest grid ({m})" for m in manifests)
+    pngs = sorted(p.name for p in (w / "rep").glob("*.png"))
+    assert all(any(p.startswith(m + "-") for m in manifests) for p in pngs) and len(pngs) >= 2
+    grids = {line["grid"] for line in csv.DictReader((w / "rep" / "cells.csv").open())}
+    assert grids == set(manifests)
+    lines = list(csv.DictReader((w / "rep" / "cells.csv").open()))
+    keys = [(line["grid"], line["row_id"], line["column_id"]) for line in lines]
+    assert len(keys) == len(set(keys))
+    doc = json.loads((w / "rep" / "report.json").read_text())
+    assert sorted(g["grid"] for g in doc["grids"]) == manifests and {g["grid_name"] for g in doc["grids"]} == {"h"}
+
+
+def test_a_forced_report_replaces_the_earlier_one_whole(runs, tmp_path, cli):  # S24
+    root, _ = runs
+    import shutil
+
+    shutil.copytree(root, tmp_path / "w")
+    w = tmp_path / "w"
+    (w / "other.toml").write_text(GRID.replace('name = "h"', 'name = "other"').replace("seeds = 2", "seeds = 1"))
+    assert cli("bench", "grid", "other.toml", "--only", "size=64", "--launcher", "print", cwd=w).returncode == 0
+    (w / "rep").mkdir()
+    (w / "rep" / "notes.txt").write_text("mine")
+    r = cli("bench", "report", "runs", "--report-dir", "rep", cwd=w)
+    assert r.returncode == 0, r.stderr
+    first = {p.name for p in (w / "rep").iterdir()}
+    assert {"h-accuracy.png", "other-accuracy.png", "notes.txt"} <= first
+    r = cli("bench", "report", "runs", "--grid", "other", "--report-dir", "rep", "--force", cwd=w)
+    assert r.returncode == 0, r.stderr
+    now = {p.name for p in (w / "rep").iterdir()}
+    assert not [n for n in now if n.startswith("h-")]  # the older grid's figures are gone with it
+    assert "other-accuracy.png" in now and (w / "rep" / "notes.txt").read_text() == "mine"  # not the report's
+    assert set(json.loads((w / "rep" / "report.json").read_text())["files"]) == now - {"notes.txt"}
+
+
+# --------------------------------------------------------------------------- figures
+
+def test_accuracy_panels_share_one_scale_and_the_legend_is_outside_the_data(runs):
+    from structinit.bench.plots import accuracy_figure, curves_figure, wrap
+
+    _, ex = runs
+    rep = collect(ex)
+    for fig in (accuracy_figure(rep), curves_figure(rep)):
+        panels = [ax for ax in fig.axes if ax.get_visible()]
+        assert len(panels) == 2
+        limits = {ax.get_xlim() if ax.get_xlabel().startswith("test") else ax.get_ylim()
+                  for ax in panels}
+        assert len(limits) == 1  # one accuracy scale for every panel
+        assert all(ax.get_legend() is None for ax in panels) and len(fig.legends) == 1  # below, not over the data
+    label = "Impulse, the authors' 2024 released code (impulse-2024)"
+    assert all(len(line) <= 26 for line in wrap(label).splitlines()) and wrap(label).replace("\n", " ") == label
+
+
+def test_attention_figures_have_one_colour_scale(tmp_path):
+    import numpy as np
+
+    from structinit.analysis.figures import attention_figure, band_figure
+    from structinit.bench.attention import attention_grid_figure, grid_attention
+
+    def scales(fig):
+        return {tuple(im.get_clim()) for ax in fig.axes for im in ax.get_images()}
+
+    def colour_bars(fig):
+        return [ax for ax in fig.axes if "one scale" in ax.get_ylabel()]
+
+    n = 16
+    uniform = np.full((n, n), 1.0 / n)
+    peaked = np.eye(n) * 0.9 + 0.1 / n
+    attn = np.stack([uniform, peaked])
+    for fig in (attention_figure(attn, (4, 4), query=5), band_figure(attn, query=5)):
+        assert len(scales(fig)) == 1 and len(colour_bars(fig)) == 1
+    assert max(scales(attention_figure(attn, (4, 4), query=5)))[1] == pytest.approx(0.9 + 0.1 / n)
+
+    grid = (GRID.split("[[axes.init]]")[0].replace('columns = ["size"]\n', "")
+            + '[[axes.init]]\nid = "tn"\nlabel = "Trunc normal, the model\'s own init, with a label much longer than a '
+            'panel"\ninit = "trunc-normal"\n[[axes.init]]\nid = "imp"\ninit = "impulse"\n'
+            'init_params = { data_fit = 0 }\n')
+    ex = expand(parse_grid_text(grid, "a.toml", "a"), runs_dir=tmp_path / "runs")
+    fig = attention_grid_figure(grid_attention(ex, images=8))
+    assert len(scales(fig)) == 1 and len(colour_bars(fig)) == 1  # a uniform map is not drawn bright
+    titles = [ax.get_title() for ax in fig.axes if ax.get_images()]
+    assert all(max(len(line) for line in t.splitlines()) <= 40 for t in titles)
