@@ -323,3 +323,15 @@ def test_a_folder_of_images_is_read_resized_and_standardized(tmp_path, cli, bare
     r = cli("apply", bare_checkpoint, "--heads", "4", "--data", tmp_path / "images", "--out", tmp_path / "p.pt")
     assert r.returncode == 2 and "broken.png is not a readable image" in r.stderr
     assert not (tmp_path / "p.pt").exists()
+
+
+def test_noise_as_the_source_needs_no_data_and_is_the_noise_fit_of_initialize_model(tmp_path, cli, bare_checkpoint):
+    model = timm_vit()
+    want = initialize_model(model, "impulse", data_fit_inputs="noise", data_fit=20, seed=1)
+    r = cli("apply", bare_checkpoint, "--heads", "4", "--data", "noise", "--init-param", "data_fit=20", "--seed", "1",
+            "--out", tmp_path / "o.pt", "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["data_source"] == "noise: 256 Gaussian inputs N(0, 1) of shape [1, 8, 8]"
+    assert rep["data_fit"]["artifact"] == {**want["data_fit"]["artifact"], "cached": True}
+    assert rep["params"]["data_fit_inputs"] == "noise"

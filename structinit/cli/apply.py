@@ -85,8 +85,9 @@ def apply(
     data: Annotated[Optional[str], typer.Option(
         "--data", metavar="SOURCE", help="impulse: fit Q/K to real inputs run through the model the checkpoint "
         "describes (the data fit of structinit train): a dataset (digits, mnist1d, or one read from --data-dir; a "
-        "structinit train checkpoint takes its run's own training inputs), a folder of images, or a tensor file "
-        "(.pt, .npy, .safetensors) of inputs normalized as the model sees them.")] = None,
+        "structinit train checkpoint takes its run's own training inputs), a folder of images, a tensor file "
+        "(.pt, .npy, .safetensors) of inputs normalized as the model sees them, or noise (Gaussian inputs: no "
+        "data).")] = None,
     samples: Annotated[Optional[int], typer.Option("--samples", min=1, help="--data: how many inputs (the first).",
                                                    show_default="the fit's data_fit_samples, 256")] = None,
     data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="--data: dataset folder (cifar10, cifar100, "

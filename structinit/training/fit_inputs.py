@@ -14,6 +14,9 @@ model sees them, and the fit of a checkpoint itself (:func:`fit_checkpoint`).
   its one tensor, or the one named ``inputs``) of inputs already normalized as the model will see
   them: ``[B, C, H, W]`` images, ``[B, C, L]`` or ``[B, L]`` sequences, ``[B, L]`` token ids.
 
+``noise`` asks for no data: the fit runs on Gaussian inputs ``N(0, 1)`` of the model's input shape,
+as the impulse init's ``data_fit_inputs="noise"`` does (the same fit for the same seed).
+
 At most ``samples`` inputs are used (the first ones). Inputs of the wrong shape, type or range
 (images that look unnormalized: standard deviation above 20 or mean beyond +-10, say 0-255
 pixel values) are refused.
@@ -30,6 +33,9 @@ from structinit.errors import StructinitError, UsageError, param
 
 #: Images whose standard deviation or mean magnitude exceeds these look unnormalized.
 MAX_STD, MAX_MEAN = 20.0, 10.0
+#: The SOURCE that asks for no data: the fit runs on Gaussian inputs (the impulse init's
+#: ``data_fit_inputs="noise"``).
+NOISE = "noise"
 
 
 @dataclass
@@ -222,7 +228,7 @@ def fit_checkpoint(path, spec="impulse", *, data, samples: int = 256, data_dir: 
     """Apply ``spec`` (impulse, with its data fit) to checkpoint ``path`` on real inputs: build the
     model the checkpoint describes (:func:`~structinit.training.checkpoint_models.checkpoint_model`
     with ``model_name``/``config``/``heads``/``grid``), take the batch ``data`` names (a source, see
-    the module docstring, or a tensor already normalized), fit, and write every copy of the model in
+    the module docstring, ``"noise"``, or a tensor already normalized), fit, and write every copy of the model in
     the file as :func:`~structinit.init.apply.apply_checkpoint` does (``apply_kwargs``). Returns its
     report, with ``data_fit`` saying what was fitted to and what the attention on that batch is."""
     from structinit.geometry.grid import Grid
@@ -232,7 +238,18 @@ def fit_checkpoint(path, spec="impulse", *, data, samples: int = 256, data_dir: 
 
     ckpt = load_checkpoint(path)
     built = checkpoint_model(ckpt, model_name=model_name, config=config, heads=heads, grid=grid)
-    if isinstance(data, (str, os.PathLike)):
+    if isinstance(data, str) and data == NOISE:
+        from structinit.init.impulse import noise_inputs
+        from structinit.init.specs import init_spec
+
+        spec = init_spec(spec, data_fit_inputs="noise")
+        if built.kind == "tokens":
+            raise UsageError(f"{param('data')} noise is Gaussian inputs; the checkpoint's model takes token ids")
+        n = min(samples, spec.data_fit_samples)
+        shape = tuple(built.input_shape)
+        inputs = FitInputs(noise_inputs(shape, n, apply_kwargs.get("seed", 0)),
+                           f"noise: {n} Gaussian inputs N(0, 1) of shape {list(shape)}")
+    elif isinstance(data, (str, os.PathLike)):
         inputs = fit_inputs(str(data), built, samples, data_dir)
     else:
         check_inputs(data, built, "the given tensor")
