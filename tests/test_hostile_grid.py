@@ -4,6 +4,7 @@ before anything is written; grid files whose values would collapse into the same
 the report or be unselectable are refused at load time; reports cannot mislead; work that cannot
 finish in reasonable time or memory says so before it starts."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -178,3 +179,113 @@ def test_train_warns_once_when_the_warm_up_outlasts_the_training(tmp_path, cli):
     r = cli("train", "--dataset", "synthetic", "--epochs", "2", "--batch-size", "128", "--warmup-epochs", "1",
             cwd=tmp_path)
     assert r.returncode == 0 and "warning" not in r.stderr
+
+
+# --------------------------------------------------------------------------- cost before work
+
+BIG = """\
+name = "big"
+[settings]
+model = "vit-digits"
+dataset = "digits"
+epochs = 1
+warmup_epochs = 0.5
+[axes]
+""" + "".join(f"{name} = [{', '.join(str(v) for v in values)}]\n" for name, values in (
+    ("lr", [round(0.001 * (i + 1), 3) for i in range(20)]), ("weight_decay", [round(0.01 * i, 2) for i in range(20)]),
+    ("batch_size", [8 * (i + 1) for i in range(20)]), ("val_size", [10 * i for i in range(20)])))
+
+
+@pytest.mark.parametrize("args, runs", [
+    (["g.toml", "--seeds", "100000000", "--status"], "600,000,000 runs (3 init x 2 train_size x 100000000 seeds)"),
+    (["g.toml", "--seeds", "100000000", "--launcher", "print"], "600,000,000 runs"),
+    (["big.toml", "--status"], "160,000 runs (20 lr x 20 weight_decay x 20 batch_size x 20 val_size x 1 seeds)"),
+    (["big.toml", "--launcher", "print"], "160,000 runs"),
+])
+def test_a_grid_of_very_many_runs_is_counted_and_refused_before_it_is_expanded(folder, cli, args, runs):  # H1-H4
+    import time
+
+    (folder / "big.toml").write_text(BIG)
+    before = files(folder)
+    t0 = time.perf_counter()
+    line = one_error(cli("bench", "grid", *args, cwd=folder), 2, runs, "--yes", "--seeds", "--only", "hours" if
+                     "600" in runs else "minutes")
+    assert time.perf_counter() - t0 < 10 and "expanding them alone would take about" in line
+    assert files(folder) == before
+    one_error(cli("bench", "report", args[0], "--seeds", "100000000", cwd=folder), 2, "runs", "--yes")
+
+
+def test_yes_expands_a_large_grid_with_progress(folder, cli, monkeypatch):
+    import structinit.bench.expand as expand_module
+
+    monkeypatch.setattr(expand_module, "MAX_RUNS", 10)
+    monkeypatch.setattr(expand_module, "PROGRESS_FROM", 1)
+    one_error(cli("bench", "grid", "g.toml", "--status", cwd=folder), 2, "grid g has 12 runs", "--yes")
+    r = cli("bench", "grid", "g.toml", "--status", "--yes", cwd=folder)
+    assert r.returncode == 0 and "12 runs in runs" in r.stdout, r.stderr
+    from structinit.bench.gridspec import load_grid
+
+    seen = []
+    expand_module.expand(load_grid(str(folder / "g.toml")), runs_dir=folder / "runs", max_runs=None,
+                         progress=lambda done, total: seen.append((done, total)))
+    assert seen and seen[-1] == (12, 12)
+    (folder / "runs").mkdir()
+    one_error(cli("bench", "report", "runs", "--yes", cwd=folder), 2, "--yes", "would do nothing")
+
+
+def test_environment_mistakes_are_found_once_per_grid_before_anything_runs(folder, cli):
+    cifar = GRID.replace('dataset = "digits"', 'dataset = "cifar10"')
+    (folder / "c.toml").write_text(cifar)
+    (folder / "empty").mkdir()
+    before = files(folder)
+    line = one_error(cli("bench", "grid", "c.toml", "--data-dir", "empty", cwd=folder), 2,
+                     "12 run(s) to launch read cifar10", "missing: data_batch_1", "--data-dir", "--set download=true")
+    assert "data_dir" not in line and files(folder) == before and not (folder / "runs").exists()
+    # elsewhere (print, slurm) the nodes may see other files: said once, then launched
+    r = cli("bench", "grid", "c.toml", "--data-dir", "empty", "--launcher", "print", "--only", "init=mimetic",
+            cwd=folder)
+    assert r.returncode == 0 and r.stderr.count("warning: 4 run(s) to launch read cifar10") == 1, r.stderr
+    assert len(r.stdout.strip().splitlines()) == 4
+    # a GPU asked for on a machine without one
+    one_error(cli("bench", "grid", "g.toml", "--set", "device=cuda", "--out", "gpu-runs", cwd=folder), 2,
+              "12 run(s) to launch ask for device cuda", "no CUDA GPU")
+    assert not (folder / "gpu-runs").exists()
+
+
+def test_iterative_solves_are_estimated_before_they_start():
+    from structinit.solver.config import SolveConfig
+    from structinit.solver.run import estimate_seconds
+
+    small = estimate_seconds(SolveConfig(grid=(8, 8), dim=64, heads=4, recipe="paper", params={"iters": 100}), "cpu")
+    big = estimate_seconds(SolveConfig(grid=(64, 64), dim=768, heads=12, layers=12, recipe="paper"), "cpu")
+    assert small < 30 and big > 3600 * 10  # the issue's shape: hours to days, not minutes
+    assert estimate_seconds(SolveConfig(grid=(64, 64), dim=768, heads=12, layers=12), "cpu") is None  # fast
+
+
+@pytest.mark.slow  # a solve process started and stopped
+def test_a_long_solve_says_its_estimate_and_its_progress(tmp_path):  # H5
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "structinit", "solve", "--grid", "32x32", "--dim", "192", "--heads", "3",
+           "--layers", "12", "--recipe", "paper", "--cache-dir", str(tmp_path / "cache")]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    lines, t0 = [], time.monotonic()
+    try:
+        while time.monotonic() - t0 < 300:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            lines.append(line.strip())
+            if "left)" in line:
+                break
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    estimate = [ln for ln in lines if "estimated" in ln]
+    assert estimate and "10000 Adam steps" in estimate[0] and ("hours" in estimate[0] or "days" in estimate[0]), lines
+    assert any(ln.startswith("solving paper: ") and "left)" in ln for ln in lines), lines
+    assert lines.index(estimate[0]) == 0  # said before the first step

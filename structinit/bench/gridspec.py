@@ -186,7 +186,8 @@ class GridSpec:
 
     @property
     def cells(self) -> int:
-        return len(self.row_axis.values) * len(self.column_cells())
+        """How many cells (counted, not listed: a grid of a million cells costs nothing to count)."""
+        return math.prod([len(self.row_axis.values)] + [len(a.values) for a in self.column_axes])
 
     @property
     def runs(self) -> int:
@@ -466,8 +467,14 @@ def _parse_paper(spec: GridSpec, paper: Any, source: str, lines: _Lines) -> None
         spec.paper[row] = out
 
 
+#: A seed count above this is kept as a ``range`` (not a tuple) until the grid is expanded, so that
+#: counting the runs of a grid of a hundred million seeds (to refuse it) costs nothing.
+LAZY_SEEDS = 100_000
+
+
 def parse_seeds(value: Any, where: str = "seeds") -> Tuple[int, ...]:
-    """Seeds from ``N`` (seeds ``0 .. N-1``), a list of seeds, or text ``"N"`` / ``"0,3,7"``."""
+    """Seeds from ``N`` (seeds ``0 .. N-1``), a list of seeds, or text ``"N"`` / ``"0,3,7"``. A
+    count above :data:`LAZY_SEEDS` gives a ``range``, which is a sequence like the tuple."""
     if isinstance(value, str):
         text = value.strip()
         try:
@@ -479,7 +486,7 @@ def parse_seeds(value: Any, where: str = "seeds") -> Tuple[int, ...]:
     if isinstance(value, int):
         if value < 1:
             raise GridError(f"{where}: the seed count must be at least 1, got {value}")
-        return tuple(range(value))
+        return tuple(range(value)) if value <= LAZY_SEEDS else range(value)
     if isinstance(value, list) and value and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
                                                  for s in value):
         if len(set(value)) != len(value):

@@ -45,17 +45,20 @@ def cpu_count() -> int:
 
 # --------------------------------------------------------------------------- preparing
 
-def prepare(ex: Expansion) -> List[Cell]:
+def prepare(ex: Expansion, check: Optional[Callable[[List[Cell]], None]] = None) -> List[Cell]:
     """Record the grid (its manifest) and give every run to launch (pending; failed or damaged: a
     rerun retries it, a damaged one after its task sets the damaged files aside) its folder with
     ``config.json``. Running and finished runs are left alone. Returns the cells to launch, one per
-    distinct run."""
+    distinct run. ``check(cells)`` is called with them before anything is written (e.g.
+    :func:`check_environment`)."""
     from structinit.training.rundir import RunDir
 
     st = grid_status(ex)
     todo_keys = {r["key"] for r in st.runs if r["state"] in ("pending", "failed", "damaged")}
-    ex.write_manifest()
     todo = [c for c in ex.unique_cells() if c.key in todo_keys]
+    if check is not None:
+        check(todo)
+    ex.write_manifest()
     for cell in todo:
         rd = RunDir(ex.run_dir(cell))
         if rd.file(rd.CONFIG).is_file():
@@ -65,6 +68,46 @@ def prepare(ex: Expansion) -> List[Cell]:
         rd.create()
         rd.write_config({"config": cell.config.to_dict(), "key": cell.key, "grid": ex.spec.name})
     return todo
+
+
+def check_environment(cells: List[Cell], launcher: str = "local", warn: Callable[[str], None] = lambda m: None) -> None:
+    """Find the mistakes every run would make alike once, before any is launched: a dataset whose
+    files are not where the runs read them (each dataset and folder checked once), and on this
+    machine (``local``) a CUDA device without a GPU. Runs launched elsewhere (``slurm``,
+    ``print``) may see other files and devices: a missing dataset is then one line to ``warn``."""
+    from structinit.training.datasets import check_files
+
+    seen, devices = set(), {}
+    for cell in cells:
+        cfg = cell.config
+        if cfg is None:
+            continue
+        devices.setdefault(str(cfg.device), cell)
+        where = (cfg.dataset, cfg.data_dir, bool(cfg.download))
+        if where in seen:
+            continue
+        seen.add(where)
+        try:
+            check_files(cfg.dataset, cfg.data_dir, cfg.download)
+        except UsageError as exc:
+            runs = sum(1 for c in cells if c.config is not None
+                       and (c.config.dataset, c.config.data_dir, bool(c.config.download)) == where)
+            text = f"{runs} run(s) to launch read {cfg.dataset}, and {exc.args[0]}"
+            if launcher == "local":
+                raise UsageError(text) from None
+            warn(f"{text} (seen from this machine; the runs fail where their nodes do not see the files either)")
+    if launcher == "local":
+        from structinit.runtime import resolve_device
+
+        for device in devices:
+            if device.startswith("cuda"):
+                try:
+                    resolve_device(device)
+                except UsageError:
+                    runs = sum(1 for c in cells if c.config is not None and str(c.config.device) == device)
+                    raise UsageError(f"{runs} run(s) to launch ask for {param('device')} {device} (set by the grid or "
+                                     f"{param('overrides')}), and this machine has no CUDA GPU; give device=cpu or "
+                                     "auto, or launch them where a GPU is (--launcher slurm or print)") from None
 
 
 def impulse_solves(cells: List[Cell]) -> list:
@@ -309,5 +352,5 @@ def run_local(ex: Expansion, cells: List[Cell], *, jobs: int = 1, threads: Optio
     return summary
 
 
-__all__ = ["prepare", "presolve", "impulse_solves", "print_commands", "run_local", "LocalSummary", "LAUNCHERS",
-           "cpu_count", "check_launcher"]
+__all__ = ["prepare", "check_environment", "presolve", "impulse_solves", "print_commands", "run_local",
+           "LocalSummary", "LAUNCHERS", "cpu_count", "check_launcher"]

@@ -213,6 +213,8 @@ Only = Annotated[List[str], Opt("--only", help="Keep only some values of an axis
                                 "e.g. train_size=100,250.")]
 RunsDir = Annotated[Path, Opt("--out", "-o", help="Where the runs live: one folder per run, named by its key.",
                                parser=path_arg, metavar="DIR")]
+Yes = Annotated[bool, Opt("--yes", help="Expand a grid of more than 10,000 runs (refused without it: expanding "
+                                     "alone takes minutes to hours).")]
 DataDir = Annotated[Optional[Path], Opt("--data-dir", help="Data root: every run reads its dataset from here; a "
                                         "grid's relative data_dir is read below it.",
                                         show_default="$STRUCTINIT_DATA, else ./data", parser=path_arg, metavar="DIR")]
@@ -276,7 +278,7 @@ def _refuse_idle_options(ctx: typer.Context, grid: Optional[str], list_grids: bo
                              f"structinit bench grid {grid} --status")
         others = {n: f for n, f in {**SLURM_OPTIONS, **LOCAL_OPTIONS, "status": "--status", "overrides": "--set",
                                     "seeds": "--seeds", "only": "--only", "out": "--out", "data_dir": "--data-dir",
-                                    "launcher": "--launcher", "threads": "--threads"}.items()}
+                                    "launcher": "--launcher", "threads": "--threads", "yes": "--yes"}.items()}
         extra = _given(ctx, others)
         if extra:
             raise UsageError(f"--list takes no other option than --json; {extra[0]} would do nothing")
@@ -330,6 +332,7 @@ def bench_grid(
     signal_seconds: Annotated[int, Opt("--signal-seconds", min=1, help="slurm: USR2 this long before the time "
                                        "limit: checkpoint and requeue.")] = 120,
     dry_run: Annotated[bool, Opt("--dry-run", help="slurm: write the job script, do not submit it.")] = False,
+    yes: Yes = False,
     json_out: JsonOut = False,
 ):
     """Run the comparison of a grid: every cell and seed a training run, in a folder named by its run key.
@@ -340,11 +343,19 @@ def bench_grid(
     """
     import time
 
-    from structinit.bench.expand import expand
+    from structinit.bench.expand import MAX_RUNS, expand
     from structinit.bench.gridspec import load_grid
-    from structinit.bench.launch import check_launcher, prepare, presolve, print_commands, run_local
+    from structinit.bench.launch import (
+        check_environment,
+        check_launcher,
+        prepare,
+        presolve,
+        print_commands,
+        run_local,
+    )
     from structinit.bench.status import grid_status, status_text
-    from structinit.errors import UsageError
+    from structinit.cli.common import declared_flags, flag_for
+    from structinit.errors import StructinitError, UsageError
 
     t0 = time.perf_counter()
     check_launcher(launcher)
@@ -365,15 +376,18 @@ def bench_grid(
         if not dry_run:
             check_sbatch()
     command = _grid_command(grid, out, overrides, seeds, data_dir, only)
-    ex = expand(load_grid(grid), overrides=overrides, seeds=seeds, runs_dir=out, data_root=data_dir, command=command,
-                only=only)
+    with Progress("expanding the grid", enabled=not json_out) as bar:
+        ex = expand(load_grid(grid), overrides=overrides, seeds=seeds, runs_dir=out, data_root=data_dir,
+                    command=command, only=only, max_runs=None if yes else MAX_RUNS, progress=bar.update)
     for warning in ex.warnings:
         typer.echo(f"warning: {warning}", err=True)
     if status:
         st = grid_status(ex)
         emit_json(st.to_dict()) if json_out else typer.echo(status_text(st))
         return
-    todo = prepare(ex)
+    todo = prepare(ex, check=lambda cells: check_environment(
+        cells, launcher, warn=lambda m: typer.echo("warning: " + StructinitError(m).render(
+            lambda n: flag_for(n, declared_flags(bench_grid), ALIASES)), err=True)))
     report_cmd = f"structinit bench report {out}"
     result: Dict[str, Any] = {"grid": ex.spec.name, "runs_dir": str(out), "total": len(ex.unique_cells()),
                               "to_launch": len(todo), "launcher": launcher, "manifest": str(ex.manifest_path)}
@@ -462,6 +476,7 @@ def bench_report(
                                            "against. With a grid.", show_default="the grid's")] = None,
     mixed_versions: Annotated[bool, Opt("--mixed-versions", help="Pool the runs of a row even where they recorded "
                                         "different algorithm versions (refused otherwise).")] = False,
+    yes: Yes = False,
     json_out: JsonOut = False,
 ):
     """Turn whatever runs have finished into the paper's tables (markdown, CSV, JSON) and figures.
@@ -470,7 +485,7 @@ def bench_report(
     difference to the baseline paired by seed, the paper's number beside ours); unfinished cells
     are marked; the best epoch is shown as such, chosen on the validation split when there is one.
     """
-    from structinit.bench.expand import expand
+    from structinit.bench.expand import MAX_RUNS, expand
     from structinit.bench.gridspec import load_grid
     from structinit.bench.output import render_report, write_report
     from structinit.bench.report import collect, markdown, read_runs_csv, reports_for_folder
@@ -493,6 +508,9 @@ def bench_report(
         if overrides or seeds is not None or only or runs_csv or baseline:
             raise UsageError("--set, --seeds, --only, --runs-csv and --baseline apply to a grid; with a folder the "
                              "grids recorded in it are reported")
+        if yes:
+            raise UsageError("--yes lets a grid of many runs be expanded; a folder's grids were expanded when they "
+                             "were launched, so it would do nothing")
         reports = reports_for_folder(Path(target).expanduser(), grid_name, mixed_versions)
     else:
         spec = load_grid(target)
@@ -505,8 +523,10 @@ def bench_report(
             spec = dataclasses.replace(spec, baseline=baseline)
         for path in runs_csv:
             earlier.update(read_runs_csv(path))
-        ex = expand(spec, overrides=overrides, seeds=seeds, runs_dir=out, only=only,
-                    command=_grid_command(target, out, overrides, seeds, None, only))
+        with Progress("expanding the grid", enabled=not json_out) as bar:
+            ex = expand(spec, overrides=overrides, seeds=seeds, runs_dir=out, only=only,
+                        command=_grid_command(target, out, overrides, seeds, None, only),
+                        max_runs=None if yes else MAX_RUNS, progress=bar.update)
         if not out.is_dir() and not earlier:
             raise UsageError(f"no runs: {out} does not exist (launch the grid with structinit bench grid {target} "
                              f"--out {out})")
@@ -585,4 +605,5 @@ def bench_run(
 
 #: Library parameter names that the bench commands spell with another flag.
 ALIASES = {"overrides": "--set", "only": "--only", "time": "--time", "seeds": "--seeds",
-           "attention_column": "--attention-column"}
+           "attention_column": "--attention-column", "yes": "--yes", "data_dir": "--data-dir",
+           "download": "--set download=true"}

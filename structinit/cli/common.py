@@ -80,7 +80,10 @@ FLAG_ALIASES: Dict[str, str] = {"offset_order": "--offsets", "layers": "--layers
 def flag_for(name: str, command_flags: List[str], aliases: Optional[Dict[str, str]] = None) -> str:
     """How the CLI names library parameter ``name``: the command's own ``--name`` flag (or its alias)
     when it has one, else the plain name (e.g. an ``--init-param`` key)."""
-    for candidate in ((aliases or {}).get(name), FLAG_ALIASES.get(name), "--" + name.replace("_", "-")):
+    alias = (aliases or {}).get(name)
+    if alias and " " in alias and alias.split()[0] in command_flags:  # a phrase: --set download=true
+        return alias
+    for candidate in (alias, FLAG_ALIASES.get(name), "--" + name.replace("_", "-")):
         if candidate and candidate in command_flags:
             return candidate
     return name
@@ -147,6 +150,16 @@ def is_tty() -> bool:
 
 # --------------------------------------------------------------------------- progress
 
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} minutes"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} hours"
+    return f"{seconds / 86400:.1f} days"
+
+
 class Progress:
     """Progress of long work on stderr: a rich bar on a terminal; elsewhere (cluster logs) a plain
     line every 10% of the work or every ``every`` seconds, whichever comes first, once the work has
@@ -166,6 +179,7 @@ class Progress:
         self._bar = self._task = None
         self._start = self._last_time = time.monotonic()
         self._last_tenth = -1
+        self._first: Optional[tuple] = None
 
     def __enter__(self) -> "Progress":
         if self.enabled and is_tty():
@@ -194,11 +208,17 @@ class Progress:
         if not self.plain:
             return
         now = time.monotonic()
+        if self._first is None or done < self._first[1]:
+            self._first = (now, done)  # the rate is measured from here: start-up is not work
         if now - self._start < self.quiet:
             return
         tenth = int(10 * done / max(total, 1))
         if tenth != self._last_tenth or now - self._last_time >= self.every:
-            print(f"{self.label}: {done}/{total} ({now - self._start:.1f}s)", file=sys.stderr, flush=True)
+            elapsed = now - self._start
+            t1, d1 = self._first
+            left = (f", about {_duration((now - t1) / (done - d1) * (total - done))} left"
+                    if d1 < done < total else "")
+            print(f"{self.label}: {done}/{total} ({elapsed:.1f}s{left})", file=sys.stderr, flush=True)
             self._last_tenth, self._last_time = tenth, now
 
     def stage(self, label: str) -> None:

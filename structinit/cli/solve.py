@@ -98,7 +98,7 @@ def solve(
                          offset_order=offsets, seed=seed, causal=causal)
     with Progress(f"solving {config.recipe}", enabled=not json_out) as bar:
         result = run_solve(config, cache_dir=cache_dir, device=device, force=force, progress=bar,
-                           warn=lambda msg: bar.log(f"warning: {msg}"), threads=threads)
+                           warn=lambda msg: bar.log(f"warning: {msg}"), threads=threads, log=bar.log)
     if json_out:
         emit_json(artifact_summary(result))
         return

@@ -55,6 +55,7 @@ Recipes (``RECIPES``):
 from __future__ import annotations
 
 import math
+import time
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
@@ -101,6 +102,7 @@ def _adam_mse(x, columns, head_dim, heads, generator, iters, lr, norm_every=0, p
     xb = x.unsqueeze(1)
     ref_norm = q.detach().norm(dim=-2).mean(dim=-1, keepdim=True).unsqueeze(-2)  # [L, H, 1, 1]
     iters = int(iters)
+    last = time.monotonic()
     for i in range(iters):
         if norm_every and i % int(norm_every) == 0:
             with torch.no_grad():
@@ -111,8 +113,10 @@ def _adam_mse(x, columns, head_dim, heads, generator, iters, lr, norm_every=0, p
         loss = ((attn - targets) ** 2).mean(dim=(-1, -2)).sum()
         loss.backward()
         opt.step()
-        if progress is not None and ((i + 1) % 100 == 0 or i + 1 == iters):
+        # every 100 steps, or every step once steps take a second (a large shape: minutes per 100)
+        if progress is not None and ((i + 1) % 100 == 0 or i + 1 == iters or time.monotonic() - last >= 1.0):
             progress(i + 1, iters)
+            last = time.monotonic()
     return q.detach(), k.detach()
 
 

@@ -9,6 +9,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass
@@ -103,6 +104,60 @@ def estimate_memory(config: SolveConfig) -> int:
     return int(inputs + weights + work)
 
 
+#: Recipes that take many steps through dense attention, whose time is estimated before they start.
+ITERATIVE = ("paper", "released")
+#: The share of a large matmul's rate that a step of the iterative recipes reaches (measured here:
+#: their softmax and elementwise work run far below matmul speed).
+STEP_EFFICIENCY = 0.15
+
+
+@functools.lru_cache(maxsize=None)
+def matmul_rate(device: str) -> float:
+    """Floating-point operations per second of a float32 matmul on ``device``, measured now (about
+    0.1 s, once per process)."""
+    import torch
+
+    a = torch.randn(512, 512, device=device)
+    b = torch.randn(512, 512, device=device)
+    a @ b  # warm-up
+    runs, t0 = 0, time.perf_counter()
+    while runs < 3 or time.perf_counter() - t0 < 0.05:
+        a @ b
+        runs += 1
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return runs * 2 * 512 ** 3 / max(time.perf_counter() - t0, 1e-9)
+
+
+def estimate_seconds(config: SolveConfig, device: str) -> Optional[float]:
+    """Seconds a solve of ``config`` will take on ``device``, roughly: for the iterative recipes
+    (``paper``, ``released``: Adam through every head's dense ``N x N`` attention), the operations
+    of a step times the steps over this device's measured matmul rate (:func:`matmul_rate`,
+    :data:`STEP_EFFICIENCY`); ``None`` for the others, which take seconds where they fit in memory."""
+    if config.recipe not in ITERATIVE:
+        return None
+    n, dim, d = config.tokens, config.dim, config.head_dim
+    heads = len(solved_layers(config)) * config.heads
+    per_step = 3 * heads * (4 * n * dim * d + 2 * n * n * d + 8 * n * n)  # forward and backward
+    steps = int(config.params.get("iters", 10000))
+    return steps * per_step / (matmul_rate(device) * STEP_EFFICIENCY)
+
+
+def duration_text(seconds: float) -> str:
+    """``42 s``, ``12 minutes``, ``3.5 hours``, ``2.1 days``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} minutes"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} hours"
+    return f"{seconds / 86400:.1f} days"
+
+
+#: An estimate above this (seconds) is said before the solve starts.
+SAY_ESTIMATE = 30.0
+
+
 def available_memory(device: str) -> Optional[int]:
     """Bytes free for a solve on ``device``: the GPU's free memory, or on a CPU the kernel's
     ``MemAvailable`` (capped by an address-space limit, if any); ``None`` when unknown."""
@@ -164,11 +219,13 @@ def _quality(x, q, k, columns, inputs, mask=None):
 
 
 def compute(config: SolveConfig, device: str = "auto", progress: Optional[Callable[[int, int], None]] = None,
-            threads: Optional[int] = None, embedding=None) -> Artifact:
+            threads: Optional[int] = None, embedding=None, log: Optional[Callable[[str], None]] = None) -> Artifact:
     """Solve ``config`` now (no cache) on ``device``, batched over the solved layers x heads.
 
     ``embedding [N, D]``: the position embedding whose digest is ``config.pos_embed`` (only then).
-    Refuses (:func:`check_memory`) a solve that does not fit in the device's free memory.
+    Refuses (:func:`check_memory`) a solve that does not fit in the device's free memory. A solve
+    estimated (:func:`estimate_seconds`) to take over :data:`SAY_ESTIMATE` seconds is said to
+    ``log`` before it starts.
     """
     import torch
 
@@ -182,7 +239,14 @@ def compute(config: SolveConfig, device: str = "auto", progress: Optional[Callab
     from structinit.solver.algorithms import SOLVERS, distinct_heads
 
     dev = resolve_device(device)
-    check_memory(config, dev)
+    need = check_memory(config, dev)
+    if log is not None:
+        eta = estimate_seconds(config, dev)
+        if eta is not None and eta > SAY_ESTIMATE:
+            steps, maps = int(config.params.get("iters", 10000)), len(solved_layers(config)) * config.heads
+            log(f"solving {config.describe()}: {steps} Adam steps through {maps} "
+                f"dense {config.tokens}x{config.tokens} attention maps, about {_gib(need)} of memory; estimated "
+                f"{duration_text(eta)} on {dev} (the fast recipe takes seconds)")
     L, H = config.layers, config.heads
     first, rest = layer_inputs(config, embedding)
     solved = solved_layers(config)
@@ -213,7 +277,7 @@ def compute(config: SolveConfig, device: str = "auto", progress: Optional[Callab
 
 def solve(config: SolveConfig, cache_dir: Optional[os.PathLike] = None, device: str = "auto", force: bool = False,
           progress: Optional[Callable[[int, int], None]] = None, warn: Optional[Callable[[str], None]] = None,
-          threads: Optional[int] = None, embedding=None) -> SolveResult:
+          threads: Optional[int] = None, embedding=None, log: Optional[Callable[[str], None]] = None) -> SolveResult:
     """The artifact for ``config``: from the cache if present and valid, else solved and stored.
 
     Concurrent callers with the same key solve it once (a per-key lock) and every caller gets a
@@ -243,7 +307,7 @@ def solve(config: SolveConfig, cache_dir: Optional[os.PathLike] = None, device: 
             hit = find_cached(config.filename, cache_dir, warn)
             if hit is not None:
                 return SolveResult(hit, cached=True)
-        artifact = compute(config, device, progress, threads, embedding)
+        artifact = compute(config, device, progress, threads, embedding, log=log)
         try:
             artifact.path = write_artifact(artifact, folder / config.filename)
         except ArtifactError as exc:  # write_artifact's, its context the OSError of the failed write

@@ -215,6 +215,35 @@ def load_dataset(name: str, data_dir: Optional[os.PathLike] = None, download: bo
     return _torchvision(info, root, download)
 
 
+def check_files(name: str, data_dir: Optional[os.PathLike] = None, download: bool = False) -> None:
+    """The cheap part of :func:`load_dataset`: whether ``name``'s files are where it would read
+    them (nothing is read or downloaded); the same :class:`UsageError` it would raise when they are
+    not. A grid checks each dataset once this way before it launches its runs."""
+    info = dataset_info(name)
+    if info.name in ("mnist1d", "digits", "synthetic"):
+        return
+    if info.name == "fashion-mnist":
+        if not download:
+            fashion_files(data_dir)
+        return
+    root = Path(data_dir) if data_dir is not None else default_data_dir()
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"{param('data_dir')} {root} is a file, not a directory")
+    if info.name == "imagefolder":
+        for split in ("train", "val"):
+            if not (root / split).is_dir():
+                raise UsageError(f"imagefolder: {root / split} is not a directory; expected the ImageNet layout "
+                                 f"{root}/train/<class>/<image> and {root}/val/<class>/<image>")
+        return
+    if download or info.name not in _EXPECTED:
+        return
+    sub, files, _ = _EXPECTED[info.name]
+    where = root / sub if sub else root
+    missing = [f for f in files if not (where / f).is_file()]
+    if missing:
+        raise UsageError(_expected_message(info.name, root, missing))
+
+
 def _digits(info: DatasetInfo) -> Data:
     import numpy as np
     import torch
