@@ -217,7 +217,9 @@ def test_a_finished_run_trained_again_returns_the_result_it_returned(tmp_path):
 
     out = tmp_path / "run"
     first = train(TrainConfig(epochs=2, out=str(out), val_size=64, seed=1, init="mimetic", **QUICK))
-    (out / "final.json").write_text("{}")  # the checkpoint is the record, not this
+    final = json.loads((out / "final.json").read_text())
+    (out / "final.json").write_text(json.dumps(dict(final, final_acc=-1.0, wall_seconds=0)))  # the checkpoint is
+    # the record, not this (a final.json that does not check out is damaged: tests/test_run_integrity.py)
     logs = []
     again = train(TrainConfig(epochs=2, out=str(out), val_size=64, seed=1, init="mimetic", resume=True, **QUICK),
                   log=logs.append)
@@ -402,10 +404,14 @@ def test_run_files_and_their_errors(tmp_path):
     with open(run.file(run.METRICS), "a") as f:
         f.write('{"epoch": 3, "tor')  # a torn last line
     assert run.read_metrics() == [{"epoch": 1}, {"epoch": 2}]
-    run.save_checkpoint({"epoch": 2})
-    assert run.state == "resumable" and run.load_checkpoint() == {"epoch": 2, "format": CHECKPOINT_FORMAT}
+    run.save_checkpoint({"epoch": 2, "key": "k"})
+    assert run.state == "resumable" and run.load_checkpoint() == {"epoch": 2, "key": "k", "format": CHECKPOINT_FORMAT}
     run.write_final({"final_acc": 1.0})
-    assert run.state == "finished" and run.read_final() == {"final_acc": 1.0}
+    assert run.state == "damaged" and "config.json is missing" in run.damage()  # nothing to check it against
+    run.write_config({"key": "k", "resolved": {"hparams": {"epochs": 2}}})
+    assert run.state == "damaged" and "is run None's result, not run k's" in run.damage()
+    run.write_final({"final_acc": 1.0, "key": "k", "epochs": 2})
+    assert run.state == "finished" and run.read_final() == {"final_acc": 1.0, "key": "k", "epochs": 2}
     assert (run.path / "final.json").read_text().endswith("}\n")
     run.clear_final()
     run.clear_final()  # a second clear is fine
@@ -435,8 +441,8 @@ def test_run_files_and_their_errors(tmp_path):
     torch.save({"format": CHECKPOINT_FORMAT, "x": _CreatesFile(marker)}, run.file(run.CHECKPOINT))
     with pytest.raises(StructinitError) as exc:
         run.load_checkpoint()
-    assert str(exc.value).endswith(": it needs code beyond tensors and plain containers to unpickle; nothing of it "
-                                   "was run") and not marker.exists()
+    assert str(exc.value).endswith(": refused: unpickling it would run code (io.open); nothing of it was run") \
+        and not marker.exists()
     (tmp_path / "file").write_text("x")
     with pytest.raises(UsageError, match=r"out .*file exists and is not a directory"):
         RunDir(tmp_path / "file")
@@ -560,8 +566,12 @@ def test_resuming_from_a_corrupt_checkpoint_is_one_error_line(tmp_path, cli):
     out.mkdir()
     (out / "checkpoint.pt").write_bytes(b"\x80\x02garbage")
     r = cli("train", "--epochs", "1", "--out", out, "--resume", "--threads", "1")
-    assert r.returncode == 1 and r.stderr == (f"error: cannot read checkpoint {out / 'checkpoint.pt'}: not a torch "
-                                              "checkpoint, or truncated\n")
+    # a damaged run: its checkpoint set aside (kept), said in one line, the run trained afresh
+    aside = [p for p in out.iterdir() if p.name.startswith("damaged-")]
+    assert r.returncode == 0 and len(aside) == 1, r.stderr
+    assert (aside[0] / "checkpoint.pt").read_bytes() == b"\x80\x02garbage"
+    said = [line for line in r.stderr.splitlines() if "was damaged" in line]
+    assert len(said) == 1 and "not a readable checkpoint" in said[0] and "training it afresh" in said[0]
 
 
 @pytest.mark.slow  # three short training runs (about 10 s)

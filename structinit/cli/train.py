@@ -168,12 +168,16 @@ def train(
     n_epochs = int(hp["epochs"])
     use_threads(threads)
     rank0 = not launched_by_torchrun() or os.environ.get("RANK", "0") == "0"
-    too_long = long_warmup(hp)
-    if too_long and rank0:
-        typer.echo("warning: " + StructinitError(too_long).render(lambda n: "--" + n.replace("_", "-")), err=True)
+    too_long = long_warmup(hp) if rank0 else None
     with Progress("training", enabled=rank0, plain=False) as bar:
-        result = run_training(config, on_step=lambda e, s, n: bar.update(s, n, f"epoch {e}/{n_epochs}"),
-                              on_epoch=lambda r: bar.log(_fmt(r, n_epochs)), log=bar.log,
+        def on_step(e: int, s: int, n: int) -> None:
+            nonlocal too_long
+            if too_long:  # said once training starts (a run refused before that gets its error line alone)
+                bar.log("warning: " + StructinitError(too_long).render(lambda n: "--" + n.replace("_", "-")))
+                too_long = None
+            bar.update(s, n, f"epoch {e}/{n_epochs}")
+
+        result = run_training(config, on_step=on_step, on_epoch=lambda r: bar.log(_fmt(r, n_epochs)), log=bar.log,
                               on_init=lambda d, n: bar.update(d, n, "init: data fit"))
     if not rank0:
         return

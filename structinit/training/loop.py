@@ -242,9 +242,8 @@ def _flat(settings: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _shown(value: Any) -> str:
-    if value is None:
-        return "not set"
-    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    """A setting's value as the error shows it: scalars as Python writes them, containers as JSON."""
+    return json.dumps(value, sort_keys=True, default=str) if isinstance(value, (dict, list)) else repr(value)
 
 
 def _differences(old: TrainConfig, new: TrainConfig) -> List[str]:

@@ -375,8 +375,6 @@ def _read_torch(path: os.PathLike, map_location) -> Any:
                 warnings.simplefilter("ignore")  # torch's advice about weights_only; the error below says it all
                 return torch.load(path, map_location=map_location, weights_only=True)
         why = "not a torch checkpoint, or truncated"  # its first bytes are neither a torch.save zip nor a pickle
-        if Path(path).stat().st_size == 0:
-            why = "the file is empty (0 bytes)"
     except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line
         why = _unreadable(exc, path)
     raise StructinitError(f"cannot read checkpoint {path}: {why}")
@@ -404,13 +402,13 @@ def load_run_weights(path: os.PathLike, map_location="cpu") -> Dict[str, Any]:
     return ck
 
 
-def _unreadable(exc: BaseException, path: os.PathLike) -> str:
+def _unreadable(exc: BaseException, path: Optional[os.PathLike] = None) -> str:
     """Why ``torch.load(weights_only=True)`` failed, in one line (torch's own messages run to a
     page and suggest ``weights_only=False``, which would run whatever the file holds)."""
     from structinit.init.checkpoints import code_named, is_cut_short
 
     msg = str(exc)
-    if "Weights only load failed" in msg or is_cut_short(exc):
+    if path is not None and ("Weights only load failed" in msg or is_cut_short(exc)):
         code = code_named(path)  # torch may give up before it reaches the code a pickle names
         if code is not None:
             return f"refused: unpickling it would run code ({code}); nothing of it was run"
