@@ -669,7 +669,7 @@ def _commands():
 #: Examples that cannot run here as written: what runs instead (``None``: nothing) and why.
 STAND_INS = {
     "structinit bench grid digits --jobs 2": (
-        "structinit bench grid digits --jobs 2 --seeds 1 --launcher print",
+        "structinit bench grid digits --seeds 1 --launcher print",
         "the whole learning curve takes about an hour (one seed: the print launcher still solves each impulse "
         "artifact into the cache first, about half a minute each on a slow machine)"),
     "structinit bench grid table2 --data-dir ~/data --launcher slurm --partition gpu --gpus 1 --cpus 8 "
