@@ -146,6 +146,7 @@ def test_grid_options_that_would_do_nothing_or_write_nonsense_are_refused(folder
     (["--report-dir", "rep", "--attention-column", "100"], ["--attention-column chooses what --attention draws"]),
     (["--report-dir", "rep", "--attention-images", "8"], ["--attention-images chooses what --attention draws"]),
     (["--report-dir", "rep", "--attention", "--no-figures"], ["--attention draws a figure", "--no-figures"]),
+    (["--grid", "g"], ["--grid picks one grid of a folder of runs; g.toml is a grid"]),
     # S26
     (["--report-dir", ""], ["--report-dir", "needs a name"]),
     (["--out", ""], ["--out", "needs a name"]),
@@ -153,6 +154,14 @@ def test_grid_options_that_would_do_nothing_or_write_nonsense_are_refused(folder
 def test_report_options_that_would_do_nothing_are_refused(folder, cli, args, needles):
     before = files(folder)
     one_error(cli("bench", "report", "g.toml", *args, cwd=folder), 2, *needles)
+    assert files(folder) == before
+
+
+def test_report_of_a_folder_refuses_out(folder, cli):
+    (folder / "runs").mkdir()
+    before = files(folder)
+    one_error(cli("bench", "report", "runs", "--out", "elsewhere", cwd=folder), 2, "--out",
+              "runs is itself the folder of runs reported")
     assert files(folder) == before
 
 

@@ -511,8 +511,13 @@ def bench_report(
         if yes:
             raise UsageError("--yes lets a grid of many runs be expanded; a folder's grids were expanded when they "
                              "were launched, so it would do nothing")
+        if _given(ctx, {"out": "--out"}):
+            raise UsageError(f"--out says where a grid's runs are; {target} is itself the folder of runs reported, "
+                             "so --out would do nothing")
         reports = reports_for_folder(Path(target).expanduser(), grid_name, mixed_versions)
     else:
+        if grid_name is not None:
+            raise UsageError(f"--grid picks one grid of a folder of runs; {target} is a grid, so it would do nothing")
         spec = load_grid(target)
         if baseline is not None:
             rows = [v.id for v in spec.row_axis.values]
