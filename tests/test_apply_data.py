@@ -248,6 +248,8 @@ class _RunsCode:
     (None, ["--data", "digits", "--method", "mimetic"], "--data is the impulse init's data fit; --method mimetic "
                                                          "does not fit to data"),
     (None, ["--data", "nowhere"], "--data 'nowhere' is neither a dataset"),
+    (None, ["--data", "digits", "--model", "vit_tiny_patch16_224"], "the checkpoint is not a vit_tiny_patch16_224: "
+                                                                    "its tensors have dim 64 and depth 4"),
     (lambda p: torch.save(torch.zeros(4, 1, 16, 16), p), ["--data", "{x}"],
      "has inputs of shape [1, 16, 16]; the model takes [1, 8, 8]"),
     (lambda p: torch.save(torch.randint(0, 255, (4, 1, 8, 8), dtype=torch.uint8), p), ["--data", "{x}"],

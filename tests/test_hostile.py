@@ -219,13 +219,22 @@ def test_learned_position_embedding_is_refused_fitted_or_replaced_and_reported_t
 
 
 def test_impulse_on_a_model_never_fits_the_sin_cos_table_silently(tmp_path):
+    from structinit.geometry.embedding import sincos_2d
     from structinit.init.specs import initialize_model
     from structinit.solver.cache import find_cached
     from structinit.solver.config import SolveConfig
 
+    # the plain call on a learned embedding writes the sin-cos table it solves for, and says so
+    plain = timm_vit(learned=True)
+    with pytest.warns(UserWarning, match="data_fit not run"):
+        rep = initialize_model(plain, "impulse")
+    assert rep["pos_embed_written"] == "sin-cos table x1 in place of the model's own pos_embed, kept learnable"
+    assert rep["measured_on"] == "pos_embed (sincos), LayerNorm'd" and plain.pos_embed.requires_grad
+    assert np.allclose(plain.pos_embed.detach()[0].numpy(), sincos_2d((8, 8), DIM), atol=1e-6)
+    hit, _ = hit_and_mass(attention_of_first_block(plain, 64), (8, 8), rep["layers"][0]["offsets"])
+    assert hit == pytest.approx(rep["layers"][0]["hit_rate"], abs=1e-6) and hit > 0.95
+
     model = timm_vit(learned=True)
-    with pytest.raises(UsageError, match="fit_pe.*pe_scale"):
-        initialize_model(model, "impulse")
     first = initialize_model(model, "impulse", fit_pe=True)
     assert first["artifact"]["cached"] is False and first["hit_rate"] > 0.95
     assert first["measured_on"] == "pos_embed (other), LayerNorm'd"
@@ -636,6 +645,21 @@ def _example_inputs(folder: Path, examples):
         m = timm.create_model("vit_tiny_patch16_224", img_size=16, patch_size=2, embed_dim=48, depth=2, num_heads=3,
                               num_classes=10)
         torch.save(m.state_dict(), folder / "learned.pth")
+    if "images/" in named:  # real digits upscaled to the ViT's 16x16 RGB, as PNGs in class folders
+        from PIL import Image
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        for i in range(12):
+            (folder / "images" / str(d.target[i])).mkdir(parents=True, exist_ok=True)
+            pixels = (d.images[i] * 255 / 16).astype("uint8")
+            Image.fromarray(pixels).convert("RGB").resize((16, 16)).save(folder / "images" / str(d.target[i]) / f"{i}.png")
+    if "vit_t.pth" in named:  # a ViT-T (dim 192, 12 layers) on 32x32 images in patches of 4, and its inputs
+        import timm
+
+        m = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=4, num_classes=10)
+        torch.save(m.state_dict(), folder / "vit_t.pth")
+        torch.save(torch.randn(12, 3, 32, 32, generator=torch.Generator().manual_seed(0)), folder / "inputs.pt")
     if "mha.pt" in named:
         torch.save(torch.nn.MultiheadAttention(32, 4, batch_first=True).state_dict(), folder / "mha.pt")
     if named & {"bert.pt", "gpt2.pt"}:
@@ -678,6 +702,12 @@ STAND_INS = {
     "structinit bench run runs/3f2a9c1b7d4e --nproc 4": (None, "names a run folder of a launched grid"),
     "structinit inspect runs/digits-imp --data digits": (
         None, "names a train run folder (tested in test_inspect_data, on a run train writes there)"),
+    "structinit bench fit --model vit-digits --dataset digits --versions 1,2 --threads 1": (
+        "structinit bench fit --model vit-digits --dataset digits --versions 1,2 --threads 1 --steps 5 --samples 32",
+        "version 1's 300 steps on 256 digits take minutes on a slow machine; the flags are the example's"),
+    "structinit bench fit --model vit-t --image-size 32 --in-chans 3 --threads 1": (
+        "structinit bench fit --model vit-t --image-size 32 --in-chans 3 --threads 1 --steps 5 --samples 16 "
+        "--train-steps 1", "the ViT-T shape's fit and training steps take minutes on a slow machine"),
     "structinit apply runs/digits/checkpoint.pt --out imp.pt --data digits": (
         None, "names a train run's checkpoint (tested in test_apply_data, on a checkpoint train writes)"),
 }

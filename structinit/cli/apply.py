@@ -12,7 +12,7 @@ from typing_extensions import Annotated
 from structinit.cli.common import CacheDir, Device, GridOpt, JsonOut, Progress, Threads, emit_json, examples
 
 EXAMPLES = examples(
-    'structinit apply vit.pth --heads 3 --set-pe sincos --data images/  # impulse fitted to real images',
+    'structinit apply vit.pth --heads 3 --set-pe sincos --data images/ --out vit-fit.pth  # fitted to real images',
     'structinit apply vit.pth --heads 3                  # the plain solve (no data): writes vit.impulse.pth',
     'structinit apply vit.pth --heads 3 --filter 5 --layers 0-5 --target-mass 0.5 --out vit-imp5.pth',
     'structinit apply vit.pth --heads 3 --method mimetic --dry-run',
@@ -21,7 +21,7 @@ EXAMPLES = examples(
     'structinit apply bert.pt --heads 12 --filter 5 --set-pe sincos  # a sequence of 512 (the position table)',
     'structinit apply gpt2.pt --heads 12 --filter 3 --causal --set-pe sincos --grid 256 --out gpt2-imp.pt',
     'structinit apply runs/digits/checkpoint.pt --out imp.pt --data digits  # Q/K fitted to the run\'s digits',
-    'structinit apply vit.pth --model vit_tiny_patch16_224 --set-pe sincos --data inputs.pt  # inputs [B, 3, H, W]',
+    'structinit apply vit_t.pth --model vit_tiny_patch16_224 --set-pe sincos --data inputs.pt  # inputs [B, 3, H, W]',
 )
 
 #: Library parameters this command spells with another flag.

@@ -90,7 +90,11 @@ def _load(model, sd: Mapping, prefix: str, what: str) -> None:
     import torch
 
     state = {k[len(prefix):]: torch.as_tensor(v) for k, v in sd.items() if isinstance(k, str) and k.startswith(prefix)}
-    result = model.load_state_dict(state, strict=False)
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # tensors of other shapes: name the first
+        mismatch = next((ln.strip() for ln in str(exc).splitlines() if "size mismatch" in ln), str(exc).splitlines()[0])
+        raise UsageError(f"the checkpoint's weights do not fit the {what} ({mismatch})") from None
     problems = []
     if result.unexpected_keys:
         problems.append(f"tensors the model does not have: {', '.join(result.unexpected_keys[:5])}")
@@ -194,6 +198,12 @@ def _timm_model(ckpt, sd: Mapping, model_name: Optional[str], heads: Optional[in
         except Exception as exc:  # noqa: BLE001 - a model that cannot take the checkpoint's shape
             raise UsageError(f"timm cannot build {name} for the checkpoint's shape ({str(exc).splitlines()[0]})") \
                 from None
+        named = (int(model.embed_dim), len(model.blocks))
+        if named != (kwargs["embed_dim"], kwargs["depth"]):
+            raise UsageError(f"the checkpoint is not a {name}: its tensors have dim {kwargs['embed_dim']} and "
+                             f"depth {kwargs['depth']}, {name} has dim {named[0]} and depth {named[1]} (name "
+                             f"the model it was trained as with {param('model_name')}, or leave that out and give "
+                             f"{param('heads')})")
         if heads is not None and int(model.blocks[0].attn.num_heads) != heads:
             raise UsageError(f"{param('heads')} {heads} contradicts {name}, which has "
                              f"{model.blocks[0].attn.num_heads} heads")
