@@ -105,12 +105,28 @@ def test_local_grid_runs_every_run_once_and_a_rerun_launches_nothing(tmp_path):
         assert task["state"] == "finished" and not alive(task["pid"])
         # the impulse runs found their artifact solved already
         cfg = json.loads((run / "config.json").read_text())
+        log = (run / "log.txt").read_text()
+        assert "Warning:" not in log and ".py:" not in log  # no Python warning text: one line each
         if cfg["config"]["init"] == "impulse":
             assert cfg["init_report"]["artifact"]["cached"] is True
+
     again = structinit("bench", "grid", "tiny.toml", cwd=tmp_path)
     assert again.returncode == 0 and "nothing to launch: 4 of 4 runs finished" in again.stdout
     status = structinit("bench", "grid", "tiny.toml", "--status", "--json", cwd=tmp_path)
     assert json.loads(status.stdout)["counts"] == {"finished": 4, "running": 0, "failed": 0, "damaged": 0, "pending": 0}
+
+
+def test_a_warning_of_the_library_is_one_line_of_the_runs_log(tmp_path):
+    # one step of data fit leaves the init partly structured: the library warns, the log says it once
+    weak = TINY.replace("data_fit = 30", "data_fit = 1")
+    ex = expand(parse_grid_text(weak, "tiny.toml", "tiny"), overrides=["epochs=1"], seeds=1, runs_dir=tmp_path)
+    run = next(ex.run_dir(k) for k in prepare(ex) if "impulse" in str(ex.run_dir(k).joinpath("config.json").read_text()))
+    r = structinit("bench", "run", run, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    log = (run / "log.txt").read_text()
+    said = [line for line in log.splitlines() if "warning:" in line]
+    assert len(said) == 1 and "warning: impulse: the data fit left layer 0 hitting its offsets in" in said[0], log
+    assert "Warning:" not in log and ".py:" not in log
 
 
 @pytest.mark.slow
@@ -151,8 +167,8 @@ def test_a_task_stopped_by_sigterm_resumes_from_its_checkpoint(tmp_path):
     os.killpg(proc.pid, signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0 and f"interrupted {run}" in out
-    assert "task stopped (SIGTERM); the last epoch's checkpoint is kept" in (run / "log.txt").read_text()
     k = len(epochs_of(run))
+    assert f"task stopped (SIGTERM); the checkpoint of epoch {k} is kept" in (run / "log.txt").read_text()
     assert RunDir(run).state == "resumable" and run_status(run).state == "pending"
     done = structinit("bench", "run", run, "--json", cwd=tmp_path)
     assert done.returncode == 0 and json.loads(done.stdout)[0]["state"] == "finished"

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
@@ -358,7 +359,9 @@ def run_task(run_dir: os.PathLike, *, threads: Optional[int] = None, device: Opt
         train_seconds = time.perf_counter() - t_train
         requeued = False
         if state == "interrupted":
-            log(f"task stopped ({stopper.reason}); the last epoch's checkpoint is kept")
+            done = len(rd.read_metrics()) if rd.state == "resumable" else 0
+            log(f"task stopped ({stopper.reason}); " + (f"the checkpoint of epoch {done} is kept" if done else
+                                                       "no epoch had finished: the next task starts the run afresh"))
             if stopper.requeue:
                 requeued = requeue_self(log)
         elif state == "failed":
@@ -379,9 +382,15 @@ def _run_here(config, stopper: Stopper, log) -> tuple:
     from structinit.training.loop import train
 
     epochs = int(config.hparams()["epochs"])
+
+    def say_warning(message, category, filename, lineno, file=None, line=None):
+        log(f"warning: {message}")  # one line in the run's log, not Python's two
+
     try:
-        result = train(config, on_step=stopper.on_step, log=log, on_init=stopper.on_init,
-                       on_epoch=lambda r: (log(_epoch_line(r, epochs)), stopper.on_epoch(r, epochs)))
+        with warnings.catch_warnings():
+            warnings.showwarning = say_warning
+            result = train(config, on_step=stopper.on_step, log=log, on_init=stopper.on_init,
+                           on_epoch=lambda r: (log(_epoch_line(r, epochs)), stopper.on_epoch(r, epochs)))
     except TaskInterrupted:
         return "interrupted", None, None
     except KeyboardInterrupt:

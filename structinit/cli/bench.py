@@ -574,7 +574,7 @@ def bench_run(
     """Train (or resume) runs of a grid, one after another: the task of the SLURM and local launchers.
 
     A finished run is skipped; a run trained by another task right now is left to it. SIGTERM
-    stops at the next optimizer step (the last epoch's checkpoint is kept); SIGUSR2 does the same
+    stops at the next optimizer step (the last finished epoch's checkpoint is kept); SIGUSR2 does the same
     and then asks SLURM to requeue the job.
     """
     import sys
