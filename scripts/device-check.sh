@@ -34,8 +34,8 @@ step() {  # step NAME SECONDS COMMAND...: run it with a time limit, its output i
 }
 
 if [ "$QUICK" = 1 ]; then
-    fit_model=vit-digits; fit_args=(--dataset digits --samples 32 --train-steps 2)
-    vits_args=(--model vit-digits --dataset digits --samples 16 --train-steps 1)
+    fit_model=vit-digits; fit_args=(--dataset digits --samples 32 --steps 20 --train-steps 2)
+    vits_args=(--model vit-digits --dataset digits --samples 16 --steps 10 --train-steps 1)
     loop_args=(--model vit-digits --dataset digits --epochs 1 --repeats 1)
     solver_args=(--grid 8x8 --dim 64 --heads 4 --recipes fast,paper --iters 50)
 else

@@ -2,6 +2,7 @@
 input as one `error:` line with exit code 2, nothing written."""
 
 import json
+import re
 import shlex
 
 import pytest
@@ -39,9 +40,12 @@ def folder(tmp_path):
 def test_list_shows_every_shipped_grid_with_its_run_count(cli):
     r = cli("bench", "grid", "--list")
     assert r.returncode == 0
-    assert "digits    160 runs (8 init x 4 train_size x 5 seeds)" in r.stdout
-    assert "mnist1d   100 runs (10 init x 2 data x 5 seeds)" in r.stdout
-    assert "table6    216 runs (9 pseudo x 2 qk x 2 model x 2 filter x 3 seeds)" in r.stdout
+    counts = re.findall(r"^(\S+) +(\d+) runs \((.*?)\)", r.stdout, flags=re.M)
+    assert ("digits", "160", "8 init x 4 train_size x 5 seeds") in counts
+    assert ("mnist1d", "100", "10 init x 2 data x 5 seeds") in counts
+    assert ("fashion-196", "175", "7 init x 5 train_size x 5 seeds") in counts
+    assert ("table6", "216", "9 pseudo x 2 qk x 2 model x 2 filter x 3 seeds") in counts
+    assert len(counts) == 11
     doc = json.loads(cli("bench", "grid", "--list", "--json").stdout)
     assert {d["name"]: d["runs"] for d in doc}["table4"] == 72
 

@@ -53,10 +53,11 @@ def parse(text, name="mini"):
 
 def test_the_shipped_grids_have_the_papers_shapes_and_numbers():
     names = list(shipped_grids())
-    assert names == ["digits", "mnist1d", "table1", "table2", "table3", "table4", "table5", "table6", "table7"]
+    assert names == ["digits", "fashion", "fashion-196", "mnist1d", "table1", "table2", "table3", "table4", "table5",
+                     "table6", "table7"]
     runs = {n: load_grid(n).runs for n in names}
-    # digits: 8 methods x 4 training-set sizes x 5 seeds; the paper's grids at 3 seeds
-    assert runs == {"digits": 160, "mnist1d": 100, "table1": 12, "table2": 60, "table3": 60, "table4": 72,
+    # digits: 8 methods x 4 training-set sizes x 5 seeds; Fashion-MNIST 7 x 5 x 5; the paper's grids at 3 seeds
+    assert runs == {"digits": 160, "fashion": 175, "fashion-196": 175, "mnist1d": 100, "table1": 12, "table2": 60, "table3": 60, "table4": 72,
                     "table5": 120, "table6": 216, "table7": 120}
     t2 = load_grid("table2")
     assert [c[0].id for c in t2.column_cells()] == ["cifar10", "cifar100", "svhn", "imagenet"]
@@ -165,7 +166,7 @@ def test_inline_axis_values_report_their_line():
 
 def test_unknown_grid_names_and_files(tmp_path):
     with pytest.raises(GridError, match=r"unknown grid 'digit' \(did you mean 'digits'\?\); shipped grids: digits, "
-                                        r"mnist1d, table1"):
+                                        r"fashion, fashion-196, mnist1d, table1"):
         load_grid("digit")
     with pytest.raises(GridError, match="grid file .*nope.toml does not exist"):
         load_grid(str(tmp_path / "nope.toml"))

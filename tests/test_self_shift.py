@@ -107,7 +107,9 @@ def test_the_data_fit_calibrates_after_the_self_term(digits):
     for w in (0.0, 0.3):
         m = vit()
         with warnings.catch_warnings():
-            warnings.simplefilter("error")
+            warnings.simplefilter("error")  # the fit runs: no warning that it was skipped...
+            # ...but 20 steps leave it partly structured, which is said (and is not what this tests)
+            warnings.filterwarnings("ignore", message=".*only partly structured")
             rep = initialize_model(m, "impulse", seed=0, data=fit, data_fit=20, self_weight=w)
         for row in rep["data_fit"]["layers"]:
             assert row["target_mass"] == pytest.approx(0.3, abs=0.01)

@@ -95,7 +95,8 @@ def test_a_fit_that_leaves_a_layer_below_0_9_says_which_and_what_to_try(digits, 
     assert "of the rows on the batch" in text and "try more steps (data_fit=1000)" in text
     assert text.startswith("impulse: the data fit left layer ")
     r = cli("train", "--model", "vit-digits", "--pos-embed", "learned", "--init", "impulse", "--init-param",
-            "data_fit=1", "--train-size", "32", "--batch-size", "16", "--epochs", "1", "--out", tmp_path / "r")
+            "data_fit=1", "--train-size", "32", "--batch-size", "16", "--epochs", "1", "--warmup-epochs", "0",
+            "--out", tmp_path / "r")
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
     assert len(lines) == 1 and "the data fit left layer" in lines[0]
