@@ -174,3 +174,14 @@ def use_threads(threads: Optional[int] = None) -> int:
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ[var] = str(n)
     return n
+
+
+def duration_text(seconds: float) -> str:
+    """``42 s``, ``12 minutes``, ``3.5 hours``, ``2.1 days``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} minutes"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} hours"
+    return f"{seconds / 86400:.1f} days"

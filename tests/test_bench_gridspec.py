@@ -57,7 +57,8 @@ def test_the_shipped_grids_have_the_papers_shapes_and_numbers():
                      "table6", "table7"]
     runs = {n: load_grid(n).runs for n in names}
     # digits: 8 methods x 4 training-set sizes x 5 seeds; Fashion-MNIST 7 x 5 x 5; the paper's grids at 3 seeds
-    assert runs == {"digits": 160, "fashion": 175, "fashion-196": 175, "mnist1d": 100, "table1": 12, "table2": 60, "table3": 60, "table4": 72,
+    assert runs == {"digits": 160, "fashion": 175, "fashion-196": 175, "mnist1d": 100, "table1": 12,
+                    "table2": 60, "table3": 60, "table4": 72,
                     "table5": 120, "table6": 216, "table7": 120}
     t2 = load_grid("table2")
     assert [c[0].id for c in t2.column_cells()] == ["cifar10", "cifar100", "svhn", "imagenet"]

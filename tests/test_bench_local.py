@@ -120,7 +120,7 @@ def test_a_warning_of_the_library_is_one_line_of_the_runs_log(tmp_path):
     # one step of data fit leaves the init partly structured: the library warns, the log says it once
     weak = TINY.replace("data_fit = 30", "data_fit = 1")
     ex = expand(parse_grid_text(weak, "tiny.toml", "tiny"), overrides=["epochs=1"], seeds=1, runs_dir=tmp_path)
-    run = next(ex.run_dir(k) for k in prepare(ex) if "impulse" in str(ex.run_dir(k).joinpath("config.json").read_text()))
+    run = next(ex.run_dir(k) for k in prepare(ex) if "impulse" in (ex.run_dir(k) / "config.json").read_text())
     r = structinit("bench", "run", run, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     log = (run / "log.txt").read_text()

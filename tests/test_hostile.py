@@ -651,9 +651,10 @@ def _example_inputs(folder: Path, examples):
 
         d = load_digits()
         for i in range(12):
-            (folder / "images" / str(d.target[i])).mkdir(parents=True, exist_ok=True)
+            label = folder / "images" / str(d.target[i])
+            label.mkdir(parents=True, exist_ok=True)
             pixels = (d.images[i] * 255 / 16).astype("uint8")
-            Image.fromarray(pixels).convert("RGB").resize((16, 16)).save(folder / "images" / str(d.target[i]) / f"{i}.png")
+            Image.fromarray(pixels).convert("RGB").resize((16, 16)).save(label / f"{i}.png")
     if "vit_t.pth" in named:  # a ViT-T (dim 192, 12 layers) on 32x32 images in patches of 4, and its inputs
         import timm
 

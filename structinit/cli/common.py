@@ -16,6 +16,7 @@ import typer
 from typing_extensions import Annotated
 
 from structinit.errors import StructinitError
+from structinit.runtime import duration_text
 
 # --------------------------------------------------------------------------- shared options
 
@@ -150,16 +151,6 @@ def is_tty() -> bool:
 
 # --------------------------------------------------------------------------- progress
 
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} minutes"
-    if seconds < 2 * 86400:
-        return f"{seconds / 3600:.1f} hours"
-    return f"{seconds / 86400:.1f} days"
-
-
 class Progress:
     """Progress of long work on stderr: a rich bar on a terminal; elsewhere (cluster logs) a plain
     line every 10% of the work or every ``every`` seconds, whichever comes first, once the work has
@@ -216,7 +207,7 @@ class Progress:
         if tenth != self._last_tenth or now - self._last_time >= self.every:
             elapsed = now - self._start
             t1, d1 = self._first
-            left = (f", about {_duration((now - t1) / (done - d1) * (total - done))} left"
+            left = (f", about {duration_text((now - t1) / (done - d1) * (total - done))} left"
                     if d1 < done < total else "")
             print(f"{self.label}: {done}/{total} ({elapsed:.1f}s{left})", file=sys.stderr, flush=True)
             self._last_tenth, self._last_time = tenth, now

@@ -20,7 +20,7 @@ import numpy as np
 from structinit.errors import ArtifactError, StructinitError, UsageError, param
 from structinit.geometry.embedding import pseudo_input
 from structinit.geometry.targets import causal_mask, draw_offsets, impulse_columns
-from structinit.runtime import check_device, check_threads, resolve_device, set_threads
+from structinit.runtime import check_device, check_threads, duration_text, resolve_device, set_threads
 from structinit.solver.artifact import Artifact, write_artifact
 from structinit.solver.cache import check_cache_dir, find_cached, key_lock, user_cache_dir
 from structinit.solver.config import SolveConfig, embedding_digest
@@ -141,17 +141,6 @@ def estimate_seconds(config: SolveConfig, device: str) -> Optional[float]:
     per_step = 3 * heads * (4 * n * dim * d + 2 * n * n * d + 8 * n * n)  # forward and backward
     steps = int(config.params.get("iters", 10000))
     return steps * per_step / (matmul_rate(device) * STEP_EFFICIENCY)
-
-
-def duration_text(seconds: float) -> str:
-    """``42 s``, ``12 minutes``, ``3.5 hours``, ``2.1 days``."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} minutes"
-    if seconds < 2 * 86400:
-        return f"{seconds / 3600:.1f} hours"
-    return f"{seconds / 86400:.1f} days"
 
 
 #: An estimate above this (seconds) is said before the solve starts.
