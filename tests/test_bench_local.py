@@ -116,6 +116,7 @@ def test_local_grid_runs_every_run_once_and_a_rerun_launches_nothing(tmp_path):
     assert json.loads(status.stdout)["counts"] == {"finished": 4, "running": 0, "failed": 0, "damaged": 0, "pending": 0}
 
 
+@pytest.mark.slow
 def test_a_warning_of_the_library_is_one_line_of_the_runs_log(tmp_path):
     # one step of data fit leaves the init partly structured: the library warns, the log says it once
     weak = TINY.replace("data_fit = 30", "data_fit = 1")
