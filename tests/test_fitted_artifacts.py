@@ -142,3 +142,20 @@ def test_train_and_initialize_model_share_the_fit(tmp_path, digits):
     model = vit(seed=3)
     again = initialize_model(model, "impulse", data=init_inputs(data.train, data.info), seed=3, **FIT)
     assert again["data_fit"]["artifact"] == {**fit["artifact"], "cached": True}
+
+
+def test_a_tensor_digest_tells_dtype_shape_and_name_apart():
+    import hashlib
+
+    def digest(name, t):
+        h = hashlib.sha256()
+        fitted.tensor_digest(h, name, t)
+        return h.hexdigest()
+
+    raw = torch.arange(8, dtype=torch.uint8)
+    same = digest("x", raw)
+    assert same == digest("x", raw.clone())
+    assert digest("x", raw.view(torch.int8)) != same  # the same bytes, another dtype
+    assert digest("x", raw.view(2, 4)) != same and digest("y", raw) != same
+    # floating tensors are digested as float32: a float64 copy of the same values is the same input
+    assert digest("x", torch.ones(3, dtype=torch.float64)) == digest("x", torch.ones(3))
