@@ -159,3 +159,10 @@ def test_a_tensor_digest_tells_dtype_shape_and_name_apart():
     assert digest("x", raw.view(2, 4)) != same and digest("y", raw) != same
     # floating tensors are digested as float32: a float64 copy of the same values is the same input
     assert digest("x", torch.ones(3, dtype=torch.float64)) == digest("x", torch.ones(3))
+
+
+def test_the_batch_digest_is_stable():
+    # part of every fitted artifact's key: a change of its derivation orphans every cached fit
+    # (a deliberate change bumps the fit's version and this value)
+    x = torch.arange(6.0).view(2, 3)
+    assert fitted.batch_digest(x) == "sha256:d609b2041ec897a4e9323f951d4d0b1d975dfc9861b06a580b99c545fd4bcbbe"
