@@ -9,6 +9,7 @@ machine with a GPU. Set before torch initializes CUDA, so it holds for subproces
 import contextlib
 import io
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -24,6 +25,11 @@ if not GPU_TESTS:
 # cores, and each spawns training processes, so a second thread per process only contends (set
 # before torch is imported, so it holds for this process and every subprocess).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The Ctrl-C tests send SIGINT to the processes they start. A suite started in the background by a
+# non-interactive shell (or under nohup) ignores SIGINT, and an ignored signal stays ignored across
+# exec: the children would never see it. A handler (unlike SIG_IGN) is reset to the default on exec.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config, items):
