@@ -295,6 +295,17 @@ def test_without_data_the_plain_solve_is_written_with_one_warning_first(tmp_path
     assert quiet.returncode == 0 and quiet.stderr == ""
 
 
+def test_a_fit_left_partly_structured_says_how_a_checkpoint_takes_a_stronger_position_signal(tmp_path, cli,
+                                                                                             bare_checkpoint):
+    r = cli("apply", bare_checkpoint, "--heads", "4", "--out", tmp_path / "o.pt", "--data", "digits", "--samples", "16",
+            "--init-param", "data_fit=1")
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
+    assert len(lines) == 1 and "the data fit left layer" in lines[0], r.stderr
+    # a checkpoint's embedding is written with --set-pe, scaled with --pe-scale (x2 of the table it has)
+    assert "try a stronger position signal (--set-pe=sincos with --pe-scale=2), more steps" in lines[0]
+
+
 def test_a_folder_of_images_is_read_resized_and_standardized(tmp_path, cli, bare_checkpoint):
     """Real digits written as 16x16 PNGs in class folders: read in path order, resized to the model's
     8x8 input, standardized with their own mean and std, and fitted to; an unreadable image is named."""

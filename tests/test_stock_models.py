@@ -92,11 +92,21 @@ def test_a_fit_that_leaves_a_layer_below_0_9_says_which_and_what_to_try(digits, 
     with pytest.warns(StructinitWarning) as seen:
         initialize_model(stock(), "impulse", data=digits[0][:16], data_fit=1, seed=0)
     text = str(seen.list[-1].message)
-    assert "of the rows on the batch" in text and "try more steps (data_fit=1000)" in text
+    assert "of the rows on the batch" in text and "more steps (data_fit=1000)" in text
     assert text.startswith("impulse: the data fit left layer ")
+    # First in the list: the position signal at twice the scale written (x1 by the plain call, so x2) ...
+    assert "try a stronger position signal (pe_scale=2: the sin-cos table x2), more steps" in text
+    with pytest.warns(StructinitWarning) as seen:
+        initialize_model(stock(), "impulse", data=digits[0][:16], data_fit=1, pe_scale=2.0, seed=0)
+    assert "(pe_scale=4: the sin-cos table x4)" in str(seen.list[-1].message)
+    # ... and none where the embedding is the model's own (fit_pe): pe_scale would replace it.
+    with pytest.warns(StructinitWarning) as seen:
+        initialize_model(stock(), "impulse", data=digits[0][:16], data_fit=1, fit_pe=True, pe_factor=18.0, seed=0)
+    text = str(seen.list[-1].message)
+    assert "the data fit left layer" in text and "pe_scale" not in text and "try more steps" in text
     r = cli("train", "--model", "vit-digits", "--pos-embed", "learned", "--init", "impulse", "--init-param",
             "data_fit=1", "--train-size", "32", "--batch-size", "16", "--epochs", "1", "--warmup-epochs", "0",
             "--out", tmp_path / "r")
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
-    assert len(lines) == 1 and "the data fit left layer" in lines[0]
+    assert len(lines) == 1 and "the data fit left layer" in lines[0] and "(pe_scale=2: the sin-cos table x2)" in lines[0]

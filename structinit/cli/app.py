@@ -15,7 +15,7 @@ import typer
 
 from structinit import __version__
 from structinit.cli import apply, bench, exactness, inspect, solve, train
-from structinit.cli.common import handle_errors
+from structinit.cli.common import FLAG_NAMER, handle_errors
 
 #: Warnings raised from files under this folder are the library's own.
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
@@ -96,7 +96,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """The library's own warnings as one ``warning:`` line on stderr; others as Python shows them."""
     if PACKAGE_ROOT in Path(filename).resolve().parents:
-        typer.echo(f"warning: {message}", err=True)
+        namer = FLAG_NAMER.get()
+        text = message.render(namer) if namer is not None and hasattr(message, "render") else message
+        typer.echo(f"warning: {text}", err=True)
     else:
         sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 

@@ -5,6 +5,7 @@ exit code, JSON output, and the progress reporter (a rich bar on a terminal, pla
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import json
 import sys
@@ -104,6 +105,11 @@ def declared_flags(fn: Callable) -> List[str]:
     return flags
 
 
+#: How the running command names a library parameter (``flag_for`` with its flags); ``None`` outside one.
+FLAG_NAMER: contextvars.ContextVar[Optional[Callable[[str], str]]] = contextvars.ContextVar("FLAG_NAMER",
+                                                                                          default=None)
+
+
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print one ``error:`` line on stderr and return an exit to raise."""
     typer.echo(f"error: {message}", err=True)
@@ -118,6 +124,7 @@ def handle_errors(fn: Callable, aliases: Optional[Dict[str, str]] = None) -> Cal
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        token = FLAG_NAMER.set(lambda n: flag_for(n, flags, aliases))  # warnings name this command's flags too
         try:
             return fn(*args, **kwargs)
         except StructinitError as exc:
@@ -126,6 +133,8 @@ def handle_errors(fn: Callable, aliases: Optional[Dict[str, str]] = None) -> Cal
             raise fail("interrupted", 130) from None
         except MemoryError:
             raise fail("out of memory; try a smaller shape or --device cuda", 1) from None
+        finally:
+            FLAG_NAMER.reset(token)
 
     return wrapper
 

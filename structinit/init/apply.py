@@ -222,9 +222,12 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
         reports.append(spec.apply(view, seed=seed, cache_dir=cache_dir, device=device, **extra))
 
     report = reports[0]
-    from structinit.init.impulse import structure_warning
+    from structinit.init.impulse import position_hint, structure_warning
 
-    weak = structure_warning(report) if spec.method == "impulse" else None
+    weak = None
+    if spec.method == "impulse":
+        hint = position_hint(plan["pe_scale"], checkpoint=True) if det.pos_key and not spec.fit_pe else None
+        weak = structure_warning(report, hint)
     if weak:
         import warnings
 

@@ -55,18 +55,30 @@ def noise_inputs(shape, samples: int, seed: int):
     return torch.randn(int(samples), *shape, generator=torch.Generator().manual_seed(int(seed) + 7_000_001))
 
 
-def structure_warning(report: Dict[str, Any]) -> Optional[str]:
+def structure_warning(report: Dict[str, Any], position_hint: Optional[str] = None) -> Optional[str]:
     """The warning for an impulse report whose data fit left a layer below :data:`STRUCTURE_FLOOR`
-    on its batch (``None`` when every layer is at or above it, or no fit ran)."""
+    on its batch (``None`` when every layer is at or above it, or no fit ran). ``position_hint``
+    names how this target takes a stronger position signal (see :func:`position_hint`), tried first."""
     rows = (report.get("data_fit") or {}).get("layers") or []
     weak = [r for r in rows if r.get("hit_rate") is not None and r["hit_rate"] < STRUCTURE_FLOOR]
     if not weak:
         return None
     worst = min(weak, key=lambda r: r["hit_rate"])
     others = f" ({len(weak)} layers below {STRUCTURE_FLOOR})" if len(weak) > 1 else ""
+    stronger = f"a stronger position signal ({position_hint}), " if position_hint else ""
     return (f"the data fit left layer {worst['layer']} hitting its offsets in {worst['hit_rate']:.2f} of the rows on "
-            f"the batch{others}: the init is only partly structured; try more steps ({param('data_fit')}=1000), a "
-            f"sharper fit target ({param('data_fit_mass')}=0.8) or more inputs")
+            f"the batch{others}: the init is only partly structured; try {stronger}more steps "
+            f"({param('data_fit')}=1000), a sharper fit target ({param('data_fit_mass')}=0.8) or more inputs")
+
+
+def position_hint(pe_scale: Optional[float], checkpoint: bool) -> str:
+    """How to write the sin-cos position table at twice the scale used (``pe_scale``; ``None``: x1),
+    which lifts the deeper layers' hit rate on real inputs (docs/results/stock-models): on a model
+    ``pe_scale``, on a checkpoint ``set_pe=sincos`` with ``pe_scale``."""
+    scale = 2.0 * (1.0 if pe_scale is None else float(pe_scale))
+    if checkpoint:
+        return f"{param('set_pe')}=sincos with {param('pe_scale')}={scale:g}"
+    return f"{param('pe_scale')}={scale:g}: the sin-cos table x{scale:g}"
 
 
 def check_artifact(artifact, grid: Grid, dim: int, heads: int, layers: Sequence[int]) -> None:

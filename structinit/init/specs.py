@@ -117,9 +117,15 @@ def initialize(target, spec: Union[str, InitSpec], *, grid=None, heads: Optional
     skipped = (report.get("data_fit") or {}).get("skipped")
     if skipped and t.model is not None:
         warnings.warn(StructinitWarning(f"{spec.method} {param('data_fit')} {skipped}"), stacklevel=3)
-    from structinit.init.impulse import structure_warning
+    from structinit.init.impulse import position_hint, structure_warning
 
-    weak = structure_warning(report)
+    hint = None
+    if spec.method == "impulse" and not report.get("fit_pe") and t.model is not None:
+        import torch
+
+        if isinstance(getattr(t.model, "pos_embed", None), torch.Tensor):  # pe_scale writes that embedding
+            hint = position_hint(report.get("pe_scale"), checkpoint=False)
+    weak = structure_warning(report, hint)
     if weak:
         warnings.warn(StructinitWarning(f"{spec.method}: {weak}"), stacklevel=3)
     return report
