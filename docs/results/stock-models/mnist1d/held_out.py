@@ -4,7 +4,7 @@ trunc-normal position embedding (the stock model) and with the fixed 1-D sin-cos
 reference), under the grid's two impulse rows (the data fit on real sequences, the fit on noise),
 seeds 0-4.
 
-    OMP_NUM_THREADS=1 python docs/results/stock-models/mnist1d/held_out.py > docs/results/stock-models/mnist1d/held_out.md
+    cd docs/results/stock-models/mnist1d && OMP_NUM_THREADS=1 python held_out.py > held_out.md
 """
 
 import warnings
