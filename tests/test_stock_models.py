@@ -111,3 +111,33 @@ def test_a_fit_that_leaves_a_layer_below_0_9_says_which_and_what_to_try(digits, 
     lines = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
     assert len(lines) == 1 and "the data fit left layer" in lines[0]
     assert "(pe_scale=2: the sin-cos table x2)" in lines[0]  # train has no --pe-scale: an --init-param key
+
+
+def test_the_structure_warning_names_the_worst_layer_and_puts_the_position_hint_first():
+    from structinit.errors import StructinitError
+    from structinit.init.impulse import position_hint, structure_warning
+
+    def report(*hits):
+        return {"data_fit": {"layers": [{"layer": i, "hit_rate": h} for i, h in enumerate(hits)]}}
+
+    assert structure_warning(report(0.9, 0.95, 0.99), "anything") is None  # at the floor is structured
+    assert structure_warning({"data_fit": None}) is None and structure_warning({}) is None
+    assert structure_warning(report(None, 0.95)) is None  # a layer without a measure is not weak
+    def plain(message):  # parameter names are marked in library messages; str() of an error writes them plainly
+        return StructinitError(message).render()
+
+    one = plain(structure_warning(report(0.95, 0.899)))
+    assert one == ("the data fit left layer 1 hitting its offsets in 0.90 of the rows on the batch: the init is only "
+                   "partly structured; try more steps (data_fit=1000), a sharper fit target (data_fit_mass=0.8) or "
+                   "more inputs")
+    many = plain(structure_warning(report(0.8, 0.5, 0.7, 0.95), position_hint(None, checkpoint=False)))
+    assert many.startswith("the data fit left layer 1 hitting its offsets in 0.50 of the rows on the batch (3 layers "
+                           "below 0.9): the init is only partly structured; try a stronger position signal (pe_scale=2: "
+                           "the sin-cos table x2), more steps (data_fit=1000), ")
+    assert plain(position_hint(3.0, checkpoint=False)) == "pe_scale=6: the sin-cos table x6"
+    assert plain(position_hint(None, checkpoint=True)) == "set_pe=sincos with pe_scale=2"
+    assert plain(position_hint(0.5, checkpoint=True)) == "set_pe=sincos with pe_scale=1"
+    # the names are marked parameters: the CLI writes its own flags in their place
+    flagged = StructinitError(position_hint(1.5, checkpoint=True)).render(lambda n: "--" + n.replace("_", "-"))
+    assert flagged == "--set-pe=sincos with --pe-scale=3"
+    assert StructinitError(structure_warning(report(0.1))).render(lambda n: f"<{n}>").count("<data_fit") == 2
