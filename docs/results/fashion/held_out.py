@@ -1,6 +1,7 @@
 """Hit rate per layer, at init, of the default impulse init on `vit-fashion` (49 tokens), measured on
 256 held-out Fashion-MNIST images (the grid's validation split: never fitted to, never trained on),
-for the default fit and the fit options the warning suggests, seeds 0-2.
+for the default fit, the fit options the warning suggests and the sin-cos table at a larger scale
+(``pe_scale``), seeds 0-2.
 
     OMP_NUM_THREADS=1 python docs/results/fashion/held_out.py > docs/results/fashion/held_out.md
 """
@@ -25,6 +26,9 @@ VARIANTS = {
     "data_fit=1000, data_fit_mass=0.8": {"data_fit": 1000, "data_fit_mass": 0.8},
     "data_fit_norm=10": {"data_fit_norm": 10.0},
     "data_fit_mass=0.8, data_fit_norm=10": {"data_fit_mass": 0.8, "data_fit_norm": 10.0},
+    "pe_scale=1.5": {"pe_scale": 1.5},
+    "pe_scale=2": {"pe_scale": 2.0},
+    "pe_scale=3": {"pe_scale": 3.0},
 }
 SEEDS = range(3)
 
