@@ -55,11 +55,11 @@ def noise_inputs(shape, samples: int, seed: int):
     return torch.randn(int(samples), *shape, generator=torch.Generator().manual_seed(int(seed) + 7_000_001))
 
 
-def structure_warning(report: Dict[str, Any], position_hint: Optional[str] = None) -> Optional[str]:
+def structure_warning(report: Dict[str, Any], hint: Optional[str] = None) -> Optional[str]:
     """The warning for an impulse report whose data fit left a layer below :data:`STRUCTURE_FLOOR`
-    on its batch (``None`` when every layer is at or above it, or no fit ran). ``position_hint``
-    names how this target takes a stronger position signal (see :func:`position_hint`): it lifts the
-    hit rate most, but more structure is not always more accuracy, so it comes last."""
+    on its batch (``None`` when every layer is at or above it, or no fit ran). ``hint`` names how this
+    target takes a stronger position signal (see :func:`position_hint`): it lifts the hit rate most,
+    but more structure is not always more accuracy, so it comes last."""
     rows = (report.get("data_fit") or {}).get("layers") or []
     weak = [r for r in rows if r.get("hit_rate") is not None and r["hit_rate"] < STRUCTURE_FLOOR]
     if not weak:
@@ -68,8 +68,8 @@ def structure_warning(report: Dict[str, Any], position_hint: Optional[str] = Non
     others = f" ({len(weak)} layers below {STRUCTURE_FLOOR})" if len(weak) > 1 else ""
     ways = [f"more steps ({param('data_fit')}=1000)", f"a sharper fit target ({param('data_fit_mass')}=0.8)",
             "more inputs"]
-    if position_hint:
-        ways.append(f"a stronger position signal ({position_hint}; compare on validation)")
+    if hint:
+        ways.append(f"a stronger position signal ({hint}; compare on validation)")
     return (f"the data fit left layer {worst['layer']} hitting its offsets in {worst['hit_rate']:.2f} of the rows on "
             f"the batch{others}: the init is only partly structured; try {', '.join(ways[:-1])} or {ways[-1]}")
 

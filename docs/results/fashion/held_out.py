@@ -1,9 +1,11 @@
 """Hit rate per layer, at init, of the default impulse init on `vit-fashion` (49 tokens), measured on
 256 held-out Fashion-MNIST images (the grid's validation split: never fitted to, never trained on),
 for the default fit, the fit options the warning suggests and the sin-cos table at a larger scale
-(``pe_scale``), seeds 0-2.
+(``pe_scale``), seeds 0-2; with ``--196`` on `vit-fashion-196` (196 tokens), seeds 0-1.
 
     OMP_NUM_THREADS=1 python docs/results/fashion/held_out.py > docs/results/fashion/held_out.md
+    OMP_NUM_THREADS=1 python docs/results/fashion/held_out.py --196 "default (300 steps)" pe_scale=2 \
+        > docs/results/fashion/held_out_196.md
 """
 
 import time
@@ -33,7 +35,7 @@ VARIANTS = {
 SEEDS = range(3)
 
 
-def main(only=None):
+def main(only=None, preset="vit-fashion", seeds=SEEDS):
     torch.set_num_threads(1)
     info = DATASETS["fashion-mnist"]
     data = split_train(load_dataset("fashion-mnist"), 2000, 5000, 0)  # the grid's split at 2,000 images
@@ -45,15 +47,16 @@ def main(only=None):
         if only and name not in only:
             continue
         hits, secs = [], []
-        for seed in SEEDS:
-            model = build_model(ModelConfig("vit-fashion"), num_classes=10, image_size=28, in_chans=1,
+        for seed in seeds:
+            model = build_model(ModelConfig(preset), num_classes=10, image_size=28, in_chans=1,
                                 default_patch=info.default_patch, seed=seed)
             t0 = time.perf_counter()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 rep = initialize_model(model, "impulse", data=fit, seed=seed, **params)
             secs.append(time.perf_counter() - t0)
-            q = data_attention_quality(model, held, [r["offsets"] for r in rep["layers"]], Grid((7, 7)))
+            side = 28 // model.patch_embed.patch_size[0]  # 7x7 tokens at patch 4, 14x14 at patch 2
+            q = data_attention_quality(model, held, [r["offsets"] for r in rep["layers"]], Grid((side, side)))
             hits.append([r["hit_rate"] for r in q["layers"]])
         a = np.array(hits)
         cells = " | ".join(f"{m:.3f} ± {s:.3f}" for m, s in zip(a.mean(0), a.std(0)))
@@ -63,4 +66,9 @@ def main(only=None):
 if __name__ == "__main__":
     import sys
 
-    main(sys.argv[1:])  # names of variants to run (all without)
+    args = sys.argv[1:]  # names of variants to run (all without); --196: vit-fashion-196, seeds 0-1
+    if "--196" in args:
+        args.remove("--196")
+        main(args, preset="vit-fashion-196", seeds=range(2))
+    else:
+        main(args)
