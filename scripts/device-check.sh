@@ -8,7 +8,8 @@
 #                                            # typer, rich, safetensors, filelock, matplotlib, pytest)
 #   DEVICE=cpu QUICK=1 scripts/device-check.sh   # the same steps, tiny, on the CPU (a smoke test)
 #   FASHION_DIR=/data/fashion-mnist scripts/device-check.sh   # the Fashion-MNIST files for the loop check
-#   GRID=1 scripts/device-check.sh          # then also the whole fashion-196 grid (hours: not in the 8 minutes)
+#   CHECKS=0 GRID_SECONDS=480 scripts/device-check.sh   # only the Fashion-MNIST grids, most important runs
+#                                            # first, for 480 s (scripts/device_grid.py; OUT/grid.tar.gz)
 #
 # Runs from the repository root without installing: PYTHONPATH points at it. Each step has its own
 # time limit and the script goes on when one fails; the summary says which failed.
@@ -19,7 +20,7 @@ mkdir -p "$OUT"
 DEVICE="${DEVICE:-cuda}"
 QUICK="${QUICK:-0}"
 PY="${PYTHON:-python3}"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 STRUCTINIT_CACHE="$OUT/cache"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 STRUCTINIT_CACHE="${STRUCTINIT_CACHE:-$OUT/cache}"
 SI=("$PY" -m structinit)
 status=()
 
@@ -48,20 +49,27 @@ if [ -n "${FASHION_DIR:-}" ]; then
     loop_args+=(--data-dir "$FASHION_DIR")
 fi
 
-if [ "$DEVICE" != cpu ]; then
+CHECKS="${CHECKS:-1}"
+if [ "$CHECKS" = 1 ] && [ "$DEVICE" != cpu ]; then
     step gpu-tests 240 env STRUCTINIT_TEST_GPU=1 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests \
         --junitxml="$OUT/gpu-tests.xml"
 fi
-step solver 120 "${SI[@]}" bench solver "${solver_args[@]}" --device "$DEVICE" --threads 4 --json
-cp "$OUT/solver.log" "$OUT/solver.json" 2>/dev/null
-step fit-vit-t 120 "${SI[@]}" bench fit --model "$fit_model" "${fit_args[@]}" --versions 2 --device "$DEVICE" --json
-step fit-vit-s 120 "${SI[@]}" bench fit "${vits_args[@]}" --versions 2 --device "$DEVICE" --json
-step loop 120 "${SI[@]}" bench loop "${loop_args[@]}" --device "$DEVICE" --json
-if [ "${GRID:-0}" = 1 ]; then
-    step fashion-196 36000 "${SI[@]}" bench grid fashion-196 --seeds 5 --set device="$DEVICE" --out "$OUT/runs" \
+if [ "$CHECKS" = 1 ]; then
+    step solver 120 "${SI[@]}" bench solver "${solver_args[@]}" --device "$DEVICE" --threads 4 --json
+    cp "$OUT/solver.log" "$OUT/solver.json" 2>/dev/null
+    step fit-vit-t 120 "${SI[@]}" bench fit --model "$fit_model" "${fit_args[@]}" --versions 2 --device "$DEVICE" --json
+    step fit-vit-s 120 "${SI[@]}" bench fit "${vits_args[@]}" --versions 2 --device "$DEVICE" --json
+    step loop 120 "${SI[@]}" bench loop "${loop_args[@]}" --device "$DEVICE" --json
+fi
+if [ -n "${GRID_SECONDS:-}" ]; then
+    # the runs are small, so workers (one per CPU core, less two) share the GPU; its use every 5 s in gpu.csv
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 5 >"$OUT/gpu.csv" 2>/dev/null &
+    smi=$!
+    quick=(); [ "$QUICK" = 1 ] && quick=(--quick)
+    step fashion-grids $((GRID_SECONDS + 120)) "$PY" scripts/device_grid.py --out "$OUT" --device "$DEVICE" \
+        --seconds "$GRID_SECONDS" --jobs "${JOBS:-$(( $(nproc) > 3 ? $(nproc) - 2 : 1 ))}" "${quick[@]}" \
         ${FASHION_DIR:+--data-dir "$FASHION_DIR"}
-    step fashion-196-report 600 "${SI[@]}" bench report fashion-196 --seeds 5 --out "$OUT/runs" \
-        --report-dir "$OUT/fashion-196" --baseline mimetic
+    kill "$smi" 2>/dev/null
 fi
 
 printf '%s\n' "${status[@]}" >"$OUT/status.txt"

@@ -1,0 +1,135 @@
+"""Train the Fashion-MNIST grids (``fashion``, 49 tokens; ``fashion-196``, 196 tokens) on one GPU
+within a fixed time, most important runs first, and pack what finished for ``bench report``.
+
+The runs are tiny (a 4-layer, 64-wide ViT), so one run leaves a GPU mostly idle: ``--jobs`` worker
+processes (one CPU thread each) share the card. All runs go through the library's own launcher
+(``structinit.bench.launch.run_local``), in one pool, in this order:
+
+1. fashion-196: mimetic and the default impulse init, seeds 0-4 (the floors of the issue);
+2. fashion-196: the other rows (trunc normal, Kaiming, the authors' two recipes, ConvMixer), seeds 0-2;
+3. fashion (49 tokens): mimetic and impulse, seeds 0-9 (the 10 paired seeds);
+4. fashion-196: the other rows, seeds 3-4; fashion: the other rows, seeds 0-2;
+5. fashion-196: mimetic and impulse, seeds 5-9.
+
+Within a tier, seed by seed, the longest runs (all 55,000 images) first. At ``--seconds`` the
+launcher is stopped as Ctrl-C stops it (runs save a checkpoint and are marked interrupted; a rerun
+with the same ``--runs`` resumes them). Then each grid is reported there (a finished run is trusted
+only beside its checkpoint, which stays on that machine), and the run folders without their weights
+and the reports go into ``OUT/grid.tar.gz``. Report them anywhere from the reports' ``runs.csv``:
+
+    tar xzf grid.tar.gz -C gpu
+    structinit bench report fashion-196 --out gpu --runs-csv gpu/reports/fashion-196/runs.csv \\
+        --set device=cuda --seeds 5 --report-dir ...
+
+Usage (from the repository root; python3 must have torch, timm, typer, rich, safetensors, filelock):
+
+    PYTHONPATH=. python3 scripts/device_grid.py --out OUT --data-dir FASHION --seconds 470
+    PYTHONPATH=. python3 scripts/device_grid.py --device cpu --quick --seconds 120   # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+OTHERS = "trunc-normal,kaiming,impulse-2024,impulse-2025,convmixer"
+PLAN = [  # (grid, rows, seeds), in priority order
+    ("fashion-196", "mimetic,impulse", [0, 1, 2, 3, 4]),
+    ("fashion-196", OTHERS, [0, 1, 2]),
+    ("fashion", "mimetic,impulse", list(range(10))),
+    ("fashion-196", OTHERS, [3, 4]),
+    ("fashion", OTHERS, [0, 1, 2]),
+    ("fashion-196", "mimetic,impulse", [5, 6, 7, 8, 9]),
+]
+SIZE_ORDER = {"all": 0, "5000": 1, "2000": 2, "1000": 3, "500": 4}  # longest first
+
+
+class Pool:
+    """The few things ``run_local`` asks of an expansion, for cells of several grids in one folder."""
+
+    def __init__(self, runs: Path):
+        self.runs_dir = runs
+        self.owner = {}
+
+    def run_dir(self, cell):
+        return self.runs_dir / cell.key
+
+    def describe(self, cell) -> str:
+        ex = self.owner[cell.key]
+        return f"{ex.spec.name}: {ex.describe(cell)}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "device-grid"), help="where runs.tar.gz and the log go")
+    ap.add_argument("--runs", default="/tmp/structinit-device-runs", help="the run folders (kept between calls)")
+    ap.add_argument("--data-dir", default=None, help="the Fashion-MNIST IDX files")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--jobs", type=int, default=14)
+    ap.add_argument("--seconds", type=float, default=470.0, help="stop the runs this long after the start")
+    ap.add_argument("--quick", action="store_true", help="1 epoch, 500 images, 2 seeds (a smoke test)")
+    args = ap.parse_args()
+
+    from structinit.bench.expand import expand
+    from structinit.bench.gridspec import load_grid
+    from structinit.bench.launch import check_environment, prepare, presolve, run_local
+
+    t0 = time.monotonic()
+    out, runs = Path(args.out), Path(args.runs)
+    out.mkdir(parents=True, exist_ok=True)
+    logf = open(out / "grid.log", "a", buffering=1)
+
+    def log(msg: str) -> None:
+        line = f"[{time.monotonic() - t0:6.1f}s] {msg}"
+        print(line, flush=True)
+        logf.write(line + "\n")
+
+    overrides = [f"device={args.device}"] + (["epochs=1"] if args.quick else [])
+    plan = [(g, r, s[:2]) for g, r, s in PLAN[:3]] if args.quick else PLAN
+    pool, ordered = Pool(runs), []
+    for tier, (grid, rows, seeds) in enumerate(plan):
+        only = [f"init={rows}"] + (["train_size=500"] if args.quick else [])
+        ex = expand(load_grid(grid), overrides=overrides, seeds=seeds, runs_dir=runs, data_root=args.data_dir,
+                    only=only, command=f"scripts/device_grid.py tier {tier}")
+        todo = prepare(ex, check=lambda cells: check_environment(cells, "local", warn=log))
+        for c in todo:
+            pool.owner[c.key] = ex
+            ordered.append((tier, c.seed, SIZE_ORDER.get(c.column[0], 9), c))
+        log(f"tier {tier}: {grid} {rows} seeds {seeds}: {len(todo)} runs to launch")
+    ordered.sort(key=lambda t: t[:3])
+    cells = [t[3] for t in ordered]
+    log(f"presolve: {presolve(cells, log=log, device=args.device)}")
+
+    left = args.seconds - (time.monotonic() - t0)
+    timer = threading.Timer(max(left, 1.0), lambda: os.kill(os.getpid(), signal.SIGTERM))
+    timer.daemon = True
+    timer.start()
+    log(f"launching {len(cells)} runs in {args.jobs} workers; stopping at {args.seconds:.0f} s")
+    summary = run_local(pool, cells, jobs=args.jobs, threads=1, device=args.device, log=log, stop_timeout=40.0)
+    timer.cancel()
+    log(f"done: {json.dumps({k: v for k, v in summary.to_dict().items() if k != 'runs'})}")
+
+    # A finished run is trusted only beside its checkpoint, which stays here: the report is made here,
+    # and its runs.csv carries the results (report anywhere with --runs-csv).
+    reports = runs / "reports"
+    for grid in dict.fromkeys(g for g, _, _ in plan):
+        cmd = [sys.executable, "-m", "structinit", "bench", "report", grid, "--out", str(runs), "--seeds", "10",
+               "--report-dir", str(reports / grid), "--force", "--no-figures"] + \
+              [a for o in overrides for a in ("--set", o)]
+        rc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=logf).returncode
+        log(f"report {grid}: exit {rc}")
+    with tarfile.open(out / "grid.tar.gz", "w:gz") as tar:
+        for path in sorted(runs.iterdir()):
+            tar.add(path, arcname=path.name, filter=lambda ti: None if ti.name.endswith(".pt") else ti)
+    log(f"packed {out / 'grid.tar.gz'} ({(out / 'grid.tar.gz').stat().st_size / 1e6:.1f} MB)")
+
+if __name__ == "__main__":
+    main()
