@@ -10,6 +10,8 @@
 #   FASHION_DIR=/data/fashion-mnist scripts/device-check.sh   # the Fashion-MNIST files for the loop check
 #   CHECKS=0 GRID_SECONDS=480 scripts/device-check.sh   # only the Fashion-MNIST grids, most important runs
 #                                            # first, for 480 s (scripts/device_grid.py; OUT/grid.tar.gz)
+#   GRID_ARGS="--done docs/results/fashion/gpu/fashion-196/runs.csv --done docs/results/fashion/gpu/fashion/runs.csv"
+#                                            # ... going on where the last lent GPU stopped
 #
 # Runs from the repository root without installing: PYTHONPATH points at it. Each step has its own
 # time limit and the script goes on when one fails; the summary says which failed.
@@ -68,7 +70,7 @@ if [ -n "${GRID_SECONDS:-}" ]; then
     quick=(); [ "$QUICK" = 1 ] && quick=(--quick)
     step fashion-grids $((GRID_SECONDS + 120)) "$PY" scripts/device_grid.py --out "$OUT" --device "$DEVICE" \
         --seconds "$GRID_SECONDS" --jobs "${JOBS:-$(( $(nproc) > 3 ? $(nproc) - 2 : 1 ))}" "${quick[@]}" \
-        ${FASHION_DIR:+--data-dir "$FASHION_DIR"}
+        ${FASHION_DIR:+--data-dir "$FASHION_DIR"} ${GRID_ARGS:-}
     kill "$smi" 2>/dev/null
 fi
 

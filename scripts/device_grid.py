@@ -24,12 +24,15 @@ and the reports go into ``OUT/grid.tar.gz``. Report them anywhere from the repor
 Usage (from the repository root; python3 must have torch, timm, typer, rich, safetensors, filelock):
 
     PYTHONPATH=. python3 scripts/device_grid.py --out OUT --data-dir FASHION --seconds 470
+    PYTHONPATH=. python3 scripts/device_grid.py ... --done docs/results/fashion/gpu/fashion-196/runs.csv \\
+        --done docs/results/fashion/gpu/fashion/runs.csv      # go on where an earlier machine stopped
     PYTHONPATH=. python3 scripts/device_grid.py --device cpu --quick --seconds 120   # smoke test
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import signal
@@ -76,6 +79,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=14)
     ap.add_argument("--seconds", type=float, default=470.0, help="stop the runs this long after the start")
     ap.add_argument("--quick", action="store_true", help="1 epoch, 500 images, 2 seeds (a smoke test)")
+    ap.add_argument("--done", action="append", default=[], metavar="RUNS_CSV",
+                    help="a runs.csv of an earlier call (repeatable): its finished runs are not trained again")
     args = ap.parse_args()
 
     from structinit.bench.expand import expand
@@ -92,6 +97,10 @@ def main() -> None:
         print(line, flush=True)
         logf.write(line + "\n")
 
+    done = set()
+    for path in args.done:
+        with open(path, newline="") as f:
+            done |= {r["key"] for r in csv.DictReader(f) if r.get("state") == "finished" and r.get("final_acc")}
     overrides = [f"device={args.device}"] + (["epochs=1"] if args.quick else [])
     plan = [(g, r, s[:2]) for g, r, s in PLAN[:3]] if args.quick else PLAN
     pool, ordered = Pool(runs), []
@@ -99,7 +108,8 @@ def main() -> None:
         only = [f"init={rows}"] + (["train_size=500"] if args.quick else [])
         ex = expand(load_grid(grid), overrides=overrides, seeds=seeds, runs_dir=runs, data_root=args.data_dir,
                     only=only, command=f"scripts/device_grid.py tier {tier}")
-        todo = prepare(ex, check=lambda cells: check_environment(cells, "local", warn=log))
+        todo = [c for c in prepare(ex, check=lambda cells: check_environment(cells, "local", warn=log))
+                if c.key not in done]
         for c in todo:
             pool.owner[c.key] = ex
             ordered.append((tier, c.seed, SIZE_ORDER.get(c.column[0], 9), c))
@@ -123,7 +133,7 @@ def main() -> None:
     for grid in dict.fromkeys(g for g, _, _ in plan):
         cmd = [sys.executable, "-m", "structinit", "bench", "report", grid, "--out", str(runs), "--seeds", "10",
                "--report-dir", str(reports / grid), "--force", "--no-figures"] + \
-              [a for o in overrides for a in ("--set", o)]
+              [a for o in overrides for a in ("--set", o)] + [a for p in args.done for a in ("--runs-csv", p)]
         rc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=logf).returncode
         log(f"report {grid}: exit {rc}")
     with tarfile.open(out / "grid.tar.gz", "w:gz") as tar:
