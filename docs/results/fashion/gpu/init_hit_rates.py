@@ -36,7 +36,10 @@ def main() -> None:
         print(f"\n### {model}: hit rate per layer at init, on the run's training images\n")
         print("| init | training images | seeds | layer 1 | layer 2 | layer 3 | layer 4 | lowest seed, last layer |")
         print("|---|---|---|---|---|---|---|---|")
-        keys = sorted((k for k in table if k[0] == model), key=lambda k: (k[1], k[2] if isinstance(k[2], int) else 10**9))
+        def order(k):  # by init, then by size, "all" last
+            return k[1], k[2] if isinstance(k[2], int) else 10**9
+
+        keys = sorted((k for k in table if k[0] == model), key=order)
         for _, init, size in keys:
             rows = table[(model, init, size)]
             means = [statistics.mean(r[i] for r in rows) for i in range(len(rows[0]))]
