@@ -13,14 +13,16 @@ from structinit.bench.expand import expand
 from structinit.bench.gridspec import load_grid
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
-FOLDERS = sorted(p.parent for p in RESULTS.glob("*/runs.csv"))
+FOLDERS = sorted(p.parent for p in RESULTS.rglob("runs.csv"))
 
 
 def test_every_results_folder_is_checked():
-    assert {p.name for p in FOLDERS} >= {"digits", "digits-datafit", "digits-default", "mnist1d"}
+    assert {p.relative_to(RESULTS).as_posix() for p in FOLDERS} >= {
+        "digits", "digits-datafit", "digits-default", "mnist1d", "fashion", "fashion/pe-scale", "fashion/small",
+        "fashion/gpu/fashion-196", "fashion/gpu/fashion"}
 
 
-@pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: p.name)
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: p.relative_to(RESULTS).as_posix())
 def test_committed_runs_are_what_their_grid_expands_to(folder):
     runs = list(csv.DictReader((folder / "runs.csv").open()))
     own = folder / "grid.toml"
