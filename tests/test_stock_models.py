@@ -114,7 +114,7 @@ def test_a_fit_that_leaves_a_layer_below_0_9_says_which_and_what_to_try(digits, 
     assert "(pe_scale=2: the sin-cos table x2; compare on validation)" in lines[0]
 
 
-def test_the_structure_warning_names_the_worst_layer_and_puts_the_position_hint_first():
+def test_the_structure_warning_names_the_worst_layer_and_puts_the_position_hint_last():
     from structinit.errors import StructinitError
     from structinit.init.impulse import position_hint, structure_warning
 
