@@ -12,6 +12,8 @@
 #                                            # first, for 480 s (scripts/device_grid.py; OUT/grid.tar.gz)
 #   GRID_ARGS="--done docs/results/fashion/gpu/fashion-196/runs.csv --done docs/results/fashion/gpu/fashion/runs.csv"
 #                                            # ... going on where the last lent GPU stopped
+#                                            # (GRID_SECONDS counts the impulse solves too: set
+#                                            # STRUCTINIT_CACHE to a folder of solved artifacts to skip them)
 #
 # Runs from the repository root without installing: PYTHONPATH points at it. Each step has its own
 # time limit and the script goes on when one fails; the summary says which failed.

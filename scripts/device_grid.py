@@ -71,8 +71,20 @@ class Pool:
 
 
 def main() -> None:
+    """Parse the options and train; bad input is one ``error:`` line and exit status 2."""
+    from structinit.errors import StructinitError
+
+    try:
+        train(parse_args())
+    except (StructinitError, OSError) as exc:
+        what = exc.render() if isinstance(exc, StructinitError) else f"{exc.filename}: {exc.strerror}"
+        print(f"error: {what.splitlines()[0]}", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=os.environ.get("OUT", "device-grid"), help="where runs.tar.gz and the log go")
+    ap.add_argument("--out", default=os.environ.get("OUT", "device-grid"), help="where grid.tar.gz and grid.log go")
     ap.add_argument("--runs", default="/tmp/structinit-device-runs", help="the run folders (kept between calls)")
     ap.add_argument("--data-dir", default=None, help="the Fashion-MNIST IDX files")
     ap.add_argument("--device", default="cuda")
@@ -82,7 +94,12 @@ def main() -> None:
     ap.add_argument("--done", action="append", default=[], metavar="RUNS_CSV",
                     help="a runs.csv of an earlier call (repeatable): its finished runs are not trained again")
     args = ap.parse_args()
+    if args.jobs < 1 or args.seconds <= 0:
+        ap.error("--jobs must be at least 1 and --seconds above 0")
+    return args
 
+
+def train(args: argparse.Namespace) -> None:
     from structinit.bench.expand import expand
     from structinit.bench.gridspec import load_grid
     from structinit.bench.launch import check_environment, prepare, presolve, run_local
@@ -140,6 +157,7 @@ def main() -> None:
         for path in sorted(runs.iterdir()):
             tar.add(path, arcname=path.name, filter=lambda ti: None if ti.name.endswith(".pt") else ti)
     log(f"packed {out / 'grid.tar.gz'} ({(out / 'grid.tar.gz').stat().st_size / 1e6:.1f} MB)")
+
 
 if __name__ == "__main__":
     main()

@@ -17,6 +17,8 @@ from pathlib import Path
 
 
 def main() -> None:
+    if len(sys.argv) != 2 or not Path(sys.argv[1]).is_dir():
+        sys.exit(f"error: give one folder of run folders, e.g. runs-gpu (got {' '.join(sys.argv[1:]) or 'nothing'})")
     runs = Path(sys.argv[1])
     table = defaultdict(list)  # (model, init, train size) -> [[hit rate per layer], ...]
     for run in sorted(runs.iterdir()):
