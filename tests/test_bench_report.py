@@ -219,6 +219,12 @@ def test_an_earlier_runs_csv_stands_in_for_run_folders_that_are_gone(grid_runs, 
         if cell.delta_mean is not None:
             assert got.delta_mean == pytest.approx(cell.delta_mean, abs=1e-4)
     assert collect(empty).cells[("mimetic", ("200",))].n == 0  # without it, nothing
+    # the report says which runs came from the table, and that the table is needed to make it again
+    assert {r.source for r in rebuilt.runs} == {str(table), None}  # the pending run has no source
+    assert [r.source for r in collect(ex, earlier).runs] == [None] * len(ex.cells)  # the folders' own runs
+    text = markdown(rebuilt)
+    assert f"7 of the finished runs are read from `{table}`" in text and f"`--runs-csv {table}`" in text
+    assert "read from" not in markdown(full)
     # a folder's own finished run wins over the table
     changed = {k: dataclasses.replace(v, final_acc=0.0) for k, v in earlier.items()}
     assert collect(ex, changed).cells[("mimetic", ("200",))].final == full.cells[("mimetic", ("200",))].final

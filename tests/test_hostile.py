@@ -472,6 +472,9 @@ def test_unreadable_inputs_are_one_line(work):
     zero["pos_embed"].zero_()
     torch.save(zero, work.path / "zero.pt")
     one_error(work("apply", "zero.pt", "--heads", HEADS), 2, "not the sin-cos table")
+    # a path that names no checkpoint file is a usage error, for apply as for inspect
+    one_error(work("apply", "missing.pt", "--heads", HEADS), 2, "missing.pt: no such file")
+    one_error(work("apply", ".", "--heads", HEADS), 2, "is a folder")
 
 
 @pytest.mark.slow

@@ -33,7 +33,9 @@ from structinit.errors import UsageError, param
 class RunResult:
     """One cell's run as the report sees it. Accuracies in %; ``metrics``: the epoch records;
     ``algorithms``: the versions of the algorithms its init computed with, as the run recorded
-    them (:func:`algorithms_text`; ``None`` for a run made before runs recorded them)."""
+    them (:func:`algorithms_text`; ``None`` for a run made before runs recorded them); ``source``:
+    the runs.csv the result was read from (:func:`read_runs_csv`), ``None`` for a run read from its
+    folder."""
 
     key: str
     row: str
@@ -52,6 +54,7 @@ class RunResult:
     metrics: List[Dict[str, Any]] = field(default_factory=list)
     problem: Optional[str] = None
     algorithms: Optional[str] = None
+    source: Optional[str] = None
 
     def to_dict(self, metrics: bool = False) -> Dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k != "metrics"}
@@ -277,7 +280,7 @@ def read_runs_csv(path: os.PathLike) -> Dict[str, RunResult]:
                 best_epoch=num(r.get("best_epoch"), int), best_on=r.get("best_on") or None,
                 final_val_acc=num(r.get("final_val_acc")), epochs=num(r.get("epochs"), int),
                 train_images=num(r.get("train_images"), int), wall_seconds=num(r.get("wall_seconds")),
-                algorithms=r.get("algorithms") or None)
+                algorithms=r.get("algorithms") or None, source=str(path))
         except ValueError:
             raise UsageError(f"{param('runs_csv')} {path}:{i}: not a number in {r}") from None
     return out
@@ -415,6 +418,14 @@ def markdown(rep: GridReport, figures: Optional[Dict[str, str]] = None, heading:
         lines += [s.description, ""]
     if ex.command:
         lines += ["Command:", "", "```bash", ex.command, "```", ""]
+    sources = sorted({r.source for r in rep.runs if r.source})
+    if sources:
+        taken = sum(1 for r in rep.runs if r.source)
+        named = ", ".join(f"`{p}`" for p in sources)
+        lines += [f"{taken} of the finished runs are read from {named} (the runs.csv of an earlier report): their "
+                  f"folders are not in `{ex.runs_dir}`, so they have no per-epoch curve. To make this report again, "
+                  f"give `structinit bench report` the grid and `--out` with "
+                  + " ".join(f"`--runs-csv {p}`" for p in sources) + ".", ""]
     state_text = ", ".join(f"{counts[k]} {k}" for k in STATES if counts.get(k))
     lines += [f"Seeds {', '.join(map(str, s.seeds))} ({len(s.seeds)} per cell); {total} runs: {state_text}. "
               f"Runs in `{ex.runs_dir}`." + (f" Settings changed for the whole grid: "

@@ -37,6 +37,7 @@ from structinit.geometry.grid import Grid
 from structinit.init.base import InitSpec
 from structinit.init.checkpoints import (
     CheckpointError,
+    check_checkpoint_path,
     describe_state_dict,
     load_checkpoint,
     output_format,
@@ -129,7 +130,7 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
     file. ``source`` says in words where ``data`` came from; ``fit_progress(done, total)`` follows
     the fit.
     """
-    path = Path(path)
+    path = check_checkpoint_path(path)  # before the output's name, which is made from it
     spec = init_spec(spec, **params)
     if set_pe is not None and set_pe not in PE_KINDS:
         raise UsageError(f"{param('set_pe')} must be one of {', '.join(PE_KINDS)}, got {set_pe!r}")

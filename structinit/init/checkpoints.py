@@ -45,6 +45,13 @@ class CheckpointError(StructinitError):
     exit_code = 1
 
 
+class CheckpointNotFound(CheckpointError):
+    """A checkpoint path that names no file (a folder, or nothing): the caller's mistake, so the CLI
+    exits 2 as for other usage errors (``inspect`` does the same for a path it cannot find)."""
+
+    exit_code = 2
+
+
 @dataclass
 class Checkpoint:
     """A loaded checkpoint. ``state_dicts`` are ``(where, state_dict)`` with ``where`` the
@@ -195,15 +202,22 @@ def refused_for_code(path: os.PathLike, name: Optional[str]) -> str:
             "dict (or .safetensors) from a trusted environment")
 
 
+def check_checkpoint_path(path: os.PathLike) -> Path:
+    """``path`` as a :class:`~pathlib.Path`; raises :class:`CheckpointNotFound` when it names no file
+    (nothing there, or a folder)."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointNotFound(f"{path}: no such file")
+    if path.is_dir():
+        raise CheckpointNotFound(f"{path}: is a folder; give the checkpoint file inside it")
+    return path
+
+
 def read_object(path: os.PathLike) -> Tuple[Any, str, Optional[Dict[str, str]]]:
     """``(object, format, safetensors metadata)`` from a file, safely; raises :class:`CheckpointError`.
     The format is told by the file's content, not its name. Tensors are read onto the CPU, so a
     checkpoint saved from a GPU opens on a machine without one (and is written back from the CPU)."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such file")
-    if path.is_dir():
-        raise CheckpointError(f"{path}: is a folder; give the checkpoint file inside it")
+    path = check_checkpoint_path(path)
     try:
         kind = sniff_format(path)
     except OSError as exc:
