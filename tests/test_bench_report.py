@@ -225,6 +225,15 @@ def test_an_earlier_runs_csv_stands_in_for_run_folders_that_are_gone(grid_runs, 
     text = markdown(rebuilt)
     assert f"7 of the finished runs are read from `{table}`" in text and f"`--runs-csv {table}`" in text
     assert "read from" not in markdown(full)
+    # where the runs trained is read from their folders, kept in the CSV and said in the report
+    assert {r.device for r in full.runs if r.state == "finished"} == {"cpu"}
+    assert {r.device for r in earlier.values()} == {"cpu", None}  # the line added above has no device
+    assert "Trained on: cpu (7 runs)." in markdown(full) and "pooled" not in markdown(full)
+    first = mimetic_200[0].key
+    moved = collect(empty, {**earlier, first: dataclasses.replace(earlier[first], device="cuda:1")})
+    text = markdown(moved)
+    assert "Trained on: cpu (6 runs), cuda (1 run)." in text
+    assert "pooled in 1 of the cells (Mimetic / 200)" in text
     # a folder's own finished run wins over the table
     changed = {k: dataclasses.replace(v, final_acc=0.0) for k, v in earlier.items()}
     assert collect(ex, changed).cells[("mimetic", ("200",))].final == full.cells[("mimetic", ("200",))].final

@@ -33,9 +33,9 @@ from structinit.errors import UsageError, param
 class RunResult:
     """One cell's run as the report sees it. Accuracies in %; ``metrics``: the epoch records;
     ``algorithms``: the versions of the algorithms its init computed with, as the run recorded
-    them (:func:`algorithms_text`; ``None`` for a run made before runs recorded them); ``source``:
-    the runs.csv the result was read from (:func:`read_runs_csv`), ``None`` for a run read from its
-    folder."""
+    them (:func:`algorithms_text`; ``None`` for a run made before runs recorded them); ``device``:
+    where it trained, as its final.json says (``cpu``, ``cuda:0``, ...); ``source``: the runs.csv the
+    result was read from (:func:`read_runs_csv`), ``None`` for a run read from its folder."""
 
     key: str
     row: str
@@ -54,6 +54,7 @@ class RunResult:
     metrics: List[Dict[str, Any]] = field(default_factory=list)
     problem: Optional[str] = None
     algorithms: Optional[str] = None
+    device: Optional[str] = None
     source: Optional[str] = None
 
     def to_dict(self, metrics: bool = False) -> Dict[str, Any]:
@@ -197,6 +198,7 @@ def read_run(ex: Expansion, cell: Cell) -> RunResult:
     r.best_acc, r.best_epoch, r.best_on = best.get("test_acc"), best.get("epoch"), best.get("selected_on")
     r.epochs = final.get("epochs")
     r.wall_seconds = final.get("wall_seconds")
+    r.device = final.get("device") if isinstance(final.get("device"), str) else None
     epochs = [m.get("epoch") for m in metrics]
     want = list(range(1, (r.epochs_expected or r.epochs or 0) + 1))
     if epochs != want:
@@ -280,7 +282,7 @@ def read_runs_csv(path: os.PathLike) -> Dict[str, RunResult]:
                 best_epoch=num(r.get("best_epoch"), int), best_on=r.get("best_on") or None,
                 final_val_acc=num(r.get("final_val_acc")), epochs=num(r.get("epochs"), int),
                 train_images=num(r.get("train_images"), int), wall_seconds=num(r.get("wall_seconds")),
-                algorithms=r.get("algorithms") or None, source=str(path))
+                algorithms=r.get("algorithms") or None, device=r.get("device") or None, source=str(path))
         except ValueError:
             raise UsageError(f"{param('runs_csv')} {path}:{i}: not a number in {r}") from None
     return out
@@ -397,6 +399,35 @@ def _held_out(rep: "GridReport") -> Optional[bool]:
     return sizes.pop() if len(sizes) == 1 else None
 
 
+def device_kind(device: Optional[str]) -> str:
+    """``cuda:1`` -> ``cuda``; ``None`` (a run that did not record it) -> ``unrecorded``."""
+    return device.split(":")[0] if device else "unrecorded"
+
+
+def device_lines(rep: GridReport) -> List[str]:
+    """Markdown lines saying where the finished runs trained, and naming the cells whose seeds
+    trained on different kinds of device (the run key leaves the device out: it is the same
+    experiment, but the accuracies differ in the last digits and the wall times are not comparable);
+    none when no run recorded its device."""
+    done = [r for r in rep.runs if r.state == "finished"]
+    kinds: Dict[str, int] = {}
+    for r in done:
+        kinds[device_kind(r.device)] = kinds.get(device_kind(r.device), 0) + 1
+    if not done or set(kinds) == {"unrecorded"}:
+        return []
+    counts = ", ".join(f"{k} ({n} run{'' if n == 1 else 's'})" for k, n in sorted(kinds.items()))
+    by_cell: Dict[Tuple[str, Tuple[str, ...]], set] = {}
+    for r in done:
+        by_cell.setdefault((r.row, r.column), set()).add(device_kind(r.device))
+    mixed = [f"{rep.ex.row_label(row)} / {rep.ex.column_label(col)}" for (row, col), k in by_cell.items() if len(k) > 1]
+    text = f"Trained on: {counts}."
+    if mixed:
+        text += (f" Seeds trained on different devices are pooled in {len(mixed)} of the cells "
+                 f"({'; '.join(mixed[:4])}{'; ...' if len(mixed) > 4 else ''}): the same settings, but their "
+                 "accuracies are not from one kind of machine and their wall times are not comparable.")
+    return [text, ""]
+
+
 def _table(header: List[str], rows: List[List[str]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(r) + " |" for r in rows]
@@ -418,6 +449,7 @@ def markdown(rep: GridReport, figures: Optional[Dict[str, str]] = None, heading:
         lines += [s.description, ""]
     if ex.command:
         lines += ["Command:", "", "```bash", ex.command, "```", ""]
+    lines += device_lines(rep)
     sources = sorted({r.source for r in rep.runs if r.source})
     if sources:
         taken = sum(1 for r in rep.runs if r.source)
@@ -519,12 +551,14 @@ def runs_csv(reports: List[GridReport]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["grid", "key", "row_id", "column_id", "seed", "state", "final_acc", "best_acc", "best_epoch",
-                "best_on", "final_val_acc", "epochs", "train_images", "wall_seconds", "problem", "algorithms"])
+                "best_on", "final_val_acc", "epochs", "train_images", "wall_seconds", "problem", "algorithms",
+                "device"])
     for rep in reports:
         for r in rep.runs:
             w.writerow([rep.name, r.key, r.row, "/".join(r.column), r.seed, r.state, _csv(r.final_acc),
                         _csv(r.best_acc), r.best_epoch or "", r.best_on or "", _csv(r.final_val_acc), r.epochs or "",
-                        r.train_images or "", r.wall_seconds or "", r.problem or "", r.algorithms or ""])
+                        r.train_images or "", r.wall_seconds or "", r.problem or "", r.algorithms or "",
+                        r.device or ""])
     return buf.getvalue()
 
 
