@@ -449,7 +449,6 @@ def markdown(rep: GridReport, figures: Optional[Dict[str, str]] = None, heading:
         lines += [s.description, ""]
     if ex.command:
         lines += ["Command:", "", "```bash", ex.command, "```", ""]
-    lines += device_lines(rep)
     sources = sorted({r.source for r in rep.runs if r.source})
     if sources:
         taken = sum(1 for r in rep.runs if r.source)
@@ -463,6 +462,7 @@ def markdown(rep: GridReport, figures: Optional[Dict[str, str]] = None, heading:
               f"Runs in `{ex.runs_dir}`." + (f" Settings changed for the whole grid: "
                                              f"{', '.join(f'{k}={v}' for k, v in ex.overrides.items())}."
                                              if ex.overrides else ""), ""]
+    lines += device_lines(rep)
     col_labels = [ex.column_label(c) for c in rep.columns]
     row_title = s.rows.replace("_", " ")
 
