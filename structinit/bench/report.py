@@ -20,6 +20,7 @@ import io
 import json
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -409,16 +410,14 @@ def device_lines(rep: GridReport) -> List[str]:
     trained on different kinds of device (the run key leaves the device out: it is the same
     experiment, but the accuracies differ in the last digits and the wall times are not comparable);
     none when no run recorded its device."""
-    done = [r for r in rep.runs if r.state == "finished"]
-    kinds: Dict[str, int] = {}
-    for r in done:
-        kinds[device_kind(r.device)] = kinds.get(device_kind(r.device), 0) + 1
-    if not done or set(kinds) == {"unrecorded"}:
+    kind = {(r.row, r.column, r.seed): device_kind(r.device) for r in rep.runs if r.state == "finished"}
+    kinds = Counter(kind.values())
+    if set(kinds) <= {"unrecorded"}:
         return []
     counts = ", ".join(f"{k} ({n} run{'' if n == 1 else 's'})" for k, n in sorted(kinds.items()))
     by_cell: Dict[Tuple[str, Tuple[str, ...]], set] = {}
-    for r in done:
-        by_cell.setdefault((r.row, r.column), set()).add(device_kind(r.device))
+    for (row, col, _), k in kind.items():
+        by_cell.setdefault((row, col), set()).add(k)
     mixed = [f"{rep.ex.row_label(row)} / {rep.ex.column_label(col)}" for (row, col), k in by_cell.items() if len(k) > 1]
     text = f"Trained on: {counts}."
     if mixed:
