@@ -178,9 +178,14 @@ def test_unknown_grid_names_and_files(tmp_path):
 
 def test_seeds_from_text_and_lists():
     assert parse_seeds("3") == (0, 1, 2) and parse_seeds("0,5,7") == (0, 5, 7) and parse_seeds([4, 2]) == (4, 2)
-    for bad in ("0,0", "x", [], [-1], True, "0"):
+    assert parse_seeds("5-9") == (5, 6, 7, 8, 9) and parse_seeds(" 3 - 3 ") == (3,) and parse_seeds("0,") == (0,)
+    for bad in ("0,0", "x", [], [-1], True, "0", "9-5", "2-", "-3", "1-2-3"):
         with pytest.raises(GridError):
             parse_seeds(bad)
+    with pytest.raises(GridError, match="seed 0 alone is 0,"):
+        parse_seeds("0")
+    with pytest.raises(GridError, match="ends before it starts"):
+        parse_seeds("9-5")
 
 
 def test_only_some_values_keep_their_paper_numbers():

@@ -187,6 +187,12 @@ def test_the_cli_report_prints_writes_and_refuses(grid_runs, tmp_path, cli):
     assert [e["label"] for e in att] == ["Mimetic", "Kaiming"] and att[0]["fidelity"]["images"] == 16
     r = cli("bench", "report", runs, "--report-dir", tmp_path / "out")
     assert r.returncode == 2 and r.stderr.startswith("error: --report-dir") and "--force" in r.stderr
+    r = cli("bench", "report", runs, "--report-dir", tmp_path / "out", "--force", "--no-figures", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["grids"][0]["counts"]["finished"] == 7  # stdout stays JSON
+    assert not (tmp_path / "out" / "mini-attention.png").exists()
+    assert ("removed 5 files of the earlier report that this one does not write: mini-accuracy.png, "
+            "mini-attention.png, mini-curves.png, mini-fidelity.png, mini-learning-curve.png") in r.stderr
+    assert "--attention draws the attention figure again" in r.stderr
     r = cli("bench", "report", runs, "--grid", "nope")
     assert r.returncode == 2 and "no grid 'nope' in this folder" in r.stderr
     (tmp_path / "grid.toml").write_text(GRID)

@@ -473,19 +473,29 @@ LAZY_SEEDS = 100_000
 
 
 def parse_seeds(value: Any, where: str = "seeds") -> Tuple[int, ...]:
-    """Seeds from ``N`` (seeds ``0 .. N-1``), a list of seeds, or text ``"N"`` / ``"0,3,7"``. A
-    count above :data:`LAZY_SEEDS` gives a ``range``, which is a sequence like the tuple."""
+    """Seeds from ``N`` (seeds ``0 .. N-1``), a list of seeds, or text: ``"N"``, ``"0,3,7"``, or an
+    inclusive range ``"5-9"`` (one seed alone is ``"7,"`` or ``"7-7"``). A count above
+    :data:`LAZY_SEEDS` gives a ``range``, which is a sequence like the tuple."""
     if isinstance(value, str):
         text = value.strip()
-        try:
-            value = int(text) if re.fullmatch(r"\d+", text) else [int(s) for s in text.split(",") if s.strip()]
-        except ValueError:
-            raise GridError(f"{where}: seeds must be a count N or a list such as 0,3,7, got {text!r}") from None
+        span = re.fullmatch(r"(\d+)\s*-\s*(\d+)", text)
+        if span:
+            first, last = int(span.group(1)), int(span.group(2))
+            if last < first:
+                raise GridError(f"{where}: the seed range {text!r} ends before it starts")
+            value = list(range(first, last + 1))
+        else:
+            try:
+                value = int(text) if re.fullmatch(r"\d+", text) else [int(s) for s in text.split(",") if s.strip()]
+            except ValueError:
+                raise GridError(f"{where}: seeds must be a count N, a list such as 0,3,7 or a range such as 5-9, "
+                                f"got {text!r}") from None
     if isinstance(value, bool):
         raise GridError(f"{where}: seeds must be a count or a list of seeds, got {value!r}")
     if isinstance(value, int):
         if value < 1:
-            raise GridError(f"{where}: the seed count must be at least 1, got {value}")
+            raise GridError(f"{where}: the seed count must be at least 1, got {value} (a count N means seeds "
+                            f"0..N-1; seed 0 alone is 0,)")
         return tuple(range(value)) if value <= LAZY_SEEDS else range(value)
     if isinstance(value, list) and value and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
                                                  for s in value):

@@ -85,6 +85,13 @@ def earlier_report_files(folder: Path) -> List[str]:
                   and (folder / n).is_file())
 
 
+def stale_report_files(files: Dict[str, Any], folder: os.PathLike) -> List[str]:
+    """The files of an earlier report in ``folder`` that writing ``files`` with ``force`` removes:
+    those it wrote and the new report does not (e.g. a figure not drawn this time)."""
+    folder = Path(folder).expanduser()
+    return [n for n in earlier_report_files(folder) if n not in files] if folder.is_dir() else []
+
+
 def write_report(files: Dict[str, Any], folder: os.PathLike, force: bool = False) -> List[Path]:
     """Write ``files`` (from :func:`render_report`) into ``folder`` (created if needed). Refuses,
     before writing anything, to replace an existing file unless ``force``; with ``force`` the
@@ -96,7 +103,7 @@ def write_report(files: Dict[str, Any], folder: os.PathLike, force: bool = False
     folder = Path(folder).expanduser()
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"{param('report_dir')} {folder} exists and is not a folder")
-    stale = [n for n in earlier_report_files(folder) if n not in files] if force and folder.is_dir() else []
+    stale = stale_report_files(files, folder) if force else []
     clash = sorted(n for n in files if (folder / n).exists())
     if clash and not force:
         raise UsageError(f"{param('report_dir')} {folder} already holds {', '.join(clash)}; choose another folder or "
@@ -128,4 +135,4 @@ def write_report(files: Dict[str, Any], folder: os.PathLike, force: bool = False
             folder.rmdir()
 
 
-__all__ = ["render_report", "write_report"]
+__all__ = ["render_report", "stale_report_files", "write_report"]

@@ -207,7 +207,8 @@ Opt = typer.Option
 Sets = Annotated[List[str], Opt("--set", help="Change a training setting for every run: NAME=VALUE (repeatable), "
                                 "e.g. epochs=1 or device=cuda; init_params.NAME=VALUE changes the runs whose init "
                                 "method takes NAME.")]
-Seeds = Annotated[Optional[str], Opt("--seeds", help="Seeds: a count N (seeds 0..N-1) or a list such as 0,3,7.",
+Seeds = Annotated[Optional[str], Opt("--seeds", help="Seeds: a count N (seeds 0..N-1), a list such as 0,3,7, or a "
+                                     "range such as 5-9 (one seed alone: 7,).",
                                      show_default="the grid's")]
 Only = Annotated[List[str], Opt("--only", help="Keep only some values of an axis: AXIS=ID[,ID...] (repeatable), "
                                 "e.g. train_size=100,250.")]
@@ -459,7 +460,9 @@ def bench_report(
     report_dir: Annotated[Optional[Path], Opt("--report-dir", help="Write report.md, cells.csv, runs.csv, "
                                               "report.json and the figures (PNG) into this folder.",
                                               parser=path_arg, metavar="DIR")] = None,
-    force: Annotated[bool, Opt("--force", help="Replace files of an earlier report in --report-dir.")] = False,
+    force: Annotated[bool, Opt("--force", help="Replace an earlier report in --report-dir whole: its files "
+                               "that this one does not write (e.g. figures) are removed and named on "
+                               "stderr.")] = False,
     figures: Annotated[bool, Opt("--figures/--no-figures", help="Draw the figures (with --report-dir).")] = True,
     attention: Annotated[bool, Opt("--attention", help="Also draw the attention after init averaged over real "
                                    "training images, first / middle / last layer, one column per method (with "
@@ -487,7 +490,7 @@ def bench_report(
     """
     from structinit.bench.expand import MAX_RUNS, expand
     from structinit.bench.gridspec import load_grid
-    from structinit.bench.output import render_report, write_report
+    from structinit.bench.output import render_report, stale_report_files, write_report
     from structinit.bench.report import collect, markdown, read_runs_csv, reports_for_folder
     from structinit.errors import UsageError
 
@@ -550,9 +553,15 @@ def bench_report(
             att[rep.name] = (attention_grid_figure(entries, title=rep.spec.title), entries)
     if report_dir is not None:
         files = render_report(reports, figures=figures, attention=att)
+        replaced = stale_report_files(files, report_dir) if force else []
         written = write_report(files, report_dir, force=force)
         if not json_out:
             typer.echo(f"wrote {len(written)} files into {report_dir}: {', '.join(p.name for p in written)}")
+        if replaced:  # said on stderr, so that --json stays parseable
+            hint = " (--attention draws the attention figure again)" if any(n.endswith("-attention.png")
+                                                                              for n in replaced) else ""
+            typer.echo(f"removed {len(replaced)} files of the earlier report that this one does not write: "
+                       f"{', '.join(replaced)}{hint}", err=True)
     if json_out:
         emit_json({"grids": [r.to_dict() for r in reports]})
     elif report_dir is None:
