@@ -401,3 +401,38 @@ def test_state_dicts_in_one_file_must_agree(tmp_path):
                 "state_dict_ema": torch.nn.MultiheadAttention(2 * D, 2).state_dict()}, path)
     assert failure(load_checkpoint, path) == (f"{path}: the state dicts in the file disagree (state_dict_ema is a "
                                               f"torch-mha of dim {2 * D}, depth 1)")
+
+
+def test_the_pickle_outline_says_why_a_file_cannot_be_read(tmp_path):
+    """pickle_outline (read without torch, running nothing) names the reason in one line: a folder
+    cannot be read, a pickle naming code is refused with the global it names, a pickle cut short
+    says what the unpickler raised; a plain pickle is read. check_checkpoint_path refuses a missing
+    path and a folder and gives the file back as a Path."""
+    from structinit.init.checkpoints import CheckpointNotFound, check_checkpoint_path, pickle_outline
+
+    assert failure(pickle_outline, tmp_path) == f"{tmp_path} cannot be read (Is a directory)"
+    (tmp_path / "code.pkl").write_bytes(b"\x80\x02cbuiltins\neval\nq\x00.")
+    assert failure(pickle_outline, tmp_path / "code.pkl") == (
+        f"{tmp_path / 'code.pkl'} was refused: unpickling it would run code (builtins.eval); nothing of it was run")
+    (tmp_path / "cut.pkl").write_bytes(b"\x80\x02}q\x00(X\x01\x00\x00\x00a")
+    assert failure(pickle_outline, tmp_path / "cut.pkl") == (
+        f"{tmp_path / 'cut.pkl'} is not a readable checkpoint (EOFError: Ran out of input)")
+    (tmp_path / "plain.pkl").write_bytes(b"\x80\x02}q\x00X\x01\x00\x00\x00aK\x01s.")
+    assert pickle_outline(str(tmp_path / "plain.pkl")) == {"a": 1}
+
+    with pytest.raises(CheckpointNotFound, match=r"nothere\.pt: no such file$"):
+        check_checkpoint_path(tmp_path / "nothere.pt")
+    with pytest.raises(CheckpointNotFound, match="is a folder; give the checkpoint file inside it"):
+        check_checkpoint_path(str(tmp_path))
+    found = check_checkpoint_path(str(tmp_path / "plain.pkl"))
+    assert isinstance(found, type(tmp_path)) and found == tmp_path / "plain.pkl"
+
+
+def test_the_refusal_line_names_the_code_only_when_known():
+    from structinit.init.checkpoints import refused_for_code
+
+    tail = ("(only tensors and plain containers are loaded; nothing of it was run). Re-save it as a plain state "
+            "dict (or .safetensors) from a trusted environment")
+    assert refused_for_code("m.pt", None) == f"m.pt: refusing to load a pickle that asks to run code {tail}"
+    assert refused_for_code("m.pt", "os.system") == (
+        f"m.pt: refusing to load a pickle that asks to run code: it asks for os.system {tail}")
