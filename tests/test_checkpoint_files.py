@@ -436,3 +436,35 @@ def test_the_refusal_line_names_the_code_only_when_known():
     assert refused_for_code("m.pt", None) == f"m.pt: refusing to load a pickle that asks to run code {tail}"
     assert refused_for_code("m.pt", "os.system") == (
         f"m.pt: refusing to load a pickle that asks to run code: it asks for os.system {tail}")
+
+
+def test_a_zip_that_is_no_whole_torch_save_file_is_one_line(tmp_path):
+    """The zip side of the outline: a data.pkl at the top or in a folder is read; a zip without one,
+    a file that is neither pickle nor zip, and a compressed member whose data is corrupt (zlib's
+    error, which escaped as a traceback from a run folder's integrity check) each say so."""
+    import pickle
+    import zipfile
+
+    from structinit.init.checkpoints import pickle_outline
+    from structinit.training.rundir import checkpoint_info
+
+    with zipfile.ZipFile(tmp_path / "top.pt", "w") as zf:
+        zf.writestr("data.pkl", pickle.dumps({"epoch": 3}, protocol=2))
+    assert pickle_outline(tmp_path / "top.pt") == {"epoch": 3}
+    with zipfile.ZipFile(tmp_path / "notes.pt", "w") as zf:
+        zf.writestr("notes.txt", "not a checkpoint")
+    assert failure(pickle_outline, tmp_path / "notes.pt") == (
+        f"{tmp_path / 'notes.pt'} is not a torch.save file (it holds no data.pkl)")
+    (tmp_path / "text.pt").write_text("hello")
+    assert failure(pickle_outline, tmp_path / "text.pt") == (
+        f"{tmp_path / 'text.pt'} is not a whole torch.save file (truncated or corrupt)")
+    with zipfile.ZipFile(tmp_path / "deflated.pt", "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("run/data.pkl", pickle.dumps({"epoch": list(range(2000))}, protocol=2))
+    raw = bytearray((tmp_path / "deflated.pt").read_bytes())
+    start = 30 + len("run/data.pkl") + 10  # inside the compressed data of the first member
+    raw[start:start + 20] = bytes(b ^ 0xFF for b in raw[start:start + 20])
+    (tmp_path / "deflated.pt").write_bytes(bytes(raw))
+    why = failure(pickle_outline, tmp_path / "deflated.pt")
+    assert why.startswith(f"{tmp_path / 'deflated.pt'} is not a whole torch.save file (Error -3 while decompressing")
+    with pytest.raises(CheckpointError, match="is not a whole torch.save file"):
+        checkpoint_info(tmp_path / "deflated.pt")

@@ -22,6 +22,7 @@ import os
 import pickle
 import re
 import zipfile
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,7 +160,7 @@ def _pickle_bytes(path: Path) -> bytes:
             return zf.read(names[0])
     except zipfile.BadZipFile:
         raise CheckpointError(f"{path} is not a whole torch.save file (truncated or corrupt)") from None
-    except (RuntimeError, ValueError, EOFError) as exc:  # a member cut short, a bad CRC
+    except (RuntimeError, ValueError, EOFError, zlib.error) as exc:  # a member cut short or corrupt
         raise CheckpointError(f"{path} is not a whole torch.save file ({exc})") from None
 
 
