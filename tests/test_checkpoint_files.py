@@ -347,6 +347,14 @@ def test_a_pickle_that_asks_for_code_is_refused_whatever_the_environment_says(tm
     torch.save({"state_dict": torch.nn.MultiheadAttention(D, 2).state_dict(), "hook": Call()}, path)
     assert failure(load_checkpoint, path).startswith(f"{path}: refusing to load a pickle that asks to run code: it "
                                                      "asks for posix.system (only tensors")
+    import pickle
+
+    from structinit.init.checkpoints import read_object
+
+    plain = tmp_path / "plain.pkl"  # protocol 4: torch's reader stops at an opcode it does not take, before the code
+    plain.write_bytes(pickle.dumps({"a": 1, "hook": Call()}, protocol=4))
+    assert failure(read_object, plain).startswith(f"{plain}: refusing to load a pickle that asks to run code: it "
+                                                  "asks for posix.system (only tensors")
 
 
 def saved_on_a_gpu(src, dst):
