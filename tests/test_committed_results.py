@@ -19,6 +19,7 @@ FOLDERS = sorted(p.parent for p in RESULTS.rglob("runs.csv"))
 def test_every_results_folder_is_checked():
     assert {p.relative_to(RESULTS).as_posix() for p in FOLDERS} >= {
         "digits", "digits-datafit", "digits-default", "mnist1d", "fashion", "fashion/pe-scale", "fashion/small",
+        "fashion/ablation",
         "fashion/gpu/fashion-196", "fashion/gpu/fashion"}
 
 
