@@ -12,6 +12,8 @@ sin-cos table at a larger scale (``pe_scale``), seeds 0-2; with ``--196`` on `vi
         data_fit_lr=3e-2 data_fit_norm=2.5 data_fit_samples=2000 \
         "data_fit_l2=0, data_fit_mass=0.8, data_fit=1000" \
         "data_fit_samples=2000, data_fit_mass=0.8, data_fit=1000" > docs/results/fashion/held_out_fit_limits.md
+    OMP_NUM_THREADS=1 python docs/results/fashion/held_out.py "default (300 steps)" data_fit_mass=0.4 \
+        data_fit_mass=0.8 data_fit_mass=0.9 > docs/results/fashion/held_out_fit_mass.md
 """
 
 import time
@@ -30,7 +32,9 @@ from structinit.training.models import ModelConfig, build_model
 VARIANTS = {
     "default (300 steps)": {},
     "data_fit=1000": {"data_fit": 1000},
+    "data_fit_mass=0.4": {"data_fit_mass": 0.4},
     "data_fit_mass=0.8": {"data_fit_mass": 0.8},
+    "data_fit_mass=0.9": {"data_fit_mass": 0.9},
     "data_fit=1000, data_fit_mass=0.8": {"data_fit": 1000, "data_fit_mass": 0.8},
     "data_fit_norm=10": {"data_fit_norm": 10.0},
     "data_fit_mass=0.8, data_fit_norm=10": {"data_fit_mass": 0.8, "data_fit_norm": 10.0},
