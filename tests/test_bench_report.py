@@ -270,3 +270,57 @@ def test_report_cli_baseline_and_runs_csv(grid_runs, tmp_path, cli):
     assert r.returncode == 2 and r.stderr.startswith("error: --baseline 'nope' is not a row of mini")
     r = cli("bench", "report", grid_runs.runs_dir, "--runs-csv", table)
     assert r.returncode == 2 and "--runs-csv" in r.stderr and "apply to a grid" in r.stderr
+
+
+
+def test_learning_curve_lines_break_where_a_size_has_no_runs():
+    from structinit.bench.plots import gapped_line
+
+    def shown(values):
+        return [None if math.isnan(v) else v for v in values]
+
+    xs, means, stds = gapped_line([None, (500, 72.0, 0.5), None, None, (5000, 74.0, 0.3), None,
+                                   (55000, 80.0, 0.2), None])
+    # one break between 500 and 5,000 (not two), one between 5,000 and all; missing ends dropped
+    assert shown(xs) == [500, None, 5000, None, 55000]
+    assert shown(means) == [72.0, None, 74.0, None, 80.0]
+    assert shown(stds) == [0.5, None, 0.3, None, 0.2]
+    assert gapped_line([(1, 2.0, 0.0), (2, 3.0, 1.0)]) == ([1, 2], [2.0, 3.0], [0.0, 1.0])
+    assert gapped_line([None, None]) == ([], [], [])
+
+
+@pytest.mark.slow
+def test_the_learning_curve_figure_leaves_a_gap_for_a_missing_size(tmp_path):
+    """A real grid of three sizes whose middle size was never run: the line has no segment across it."""
+    from structinit.bench.plots import learning_curve_figure
+
+    text = GRID.split("[[axes.init]]")[0].replace("seeds = 2", "seeds = 1") + """\
+[[axes.init]]
+id = "mimetic"
+label = "Mimetic"
+init = "mimetic"
+[[axes.train_size]]
+id = "100"
+train_size = 100
+[[axes.train_size]]
+id = "200"
+train_size = 200
+[[axes.train_size]]
+id = "400"
+train_size = 400
+"""
+    ex = expand(parse_grid_text(text, "gap.toml", "gap"), runs_dir=tmp_path / "runs", command="test")
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for cell in prepare(ex):
+            if cell.column != ("200",):
+                assert run_task(ex.run_dir(cell), threads=1).state == "finished"
+    finally:
+        torch.set_num_threads(old)
+    rep = collect(ex)
+    (line,) = [ln for ln in learning_curve_figure(rep).axes[0].get_lines() if ln.get_linestyle() == "-"]  # not the caps
+    xs = [float(x) for x in line.get_xdata()]
+    assert xs[0] == 100 and math.isnan(xs[1]) and xs[2] == 400
+    ys = [float(y) for y in line.get_ydata()]
+    assert ys[0] == pytest.approx(rep.cells[("mimetic", ("100",))].final_mean) and math.isnan(ys[1])

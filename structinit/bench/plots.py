@@ -3,7 +3,8 @@ paper's number where it has one. Built on :class:`matplotlib.figure.Figure` (no 
 and written with :func:`structinit.analysis.figures.save_png`.
 
 - :func:`accuracy_figure`: final accuracy per method, one panel per column, each seed a dot;
-- :func:`learning_curve_figure`: accuracy against training-set size (grids with a ``train_size`` axis);
+- :func:`learning_curve_figure`: accuracy against training-set size (grids with a ``train_size`` axis),
+  each line drawn through :func:`gapped_line`;
 - :func:`curves_figure`: test accuracy against epoch per method, one panel per column.
 
 So that a figure cannot mislead: the panels of a figure share one accuracy scale (a gap of two
@@ -142,10 +143,27 @@ def accuracy_figure(rep: GridReport):
     return fig
 
 
+def gapped_line(points: List[Optional[Tuple[float, float, float]]]) -> Tuple[List[float], List[float], List[float]]:
+    """``xs, means, stds`` of one learning-curve line from ``points``, one per column in axis order:
+    ``(images, mean, std)`` for a measured cell, ``None`` for a cell without finished runs. A missing
+    cell between two measured ones becomes a NaN, which breaks the line there: a line drawn across
+    it would suggest values that were never measured. Missing cells at either end are dropped."""
+    line: List[Tuple[float, float, float]] = []
+    for point in points:
+        if point is not None:
+            line.append(point)
+        elif line and not math.isnan(line[-1][0]):
+            line.append((math.nan, math.nan, math.nan))
+    while line and math.isnan(line[-1][0]):
+        line.pop()
+    return [p[0] for p in line], [p[1] for p in line], [p[2] for p in line]
+
+
 def learning_curve_figure(rep: GridReport):
     """Accuracy against the number of training images (log scale), one line per method (mean ±
-    std), every seed a faint dot; one panel per value of the other column axes. ``None`` when the
-    grid has no ``train_size`` axis among its columns."""
+    std), every seed a faint dot, the line broken where a size has no finished run; one panel per
+    value of the other column axes. ``None`` when the grid has no ``train_size`` axis among its
+    columns."""
     axis_name = rep.learning_curve_axis()
     if axis_name is None:
         return None
@@ -161,20 +179,20 @@ def learning_curve_figure(rep: GridReport):
     for ax, other in zip(axes, others):
         cols = [c for c in rep.columns if c[:k] + c[k + 1:] == other]
         for i, row in enumerate(rep.rows):
-            xs, means, stds = [], [], []
+            points: List[Optional[Tuple[float, float, float]]] = []
             for col in cols:
                 runs = [r for r in by_cell.get((row, col), []) if r.final_acc is not None]
                 sizes = [r.train_images for r in by_cell.get((row, col), []) if r.train_images]
                 if not runs or not sizes:
+                    points.append(None)
                     continue
                 n = sizes[0]
                 ax.scatter([n] * len(runs), [r.final_acc for r in runs], s=10, color=colors[i], alpha=0.35)
                 st = rep.cells[(row, col)]
                 values.extend([r.final_acc for r in runs] + [st.final_mean - (st.final_std or 0.0),
                                                             st.final_mean + (st.final_std or 0.0)])
-                xs.append(n)
-                means.append(st.final_mean)
-                stds.append(st.final_std or 0.0)
+                points.append((n, st.final_mean, st.final_std or 0.0))
+            xs, means, stds = gapped_line(points)
             if xs:
                 ax.errorbar(xs, means, yerr=stds, color=colors[i], marker="o", markersize=4, capsize=3,
                             label=wrap(ex.row_label(row), 40))
@@ -259,4 +277,4 @@ def report_figures(rep: GridReport) -> Dict[str, object]:
     return {k: v for k, v in out.items() if v is not None}
 
 
-__all__ = ["accuracy_figure", "learning_curve_figure", "curves_figure", "report_figures"]
+__all__ = ["accuracy_figure", "gapped_line", "learning_curve_figure", "curves_figure", "report_figures"]
