@@ -60,18 +60,25 @@ values.kaiming = [65.5, nan]
 """
 
 
+def run_all_but(ex, pending):
+    """Train every run of ``ex`` on one torch thread except the cells for which ``pending(cell)`` holds."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for cell in prepare(ex):
+            if not pending(cell):
+                assert run_task(ex.run_dir(cell), threads=1).state == "finished"
+    finally:
+        torch.set_num_threads(old)
+    return ex
+
+
 @pytest.fixture(scope="module")
 def grid_runs(tmp_path_factory):
     """The mini grid with every run finished but Kaiming / all / seed 1 (left pending)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
     runs = tmp_path_factory.mktemp("report") / "runs"
     ex = expand(parse_grid_text(GRID, "mini.toml", "mini"), runs_dir=runs, command="structinit bench grid mini.toml")
-    for cell in prepare(ex):
-        if (cell.row, cell.column, cell.seed) != ("kaiming", ("all",), 1):
-            assert run_task(ex.run_dir(cell), threads=1).state == "finished"
-    torch.set_num_threads(old)
-    return ex
+    return run_all_but(ex, lambda cell: (cell.row, cell.column, cell.seed) == ("kaiming", ("all",), 1))
 
 
 def finals(ex, row, col):
@@ -272,7 +279,6 @@ def test_report_cli_baseline_and_runs_csv(grid_runs, tmp_path, cli):
     assert r.returncode == 2 and "--runs-csv" in r.stderr and "apply to a grid" in r.stderr
 
 
-
 def test_learning_curve_lines_break_where_a_size_has_no_runs():
     from structinit.bench.plots import gapped_line
 
@@ -310,15 +316,7 @@ id = "400"
 train_size = 400
 """
     ex = expand(parse_grid_text(text, "gap.toml", "gap"), runs_dir=tmp_path / "runs", command="test")
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for cell in prepare(ex):
-            if cell.column != ("200",):
-                assert run_task(ex.run_dir(cell), threads=1).state == "finished"
-    finally:
-        torch.set_num_threads(old)
-    rep = collect(ex)
+    rep = collect(run_all_but(ex, lambda cell: cell.column == ("200",)))
     (line,) = [ln for ln in learning_curve_figure(rep).axes[0].get_lines() if ln.get_linestyle() == "-"]  # not the caps
     xs = [float(x) for x in line.get_xdata()]
     assert xs[0] == 100 and math.isnan(xs[1]) and xs[2] == 400
