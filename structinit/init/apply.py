@@ -132,6 +132,9 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
     """
     path = check_checkpoint_path(path)  # before the output's name, which is made from it
     spec = init_spec(spec, **params)
+    if getattr(spec, "base", "model") != "model":
+        raise UsageError(f"{spec.method} parameter {param('base')} {spec.base} resets every weight of a model; a "
+                         "checkpoint's weights are kept (leave base at model)")
     if set_pe is not None and set_pe not in PE_KINDS:
         raise UsageError(f"{param('set_pe')} must be one of {', '.join(PE_KINDS)}, got {set_pe!r}")
     _check_pe_scale(pe_scale, set_pe)

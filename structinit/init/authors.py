@@ -28,6 +28,7 @@ import numpy as np
 
 from structinit.errors import StructinitError, UsageError, param
 from structinit.init.base import InitSpec
+from structinit.init.baselines import reset_to_defaults
 
 PAPER_2024 = "Structured Initialization for Attention in Vision Transformers"
 PAPER_2025 = "Structured Initialization for Vision Transformers"
@@ -43,24 +44,6 @@ SOLVE_LN_EPS_2025 = 1e-5
 #: The largest difference in hit rate or target mass between the solve and the written weights
 #: before a write is reported as misplaced (impulse-2024).
 TOLERANCE = 0.02
-
-
-def reset_to_defaults(model, seed: int) -> List[str]:
-    """Call ``reset_parameters()`` on every module of ``model`` that has one (``Linear``, ``Conv``,
-    ``LayerNorm``, ...: PyTorch's default init, as a model built with timm's init skipped has it),
-    under ``torch.manual_seed(seed)`` in a forked RNG (the global RNG is left as it was). Returns
-    ``"name (Type)"`` of every module reset, in order."""
-    import torch
-
-    done = []
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        for name, module in model.named_modules():
-            reset = getattr(module, "reset_parameters", None)
-            if callable(reset):
-                reset()
-                done.append(f"{name or '<model>'} ({type(module).__name__})")
-    return done
 
 
 def not_reset(model) -> List[str]:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional
 
+from structinit.errors import UsageError, param
 from structinit.init.base import InitSpec
 
 
@@ -18,6 +19,43 @@ def generator(seed: int):
     import torch
 
     return torch.Generator().manual_seed(int(seed))
+
+
+#: What the weights an init does not write start from (the ``base`` parameter of ``impulse`` and
+#: ``mimetic``): ``model``, as the model was built (a timm ViT: Linear weights trunc normal std
+#: 0.02, biases zero); ``pytorch``, every module's ``reset_parameters()`` (PyTorch's defaults:
+#: Kaiming-uniform Linear and Conv weights, uniform biases), as the authors' released code leaves them.
+BASES = ("model", "pytorch")
+
+
+def reset_to_defaults(model, seed: int) -> List[str]:
+    """Call ``reset_parameters()`` on every module of ``model`` that has one (``Linear``, ``Conv``,
+    ``LayerNorm``, ...: PyTorch's default init, as a model built with timm's init skipped has it),
+    under ``torch.manual_seed(seed)`` in a forked RNG (the global RNG is left as it was). Returns
+    ``"name (Type)"`` of every module reset, in order."""
+    import torch
+
+    done = []
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        for name, module in model.named_modules():
+            reset = getattr(module, "reset_parameters", None)
+            if callable(reset):
+                reset()
+                done.append(f"{name or '<model>'} ({type(module).__name__})")
+    return done
+
+
+def apply_base(target, base: str, seed: int, method: str) -> Optional[int]:
+    """Reset ``target``'s model to ``base`` (see :data:`BASES`) before an init writes its part:
+    the number of modules reset (``None`` for ``model``, which changes nothing). ``pytorch`` needs a
+    model (a state dict has no modules); ``method`` names the init in that error."""
+    if base == "model":
+        return None
+    if target.model is None:
+        raise UsageError(f"{method} parameter {param('base')} pytorch resets every module of a model; a "
+                         "checkpoint or state dict has none (leave base at model)")
+    return len(reset_to_defaults(target.model, seed))
 
 
 def redraw_qk(t, method: str, seed: int, std: float = 0.02) -> Dict[str, Any]:

@@ -18,7 +18,7 @@ from structinit.geometry.embedding import PSEUDO_INPUTS
 from structinit.geometry.grid import Grid
 from structinit.geometry.targets import OFFSET_ORDERS, PADDINGS, check_choice
 from structinit.init.base import InitSpec
-from structinit.init.baselines import generator
+from structinit.init.baselines import BASES, apply_base, generator
 from structinit.init.mimetic import mimetic_v_proj, vproj_keys
 from structinit.solver.recipes import check_recipe, recipe_params
 
@@ -128,7 +128,9 @@ class ImpulseInit(InitSpec):
     the position embedding the model or checkpoint has (LayerNorm'd, prefix-token rows dropped; a
     learned one, say) instead of the sin-cos table. ``tolerance``: the largest difference between
     the solver's and the written weights' hit rate or target mass before the write is reported as
-    misplaced.
+    misplaced. ``base`` (``model`` or ``pytorch``) is what every weight the init does not write
+    starts from (:data:`~structinit.init.baselines.BASES`; ``pytorch`` resets the model's modules
+    first, as the authors' code leaves them).
 
     ``data_fit`` (default 300): Adam steps that refine each layer's Q/K on the inputs a batch of
     real training data gives that layer at init (:mod:`structinit.init.data_fit`; ``data_fit_*``
@@ -192,11 +194,12 @@ class ImpulseInit(InitSpec):
     data_fit_batch: int = 0
     data_fit_inputs: str = "data"
     pe_factor: Optional[float] = None
+    base: str = "model"
 
     #: Parameters added after run keys were in use: left out of :meth:`to_dict` at their defaults.
     optional_defaults = ("data_fit", "data_fit_mass", "data_fit_l2", "data_fit_lr", "data_fit_norm",
                          "data_fit_samples", "self_weight", "data_fit_version", "data_fit_batch", "data_fit_inputs",
-                         "pe_factor")
+                         "pe_factor", "base")
     #: ``data_fit`` was 0 (off) when run keys began to carry it: a key leaves out 0, not the default;
     #: ``data_fit_version`` was 1 before it was a parameter: keys leave out 1, so version 1's runs keep
     #: theirs and version 2 gets keys of its own.
@@ -233,6 +236,7 @@ class ImpulseInit(InitSpec):
             why = "data_fit is 0" if not self.data_fit else "version 1 steps on the whole batch"
             raise UsageError(f"impulse parameter {param('data_fit_batch')} sets the images of a version-2 fit step, "
                              f"and {why}: leave it out")
+        check_choice("base", self.base, BASES)
         check_recipe(self.recipe)
         recipe_params(self.recipe, {**self.recipe_params, "target_mass": self.target_mass}
                       if self.target_mass is not None else self.recipe_params)  # refuse bad values now
@@ -409,6 +413,7 @@ class ImpulseInit(InitSpec):
 
         t = target
         given_fit = artifact is not None and bool(getattr(artifact, "fit", None))
+        base_reset = apply_base(t, self.base, seed, self.method)
         if self.data_fit and self.data_fit_inputs == "noise" and t.model is not None and not given_fit:
             shape = tuple(data.shape[1:]) if data is not None else model_input_shape(t.model)
             if shape is None:
@@ -513,6 +518,7 @@ class ImpulseInit(InitSpec):
                 "mimetic_vproj": self.mimetic_vproj, "pe_scale": self.pe_scale, "fit_pe": self.fit_pe,
                 "pos_embed_written": pe_written,
                 "self_weight": self.self_weight, "data_fit": fitted,
+                **({"base_reset": base_reset} if base_reset is not None else {}),
                 "measured_on": measured_on, "layers": rows,
                 "hit_rate": float(np.mean([r["hit_rate"] for r in rows])),
                 "target_mass": float(np.mean([r["target_mass"] for r in rows]))}

@@ -11,8 +11,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List
 
+from structinit.geometry.targets import check_choice
 from structinit.init.base import InitSpec
-from structinit.init.baselines import generator
+from structinit.init.baselines import BASES, apply_base, generator
 
 
 def mimetic_qk(dim: int, heads: int, alpha: float, beta: float, gen):
@@ -66,7 +67,8 @@ def vproj_keys(slot) -> List[str]:
 @dataclass(frozen=True)
 class MimeticInit(InitSpec):
     """Mimetic init: Q/K per head and (with ``vproj``) V/proj per layer, see the module docstring.
-    Q/K biases are zeroed; V/proj biases kept.
+    Q/K biases are zeroed; V/proj biases kept. ``base`` (``model`` or ``pytorch``) is what every
+    other weight starts from (:data:`~structinit.init.baselines.BASES`).
 
     Report per layer: ``qk_diag_mean`` (mean diagonal of ``Q_h K_h^T`` over heads) and
     ``vproj_diag_mean`` (of ``W_V W_proj``), read back from the written weights.
@@ -79,6 +81,13 @@ class MimeticInit(InitSpec):
     alpha2: float = 0.4
     beta2: float = 0.4
     vproj: bool = True
+    base: str = "model"
+
+    #: Parameters added after run keys were in use: left out of :meth:`to_dict` at their defaults.
+    optional_defaults = ("base",)
+
+    def validate(self) -> None:
+        check_choice("base", self.base, BASES)
 
     def planned(self, slot) -> List[str]:
         return super().planned(slot) + (vproj_keys(slot) if self.vproj else [])
@@ -87,6 +96,7 @@ class MimeticInit(InitSpec):
         from structinit.init.inject import read_qk, read_vproj, write_qk, write_vproj
 
         t = target
+        reset = apply_base(t, self.base, seed, self.method)
         gen = generator(seed)
         rows = []
         for slot in t.slots:
@@ -103,4 +113,4 @@ class MimeticInit(InitSpec):
                 row["vproj_diag_mean"] = float((rv @ rp).diagonal().mean())
             rows.append(row)
         return {"method": "mimetic", "layout": t.layout, "dim": t.dim, "heads": t.heads, "params": self.params(),
-                "layers": rows}
+                **({"base_reset": reset} if reset is not None else {}), "layers": rows}
