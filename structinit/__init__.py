@@ -3,10 +3,12 @@
 The package is organised by stage, in the order data flows (see ``docs/architecture.md``):
 
 - :mod:`structinit.geometry` -- token grids (1-D and 2-D), impulse targets, sin-cos embeddings, pseudo inputs
+- :mod:`structinit.analysis` -- quality measures of attention, layer inputs, as text and as figures
 - :mod:`structinit.solver`   -- ``SolveConfig``, the solver recipes, the artifact format, the cache, ``solve()``
-- :mod:`structinit.analysis` -- quality measures of attention, as text and as figures
+- :mod:`structinit.fit`      -- the impulse data fit: Q/K refined on each layer's inputs, its fitted artifacts
 - :mod:`structinit.init`     -- init methods (typed specs), layouts, injection into models and checkpoints
-- :mod:`structinit.training` -- ``TrainConfig``, models, datasets, the training loop and its run directory
+- :mod:`structinit.training` -- ``TrainConfig``, models, datasets, the training loop and its run directory,
+  ``apply_checkpoint`` (a checkpoint initialized through the model it describes)
 - :mod:`structinit.bench`    -- benchmarks: the solver comparison
 - :mod:`structinit.cli`      -- the ``structinit`` command line, a thin layer over all of the above
 
@@ -40,7 +42,10 @@ _EXPORTS = {
     "initialize": "structinit.init.specs",
     "initialize_model": "structinit.init.specs",
     "set_sincos_pos_embed": "structinit.init.pos_embed",
-    "apply_checkpoint": "structinit.init.apply",
+    "apply_checkpoint": "structinit.training.apply",
+    "ApplyOptions": "structinit.init.apply",
+    "load_or_fit": "structinit.fit.artifact",
+    "FitSettings": "structinit.fit.settings",
     "describe_checkpoint": "structinit.init.checkpoints",
     "TrainConfig": "structinit.training.config",
     "train": "structinit.training.loop",

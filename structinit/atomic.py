@@ -105,3 +105,30 @@ def claim_backup(path: os.PathLike) -> Path:
         except FileExistsError:
             continue
     raise FileExistsError(errno.EEXIST, "no free backup name", str(path))
+
+
+def set_aside(path: os.PathLike, suffix: str = ".set-aside") -> Path:
+    """Move ``path`` (a file or a folder) to a new, never-used name beside it, ``PATH.set-aside``,
+    else ``PATH.set-aside.1``, ... (``suffix`` instead of ``.set-aside``), and return that name: what
+    cannot be used is kept for a person to look at, never deleted, and nothing already set aside is
+    replaced."""
+    path = Path(path)
+    for i in range(10000):
+        dest = path.with_name(path.name + (suffix if i == 0 else f"{suffix}.{i}"))
+        if os.path.lexists(dest):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            os.rename(path, dest)  # a folder: no hard link; the name was free a moment ago
+            return dest
+        try:
+            os.link(path, dest, follow_symlinks=False)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+                raise
+            os.rename(path, dest)
+            return dest
+        path.unlink()
+        return dest
+    raise FileExistsError(errno.EEXIST, "no free name to set aside", str(path))

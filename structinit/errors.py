@@ -51,3 +51,8 @@ class ArtifactError(StructinitError):
     """An artifact file that is missing, truncated, corrupt or of another format."""
 
     exit_code = 1
+
+
+class Notice(str):
+    """A line for the user that a caller's ``log`` should show even where it shows progress quietly
+    (the estimated time of long work, a wait for another process): a ``str`` marked as such."""

@@ -13,8 +13,8 @@ from test_checkpoints import _CreatesFile  # a pickle whose loading would create
 
 from structinit.errors import StructinitError, UsageError
 from structinit.geometry.targets import impulse_targets
-from structinit.init.apply import apply_checkpoint
 from structinit.init.pos_embed import set_sincos_pos_embed
+from structinit.training.apply import apply_checkpoint
 
 DIM, HEADS, DEPTH = 64, 4, 3
 
@@ -73,7 +73,8 @@ def test_timm_training_checkpoint_round_trip(tmp_path):
     src = tmp_path / "train.pth.tar"
     torch.save(ckpt, src)
     before = digest(src)
-    rep = apply_checkpoint(src, heads=HEADS, layers="1-2", target_mass=0.35, mimetic_vproj=False)  # Q/K only
+    rep = apply_checkpoint(src, heads=HEADS, layers="1-2", target_mass=0.35, mimetic_vproj=False,
+                           data_fit=0)  # Q/K only
     assert digest(src) == before and rep["output"] == str(tmp_path / "train.impulse.pth.tar")
     assert rep["state_dicts"] == ["state_dict", "state_dict_ema"]
     assert [r["layer"] for r in rep["layers"]] == [1, 2] and all(r["hit_rate"] == 1.0 for r in rep["layers"])
@@ -107,18 +108,18 @@ def test_stock_vit_tiny_safetensors_with_sincos(tmp_path):
     plan = apply_checkpoint(src, heads=3, dry_run=True, set_pe="sincos")
     assert plan["grid"] == [14, 14] and plan["prefix_tokens"] == 1 and plan["depth"] == 12 and plan["dry_run"]
     assert not Path(plan["output"]).exists() and not any(Path(tmp_path / "user-cache").glob("*.safetensors"))
-    rep = apply_checkpoint(src, heads=3, share=True, set_pe="sincos", out=tmp_path / "out.safetensors")
+    rep = apply_checkpoint(src, heads=3, share=True, set_pe="sincos", out=tmp_path / "out.safetensors", data_fit=0)
     new = load_file(tmp_path / "out.safetensors")
     from safetensors import safe_open
 
     with safe_open(str(tmp_path / "out.safetensors"), "pt") as fh:
         assert fh.metadata() == {"note": "kept"}
-    # the default writes mimetic V/proj too (qkv's v rows and proj); a checkpoint gets no data fit
+    # the default writes mimetic V/proj too (qkv's v rows and proj); data_fit=0 asks for the plain solve
     proj = {f"blocks.{i}.attn.proj.weight" for i in range(12)}
     skip = {f"blocks.{i}.attn.qkv.{w}" for i in range(12) for w in ("weight", "bias")} | {"pos_embed"} | proj
     assert_same(orig, new, skip=skip, ordered=False)  # safetensors stores keys sorted
     assert all(not torch.equal(new[k], orig[k]) for k in proj) and rep["mimetic_vproj"] is True
-    assert rep["data_fit"]["skipped"].startswith("not run: a checkpoint holds no model")
+    assert rep["data_fit"] is None and rep["params"]["data_fit"] == 0
     assert torch.equal(new["pos_embed"][0, 0], orig["pos_embed"][0, 0])  # class-token position kept
     m.load_state_dict(new, strict=True)
     assert all(r["hit_rate"] == 1.0 for r in rep["layers"])
@@ -181,16 +182,17 @@ def test_cli_apply_json_dry_run_and_refusals(tmp_path, cli):
     src = tmp_path / "vit.pth"
     torch.save({"state_dict": paper_vit().state_dict(), "epoch": 1}, src)
     before = digest(src)
-    r = cli("apply", src, "--heads", HEADS, "--filter", "5", "--layers", "0,2", "--json")
+    r = cli("apply", src, "--heads", HEADS, "--filter", "5", "--layers", "0,2", "--data-fit", "0", "--json")
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert rep["written"] and [x["layer"] for x in rep["layers"]] == [0, 2] and rep["hit_rate"] == 1.0
     assert rep["artifact"]["config"]["filter"] == 5 and Path(rep["output"]).exists()
 
-    from structinit.cli.apply import format_report
+    from structinit.cli.apply import format_report, format_verbose
 
     plan = apply_checkpoint(src, "mimetic", heads=HEADS, dry_run=True, out=tmp_path / "m.pth")
-    text = format_report(plan)
+    assert format_report(plan).startswith("plan (dry run, nothing written): mimetic init of 3 layer(s)")
+    text = format_verbose(plan)
     assert "plan (dry run" in text and "blocks.2.attn.proj.weight" in text and not (tmp_path / "m.pth").exists()
 
     marker = tmp_path / "pwned.txt"

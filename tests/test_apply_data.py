@@ -242,11 +242,11 @@ class _RunsCode:
 
 
 @pytest.mark.parametrize("make, args, message", [
-    (None, ["--data", "digits", "--dry-run"], "--data fits Q/K on real inputs, and --dry-run writes nothing: give "
+    (None, ["--data", "digits", "--dry-run"], "--data fits Q/K on real inputs and --dry-run writes nothing; give "
                                               "one of them"),
-    (None, ["--samples", "8"], "--samples needs --data SOURCE"),
-    (None, ["--data", "digits", "--method", "mimetic"], "--data is the impulse init's data fit; --method mimetic "
-                                                         "does not fit to data"),
+    (None, ["--samples", "8"], "--samples needs --data"),
+    (None, ["--data", "digits", "--method", "mimetic"], "--data is for the impulse data fit; the mimetic init does "
+                                                         "not use it"),
     (None, ["--data", "nowhere"], "--data 'nowhere' is neither a dataset"),
     (None, ["--data", "digits", "--model", "vit_tiny_patch16_224"], "the checkpoint is not a vit_tiny_patch16_224: "
                                                                     "its tensors have dim 64 and depth 4"),
@@ -279,20 +279,27 @@ def test_a_checkpoint_without_a_model_to_build_is_refused(tmp_path, cli, digits)
     r = cli("apply", tmp_path / "mha.pt", "--heads", "4", "--grid", "8x8", "--data", tmp_path / "x.pt",
             "--out", tmp_path / "o.pt")
     assert r.returncode == 2 and r.stderr.strip() == (
-        "error: the torch-mha checkpoint holds attention weights but no model structinit can build and run real "
-        "inputs through (timm ViTs, Hugging Face ViT/DeiT, BERT and GPT-2, and structinit train checkpoints can)")
+        "error: --data runs inputs through the model the checkpoint describes, and structinit cannot build the model "
+        "of a torch-mha checkpoint (timm ViTs, Hugging Face ViT/DeiT, BERT and GPT-2, and structinit train "
+        "checkpoints it can)")
     assert not (tmp_path / "o.pt").exists()
 
 
-def test_without_data_the_plain_solve_is_written_with_one_warning_first(tmp_path, cli, bare_checkpoint):
+def test_without_data_the_noise_fit_is_written_and_one_line_says_so(tmp_path, cli, bare_checkpoint):
     r = cli("apply", bare_checkpoint, "--heads", "4", "--out", tmp_path / "o.pt")
-    assert r.returncode == 0
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("warning: without --data, impulse writes the plain solve")
-    assert "give --data DATASET, an image folder or a tensor file" in lines[0]
-    assert "data fit not run" in r.stdout and "wrote:" in r.stdout
-    quiet = cli("apply", bare_checkpoint, "--heads", "4", "--out", tmp_path / "p.pt", "--init-param", "data_fit=0")
-    assert quiet.returncode == 0 and quiet.stderr == ""
+    assert r.returncode == 0, r.stderr
+    notes = [line for line in r.stderr.splitlines() if line.startswith(("note:", "warning:"))]
+    assert len(notes) == 1 and notes[0].startswith("note: impulse: no data given, so Q/K were fitted on 256 Gaussian "
+                                                   "noise inputs"), r.stderr
+    assert notes[0].endswith("give real inputs (--data) to fit those")
+    assert "Traceback" not in r.stderr
+    assert r.stdout.startswith(f"wrote {tmp_path / 'o.pt'}: impulse init of 4 layer(s)")
+    assert "Q/K fitted through timm VisionTransformer built from the tensors' shapes" in r.stdout
+    assert "on noise: 256 Gaussian inputs N(0, 1) of shape [1, 8, 8] (no data)" in r.stdout
+    plain = cli("apply", bare_checkpoint, "--heads", "4", "--out", tmp_path / "p.pt", "--data-fit", "0")
+    assert plain.returncode == 0 and plain.stderr.startswith("note: --data-fit 0 writes the plain solve, which real "
+                                                             "inputs wash out")
+    assert "Q/K: the plain solve (--data-fit 0)" in plain.stdout
 
 
 @pytest.mark.slow  # under mutmut a library warning comes from its trampoline, and the CLI cannot tell it is ours
@@ -314,7 +321,7 @@ def test_a_folder_of_images_is_read_resized_and_standardized(tmp_path, cli, bare
 
     from structinit.init.checkpoints import load_checkpoint
     from structinit.training.checkpoint_models import checkpoint_model
-    from structinit.training.fit_inputs import fit_inputs
+    from structinit.training.fit_inputs import fit_inputs_for
 
     data = load_dataset("digits")
     for i in range(24):
@@ -322,7 +329,7 @@ def test_a_folder_of_images_is_read_resized_and_standardized(tmp_path, cli, bare
         folder.mkdir(parents=True, exist_ok=True)
         Image.fromarray(data.train.images[i, 0].numpy()).resize((16, 16)).save(folder / f"{i:03d}.png")
     built = checkpoint_model(load_checkpoint(bare_checkpoint), heads=4)
-    got = fit_inputs(str(tmp_path / "images"), built, samples=20)
+    got = fit_inputs_for(str(tmp_path / "images"), built, samples=20)
     assert tuple(got.x.shape) == (20, 1, 8, 8)
     assert got.source == (f"{tmp_path / 'images'}: 20 images, resized to 8x8 and standardized with their own mean "
                           "and std")
@@ -346,6 +353,9 @@ def test_noise_as_the_source_needs_no_data_and_is_the_noise_fit_of_initialize_mo
             "--out", tmp_path / "o.pt", "--json")
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
-    assert rep["data_source"] == "noise: 256 Gaussian inputs N(0, 1) of shape [1, 8, 8]"
+    assert rep["data_source"] == "noise: 256 Gaussian inputs N(0, 1) of shape [1, 8, 8] (no data)"
     assert rep["data_fit"]["artifact"] == {**want["data_fit"]["artifact"], "cached": True}
-    assert rep["params"]["data_fit_inputs"] == "noise"
+    assert rep["data_fit"]["inputs"] == "noise"
+    bare = cli("apply", bare_checkpoint, "--heads", "4", "--init-param", "data_fit=20", "--seed", "1",
+               "--out", tmp_path / "p.pt", "--json")  # no --data at all: the same fit
+    assert json.loads(bare.stdout)["data_fit"]["artifact"] == rep["data_fit"]["artifact"]

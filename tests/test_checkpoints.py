@@ -10,9 +10,9 @@ from conftest import digest
 from structinit.errors import UsageError
 from structinit.geometry.embedding import pseudo_input, sincos_2d
 from structinit.geometry.targets import impulse_targets
-from structinit.init.apply import apply_checkpoint
 from structinit.init.checkpoints import CheckpointError, describe_checkpoint, load_checkpoint
 from structinit.init.layouts import LAYOUTS, detect_layout
+from structinit.training.apply import apply_checkpoint
 
 DIM, HEADS = 64, 4
 
@@ -102,7 +102,7 @@ def test_hugging_face_vit_round_trip(tmp_path):
     from safetensors.torch import load_file
 
     orig = load_file(src)
-    rep = apply_checkpoint(src, set_pe="sincos", seed=4, mimetic_vproj=False)  # heads from the config.json beside it
+    rep = apply_checkpoint(src, set_pe="sincos", seed=4, mimetic_vproj=False, data_fit=0)  # heads: its config.json
     assert digest(src) == before
     out = Path(rep["output"])
     assert out.name == "model.impulse.safetensors" and rep["layout"] == "hf-vit" and rep["heads"] == HEADS
@@ -171,7 +171,7 @@ def test_describe_checkpoint_reads_the_structure_back(tmp_path):
     assert plain["layout"] == "timm-vit" and plain["grid"] == [8, 8] and plain["depth"] == 2
     assert plain["pos_embed_kind"] == "sincos"
     assert max(r["hit_rate"] for r in plain["layers"]) < 0.6  # trunc-normal Q/K: no impulse structure
-    rep = apply_checkpoint(src, "impulse", heads=HEADS, filter=5, target_mass=0.5)
+    rep = apply_checkpoint(src, "impulse", heads=HEADS, filter=5, target_mass=0.5, data_fit=0)
     desc = describe_checkpoint(rep["output"], heads=HEADS)
     for got, want in zip(desc["layers"], rep["layers"]):
         assert got["offsets"] == want["offsets"]  # the closest offset found is the solved one

@@ -157,7 +157,7 @@ def qk_of(sd, layer):
 
 def test_apply_target_mass_reaches_the_solve_and_the_written_attention(cli, tmp_path):
     src = vit_file(tmp_path)
-    rep = run_json(cli, "apply", src, "--heads", HEADS, "--target-mass", "0.45")
+    rep = run_json(cli, "apply", src, "--heads", HEADS, "--data-fit", "0", "--target-mass", "0.45")
     assert rep["artifact"]["config"]["params"]["target_mass"] == 0.45 and rep["target_mass"] == pytest.approx(0.45,
                                                                                                              abs=1e-3)
     sd = written(rep["output"])
@@ -171,24 +171,26 @@ def test_apply_target_mass_reaches_the_solve_and_the_written_attention(cli, tmp_
 
 def test_apply_share_offsets_seed_filter_reach_the_artifact(cli, tmp_path):
     src = vit_file(tmp_path)
-    shared = run_json(cli, "apply", src, "--heads", HEADS, "--share", "--seed", "3", "--out", tmp_path / "s.pth")
+    shared = run_json(cli, "apply", src, "--heads", HEADS, "--data-fit", "0", "--share", "--seed", "3", "--out",
+                      tmp_path / "s.pth")
     cfg = shared["artifact"]["config"]
     assert cfg["share"] is True and cfg["seed"] == 3 and cfg["layers"] == 2
     assert shared["layers"][0]["offsets"] == shared["layers"][1]["offsets"]
     sd = written(tmp_path / "s.pth")
     assert all(torch.equal(a, b) for a, b in zip(qk_of(sd, 0), qk_of(sd, 1)))
-    centre = run_json(cli, "apply", src, "--heads", HEADS, "--offsets", "centre", "-f", "3", "--out",
+    centre = run_json(cli, "apply", src, "--heads", HEADS, "--data-fit", "0", "--offsets", "centre", "-f", "3", "--out",
                       tmp_path / "c.pth")
     assert centre["artifact"]["config"]["offset_order"] == "centre" and centre["artifact"]["config"]["filter"] == 3
     want = [list(kernel_offset(k, 3)) for k in centre_first_order(3)[:HEADS]]
     assert centre["layers"][0]["offsets"] == want and centre["layers"][1]["offsets"] == want
-    unshared = run_json(cli, "apply", src, "--heads", HEADS, "--out", tmp_path / "u.pth")
+    unshared = run_json(cli, "apply", src, "--heads", HEADS, "--data-fit", "0", "--out", tmp_path / "u.pth")
     assert unshared["artifact"]["config"]["share"] is False and unshared["artifact"]["config"]["seed"] == 0
 
 
 def test_apply_recipe_flags_and_an_existing_artifact(cli, tmp_path, cache_dir):
     src = vit_file(tmp_path)
-    rep = run_json(cli, "apply", src, "--heads", HEADS, "--recipe", "closed-form", "--recipe-param", "qk_scale=9",
+    rep = run_json(cli, "apply", src, "--heads", HEADS, "--data-fit", "0", "--recipe", "closed-form",
+                   "--recipe-param", "qk_scale=9",
                    "--out", tmp_path / "cf.pth", "--cache-dir", tmp_path / "c")
     art = read_artifact(rep["artifact"]["path"])
     assert art.config.recipe == "closed-form" and art.config.params["qk_scale"] == 9.0
@@ -198,7 +200,8 @@ def test_apply_recipe_flags_and_an_existing_artifact(cli, tmp_path, cache_dir):
     for layer in (0, 1):
         assert torch.equal(qk_of(written(tmp_path / "cf.pth"), layer)[0], torch.from_numpy(art.q[layer]))
     before = sorted(p.name for p in cache_dir.glob("*"))
-    again = run_json(cli, "apply", src, "--heads", HEADS, "--artifact", art.path, "--out", tmp_path / "a.pth")
+    again = run_json(cli, "apply", src, "--heads", HEADS, "--data-fit", "0", "--artifact", art.path, "--out",
+                     tmp_path / "a.pth")
     assert again["artifact"]["key"] == art.key and again["artifact"]["cached"] is None
     assert sorted(p.name for p in cache_dir.glob("*")) == before  # nothing solved
     assert torch.equal(written(tmp_path / "a.pth")["blocks.1.attn.qkv.weight"],
@@ -208,7 +211,8 @@ def test_apply_recipe_flags_and_an_existing_artifact(cli, tmp_path, cache_dir):
 def test_apply_layers_vproj_pe_and_method_flags(cli, tmp_path):
     src = vit_file(tmp_path)
     orig = written(src)
-    rep = run_json(cli, "apply", src, "--heads", HEADS, "--layers", "1", "--mimetic-vproj", "--set-pe", "sincos",
+    rep = run_json(cli, "apply", src, "--heads", HEADS, "--data-fit", "0", "--layers", "1", "--mimetic-vproj",
+                   "--set-pe", "sincos",
                    "--pe-scale", "2", "--out", tmp_path / "o.pth")
     sd = written(tmp_path / "o.pth")
     assert [r["layer"] for r in rep["layers"]] == [1] and rep["params"]["mimetic_vproj"] is True
@@ -225,7 +229,7 @@ def test_apply_layers_vproj_pe_and_method_flags(cli, tmp_path):
     assert torch.equal(msd["blocks.0.attn.proj.weight"], orig["blocks.0.attn.proj.weight"])  # vproj=false
     r = cli("apply", src, "--heads", HEADS, "--method", "mimetic", "--filter", "3", "--share")
     assert r.returncode == 2 and r.stderr == "error: --filter, --share apply to --method impulse, not mimetic\n"
-    keep = run_json(cli, "apply", src, "--heads", HEADS, "--no-mimetic-vproj", "--set-pe", "sincos",
+    keep = run_json(cli, "apply", src, "--heads", HEADS, "--data-fit", "0", "--no-mimetic-vproj", "--set-pe", "sincos",
                     "--out", tmp_path / "k.pth")  # V/proj of the checkpoint kept; Q/K written
     ksd = written(tmp_path / "k.pth")
     assert keep["params"]["mimetic_vproj"] is False and keep["mimetic_vproj"] is False
@@ -234,27 +238,29 @@ def test_apply_layers_vproj_pe_and_method_flags(cli, tmp_path):
         assert torch.equal(ksd[f"blocks.{layer}.attn.proj.weight"], orig[f"blocks.{layer}.attn.proj.weight"])
         assert torch.equal(ksd[qkv][2 * DIM:], orig[qkv][2 * DIM:])
         assert not torch.equal(ksd[qkv][:DIM], orig[qkv][:DIM])
-    assert keep["data_fit"]["skipped"].startswith("not run: a checkpoint holds no model")
+    assert keep["data_fit"] is None and keep["params"]["data_fit"] == 0  # asked for the plain solve
 
 
 def test_apply_output_flags(cli, tmp_path):
     src = vit_file(tmp_path)
     before = src.read_bytes()
-    plan = run_json(cli, "apply", src, "--heads", HEADS, "--dry-run")
+    plan = run_json(cli, "apply", src, "--heads", HEADS, "--data-fit", "0", "--dry-run")
     assert plan["dry_run"] is True and plan["output"] == str(tmp_path / "vit.impulse.pth")
     assert not (tmp_path / "vit.impulse.pth").exists() and "written" not in plan
-    rep = run_json(cli, "apply", src, "--heads", HEADS, "--in-place")
+    rep = run_json(cli, "apply", src, "--heads", HEADS, "--data-fit", "0", "--in-place")
     assert rep["in_place"] and rep["output"] == str(src) and (tmp_path / "vit.pth.bak").read_bytes() == before
     assert src.read_bytes() != before and rep["written"] is True
-    r = cli("apply", src, "--heads", HEADS, "--in-place", "--out", tmp_path / "x.pth")
+    r = cli("apply", src, "--heads", HEADS, "--data-fit", "0", "--in-place", "--out", tmp_path / "x.pth")
     assert r.returncode == 2 and "give either --out or --in-place" in r.stderr
 
 
 def test_apply_text_shows_the_reports_numbers(cli, tmp_path):
     src = vit_file(tmp_path)
-    r = cli("apply", src, "--heads", HEADS, "--target-mass", "0.4", "--set-pe", "sincos")
+    r = cli("apply", src, "--heads", HEADS, "--data-fit", "0", "--target-mass", "0.4", "--set-pe", "sincos",
+            "--verbose")
     assert r.returncode == 0, r.stderr
-    rep = run_json(cli, "apply", src, "--heads", HEADS, "--target-mass", "0.4", "--set-pe", "sincos", "--dry-run")
+    rep = run_json(cli, "apply", src, "--heads", HEADS, "--data-fit", "0", "--target-mass", "0.4", "--set-pe",
+                   "sincos", "--dry-run")
     desc = describe_checkpoint(tmp_path / "vit.impulse.pth", heads=HEADS)
     lines = r.stdout.splitlines()
     assert lines[0].startswith(f"{src}: ") and "[timm-vit], torch; state dicts: state_dict" in lines[0]
@@ -338,7 +344,7 @@ def test_inspect_ranges_png_and_listing(cli, cache_dir, tmp_path):
 
 def test_inspect_checkpoint_numbers_are_the_checkpoints(cli, tmp_path):
     src = vit_file(tmp_path)
-    rep = run_json(cli, "apply", src, "--heads", HEADS, "--target-mass", "0.35")
+    rep = run_json(cli, "apply", src, "--heads", HEADS, "--data-fit", "0", "--target-mass", "0.35")
     desc = describe_checkpoint(rep["output"], heads=HEADS)
     shown = run_json(cli, "inspect", rep["output"], "--heads", HEADS)
     assert shown == json.loads(json.dumps(desc))

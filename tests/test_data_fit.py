@@ -12,9 +12,9 @@ import torch
 from structinit.analysis.capture import attention_inputs
 from structinit.analysis.fidelity import data_attention_quality
 from structinit.errors import StructinitError, UsageError
+from structinit.fit.refine import MAX_LOGIT, calibrate_on_batch, fit_loss, refine_qk, target_distribution
 from structinit.geometry.grid import Grid
 from structinit.geometry.targets import causal_mask, impulse_columns
-from structinit.init.data_fit import MAX_LOGIT, calibrate_on_batch, fit_loss, refine_qk, target_distribution
 from structinit.init.impulse import ImpulseInit
 from structinit.init.inject import read_qk
 from structinit.init.specs import init_spec, initialize, initialize_model
@@ -236,23 +236,27 @@ def test_bad_data_fit_settings_are_refused_by_name(params, message):
     assert str(e.value) == message
 
 
-def test_data_fit_without_data_keeps_the_plain_solve_and_says_so(digits):
-    """The default fits to data; a model without data gets the plain solve, a warning and a report
-    that says why; a state dict gets it without a warning (it can never be fitted)."""
-    plain = vit()
-    want = initialize_model(plain, "impulse", data_fit=0)
+def test_data_fit_without_data_runs_on_noise_and_says_so_and_a_state_dict_keeps_the_plain_solve(digits):
+    """The default fits to data; a model without data is fitted on noise inputs of its input shape
+    (the same fit as ``data_fit_inputs="noise"``) and one warning says so; a state dict gets the
+    plain solve and a report that says why, without a warning (it can never be fitted); data given
+    to a state dict is refused."""
+    want = initialize_model(vit(), "impulse", data=digits[0][:4], data_fit_inputs="noise", data_fit=10)
     m = vit()
-    with pytest.warns(UserWarning, match=r"impulse data_fit not run: no real inputs were given \(data\)"):
-        rep = initialize_model(m, "impulse")
-    assert rep["data_fit"]["skipped"].startswith("not run: no real inputs were given")
-    assert want["data_fit"] is None
-    for a, b in zip(plain.blocks, m.blocks):  # the same solve and the same mimetic V/proj
-        assert torch.equal(a.attn.qkv.weight, b.attn.qkv.weight) and torch.equal(a.attn.proj.weight, b.attn.proj.weight)
+    with pytest.warns(UserWarning, match=r"impulse: no data given, so Q/K were fitted on 256 Gaussian noise inputs"):
+        rep = initialize_model(m, "impulse", data_fit=10)
+    assert rep["data_fit"]["inputs"] == "noise" and rep["data_fit"]["artifact"] == {
+        **want["data_fit"]["artifact"], "cached": True}
+    assert rep["data_fit"]["source"] == "noise: 256 Gaussian inputs N(0, 1) of shape [1, 8, 8] (no data)"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plain = initialize_model(vit(), "impulse", data_fit=0)  # asked for by name: no warning
+    assert plain["data_fit"] is None
     sd = vit().state_dict()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         rep = initialize(sd, "impulse", heads=4)
-    assert rep["data_fit"]["skipped"].startswith("not run: a checkpoint holds no model")
+    assert rep["data_fit"]["skipped"].startswith("not run: a checkpoint or state dict holds no model")
     with pytest.raises(UsageError, match="so it needs a model, not a checkpoint or state dict"):
         initialize(sd, "impulse", heads=4, data=digits[0], data_fit=10)
 
@@ -322,7 +326,7 @@ def test_a_state_dict_checkpoint_path_refuses_data_fit_with_one_line(tmp_path, c
     assert "data_fit must be non-negative" in r.stderr
     assert not (tmp_path / "r").exists()
     with pytest.raises(StructinitError):
-        from structinit.init.apply import apply_checkpoint
+        from structinit.training.apply import apply_checkpoint
 
         apply_checkpoint(path, init_spec("impulse", data_fit=5), out=tmp_path / "o.safetensors")
     assert not (tmp_path / "o.safetensors").exists()
@@ -374,7 +378,7 @@ def test_a_data_fit_refuses_what_it_cannot_run_naming_the_parameter(digits):
 
     assert refusal(vit().state_dict(), heads=4) == (
         "impulse parameter <data_fit> runs real inputs through the model, so it needs a model, not a checkpoint or "
-        "state dict (apply_checkpoint builds one with build)")
+        "state dict (apply_checkpoint builds the one a checkpoint describes)")
 
     class Wrapped(torch.nn.Module):  # the same ViT one attribute further down, and no forward of its own
         def __init__(self):
@@ -431,16 +435,16 @@ def test_a_causal_data_fit_fits_each_layer_under_the_mask():
     torch.testing.assert_close(got_k, k, rtol=1e-5, atol=1e-6)
 
 
-def test_the_skipped_fit_warning_points_at_the_callers_line():
-    """The warning that the data fit did not run names the user's call, not structinit's inside (a
+def test_the_noise_fit_warning_points_at_the_callers_line():
+    """The warning that the data fit ran on noise names the user's call, not structinit's inside (a
     wrapper between the two, as the mutation pass puts there, is not structinit's either)."""
     from pathlib import Path
 
     import structinit
     from structinit.errors import StructinitWarning
 
-    with pytest.warns(StructinitWarning, match="impulse data_fit not run: no real inputs were given") as seen:
-        initialize_model(vit(), "impulse", seed=0)
+    with pytest.warns(StructinitWarning, match="impulse: no data given, so Q/K were fitted on 256") as seen:
+        initialize_model(vit(), "impulse", seed=0, data_fit=5)
     package = Path(structinit.__file__).resolve().parent
     assert len(seen.list) == 1 and package not in Path(seen.list[0].filename).resolve().parents
 

@@ -8,9 +8,7 @@ import torch
 
 from structinit.analysis.capture import LayerInputs, attention_inputs, projection_module
 from structinit.errors import UsageError
-from structinit.geometry.grid import Grid
-from structinit.geometry.targets import impulse_columns
-from structinit.init.data_fit import (
+from structinit.fit.refine import (
     MAX_LOGIT,
     ROWS_PER_STEP,
     calibrate,
@@ -19,6 +17,8 @@ from structinit.init.data_fit import (
     refine_qk_minibatch,
     step_images,
 )
+from structinit.geometry.grid import Grid
+from structinit.geometry.targets import impulse_columns
 from structinit.init.impulse import ImpulseInit
 from structinit.init.inject import heads_to_rows, read_qk, rows_to_heads
 from structinit.init.specs import init_spec, initialize_model

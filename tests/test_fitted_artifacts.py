@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from structinit.errors import ArtifactError
-from structinit.init import fitted
+from structinit.fit import artifact as fitted_artifact
+from structinit.fit import identity
 from structinit.init.specs import initialize_model
 from structinit.solver.artifact import read_artifact
 from structinit.training.augment import normalize
@@ -44,7 +45,7 @@ def test_the_same_fit_is_read_from_the_cache_and_writes_the_same_weights(digits,
     def no_fit(*args, **kwargs):
         raise AssertionError("fitted again")
 
-    monkeypatch.setattr(fitted, "run_fit", no_fit)
+    monkeypatch.setattr(fitted_artifact, "run_fit", no_fit)
     b = vit()
     again = initialize_model(b, "impulse", data=digits, seed=0, **FIT)
     assert again["data_fit"]["artifact"] == {**first["data_fit"]["artifact"], "cached": True}
@@ -149,7 +150,7 @@ def test_a_tensor_digest_tells_dtype_shape_and_name_apart():
 
     def digest(name, t):
         h = hashlib.sha256()
-        fitted.tensor_digest(h, name, t)
+        identity.tensor_digest(h, name, t)
         return h.hexdigest()
 
     raw = torch.arange(8, dtype=torch.uint8)
@@ -165,4 +166,4 @@ def test_the_batch_digest_is_stable():
     # part of every fitted artifact's key: a change of its derivation orphans every cached fit
     # (a deliberate change bumps the fit's version and this value)
     x = torch.arange(6.0).view(2, 3)
-    assert fitted.batch_digest(x) == "sha256:d609b2041ec897a4e9323f951d4d0b1d975dfc9861b06a580b99c545fd4bcbbe"
+    assert identity.batch_digest(x) == "sha256:d609b2041ec897a4e9323f951d4d0b1d975dfc9861b06a580b99c545fd4bcbbe"

@@ -178,12 +178,24 @@ def test_learned_position_embedding_is_refused_fitted_or_replaced_and_reported_t
     import timm  # noqa: F401
 
     before = files(work.path)
-    r = work("apply", "learned.pth", "--heads", HEADS)
+    r = work("apply", "learned.pth", "--heads", HEADS, "--data-fit", "0")  # the plain solve would not fit it
     one_error(r, 2, "pos_embed", "--fit-pe", "--set-pe sincos")
     assert files(work.path) == before
 
+    # no option: as on the model, the sin-cos table in its place (the class token's row kept), then the fit
+    r = work("apply", "learned.pth", "--heads", HEADS, "--out", "auto.pth", "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["pos_embed_written"] == "sin-cos table x1 in place of the checkpoint's own pos_embed, kept learnable"
+    assert rep["measured_on"] == "pos_embed (sincos), LayerNorm'd" and rep["data_fit"]["inputs"] == "noise"
+    orig, auto = (torch.load(work.path / name, weights_only=True) for name in ("learned.pth", "auto.pth"))
+    from structinit.geometry.embedding import sincos_2d
+
+    assert torch.equal(auto["pos_embed"][0, 0], orig["pos_embed"][0, 0])
+    assert np.allclose(auto["pos_embed"][0, 1:].numpy(), sincos_2d((8, 8), DIM), atol=1e-6)
+
     # --fit-pe: solved for the embedding it has, and the report is what timm's own block computes on it
-    r = work("apply", "learned.pth", "--heads", HEADS, "--fit-pe", "--json")
+    r = work("apply", "learned.pth", "--heads", HEADS, "--fit-pe", "--data-fit", "0", "--json")
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert rep["measured_on"] == "pos_embed (other), LayerNorm'd" and rep["artifact"]["config"]["pos_embed"]
@@ -194,7 +206,8 @@ def test_learned_position_embedding_is_refused_fitted_or_replaced_and_reported_t
     assert mass == pytest.approx(rep["layers"][0]["target_mass"], abs=1e-4)
 
     # --set-pe sincos: measured on the written table
-    r = work("apply", "learned.pth", "--heads", HEADS, "--set-pe", "sincos", "--out", "sc.pth", "--json")
+    r = work("apply", "learned.pth", "--heads", HEADS, "--set-pe", "sincos", "--out", "sc.pth", "--data-fit", "0",
+             "--json")
     rep = json.loads(r.stdout)
     assert rep["measured_on"] == "pos_embed (sincos), LayerNorm'd" and rep["hit_rate"] == 1.0
     model.load_state_dict(torch.load(work.path / "sc.pth", weights_only=True))
@@ -224,10 +237,9 @@ def test_impulse_on_a_model_never_fits_the_sin_cos_table_silently(tmp_path):
     from structinit.solver.cache import find_cached
     from structinit.solver.config import SolveConfig
 
-    # the plain call on a learned embedding writes the sin-cos table it solves for, and says so
+    # on a learned embedding the sin-cos table it solves for is written, and said (the plain solve, to measure it)
     plain = timm_vit(learned=True)
-    with pytest.warns(UserWarning, match="data_fit not run"):
-        rep = initialize_model(plain, "impulse")
+    rep = initialize_model(plain, "impulse", data_fit=0)
     assert rep["pos_embed_written"] == "sin-cos table x1 in place of the model's own pos_embed, kept learnable"
     assert rep["measured_on"] == "pos_embed (sincos), LayerNorm'd" and plain.pos_embed.requires_grad
     assert np.allclose(plain.pos_embed.detach()[0].numpy(), sincos_2d((8, 8), DIM), atol=1e-6)
@@ -235,20 +247,20 @@ def test_impulse_on_a_model_never_fits_the_sin_cos_table_silently(tmp_path):
     assert hit == pytest.approx(rep["layers"][0]["hit_rate"], abs=1e-6) and hit > 0.95
 
     model = timm_vit(learned=True)
-    first = initialize_model(model, "impulse", fit_pe=True)
+    first = initialize_model(model, "impulse", fit_pe=True, data_fit=0)
     assert first["artifact"]["cached"] is False and first["hit_rate"] > 0.95
     assert first["measured_on"] == "pos_embed (other), LayerNorm'd"
     hit, mass = hit_and_mass(attention_of_first_block(model, 64), (8, 8), first["layers"][0]["offsets"])
     assert hit == pytest.approx(first["layers"][0]["hit_rate"], abs=1e-6)
     assert mass == pytest.approx(first["layers"][0]["target_mass"], abs=1e-4) and mass == pytest.approx(0.3, abs=0.01)
-    again = initialize_model(model, "impulse", fit_pe=True)  # same embedding: the same key, a cache hit
+    again = initialize_model(model, "impulse", fit_pe=True, data_fit=0)  # same embedding: the same key, a cache hit
     assert again["artifact"]["cached"] is True and again["artifact"]["key"] == first["artifact"]["key"]
     with torch.no_grad():
         model.pos_embed.add_(1e-3)
-    moved = initialize_model(model, "impulse", fit_pe=True)  # another embedding: another key
+    moved = initialize_model(model, "impulse", fit_pe=True, data_fit=0)  # another embedding: another key
     assert moved["artifact"]["cached"] is False and moved["artifact"]["key"] != first["artifact"]["key"]
     learned_requires_grad = model.pos_embed.requires_grad
-    initialize_model(model, "impulse", pe_scale=1.0)  # the table written into a learned embedding...
+    initialize_model(model, "impulse", pe_scale=1.0, data_fit=0)  # the table written into a learned embedding...
     assert model.pos_embed.requires_grad == learned_requires_grad  # ...which stays learnable
 
     # sin-cos solves keep their keys: no pos_embed in the canonical JSON, the shipped artifacts still hit
@@ -258,7 +270,7 @@ def test_impulse_on_a_model_never_fits_the_sin_cos_table_silently(tmp_path):
     from structinit.training.models import ModelConfig, build_model
 
     digits = build_model(ModelConfig("vit-digits"), num_classes=10, image_size=8, in_chans=1)
-    rep = initialize_model(digits, "impulse")
+    rep = initialize_model(digits, "impulse", data_fit=0)
     assert rep["artifact"]["cached"] is True and "pos_embed" not in rep["artifact"]["config"]
 
 
@@ -354,7 +366,7 @@ def test_concurrent_writers_to_one_name_one_wins_and_the_others_are_told(work, c
     results = [(p.wait(timeout=300), *p.communicate()) for p in procs]
     winners = [r for r in results if r[0] == 0]
     losers = [r for r in results if r[0] != 0]
-    assert len(winners) == 1 and "wrote: same.pt" in winners[0][1], results
+    assert len(winners) == 1 and winners[0][1].startswith("wrote same.pt: "), results
     for code, out, err in losers:
         line = one_error(subprocess.CompletedProcess(cmd, code, out, err), code, quick=False)
         assert "already exists" in line or "appeared while" in line
@@ -471,7 +483,7 @@ def test_unreadable_inputs_are_one_line(work):
     zero = timm_vit().state_dict()
     zero["pos_embed"].zero_()
     torch.save(zero, work.path / "zero.pt")
-    one_error(work("apply", "zero.pt", "--heads", HEADS), 2, "not the sin-cos table")
+    one_error(work("apply", "zero.pt", "--heads", HEADS, "--data-fit", "0"), 2, "not the sin-cos table")
     # a path that names no checkpoint file is a usage error, for apply as for inspect
     one_error(work("apply", "missing.pt", "--heads", HEADS), 2, "missing.pt: no such file")
     one_error(work("apply", ".", "--heads", HEADS), 2, "is a folder")

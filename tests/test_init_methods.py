@@ -76,7 +76,7 @@ def test_sincos_pos_embed_is_fixed_and_matches_pseudo_input():
 
 def test_impulse_gives_timm_attention_the_solved_impulse_structure():
     m = paper_vit()
-    rep = initialize_model(m, "impulse", filter=3, target_mass=0.4)
+    rep = initialize_model(m, "impulse", data_fit=0, filter=3, target_mass=0.4)
     assert rep["hit_rate"] == 1.0 and abs(rep["target_mass"] - 0.4) < 1e-3
     for l, attn in enumerate(timm_attention(m)):
         offsets = np.array(rep["layers"][l]["offsets"])
@@ -99,7 +99,8 @@ def _qk_of(model, layer):
 
 def test_impulse_filter_5_softness_and_mimetic_vproj_and_pe_scale():
     m = paper_vit()
-    rep = initialize_model(m, "impulse", filter=5, target_mass=0.6, mimetic_vproj=True, pe_scale=3.0, seed=1)
+    rep = initialize_model(m, "impulse", data_fit=0, filter=5, target_mass=0.6, mimetic_vproj=True, pe_scale=3.0,
+                           seed=1)
     assert max(abs(o) for row in rep["layers"] for off in row["offsets"] for o in off) <= 2
     assert abs(rep["target_mass"] - 0.6) < 1e-3
     np.testing.assert_allclose(m.pos_embed[0].detach().numpy(), 3.0 * sincos_2d((8, 8), DIM), rtol=1e-6)
@@ -111,7 +112,7 @@ def test_impulse_filter_5_softness_and_mimetic_vproj_and_pe_scale():
 
 def test_misplaced_rows_are_caught():
     m = paper_vit()
-    rep = initialize_model(m, "impulse")
+    rep = initialize_model(m, "impulse", data_fit=0)
     # the same weights with the heads' row blocks rotated: each head gets another head's Q
     w = m.blocks[0].attn.qkv.weight.detach()
     q, k = rows_to_heads(w[:DIM], HEADS), rows_to_heads(w[DIM:2 * DIM], HEADS)
@@ -128,7 +129,7 @@ def test_misplaced_rows_are_caught():
     bad = Artifact(config=art.config, q=art.q[:, ::-1].copy(), k=art.k, offsets=art.offsets,
                    pseudo_input=art.pseudo_input, stats=art.stats)
     with pytest.raises(StructinitError, match="not placed"):
-        initialize_model(paper_vit(), "impulse", artifact=bad)
+        initialize_model(paper_vit(), "impulse", data_fit=0, artifact=bad)
 
 
 def test_impulse_from_artifact_and_layer_selection():
@@ -137,14 +138,14 @@ def test_impulse_from_artifact_and_layer_selection():
     art = solve(impulse_config((8, 8), DIM, HEADS, 1, seed=3)).artifact
     m = paper_vit()
     before = m.blocks[0].attn.qkv.weight.detach().clone()
-    rep = initialize_model(m, "impulse", artifact=art, layers=[1])
+    rep = initialize_model(m, "impulse", data_fit=0, artifact=art, layers=[1])
     assert [r["layer"] for r in rep["layers"]] == [1]
     assert torch.equal(m.blocks[0].attn.qkv.weight.detach(), before)
     assert rep["layers"][0]["offsets"] == art.offsets[0].tolist() and rep["hit_rate"] == 1.0
     with pytest.raises(UsageError, match="heads 2 vs 4"):
-        initialize_model(m, "impulse", artifact=solve(impulse_config((8, 8), DIM, 2, 1)).artifact)
+        initialize_model(m, "impulse", data_fit=0, artifact=solve(impulse_config((8, 8), DIM, 2, 1)).artifact)
     with pytest.raises(UsageError, match="out of range"):
-        initialize_model(m, "impulse", layers=[5])
+        initialize_model(m, "impulse", data_fit=0, layers=[5])
 
 
 def test_mimetic_single_head_is_the_formula_exactly():
@@ -203,7 +204,7 @@ def test_kaiming_and_trunc_normal_match_their_definitions():
 def test_state_dict_form_changes_only_qk_rows():
     sd = {k: v.clone() for k, v in paper_vit().state_dict().items()}
     ref = {k: v.clone() for k, v in sd.items()}
-    rep = initialize(sd, "impulse", heads=HEADS, mimetic_vproj=False)  # Q/K only
+    rep = initialize(sd, "impulse", data_fit=0, heads=HEADS, mimetic_vproj=False)  # Q/K only
     assert rep["layout"] == "timm-vit" and rep["hit_rate"] == 1.0
     for key in sd:
         if key.endswith("attn.qkv.weight") or key.endswith("attn.qkv.bias"):
@@ -216,11 +217,11 @@ def test_state_dict_form_changes_only_qk_rows():
 def test_bad_parameters():
     m = paper_vit()
     with pytest.raises(UsageError, match="no parameter"):
-        initialize_model(m, "impulse", filtr=3)
+        initialize_model(m, "impulse", data_fit=0, filtr=3)
     with pytest.raises(UsageError, match="unknown init method"):
         initialize_model(m, "xavier")
     with pytest.raises(UsageError, match="target_mass"):
-        initialize_model(m, "impulse", recipe="closed-form", target_mass=0.3)
+        initialize_model(m, "impulse", data_fit=0, recipe="closed-form", target_mass=0.3)
     assert parse_layers("0-1", 4) == [0, 1] and parse_layers("1,3-", 5) == [1, 3, 4]
     with pytest.raises(UsageError):
         parse_layers("2-x", 4)

@@ -10,7 +10,6 @@ import torch
 
 from structinit.errors import StructinitError, UsageError
 from structinit.geometry.embedding import sincos
-from structinit.init.apply import apply_checkpoint
 from structinit.init.inject import heads_to_rows, label, read_qk, read_vproj, rows_to_heads, write_qk, write_vproj
 from structinit.init.layouts import Part, detect_layout
 from structinit.init.mimetic import mimetic_qk, mimetic_v_proj
@@ -20,6 +19,7 @@ from structinit.init.target import AttentionTarget
 from structinit.solver.artifact import read_artifact
 from structinit.solver.config import SolveConfig
 from structinit.solver.run import solve
+from structinit.training.apply import apply_checkpoint
 
 DIM, HEADS, DEPTH, GRID = 32, 4, 3, (4, 4)
 
@@ -89,7 +89,7 @@ def assert_report_matches(report_rows, art):
 
 def test_model_layer_l_gets_artifact_layer_l(art3):
     m = tiny_vit()
-    rep = initialize_model(m, "impulse", artifact=art3)
+    rep = initialize_model(m, "impulse", data_fit=0, artifact=art3)
     sd = m.state_dict()
     for l in range(DEPTH):
         assert_layer_is(*timm_qk(sd, l), art3, l)
@@ -108,7 +108,7 @@ def test_state_dict_and_model_entry_points_write_the_same_rows(art3):
     sd = {k: v.clone() for k, v in tiny_vit().state_dict().items()}
     before = {k: v.clone() for k, v in sd.items()}
     initialize_model(m, "impulse", artifact=art3, layers=[2, 0], mimetic_vproj=False, data_fit=0)
-    rep = initialize(sd, "impulse", artifact=art3, heads=HEADS, layers=[2, 0], mimetic_vproj=False)
+    rep = initialize(sd, "impulse", data_fit=0, artifact=art3, heads=HEADS, layers=[2, 0], mimetic_vproj=False)
     assert [r["layer"] for r in rep["layers"]] == [0, 2]
     msd = m.state_dict()
     for l in (0, 2):
@@ -125,7 +125,7 @@ def test_state_dict_and_model_entry_points_write_the_same_rows(art3):
 def test_hugging_face_layout_layer_l_gets_layer_l(art3):
     sd = hf_state_dict()
     before = {k: v.clone() for k, v in sd.items()}
-    rep = initialize(sd, "impulse", artifact=art3, heads=HEADS, mimetic_vproj=False)
+    rep = initialize(sd, "impulse", data_fit=0, artifact=art3, heads=HEADS, mimetic_vproj=False)
     assert rep["layout"] == "hf-vit"
     for l in range(DEPTH):
         assert_layer_is(*hf_qk(sd, l), art3, l)
@@ -142,26 +142,27 @@ def test_hugging_face_layout_layer_l_gets_layer_l(art3):
 def test_a_one_layer_artifact_is_every_layers_source(tmp_path):
     art = solve(SolveConfig(grid=GRID, dim=DIM, heads=HEADS, seed=2), cache_dir=tmp_path).artifact
     m = tiny_vit()
-    rep = initialize_model(m, "impulse", artifact=art.path)
+    rep = initialize_model(m, "impulse", data_fit=0, artifact=art.path)
     for l in range(DEPTH):
         assert_layer_is(*timm_qk(m.state_dict(), l), art, 0)
     assert_report_matches(rep["layers"], art)
     assert rep["artifact"]["path"] == str(art.path)
-    rep = initialize_model(tiny_vit(), "impulse", artifact=art.key, cache_dir=tmp_path)  # a key in the cache
+    rep = initialize_model(tiny_vit(), "impulse", data_fit=0, artifact=art.key,
+                           cache_dir=tmp_path)  # a key in the cache
     assert rep["artifact"]["key"] == art.key
 
 
 def test_solved_on_the_fly_each_layer_gets_its_own_solve(cache_dir):
     m = tiny_vit()
-    rep = initialize_model(m, "impulse", seed=7, filter=3, target_mass=0.45)
+    rep = initialize_model(m, "impulse", data_fit=0, seed=7, filter=3, target_mass=0.45)
     art = read_artifact(rep["artifact"]["path"])
     assert rep["artifact"]["cached"] is False and art.config.layers == DEPTH and art.config.seed == 7
     assert art.config.params["target_mass"] == 0.45 and art.path.parent == cache_dir
     for l in range(DEPTH):
         assert_layer_is(*timm_qk(m.state_dict(), l), art, l)
-    again = initialize_model(tiny_vit(), "impulse", seed=7, filter=3, target_mass=0.45)
+    again = initialize_model(tiny_vit(), "impulse", data_fit=0, seed=7, filter=3, target_mass=0.45)
     assert again["artifact"]["cached"] is True and again["artifact"]["key"] == art.key
-    shared = initialize_model(tiny_vit(), "impulse", seed=7, share=True)
+    shared = initialize_model(tiny_vit(), "impulse", data_fit=0, seed=7, share=True)
     assert read_artifact(shared["artifact"]["path"]).config.share is True
     assert len({str(r["offsets"]) for r in shared["layers"]}) == 1
 
@@ -171,7 +172,7 @@ def test_checkpoint_file_layer_l_gets_layer_l_in_every_copy(art3, tmp_path):
     ema = {k: v.clone() * 0.5 for k, v in sd.items()}
     src = tmp_path / "train.pth"
     torch.save({"state_dict": sd, "state_dict_ema": ema, "epoch": 3}, src)
-    rep = apply_checkpoint(src, artifact=art3.path, heads=HEADS, layers="2,0")
+    rep = apply_checkpoint(src, data_fit=0, artifact=art3.path, heads=HEADS, layers="2,0")
     assert [r["layer"] for r in rep["layers"]] == [0, 2]
     new = torch.load(rep["output"], weights_only=True)
     for name in ("state_dict", "state_dict_ema"):
@@ -186,8 +187,9 @@ def test_checkpoint_file_layer_l_gets_layer_l_in_every_copy(art3, tmp_path):
 def test_impulse_with_mimetic_vproj_on_a_state_dict_matches_the_model(art3):
     m = tiny_vit()
     sd = {k: v.clone() for k, v in tiny_vit().state_dict().items()}
-    initialize_model(m, "impulse", artifact=art3, mimetic_vproj=True, alpha2=0.3, beta2=0.5, seed=4)
-    rep = initialize(sd, "impulse", artifact=art3, mimetic_vproj=True, alpha2=0.3, beta2=0.5, seed=4, heads=HEADS)
+    initialize_model(m, "impulse", data_fit=0, artifact=art3, mimetic_vproj=True, alpha2=0.3, beta2=0.5, seed=4)
+    rep = initialize(sd, "impulse", data_fit=0, artifact=art3, mimetic_vproj=True, alpha2=0.3, beta2=0.5, seed=4,
+                     heads=HEADS)
     msd = m.state_dict()
     gen = torch.Generator().manual_seed(5)  # impulse draws V/proj from seed + 1
     for l in range(DEPTH):
@@ -205,11 +207,11 @@ def test_impulse_with_mimetic_vproj_on_a_state_dict_matches_the_model(art3):
 
 def test_pe_scale_reaches_a_model_and_is_refused_for_a_state_dict(art3):
     m = tiny_vit()
-    rep = initialize_model(m, "impulse", artifact=art3, pe_scale=2.5)
+    rep = initialize_model(m, "impulse", data_fit=0, artifact=art3, pe_scale=2.5)
     assert rep["pe_scale"] == 2.5 and not m.pos_embed.requires_grad
     assert torch.allclose(m.pos_embed[0], 2.5 * torch.from_numpy(sincos(GRID, DIM)))
     with pytest.raises(UsageError, match="pe_scale needs a model"):
-        initialize(tiny_vit().state_dict(), "impulse", artifact=art3, pe_scale=2.0, heads=HEADS)
+        initialize(tiny_vit().state_dict(), "impulse", data_fit=0, artifact=art3, pe_scale=2.0, heads=HEADS)
 
 
 def test_a_misplaced_layer_is_caught_on_every_layer(art3):
@@ -218,19 +220,20 @@ def test_a_misplaced_layer_is_caught_on_every_layer(art3):
 
     swapped = replace(art3, q=art3.q[[1, 0, 2]].copy(), k=art3.k[[1, 0, 2]].copy(), path=None)
     with pytest.raises(StructinitError, match="layer 0: the written weights give hit_rate"):
-        initialize_model(tiny_vit(), "impulse", artifact=swapped)
+        initialize_model(tiny_vit(), "impulse", data_fit=0, artifact=swapped)
     with pytest.raises(StructinitError, match="layer 0: the written weights give"):
-        initialize(hf_state_dict(), "impulse", artifact=swapped, heads=HEADS)  # the state-dict path checks too
+        initialize(hf_state_dict(), "impulse", data_fit=0, artifact=swapped,
+                   heads=HEADS)  # the state-dict path checks too
 
 
 def test_artifact_that_does_not_fit_is_refused(art3, tmp_path):
     two = solve(SolveConfig(grid=GRID, dim=DIM, heads=HEADS, layers=2), cache_dir=tmp_path).artifact
     with pytest.raises(UsageError, match="has 2 layers but layer 2 was asked for"):
-        initialize_model(tiny_vit(), "impulse", artifact=two)
-    initialize_model(tiny_vit(), "impulse", artifact=two, layers=[0, 1])  # fits the layers asked for
+        initialize_model(tiny_vit(), "impulse", data_fit=0, artifact=two)
+    initialize_model(tiny_vit(), "impulse", data_fit=0, artifact=two, layers=[0, 1])  # fits the layers asked for
     other = solve(SolveConfig(grid=(4, 8), dim=DIM, heads=2), cache_dir=tmp_path).artifact
     with pytest.raises(UsageError, match=r"does not fit the model: heads 2 vs 4; grid 4x8 vs 4x4 \(artifact vs "):
-        initialize_model(tiny_vit(), "impulse", artifact=other)
+        initialize_model(tiny_vit(), "impulse", data_fit=0, artifact=other)
 
 
 # --------------------------------------------------------------------------- mimetic and baselines
@@ -266,7 +269,7 @@ def test_mimetic_writes_one_fresh_draw_per_layer_in_order(vproj):
         assert torch.equal(sd[f"blocks.{l}.attn.qkv.bias"][2 * DIM:], before[f"blocks.{l}.attn.qkv.bias"][2 * DIM:])
         assert torch.equal(sd[f"blocks.{l}.attn.proj.bias"], before[f"blocks.{l}.attn.proj.bias"])
     assert not torch.equal(timm_qk(sd, 0)[0], timm_qk(sd, 1)[0])
-    assert rep["params"] == {"alpha1": 0.5, "beta1": 0.9, "alpha2": 0.2, "beta2": 0.6, "vproj": vproj}
+    assert rep["params"] == {"alpha1": 0.5, "beta1": 0.9, "alpha2": 0.2, "beta2": 0.6, "vproj": vproj, "base": "model"}
     assert (rep["method"], rep["dim"], rep["heads"], rep["layout"]) == ("mimetic", DIM, HEADS, "timm-vit")
 
 
@@ -372,7 +375,7 @@ def test_methods_that_need_no_grid_work_on_any_attention_module():
     assert torch.count_nonzero(mha.out_proj.bias) == 0
     assert initialize(mha, "kaiming", heads=HEADS)["modules_reset"] == 1
     with pytest.raises(UsageError, match="no patch_embed.grid_size; pass grid"):
-        initialize(mha, "impulse", heads=HEADS)  # impulse does
+        initialize(mha, "impulse", data_fit=0, heads=HEADS)  # impulse does
 
 
 # --------------------------------------------------------------------------- inject and pos_embed helpers

@@ -67,7 +67,7 @@ def test_zero_patch_embedding_gives_the_artifacts_pseudo_input_measures(digits_b
     residual branches zeroed too every layer sees it, so every layer matches; and the centre token's
     image-averaged map is the artifact's attention row of that token."""
     model = build_model(ModelConfig("vit-digits"), num_classes=10, image_size=8, in_chans=1, seed=0)
-    report = initialize_model(model, "impulse", seed=0)
+    report = initialize_model(model, "impulse", data_fit=0, seed=0)
     art = read_artifact(report["artifact"]["path"])
     fid = init_fidelity(zeroed(model), digits_batch, report)
     assert fid.images == 48 and fid.filter == 3 and fid.hit_rate.shape == (4, 4)
@@ -90,7 +90,7 @@ def test_zero_patch_embedding_gives_the_artifacts_pseudo_input_measures(digits_b
 def test_centre_query_and_targets():
     assert centre_query((8, 8)) == 36 and centre_query((7, 5)) == 17 and centre_query((40,)) == 20
     model = build_model(ModelConfig("vit-digits"), num_classes=10, image_size=8, in_chans=1, seed=1)
-    report = initialize_model(model, "impulse", seed=1)
+    report = initialize_model(model, "impulse", data_fit=0, seed=1)
     fid = init_fidelity(model, torch.zeros(2, 1, 8, 8), report)
     offsets = np.array([r["offsets"] for r in report["layers"]])
     np.testing.assert_array_equal(fid.targets(), np.array([4, 4]) + offsets)  # the centre token is (4, 4)
@@ -119,7 +119,7 @@ def test_figure_draws_the_centre_query_of_the_first_middle_and_last_layer(digits
     from structinit.analysis.figures import fidelity_figure
 
     model = build_model(ModelConfig("vit-digits"), num_classes=10, image_size=8, in_chans=1, seed=0)
-    report = initialize_model(model, "impulse", seed=0)
+    report = initialize_model(model, "impulse", data_fit=0, seed=0)
     fid = init_fidelity(zeroed(model, residual=True), digits_batch[:8], report)
     fig = fidelity_figure(fid, title="t")
     panels = [ax for ax in fig.axes if ax.get_xlabel() == "key column x"]
@@ -146,7 +146,7 @@ def test_sequence_figure_is_a_band_per_head_on_its_offset():
     from structinit.analysis.figures import fidelity_figure
 
     model = build_model(ModelConfig("transformer-1d"), num_classes=10, image_size=40, in_chans=1, seed=0)
-    report = initialize_model(model, "impulse", filter=5, seed=0)
+    report = initialize_model(model, "impulse", data_fit=0, filter=5, seed=0)
     fid = init_fidelity(zeroed(model, residual=True), torch.randn(4, 1, 40), report)
     assert fid.filter == 5 and fid.query_maps().shape == (4, 4, 40) and fid.hit_rate.min() > 0.9
     fig = fidelity_figure(fid)

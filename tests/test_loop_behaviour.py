@@ -171,7 +171,7 @@ def test_a_resumed_run_keeps_its_init_record_and_refits_nothing(tmp_path, monkey
     epoch0 = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][0]
     assert epoch0["epoch"] == 0 and epoch0["init_attention"] == config_before["init_report"]["data_attention"]
 
-    import structinit.init.data_fit as data_fit
+    import structinit.fit.refine as data_fit
 
     def refit(*args, **kwargs):
         raise AssertionError("the data fit ran again on resume")
@@ -726,10 +726,10 @@ def test_a_run_is_its_seed_and_records_its_version(tmp_path):
     assert 0 < a.metrics[-1]["epoch_seconds"] <= a.wall_seconds
 
 
-def test_a_dataset_read_from_disk_trains_with_the_plain_solve_and_its_default_patch(tmp_path):
+def test_a_dataset_read_from_disk_trains_with_the_noise_fit_and_its_default_patch(tmp_path):
     """An ImageNet-style folder is read from disk batch by batch: the impulse init's data fit,
-    which needs the training inputs in memory, is skipped with a line saying so (Q/K keep the plain
-    solve), and the model takes the dataset's default patch (16) when none is given."""
+    which needs the training inputs in memory, runs on noise inputs of the model's input shape with
+    a line saying so, and the model takes the dataset's default patch (16) when none is given."""
     from PIL import Image
 
     for split in ("train", "val"):
@@ -737,15 +737,23 @@ def test_a_dataset_read_from_disk_trains_with_the_plain_solve_and_its_default_pa
             for j in range(4):
                 (tmp_path / split / cls).mkdir(parents=True, exist_ok=True)
                 Image.new("RGB", (56, 52), (120 * c, 60 + 20 * j, 30)).save(tmp_path / split / cls / f"{j}.png")
+    import warnings
+
     from structinit.errors import StructinitWarning
 
     logs = []
-    with pytest.warns(StructinitWarning, match="impulse data_fit not run: no real inputs were given"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StructinitWarning)  # said in the run's log, not warned
         result = train(TrainConfig(model="vit-t", dataset="imagefolder", data_dir=str(tmp_path), image_size=48,
                                    depth=1, dim=32, heads=2, epochs=1, batch_size=4, val_size=0, workers=0,
-                                   threads=1, init="impulse", out=str(tmp_path / "run")), log=logs.append)
-    assert ("the init's data fit needs training inputs held in memory and imagefolder is read from disk: Q/K keep "
-            "the plain solve") in logs
-    assert result.init_report["data_fit"]["skipped"].startswith("not run: no real inputs were given")
+                                   threads=1, init="impulse", init_params={"data_fit": 20},
+                                   out=str(tmp_path / "run")), log=logs.append)
+    assert ("the init's data fit needs training inputs held in memory and imagefolder is read from disk: it runs on "
+            "noise inputs of the model's input shape") in logs
+    assert any(line.startswith("impulse: no data given, so Q/K were fitted on 256 Gaussian noise inputs")
+               for line in logs)
+    fit = result.init_report["data_fit"]
+    assert fit["inputs"] == "noise"
+    assert fit["source"] == "noise: 256 Gaussian inputs N(0, 1) of shape [3, 48, 48] (no data)"
     resolved = json.loads((tmp_path / "run" / "config.json").read_text())["resolved"]
     assert resolved["model"]["patch"] == 16 and resolved["model"]["grid"] == [3, 3]

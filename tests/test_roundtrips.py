@@ -14,7 +14,7 @@ from structinit.analysis.quality import MEASURES, Quality, measure
 from structinit.errors import ArtifactError
 from structinit.geometry.embedding import pseudo_input
 from structinit.geometry.targets import draw_offsets, impulse_columns
-from structinit.solver.artifact import Artifact, _checksum, read_artifact, write_artifact
+from structinit.solver.artifact import Artifact, _checksum, _header_checksum, read_artifact, write_artifact
 from structinit.solver.config import SolveConfig
 from structinit.solver.run import layer_inputs, solve
 
@@ -156,8 +156,10 @@ def _rewrite(path, tensors=None, meta=None, fix_checksum=True):
         t.pop(k) if v is None else t.__setitem__(k, v)
     for k, v in (meta or {}).items():
         m.pop(k) if v is None else m.__setitem__(k, v)
-    if fix_checksum:
+    if fix_checksum:  # a consistent file, as another writer would make it
         m["checksum"] = _checksum(t)
+        if "header_checksum" in m:
+            m["header_checksum"] = _header_checksum(m)
     path.write_bytes(save(t, metadata=m))
 
 
@@ -197,6 +199,17 @@ def test_checksum_catches_changed_data(artifact_file):
     _rewrite(artifact_file, meta={"checksum": None}, fix_checksum=False)
     with pytest.raises(ArtifactError, match="checksum mismatch"):
         read_artifact(artifact_file)
+
+
+def test_an_edited_header_is_caught_and_an_older_artifact_without_its_checksum_read(artifact_file):
+    with safe_open(str(artifact_file), "np") as fh:
+        stats = json.loads(fh.metadata()["stats"])
+    stats["layers"][0][0]["hit_rate"] = 0.123  # a hand-edited quality figure
+    _rewrite(artifact_file, meta={"stats": json.dumps(stats, sort_keys=True)}, fix_checksum=False)
+    with pytest.raises(ArtifactError, match="header checksum mismatch"):
+        read_artifact(artifact_file)
+    _rewrite(artifact_file, meta={"header_checksum": None}, fix_checksum=False)  # as 0.2 wrote it
+    assert read_artifact(artifact_file).stats["layers"][0][0]["hit_rate"] == 0.123
 
 
 def test_checksum_covers_names_dtypes_and_shapes():

@@ -61,7 +61,7 @@ def test_a_state_dict_with_a_learned_embedding_is_still_refused_without_an_answe
 def test_the_fit_on_noise_needs_no_data_and_uses_only_the_shape_of_data_given(digits):
     a = initialize_model(build_model(ModelConfig("vit-digits"), num_classes=10, image_size=8, in_chans=1, seed=0),
                          "impulse", data_fit_inputs="noise", data_fit=20, seed=0)
-    assert a["data_fit"]["source"] == "noise: 256 Gaussian inputs N(0, 1) of shape [1, 8, 8]"
+    assert a["data_fit"]["source"] == "noise: 256 Gaussian inputs N(0, 1) of shape [1, 8, 8] (no data)"
     b_model = build_model(ModelConfig("vit-digits"), num_classes=10, image_size=8, in_chans=1, seed=0)
     b = initialize_model(b_model, "impulse", data_fit_inputs="noise", data_fit=20, seed=0, data=digits[0] * 0 + 5)
     assert b["data_fit"]["artifact"]["key"] == a["data_fit"]["artifact"]["key"]  # the same noise, the same fit

@@ -46,7 +46,7 @@ def test_each_recipe_computes_what_its_version_computed(recipe):
 
 @pytest.mark.parametrize("version", sorted(FITS))
 def test_each_data_fit_version_computes_what_it_computed(version, tmp_path):
-    from structinit.init.data_fit import FIT_VERSIONS
+    from structinit.fit.settings import FIT_VERSIONS
     from structinit.init.specs import initialize_model
     from structinit.training.augment import normalize
     from structinit.training.datasets import load_dataset

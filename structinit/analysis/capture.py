@@ -1,5 +1,5 @@
 """What a model's attention layers see on a batch: each layer's input, captured by running the
-model and nothing else (no measure, no init). The data fit (:mod:`structinit.init.data_fit`) and
+model and nothing else (no measure, no init). The data fit (:mod:`structinit.fit`) and
 the real-data measures (:mod:`structinit.analysis.fidelity`) both read layer inputs through here.
 
 An attention layer's input is the input of the module that projects it to queries (timm's fused
@@ -56,7 +56,7 @@ def attention_inputs(model, x) -> List[Any]:
     return seen
 
 
-def _first_input(module, run) -> Any:
+def first_input(module, run) -> Any:
     """The first positional input of ``module`` during ``run()``, which is cut short there."""
     got: List[Any] = []
 
@@ -134,11 +134,11 @@ class LayerInputs:
         """The residual stream before block 0, and the check that block 0 of it gives what the
         model's own forward gives block 1 (else every layer runs the model from its input)."""
         torch = self._torch
-        h0 = self._eval(lambda: self._chunks(lambda c: _first_input(self.blocks[0], lambda: self.model(c)), self.x))
+        h0 = self._eval(lambda: self._chunks(lambda c: first_input(self.blocks[0], lambda: self.model(c)), self.x))
         if len(self.blocks) > 1:
             probe = self.x[:4]
             try:
-                want = self._eval(lambda: _first_input(self.blocks[1], lambda: self.model(probe)))
+                want = self._eval(lambda: first_input(self.blocks[1], lambda: self.model(probe)))
                 got = self._eval(lambda: self.blocks[0](h0[:4]))
                 same = got.shape == want.shape and bool(torch.allclose(got, want, rtol=1e-4, atol=1e-5))
             except Exception:  # noqa: BLE001 - a block that needs more than the stream: run the model instead
@@ -162,13 +162,13 @@ class LayerInputs:
         self._next = i + 1
         if self.blocks is None:
             return self._eval(lambda: self._chunks(
-                lambda c: _first_input(self.modules[i], lambda: self.model(c)), self.x)).float()
+                lambda c: first_input(self.modules[i], lambda: self.model(c)), self.x)).float()
         while self._at < i:
             blk, h = self.blocks[self._at], self._h
             self._h = self._eval(lambda b=blk, h=h: self._chunks(b, h))
             self._at += 1
         blk = self.blocks[i]
-        return self._eval(lambda: self._chunks(lambda c: _first_input(self.modules[i], lambda: blk(c)),
+        return self._eval(lambda: self._chunks(lambda c: first_input(self.modules[i], lambda: blk(c)),
                                                self._h)).float()
 
 
@@ -182,4 +182,4 @@ def projection_module(model, weight_key: str):
         raise UsageError(f"the model has no module {path!r} (from the key {weight_key!r})") from None
 
 
-__all__ = ["LayerInputs", "attention_inputs", "projection_module", "CHUNK"]
+__all__ = ["LayerInputs", "attention_inputs", "first_input", "projection_module", "CHUNK"]

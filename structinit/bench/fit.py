@@ -97,7 +97,7 @@ def run_fit_bench(preset: str = "vit-digits", *, dataset: Optional[str] = None, 
 
     import torch
 
-    from structinit.init.data_fit import FIT_VERSIONS
+    from structinit.fit.settings import FIT_VERSIONS
     from structinit.init.specs import initialize_model
 
     bad = [v for v in versions if v not in FIT_VERSIONS]

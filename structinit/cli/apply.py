@@ -12,8 +12,9 @@ from typing_extensions import Annotated
 from structinit.cli.common import CacheDir, Device, GridOpt, JsonOut, Progress, Threads, emit_json, examples
 
 EXAMPLES = examples(
-    'structinit apply vit.pth --heads 3 --set-pe sincos --data images/ --out vit-fit.pth  # fitted to real images',
-    'structinit apply vit.pth --heads 3                  # the plain solve (no data): writes vit.impulse.pth',
+    'structinit apply vit.pth --heads 3                  # fitted on noise inputs (no data): writes vit.impulse.pth',
+    'structinit apply vit.pth --heads 3 --data images/ --out vit-fit.pth   # fitted to real images',
+    'structinit apply vit.pth --heads 3 --data-fit 0 --out vit-plain.pth   # the plain solve (measured to lose)',
     'structinit apply vit.pth --heads 3 --filter 5 --layers 0-5 --target-mass 0.5 --out vit-imp5.pth',
     'structinit apply vit.pth --heads 3 --method mimetic --dry-run',
     'structinit apply learned.pth --heads 3 --fit-pe     # solve for its learned position embedding',
@@ -25,13 +26,13 @@ EXAMPLES = examples(
 )
 
 #: Library parameters this command spells with another flag.
-ALIASES = {"model_name": "--model", "data": "--data", "samples": "--samples"}
+ALIASES = {"model_name": "--model", "data": "--data", "samples": "--samples", "data_fit": "--data-fit"}
 
 #: Flags that only the impulse method takes: flag -> init parameter.
 IMPULSE_FLAGS = {"--filter": "filter", "--recipe": "recipe", "--target-mass": "target_mass",
                  "--recipe-param": "recipe_params", "--artifact": "artifact", "--share": "share",
                  "--offsets": "offset_order", "--mimetic-vproj": "mimetic_vproj", "--fit-pe": "fit_pe",
-                 "--causal": "causal", "--padding": "padding"}
+                 "--causal": "causal", "--padding": "padding", "--data-fit": "data_fit"}
 
 
 def apply(
@@ -66,6 +67,9 @@ def apply(
                                                    "(needed for a decoder such as GPT-2).", show_default=False)] = None,
     padding: Annotated[Optional[str], typer.Option("--padding", help="impulse: zero or circular.",
                                                    show_default="zero")] = None,
+    data_fit: Annotated[Optional[int], typer.Option("--data-fit", min=0, metavar="STEPS", help="impulse: Adam steps "
+                                                    "of the data fit per layer; 0 writes the plain solve, which "
+                                                    "trains below mimetic init.", show_default="300")] = None,
     layers: Annotated[str, typer.Option("--layers", help="Layers to initialize: all, or 0-based indices and ranges "
                                         "such as 0-3,6 or 6- (from 6 on).")] = "all",
     heads: Annotated[Optional[int], typer.Option("--heads", help="Heads per layer, when the checkpoint does not "
@@ -83,21 +87,23 @@ def apply(
                                            "CKPT.bak.1, ...: a backup is never overwritten).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; solve and write nothing.")] = False,
     data: Annotated[Optional[str], typer.Option(
-        "--data", metavar="SOURCE", help="impulse: fit Q/K to real inputs run through the model the checkpoint "
-        "describes (the data fit of structinit train): a dataset (digits, mnist1d, or one read from --data-dir; a "
-        "structinit train checkpoint takes its run's own training inputs), a folder of images, a tensor file "
-        "(.pt, .npy, .safetensors) of inputs normalized as the model sees them, or noise (Gaussian inputs: no "
-        "data).")] = None,
+        "--data", metavar="SOURCE", help="impulse: fit Q/K to these inputs, run through the model the checkpoint "
+        "describes: a dataset (digits, mnist1d, or one read from --data-dir; a structinit train checkpoint takes its "
+        "run's own training inputs), a folder of images, a tensor file (.pt, .npy, .safetensors) of inputs "
+        "normalized as the model sees them, or noise.", show_default="noise: Gaussian inputs of the model's input "
+        "shape, no data")] = None,
     samples: Annotated[Optional[int], typer.Option("--samples", min=1, help="--data: how many inputs (the first).",
                                                    show_default="the fit's data_fit_samples, 256")] = None,
-    data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="--data: dataset folder (cifar10, cifar100, "
-                                                     "svhn, fashion-mnist), instead of the run's.",
+    data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="--data: the folder a named dataset is read "
+                                                     "from (cifar10, cifar100, svhn, fashion-mnist).",
                                                      show_default=False)] = None,
-    model_name: Annotated[Optional[str], typer.Option("--model", help="--data: the timm model the checkpoint holds, "
-                                                      "e.g. vit_tiny_patch16_224 (else timm's arch in the file, "
-                                                      "else a ViT of the tensors' shape).")] = None,
-    config: Annotated[Optional[Path], typer.Option("--config", help="--data: the Hugging Face config.json of the "
-                                                   "checkpoint (default: the one beside it).")] = None,
+    model_name: Annotated[Optional[str], typer.Option("--model", help="The timm model the checkpoint holds, for the "
+                                                      "data fit, e.g. vit_tiny_patch16_224 (else timm's arch in the "
+                                                      "file, else a ViT of the tensors' shape).")] = None,
+    config: Annotated[Optional[Path], typer.Option("--config", help="The Hugging Face config.json of the checkpoint, "
+                                                   "for the data fit (default: the one beside it).")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show every setting, the artifacts and each "
+                                          "layer's replaced tensors.")] = False,
     device: Device = "cpu",
     threads: Threads = None,
     cache_dir: CacheDir = None,
@@ -107,70 +113,117 @@ def apply(
 
     Only the Q/K rows and biases of the chosen layers change (plus V/proj for mimetic and for
     impulse unless --no-mimetic-vproj, and the position embedding with --set-pe); everything else
-    is kept bit for bit. With --data, impulse's fit to real inputs (what structinit train does)
-    runs through the model the checkpoint describes (a structinit train run, a timm ViT, a Hugging
-    Face ViT/DeiT, BERT or GPT-2): the fitted Q/K are the ones train and initialize_model write for
-    the same weights, seed and inputs, cached like a solve. Without --data Q/K are the plain solve,
-    and a warning says what that costs. Reports, per layer, what was replaced, the attention on the
-    batch (with --data) and on the checkpoint's own LayerNorm'd position embedding (the pseudo
-    input). A learned position embedding needs --set-pe sincos or --fit-pe for the impulse method.
+    is kept bit for bit. The impulse init is fitted through the model the checkpoint describes (a
+    structinit train run, a timm ViT, a Hugging Face ViT/DeiT, BERT or GPT-2) exactly as
+    initialize_model and train fit it: to --data, or without it to Gaussian noise inputs of the
+    model's input shape; a learned position embedding gets the sin-cos table in its place (kept
+    learnable) unless --set-pe or --fit-pe says otherwise. The result says what was written and
+    how the attention hits its offsets on the inputs it was fitted to; --verbose shows every
+    setting and tensor.
     """
-    from structinit.errors import UsageError
+    from structinit.errors import Notice, UsageError
     from structinit.geometry.grid import parse_grid
-    from structinit.init.apply import apply_checkpoint
-    from structinit.init.specs import parse_assignments, parse_init
+    from structinit.init.apply import ApplyOptions
+    from structinit.init.specs import init_spec, parse_assignments, parse_init
     from structinit.runtime import use_threads
+    from structinit.training.apply import apply_checkpoint
 
     use_threads(threads)
     given = {"--filter": filter_size, "--recipe": recipe, "--target-mass": target_mass,
              "--recipe-param": parse_assignments(recipe_param, "recipe_params") or None, "--artifact": artifact,
              "--share": share, "--offsets": offsets, "--mimetic-vproj": mimetic_vproj, "--fit-pe": fit_pe,
-             "--causal": causal, "--padding": padding}
+             "--causal": causal, "--padding": padding, "--data-fit": data_fit}
     given = {flag: value for flag, value in given.items() if value is not None}
     if given and method != "impulse":
         flags = ", ".join(given)
         raise UsageError(f"{flags} {'applies' if len(given) == 1 else 'apply'} to --method impulse, not {method}")
     spec = parse_init(method, init_param)
     if given:
-        from structinit.init.specs import init_spec
-
         spec = init_spec(spec, **{IMPULSE_FLAGS[flag]: value for flag, value in given.items()})
-    if data is None:
-        needs = [flag for flag, value in (("--samples", samples), ("--data-dir", data_dir), ("--model", model_name),
-                                          ("--config", config)) if value is not None]
-        if needs:
-            raise UsageError(f"{', '.join(needs)} {'needs' if len(needs) == 1 else 'need'} --data SOURCE")
-    elif dry_run:
-        raise UsageError("--data fits Q/K on real inputs, and --dry-run writes nothing: give one of them")
-    elif method != "impulse":
-        raise UsageError(f"--data is the impulse init's data fit; --method {method} does not fit to data")
+    options = ApplyOptions(out=out, in_place=in_place, dry_run=dry_run, force=force, layers=layers, heads=heads,
+                           grid=parse_grid(grid=grid) if grid else None, set_pe=set_pe, pe_scale=pe_scale, seed=seed,
+                           cache_dir=cache_dir, device=device, data=data, samples=samples, data_dir=data_dir,
+                           model_name=model_name, config=str(config) if config is not None else None)
     with Progress(f"apply {method}", enabled=not json_out) as bar:
-        common = dict(out=out, in_place=in_place, dry_run=dry_run, force=force, layers=layers, heads=heads,
-                      grid=parse_grid(grid=grid) if grid else None, set_pe=set_pe, pe_scale=pe_scale, seed=seed,
-                      cache_dir=cache_dir, device=device, progress=bar,
-                      log=lambda msg: bar.stage(f"apply {method}: {msg}"))
-        if data is None:
-            report = apply_checkpoint(ckpt, spec, **common)
-        else:
-            from structinit.training.fit_inputs import fit_checkpoint
+        def log(message: str) -> None:
+            if isinstance(message, Notice):  # the fit's estimated time, a wait for another process: always shown
+                bar.log(message)
+            else:
+                bar.stage(f"apply {method}: {message}")
 
-            report = fit_checkpoint(ckpt, spec, data=data, samples=samples or spec.data_fit_samples,
-                                    data_dir=data_dir, model_name=model_name,
-                                    config=str(config) if config is not None else None,
-                                    fit_progress=lambda d, n: bar.update(d, n, f"apply {method}: data fit"),
-                                    **common)
-    if data is None and spec.uses_data and not dry_run:  # said once it is written, before the table
-        typer.echo("warning: without --data, impulse writes the plain solve, which real inputs wash out: it trained "
-                   "12 points below mimetic init at 100 digits (docs/results/digits-datafit); give --data DATASET, "
-                   "an image folder or a tensor file to fit it to real inputs", err=True)
+        report = apply_checkpoint(ckpt, spec, options, progress=bar, log=log,
+                                  fit_progress=lambda d, n: bar.update(d, n, f"apply {method}: data fit"))
+    say_notices(report)
     if json_out:
         emit_json(report)
         return
-    typer.echo(format_report(report))
+    typer.echo(format_verbose(report) if verbose else format_report(report))
+
+
+def say_notices(report: dict) -> None:
+    """One stderr line for each thing the user should know of what was written: that the fit ran
+    on noise (and real inputs can be given), or that the plain solve was written."""
+    from structinit.errors import StructinitWarning
+    from structinit.init.impulse_write import noise_notice
+
+    fit = report.get("data_fit")
+    notice = noise_notice(report) if isinstance(fit, dict) else None
+    if notice:
+        typer.echo("note: " + StructinitWarning(notice).render(lambda n: "--data" if n == "data" else n), err=True)
+    if report.get("method") == "impulse" and not report.get("dry_run") and (report.get("params") or {}).get(
+            "data_fit") == 0:
+        typer.echo("note: --data-fit 0 writes the plain solve, which real inputs wash out: it trained 12 points below "
+                   "mimetic init at 100 digits (docs/results/digits-datafit)", err=True)
+
+
+def _layers_line(name: str, rows, key: str) -> str:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    if not values:
+        return ""
+    return f"{name} " + " ".join(f"{v:.2f}" for v in values) + f" (mean {sum(values) / len(values):.2f})"
 
 
 def format_report(r: dict) -> str:
-    """Terminal text of an apply report (or plan)."""
+    """Terminal text of an apply report: what was written, and how structured the attention is on
+    the inputs the init was fitted to (the details are in ``format_verbose`` and ``--json``)."""
+    g = r.get("grid")
+    shape = f"{r['layout']}, dim {r['dim']}, {r['heads']} heads, depth {r['depth']}" + \
+        (f", grid {'x'.join(map(str, g))}" if g else "")
+    if r.get("dry_run"):
+        head = f"plan (dry run, nothing written): {r['method']} init of {len(r['layers'])} layer(s) into {r['output']}"
+    else:
+        where = "replaced in place" if r["in_place"] else "wrote"
+        backup = f" (backup {r['backup']})" if r.get("backup") else ""
+        head = f"{where} {r['output']}{backup}: {r['method']} init of {len(r['layers'])} layer(s) [{shape}]"
+    lines = [head]
+    if r.get("pos_embed_written"):
+        lines.append(f"  position embedding: {r['pos_embed_written']}")
+    elif r.get("set_pe"):
+        lines.append(f"  position embedding {r['pos_embed_replaced']}: {r['set_pe']} x{r['pe_scale']:g}")
+    fit = r.get("data_fit")
+    if isinstance(fit, dict) and fit.get("layers"):
+        cached = ", read from the cache" if (fit.get("artifact") or {}).get("cached") else ""
+        lines.append(f"  Q/K fitted through {r.get('model') or 'the model'} on {fit.get('source')} "
+                     f"({fit.get('seconds', 0):.1f}s{cached})")
+        rows = fit["layers"]
+        lines.append(f"  attention on {fit.get('measured_on', fit.get('samples'))} of those inputs, per layer: "
+                     + _layers_line("hit rate", rows, "hit_rate") + "; " + _layers_line("target mass", rows,
+                                                                                         "target_mass"))
+    elif isinstance(fit, dict) and fit.get("skipped"):
+        lines.append(f"  Q/K: the plain solve (data fit {fit['skipped']})")
+    elif r["method"] == "impulse" and not r.get("dry_run"):
+        lines.append("  Q/K: the plain solve (--data-fit 0); on the position embedding alone, which real inputs "
+                     "wash out: " + _layers_line("hit rate", r["layers"], "hit_rate"))
+    elif r.get("dry_run") and fit:
+        lines.append(f"  Q/K would be fitted {fit}")
+    elif r["layers"] and "hit_rate" in r["layers"][0]:
+        lines.append("  attention on the position embedding alone: " + _layers_line("hit rate", r["layers"],
+                                                                                      "hit_rate"))
+    return "\n".join(lines)
+
+
+def format_verbose(r: dict) -> str:
+    """Terminal text of an apply report with every setting, artifact and replaced tensor."""
     g = r.get("grid")
     head = ("plan (dry run, nothing written)" if r.get("dry_run")
             else "replaced in place" if r["in_place"] else "wrote")

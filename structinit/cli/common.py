@@ -32,7 +32,7 @@ def path_arg(text) -> Path:
 
 # Short flags: each letter stands for one long option in every command that has it.
 SHORT_FLAGS = {"-o": "--out", "-n": "--tokens", "-f": "--filter", "-r": "--recipe", "-e": "--epochs",
-               "-b": "--batch-size", "-p": "--init-param", "-h": "--help"}
+               "-b": "--batch-size", "-p": "--init-param", "-h": "--help", "-v": "--verbose"}
 
 JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout (for scripts).")]
 Threads = Annotated[Optional[int], typer.Option(
@@ -200,8 +200,9 @@ class Progress:
     def update(self, done: int, total: int, label: Optional[str] = None) -> None:
         if not self.enabled:
             return
-        if label:
+        if label and label != self.label:
             self.label = label
+            self._first = None  # a new stage: its rate is measured afresh
         if self._bar is not None:
             self._bar.update(self._task, completed=done, total=total, description=self.label)
             return
@@ -226,6 +227,7 @@ class Progress:
         if not self.enabled:
             return
         self.label = label
+        self._first = None  # a new stage: its rate is measured afresh
         if self._bar is not None:
             self._bar.update(self._task, description=label)
         elif self.plain and time.monotonic() - self._start >= self.quiet:

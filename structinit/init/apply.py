@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from structinit.errors import StructinitError, UsageError, param
 from structinit.geometry.grid import Grid
@@ -44,7 +45,6 @@ from structinit.init.checkpoints import (
     safetensors_dict,
     save_checkpoint,
 )
-from structinit.init.specs import init_spec
 from structinit.init.target import AttentionTarget
 
 PE_KINDS = ("sincos",)
@@ -102,158 +102,207 @@ def _check_pe_scale(pe_scale: Optional[float], set_pe: Optional[str]) -> None:
         raise UsageError(f"{param('pe_scale')} must be a positive finite number, got {pe_scale!r}")
 
 
-def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] = "impulse", *,
-                     out: Optional[os.PathLike] = None, in_place: bool = False, dry_run: bool = False,
-                     force: bool = False, layers: Union[None, str, Sequence[int]] = None,
-                     heads: Optional[int] = None, grid=None, set_pe: Optional[str] = None,
-                     pe_scale: Optional[float] = None, seed: int = 0, cache_dir=None, device: str = "cpu",
-                     progress: Optional[Callable[[int, int], None]] = None,
-                     log: Optional[Callable[[str], None]] = None, data=None,
-                     build: Optional[Callable[[Any, Any], Any]] = None, source: Optional[str] = None,
-                     fit_progress: Optional[Callable[[int, int], None]] = None, **params: Any) -> Dict[str, Any]:
-    """Initialize checkpoint ``path`` with ``spec`` (a spec, or a method name with ``params``) and
-    write the result (see the module docstring for what is written where).
+@dataclass(frozen=True)
+class ApplyOptions:
+    """How :func:`~structinit.training.apply.apply_checkpoint` reads, initializes and writes a
+    checkpoint (the ``structinit apply`` options; the init's own parameters are the spec's).
 
-    ``layers``: ``None``/``"all"``, a spec like ``"0-3,5"`` or a list of indices. ``heads``/``grid``
-    are needed only where the checkpoint does not tell. ``set_pe='sincos'`` writes the fixed sin-cos
-    position embedding (times ``pe_scale``, default 1). ``force`` replaces an existing output.
-    ``progress(done, total)`` follows the solve and the layers; ``log(message)`` gets a line as each
-    stage starts. Returns a JSON-able report; with ``dry_run`` the plan only (nothing solved,
-    nothing written).
+    Output: ``out`` (default ``NAME.METHOD.EXT`` beside the input), ``in_place`` (replace the input,
+    keeping a numbered backup), ``force`` (replace an existing ``out``), ``dry_run`` (the plan only).
+    Shape: ``layers`` (``None``/``"all"``, ``"0-3,5"`` or indices), ``heads`` and ``grid`` where the
+    checkpoint does not tell them. Position: ``set_pe="sincos"`` writes the fixed table times
+    ``pe_scale`` (default 1). ``seed``, ``cache_dir``, ``device`` as for a solve. The data fit:
+    ``data`` (a dataset name, an image folder, a tensor file, ``"noise"``, or a tensor of inputs;
+    ``None``: noise inputs, as without data on a model), at most ``samples`` of them
+    (default: the fit's ``data_fit_samples``), ``data_dir`` for a dataset read from disk,
+    ``model_name`` (a timm model) or ``config`` (a Hugging Face ``config.json``) for the model the
+    checkpoint holds."""
 
-    ``data``: a batch of real inputs, normalized as the model sees them, for the impulse data fit
-    (``[B, C, H, W]`` images, ``[B, C, L]`` or ``[B, L]`` sequences). The fit runs them through the
-    model the checkpoint describes, which ``build(checkpoint, state_dict)`` returns with the state
-    dict loaded (see :func:`structinit.training.checkpoint_models.fit_checkpoint`, which passes
-    it); the fitted Q/K (a cached fitted artifact, the same one ``initialize_model`` and ``train``
-    use for the same weights, seed and batch) are then written into every copy of the model in the
-    file. ``source`` says in words where ``data`` came from; ``fit_progress(done, total)`` follows
-    the fit.
-    """
+    out: Optional[os.PathLike] = None
+    in_place: bool = False
+    dry_run: bool = False
+    force: bool = False
+    layers: Union[None, str, Sequence[int]] = None
+    heads: Optional[int] = None
+    grid: Any = None
+    set_pe: Optional[str] = None
+    pe_scale: Optional[float] = None
+    seed: int = 0
+    cache_dir: Optional[os.PathLike] = None
+    device: str = "cpu"
+    data: Any = None
+    samples: Optional[int] = None
+    data_dir: Optional[os.PathLike] = None
+    model_name: Optional[str] = None
+    config: Optional[str] = None
+
+    def check(self, spec: InitSpec) -> None:
+        """Refuse options that cannot go together or would do nothing for ``spec``."""
+        if self.set_pe is not None and self.set_pe not in PE_KINDS:
+            raise UsageError(f"{param('set_pe')} must be one of {', '.join(PE_KINDS)}, got {self.set_pe!r}")
+        _check_pe_scale(self.pe_scale, self.set_pe)
+        if getattr(spec, "base", "model") != "model":
+            raise UsageError(f"{spec.method} parameter {param('base')} {spec.base} resets every weight of a model; "
+                             "a checkpoint's weights are kept (leave base at model)")
+        fits = spec.method == "impulse" and spec.uses_data
+        if self.data is not None:
+            if isinstance(self.data, (str, os.PathLike)) and str(self.data).strip() == "":
+                raise UsageError(f"{param('data')} needs a source (a dataset, an image folder, a tensor file or "
+                                 "noise); it is empty")
+            if self.dry_run:
+                raise UsageError(f"{param('data')} fits Q/K on real inputs and {param('dry_run')} writes nothing; "
+                                 "give one of them")
+            if not fits:
+                raise UsageError(f"{param('data')} is for the impulse data fit; the {spec.method} init does not use "
+                                 "it" + (" (data_fit is 0)" if spec.method == "impulse" else ""))
+        needs_source = [name for name in ("samples", "data_dir") if getattr(self, name) is not None]
+        if needs_source and self.data is None:
+            raise UsageError(f"{', '.join(param(n) for n in needs_source)} "
+                             f"{'needs' if len(needs_source) == 1 else 'need'} {param('data')}")
+        builds = [name for name in ("model_name", "config") if getattr(self, name) is not None]
+        if builds and not fits:
+            raise UsageError(f"{', '.join(param(n) for n in builds)} name the model the data fit runs through; the "
+                             f"{spec.method} init does not fit" + (" (data_fit is 0)" if spec.method == "impulse"
+                                                                  else ""))
+        if self.samples is not None and (isinstance(self.samples, bool) or not isinstance(self.samples, int)
+                                         or self.samples < 1):
+            raise UsageError(f"{param('samples')} must be a positive integer, got {self.samples!r}")
+
+
+@dataclass
+class LoadedCheckpoint:
+    """A checkpoint read for :func:`write_checkpoint`: the file, its state-dict ``views``
+    (:class:`~structinit.init.target.AttentionTarget` each), where the output goes, the input's
+    ``stat`` (an in-place replace checks the file did not change) and the ``plan`` (the report so far)."""
+
+    path: Path
+    ckpt: Any
+    views: List[AttentionTarget]
+    target: Path
+    stat: Optional[os.stat_result]
+    plan: Dict[str, Any]
+
+    @property
+    def first(self) -> AttentionTarget:
+        return self.views[0]
+
+
+def load_for_apply(path: Union[str, os.PathLike], spec: InitSpec, options: ApplyOptions) -> LoadedCheckpoint:
+    """Read checkpoint ``path`` and plan what ``spec`` with ``options`` writes, refusing what cannot be
+    done before any work (the output name, the shape, the position embedding, a safetensors output
+    that cannot hold the file's entries)."""
     path = check_checkpoint_path(path)  # before the output's name, which is made from it
-    spec = init_spec(spec, **params)
-    if getattr(spec, "base", "model") != "model":
-        raise UsageError(f"{spec.method} parameter {param('base')} {spec.base} resets every weight of a model; a "
-                         "checkpoint's weights are kept (leave base at model)")
-    if set_pe is not None and set_pe not in PE_KINDS:
-        raise UsageError(f"{param('set_pe')} must be one of {', '.join(PE_KINDS)}, got {set_pe!r}")
-    _check_pe_scale(pe_scale, set_pe)
-    if data is not None:
-        if dry_run:
-            raise UsageError(f"{param('data')} fits Q/K on real inputs and {param('dry_run')} writes nothing; give "
-                             "one of them")
-        if not spec.uses_data:
-            raise UsageError(f"{param('data')} is for the impulse data fit; the {spec.method} init does not use it"
-                             + (" (data_fit is 0)" if spec.method == "impulse" else ""))
-        if build is None:
-            raise UsageError(f"{param('data')} runs real inputs through the model the checkpoint describes: give "
-                             f"{param('build')} (or call structinit.training.checkpoint_models.fit_checkpoint)")
-    target = _output_path(path, spec.method, out, in_place, force or dry_run)  # a dry run writes nothing
-    say = log or (lambda message: None)
-
+    options.check(spec)
+    target = _output_path(path, spec.method, options.out, options.in_place, options.force or options.dry_run)
     try:
         stat = path.stat()  # before reading: an in-place replace checks that the file is still this one
     except OSError:
         stat = None
     ckpt = load_checkpoint(path)
     det = ckpt.detected
-    heads = heads if heads is not None else det.heads  # the file's hints (HF config.json, timm arch)
+    heads = options.heads if options.heads is not None else det.heads  # the file's hints (HF config.json, timm arch)
+    grid = options.grid
     if grid is None and "shape" in ckpt.extra:  # a structinit train checkpoint tells its grid (a sequence's too),
         grid = det.grid  # which the views, detected afresh from the weights alone, would not know
-    views = [AttentionTarget(sd, Grid(grid) if grid is not None else None, heads, layers,
-                             need_grid=spec.needs_grid or set_pe is not None) for _, sd in ckpt.state_dicts]
+    views = [AttentionTarget(sd, Grid(grid) if grid is not None else None, heads, options.layers,
+                             need_grid=spec.needs_grid or options.set_pe is not None) for _, sd in ckpt.state_dicts]
     first = views[0]
     spec.check_target(first)
-    if set_pe is not None and det.pos_key is None:
+    if options.set_pe is not None and det.pos_key is None:
         raise UsageError(f"{param('set_pe')}: the {det.layout.name} checkpoint has no position embedding")
     if output_format(target) == "safetensors":
         safetensors_dict(ckpt, target)  # refuse now what cannot be written as safetensors
-
-    pe_before = first.pos_embed_kind()
+    pe_scale = (1.0 if options.pe_scale is None else options.pe_scale) if options.set_pe else None
     plan = {
-        "input": str(path), "output": str(target), "in_place": in_place, "backup": None,
+        "input": str(path), "output": str(target), "in_place": options.in_place, "backup": None,
         "format": ckpt.format, "output_format": output_format(target),
         "state_dicts": ckpt.where, **det.summary(), "heads": first.heads,
         "grid": list(first.grid) if first.grid else None, "method": spec.method, "params": spec.params(),
-        "seed": seed, "set_pe": set_pe, "pe_scale": (1.0 if pe_scale is None else pe_scale) if set_pe else None,
-        "pos_embed_kind": pe_before, "hints": ckpt.extra,
+        "seed": options.seed, "set_pe": options.set_pe, "pe_scale": pe_scale,
+        "pos_embed_kind": first.pos_embed_kind(), "hints": ckpt.extra,
         "layers": [{"layer": slot.index, "replaced": spec.planned(slot)} for slot in first.slots],
     }
-    if set_pe:
+    if options.set_pe:
         plan["pos_embed_replaced"] = det.pos_key
     if spec.method == "impulse" and spec.artifact is None and first.grid is not None:
-        spec.solve_config(first.grid, first.dim, first.heads, first.depth, seed)  # refuses impossible settings first
-    if spec.method == "impulse" and set_pe is None:
-        spec.check_embedding(first)  # a learned embedding needs set_pe or fit_pe: refuse before any work
-    if dry_run:
-        plan["dry_run"] = True
-        return plan
+        spec.solve_config(first.grid, first.dim, first.heads, first.depth, options.seed)  # refuses bad settings first
+    return LoadedCheckpoint(path, ckpt, views, target, stat, plan)
 
-    if set_pe:
-        from structinit.init.pos_embed import write_sincos
 
-        for view in views:
-            write_sincos(view.sd[det.pos_key], view.grid, plan["pe_scale"], name=det.pos_key)
+def write_position_table(loaded: LoadedCheckpoint, scale: float) -> None:
+    """Write the sin-cos table (times ``scale``) into the position embedding of every copy of the
+    model in the file."""
+    from structinit.init.pos_embed import write_sincos
+
+    key = loaded.ckpt.detected.pos_key
+    for view in loaded.views:
+        write_sincos(view.sd[key], view.grid, scale, name=key)
+
+
+def write_checkpoint(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOptions, prepared=None,
+                     progress: Optional[Callable[[int, int], None]] = None,
+                     log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+    """Initialize every copy of the model in ``loaded`` with ``spec`` and write the output file:
+    with ``prepared`` (what :func:`structinit.init.impulse_write.prepare` made on the model the file
+    describes: the fitted artifact) its artifact is written into every copy; an impulse init without
+    it solves once for all of them. Returns the report (the plan, with what was written)."""
+    say = log or (lambda message: None)
+    plan, views, first = loaded.plan, loaded.views, loaded.first
     extra: Dict[str, Any] = {}
-    built = None
-    if data is not None:  # the fit on the model the checkpoint describes: one fitted artifact for every copy
-        say("building the model")
-        built = build(ckpt, views[0].sd)
-        model_view = AttentionTarget(built.model, first.grid, first.heads, layers)
-        if (tuple(model_view.grid), model_view.dim, model_view.depth) != (tuple(first.grid), first.dim, first.depth):
-            raise StructinitError(f"the model built for {path} ({built.how}) has grid {model_view.grid.describe()}, "
-                                  f"dim {model_view.dim}, depth {model_view.depth}; the checkpoint has "
-                                  f"{first.grid.describe()}, {first.dim}, {first.depth}")
-        spec.check_target(model_view)
-        spec.check_data_target(model_view)
-        say("solving" if spec.artifact is None else "reading the artifact")
-        plain, _ = spec.artifact_for(model_view, seed, cache_dir, device, progress)
-        from structinit.init.fitted import load_or_fit
-
-        say(f"fitting Q/K on {min(int(data.shape[0]), spec.data_fit_samples)} real inputs")
-        extra["artifact"], extra["cached"] = load_or_fit(spec, model_view, plain, data[: spec.data_fit_samples],
-                                                         seed, cache_dir, fit_progress, say, source)
-        plan["model"] = built.how
+    if prepared is not None:
+        extra["artifact"], extra["cached"] = prepared.artifact, prepared.fit_cached
     elif spec.method == "impulse":  # one solve for every copy of the model in the file
         say("solving" if spec.artifact is None else "reading the artifact")
-        extra["artifact"], extra["cached"] = spec.artifact_for(first, seed, cache_dir, device, progress)
+        extra["artifact"], extra["cached"] = spec.artifact_for(first, options.seed, options.cache_dir, options.device,
+                                                               progress)
     reports = []
     for i, view in enumerate(views):
         say(f"writing {plan['state_dicts'][i]}" + (f" ({i + 1}/{len(views)})" if len(views) > 1 else ""))
         view.progress = progress
-        if spec.method == "impulse" and i > 0:
-            extra["check_pe"] = False  # a copy (an EMA) gets the weights solved for the first state dict
-        reports.append(spec.apply(view, seed=seed, cache_dir=cache_dir, device=device, **extra))
-
+        if spec.method == "impulse" and (i > 0 or prepared is not None):
+            extra["check_pe"] = False  # the weights solved or fitted for the model (a copy such as an EMA: the same)
+        reports.append(spec.apply(view, seed=options.seed, cache_dir=options.cache_dir, device=options.device,
+                                  **extra))
     report = reports[0]
+    if prepared is not None and spec.method == "impulse":
+        from structinit.init.impulse_write import fit_record
+
+        report["data_fit"] = fit_record(spec, prepared)
+    _warn_weak(spec, report, plan, loaded.ckpt.detected)
+    rows = {r["layer"]: r for r in report["layers"]}
+    if spec.method != "impulse" and first.grid is not None:
+        measured = describe_state_dict(loaded.ckpt.state_dicts[0][1], loaded.ckpt.detected, first.heads, first.grid)
+        for row in measured["layers"]:
+            if row["layer"] in rows:
+                rows[row["layer"]].update({k: row[k] for k in ("hit_rate", "target_mass", "mse", "offsets")})
+        plan["measured_on"] = measured["measured_on"]
+    say(f"writing {loaded.target}")
+    _write(loaded.ckpt, loaded.path, loaded.target, loaded.stat, options.in_place, options.force, plan)
+    plan["layers"] = [rows[i] for i in first.layers]
+    for key in ("artifact", "hit_rate", "target_mass", "measured_on", "mimetic_vproj", "data_fit"):
+        if key in report:
+            plan[key] = report[key]
+    if report.get("pos_embed_written"):
+        plan["pos_embed_written"] = report["pos_embed_written"]
+    plan["pos_embed_kind"] = first.pos_embed_kind()
+    plan["written"] = True
+    return plan
+
+
+def _warn_weak(spec: InitSpec, report: Dict[str, Any], plan: Dict[str, Any], det) -> None:
+    """Warn when the fit left a layer weakly structured (see :func:`~structinit.init.impulse.structure_warning`)."""
+    if spec.method != "impulse":
+        return
     from structinit.init.impulse import position_hint, structure_warning
 
-    weak = None
-    if spec.method == "impulse":
-        hint = position_hint(plan["pe_scale"], checkpoint=True) if det.pos_key and not spec.fit_pe else None
-        weak = structure_warning(report, hint)
+    hint = position_hint(plan["pe_scale"], checkpoint=True) if det.pos_key and not spec.fit_pe else None
+    weak = structure_warning(report, hint)
     if weak:
         import warnings
 
         from structinit.errors import StructinitWarning
 
-        warnings.warn(StructinitWarning(f"impulse: {weak}"), stacklevel=2)
-    rows = {r["layer"]: r for r in report["layers"]}
-    if spec.method != "impulse" and first.grid is not None:
-        measured = describe_state_dict(ckpt.state_dicts[0][1], det, first.heads, first.grid)
-        for row in measured["layers"]:
-            if row["layer"] in rows:
-                rows[row["layer"]].update({k: row[k] for k in ("hit_rate", "target_mass", "mse", "offsets")})
-        plan["measured_on"] = measured["measured_on"]
-    say(f"writing {target}")
-    _write(ckpt, path, target, stat, in_place, force, plan)
-    plan["layers"] = [rows[i] for i in first.layers]
-    for key in ("artifact", "hit_rate", "target_mass", "measured_on", "mimetic_vproj", "data_fit"):
-        if key in report:
-            plan[key] = report[key]
-    plan["pos_embed_kind"] = first.pos_embed_kind()
-    plan["written"] = True
-    return plan
+        warnings.warn(StructinitWarning(f"impulse: {weak}"), stacklevel=3)
 
 
 def _write(ckpt, path: Path, target: Path, stat: os.stat_result, in_place: bool, force: bool, plan: dict) -> None:

@@ -8,22 +8,22 @@ solved now (and cached) for the target's shape with the spec's settings (:meth:`
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-import numpy as np
-
-from structinit.errors import StructinitError, UsageError, param
+from structinit.errors import UsageError, param
+from structinit.fit.settings import FIT_VERSIONS
 from structinit.geometry.embedding import PSEUDO_INPUTS
 from structinit.geometry.grid import Grid
 from structinit.geometry.targets import OFFSET_ORDERS, PADDINGS, check_choice
 from structinit.init.base import InitSpec
-from structinit.init.baselines import BASES, apply_base, generator
-from structinit.init.mimetic import mimetic_v_proj, vproj_keys
+from structinit.init.baselines import BASES
+from structinit.init.mimetic import vproj_keys
 from structinit.solver.recipes import check_recipe, recipe_params
 
-#: What the data fit runs on: the batch given (``data``), or Gaussian noise inputs in the model's
-#: normalized input space (``noise``: no dataset needed; see :func:`noise_inputs`).
+#: What the data fit runs on when a batch is given: the batch (``data``), or Gaussian noise inputs of
+#: its shape (``noise``; see :mod:`structinit.fit.inputs`). Without a batch it runs on noise.
 DATA_FIT_INPUTS = ("data", "noise")
 #: The hit rate on the fit's batch below which a layer's structure is reported as weak.
 STRUCTURE_FLOOR = 0.9
@@ -31,36 +31,16 @@ STRUCTURE_FLOOR = 0.9
 AUTO_PE_SCALE = 1.0
 
 
-def model_input_shape(model):
-    """One input's shape for a timm-style model: ``(C, H, W)`` from ``patch_embed`` (its ``img_size``
-    and the projection's channels), ``(C, L)`` for a sequence model (``grid_size == (L,)``); ``None``
-    when the model does not tell."""
-    pe = getattr(model, "patch_embed", None)
-    proj = getattr(pe, "proj", None)
-    chans = getattr(proj, "in_channels", None)
-    if chans is None:
-        return None
-    grid = tuple(getattr(pe, "grid_size", ()) or ())
-    if len(grid) == 1:
-        return (int(chans), int(grid[0]))
-    size = getattr(pe, "img_size", None)
-    return (int(chans), int(size[0]), int(size[1])) if size is not None else None
-
-
-def noise_inputs(shape, samples: int, seed: int):
-    """``samples`` Gaussian inputs ``N(0, 1)`` of one input's ``shape`` (normalized inputs have that
-    mean and spread), from a generator seeded with ``seed``: float32 ``[samples, *shape]``."""
-    import torch
-
-    return torch.randn(int(samples), *shape, generator=torch.Generator().manual_seed(int(seed) + 7_000_001))
-
-
 def structure_warning(report: Dict[str, Any], hint: Optional[str] = None) -> Optional[str]:
     """The warning for an impulse report whose data fit left a layer below :data:`STRUCTURE_FLOOR`
-    on its batch (``None`` when every layer is at or above it, or no fit ran). ``hint`` names how this
+    on its batch of real inputs (``None`` when every layer is at or above it, no fit ran, or it ran
+    on noise). ``hint`` names how this
     target takes a stronger position signal (see :func:`position_hint`): it lifts the hit rate most,
     but more structure is not always more accuracy, so it comes last."""
-    rows = (report.get("data_fit") or {}).get("layers") or []
+    fit = report.get("data_fit") or {}
+    if fit.get("inputs") == "noise":  # a hit rate on noise says little of real inputs; the notice asks for them
+        return None
+    rows = fit.get("layers") or []
     weak = [r for r in rows if r.get("hit_rate") is not None and r["hit_rate"] < STRUCTURE_FLOOR]
     if not weak:
         return None
@@ -132,24 +112,24 @@ class ImpulseInit(InitSpec):
     starts from (:data:`~structinit.init.baselines.BASES`; ``pytorch`` resets the model's modules
     first, as the authors' code leaves them).
 
-    ``data_fit`` (default 300): Adam steps that refine each layer's Q/K on the inputs a batch of
-    real training data gives that layer at init (:mod:`structinit.init.data_fit`; ``data_fit_*``
-    tune it, ``data_fit_samples`` caps the batch), so the impulse structure survives the content
-    embedding. It runs when a batch is given (``data``: ``structinit train`` passes its first
-    training inputs); without one (a checkpoint, or a model initialized without ``data``) Q/K keep
-    the plain solve, a :class:`UserWarning` says so and the report's ``data_fit`` holds the reason.
-    ``data_fit=0`` pins the plain solve. The defaults (data fit + mimetic V/proj) are the setting
-    chosen on the validation split of the digits learning curve; see ``docs/results``.
+    ``data_fit`` (default 300): Adam steps that refine each layer's Q/K on the inputs a batch gives
+    that layer at init (:mod:`structinit.fit`; ``data_fit_*`` tune it, ``data_fit_samples`` caps the
+    batch), so the impulse structure survives the content embedding. It runs on the batch given
+    (``data``: ``structinit train`` passes its first training inputs) and, without one, on Gaussian
+    noise inputs of the model's input shape (no dataset needed; on digits this trains within half a
+    point of the fit on real images); a state dict, which holds no model, keeps the plain solve, and
+    the report's ``data_fit`` says why. ``data_fit=0`` asks for the plain solve, which real inputs
+    wash out (measured to train below mimetic init). The defaults (data fit + mimetic V/proj) are the
+    setting chosen on the validation split of the digits learning curve; see ``docs/results``.
     ``data_fit_version`` (default 2; 1 steps on the whole batch) is the fit's algorithm,
     ``data_fit_batch`` version 2's inputs per step (0: 1,024 query rows per head), ``data_fit_inputs``
-    what the fit runs on: the batch (``data``) or Gaussian noise inputs of the model's input shape
-    (``noise``: no dataset needed). The fit's result is a cached fitted artifact
-    (:mod:`structinit.init.fitted`); a layer it leaves below a hit rate of 0.9 on its batch is
-    warned about.
+    what the fit runs on when a batch is given: the batch (``data``) or noise of its shape
+    (``noise``). The fit's result is a cached fitted artifact (:mod:`structinit.fit.artifact`); a
+    layer it leaves below a hit rate of 0.9 on its inputs is warned about.
 
     ``self_weight`` (default 0, off; ``0 <= self_weight < 1``): self + shift, every head's
     ``Q_h K_h^T`` mixed with a mimetic-style identity term of this share, so that a head attends to
-    its offset and to itself (:mod:`structinit.init.self_shift`). It is mixed in after the data fit
+    its offset and to itself (:mod:`structinit.solver.self_shift`). It is mixed in after the data fit
     and before its calibration to ``target_mass``; without a data fit, into the solve as written.
 
     The solve assumes the target's first layer sees the LayerNorm'd sin-cos table on position
@@ -157,9 +137,9 @@ class ImpulseInit(InitSpec):
     0.02, which tells the layers almost nothing of position) gets the sin-cos table in its place, as
     ``pe_scale=1`` writes it (kept learnable; the report's ``pos_embed_written`` says so), unless
     ``fit_pe`` solves for the embedding it has (scaled by ``pe_factor`` first when given) or
-    ``pe_scale`` chooses another scale. A checkpoint or state dict with such an embedding is refused
-    unless ``fit_pe`` or, for ``apply_checkpoint``, ``set_pe`` says what to do: its weights are not
-    changed beyond what was asked. The report's hit rate and target mass are measured on the
+    ``pe_scale`` chooses another scale; ``apply_checkpoint`` does the same to a checkpoint whose
+    model it builds. A bare state dict with such an embedding is refused unless ``fit_pe`` says what
+    to do: its weights are not changed beyond what was asked. The report's hit rate and target mass are measured on the
     target's own LayerNorm'd position embedding (where it has one), after the write.
     """
 
@@ -217,8 +197,6 @@ class ImpulseInit(InitSpec):
         if not 0 < self.data_fit_mass < 1:
             raise UsageError(f"impulse parameter {param('data_fit_mass')} must lie strictly between 0 and 1, "
                              f"got {self.data_fit_mass}")
-        from structinit.init.data_fit import FIT_VERSIONS
-
         if self.data_fit_version not in FIT_VERSIONS:
             raise UsageError(f"impulse parameter {param('data_fit_version')} must be one of "
                              f"{', '.join(map(str, FIT_VERSIONS))}, got {self.data_fit_version}")
@@ -317,7 +295,8 @@ class ImpulseInit(InitSpec):
         model = target.model
         if model is None:
             raise UsageError(f"impulse parameter {param('data_fit')} runs real inputs through the model, so it needs "
-                             "a model, not a checkpoint or state dict (apply_checkpoint builds one with build)")
+                             "a model, not a checkpoint or state dict (apply_checkpoint builds the one a checkpoint "
+                             "describes)")
         for i in target.layers:
             owner = projection_module(model, target.det.slots[i].q.key)
             attn = model.blocks[i].attn if hasattr(model, "blocks") else owner
@@ -389,154 +368,39 @@ class ImpulseInit(InitSpec):
     def apply(self, target, *, seed: int = 0, cache_dir=None, device: str = "cpu", artifact=None,
               cached: Optional[bool] = None, progress=None, check_pe: bool = True, data=None,
               fit_progress=None, log=None, source: Optional[str] = None) -> Dict[str, Any]:
-        """Write the artifact's Q/K (``artifact`` if given, else :meth:`artifact_for`) into
-        ``target``. The report's per-layer ``hit_rate``/``target_mass``/``mse`` are measured from
-        the written weights on the target's own LayerNorm'd position embedding (``measured_on``
-        says which input), ``solved`` on the artifact's pseudo input (where the write is checked
-        against the solve). ``progress(done, total)`` follows the solve. ``check_pe=False`` skips
-        :meth:`check_embedding` (for a copy of a model already checked, e.g. an EMA state dict,
-        which gets the same weights). ``data``: a batch of real, normalized model inputs (``[B, C, H, W]``
-        images or ``[B, L]`` sequences) that ``data_fit`` fits to; without it the fit is skipped and the
-        report's ``data_fit`` says why. ``fit_progress(done, total)`` follows the fit step by step (it
-        may raise to stop it: nothing is then left half-written but the model's weights, which the
-        caller discards); ``log(message)`` gets a line per fitted layer; ``source`` says in words where
-        ``data`` came from. The fit's result is a fitted artifact (:mod:`structinit.init.fitted`),
-        cached: the same model, batch and settings are fitted once. An ``artifact`` that is a fitted
-        one is written as it is (no fit runs)."""
-        import torch
+        """Write the init into ``target`` and return its report (see :mod:`structinit.init.impulse_write`:
+        :func:`~structinit.init.impulse_write.prepare` makes the artifact, the data fit included,
+        and :func:`~structinit.init.impulse_write.write` writes it). ``artifact`` (with ``cached``)
+        is written instead of solving, a fitted one as it is (no fit runs); ``progress(done, total)``
+        follows the solve; ``check_pe=False`` skips :meth:`check_embedding` (for a copy of a model
+        already checked, e.g. an EMA state dict, which gets the same weights). ``data``: a batch of
+        real, normalized model inputs (``[B, C, H, W]`` images or ``[B, L]`` sequences) for the data
+        fit; without it the fit runs on noise inputs of the model's input shape (see
+        :mod:`structinit.fit.inputs`), and on a state dict, which holds no model, it is skipped.
+        ``fit_progress(done, total)`` follows the fit step by step (it may raise to stop it),
+        ``log(message)`` hears its estimated time and a line per layer, ``source`` says in words
+        where ``data`` came from."""
+        from structinit.init.impulse_write import prepare, write
 
-        from structinit.analysis.quality import measure
-        from structinit.geometry.targets import causal_mask, impulse_columns
-        from structinit.init.inject import read_qk, write_qk
-        from structinit.init.pos_embed import set_sincos_pos_embed
-        from structinit.init.self_shift import add_self_term
+        prepared = prepare(self, target, seed=seed, cache_dir=cache_dir, device=device, artifact=artifact,
+                           cached=cached, progress=progress, check_pe=check_pe, data=data, fit_progress=fit_progress,
+                           log=log, source=source)
+        return write(self, target, prepared, seed)
 
-        t = target
-        given_fit = artifact is not None and bool(getattr(artifact, "fit", None))
-        base_reset = apply_base(t, self.base, seed, self.method)
-        if self.data_fit and self.data_fit_inputs == "noise" and t.model is not None and not given_fit:
-            shape = tuple(data.shape[1:]) if data is not None else model_input_shape(t.model)
-            if shape is None:
-                raise UsageError(f"impulse parameter {param('data_fit_inputs')} noise needs the inputs' shape: the "
-                                 "model does not tell it, so give data (only its shape is used)")
-            data = noise_inputs(shape, self.data_fit_samples, seed)
-            source = f"noise: {self.data_fit_samples} Gaussian inputs N(0, 1) of shape {list(shape)}"
-        fit = bool(self.data_fit) and data is not None
-        skipped = None
-        if fit:
-            self.check_data_target(t)
-            data = data[: self.data_fit_samples]
-        elif self.data_fit and not given_fit:
-            why = ("a checkpoint holds no model to run real inputs through" if t.model is None
-                   else "no real inputs were given (data)")
-            skipped = (f"not run: {why}, so Q/K are the plain solve on the position embedding alone, whose "
-                       "structure real inputs mostly wash out (data_fit=0 asks for this explicitly)")
-        pe_written = None
-        if self.pe_scale is None and not self.fit_pe and self.artifact is None and artifact is None \
-                and t.model is not None and t.pos_embed_kind() == "other" and isinstance(
-                    getattr(t.model, "pos_embed", None), torch.Tensor):
-            # A learned embedding (timm's trunc normal 0.02) tells the layers almost nothing of position: the
-            # sin-cos table takes its place, learnable as it was (see docs/results/stock-models).
-            pe_scale = AUTO_PE_SCALE
-            pe_written = f"sin-cos table x{AUTO_PE_SCALE:g} in place of the model's own {t.pos_key}, kept learnable"
-        else:
-            pe_scale = self.pe_scale
-        if pe_scale is not None:
-            if t.model is None:
-                raise UsageError(f"impulse parameter {param('pe_scale')} needs a model; on a checkpoint write the "
-                                 "embedding with set_pe")
-            learned = bool(getattr(t.model.pos_embed, "requires_grad", False))
-            set_sincos_pos_embed(t.model, t.grid, scale=pe_scale)
-            t.model.pos_embed.requires_grad_(learned)  # a learned embedding stays learnable
-            pe_written = pe_written or f"sin-cos table x{pe_scale:g} (pe_scale)"
-        if self.pe_factor is not None:
-            if t.model is None or not isinstance(getattr(t.model, "pos_embed", None), torch.Tensor):
-                raise UsageError(f"impulse parameter {param('pe_factor')} scales a model's pos_embed; the target has "
-                                 "none (on a checkpoint, scale it before)")
-            with torch.no_grad():
-                t.model.pos_embed.mul_(self.pe_factor)
-            pe_written = f"the model's own {t.pos_key} x{self.pe_factor:g} (pe_factor)"
-        if artifact is None:
-            artifact, cached = self.artifact_for(t, seed, cache_dir, device, progress)
-        elif check_pe:
-            self.check_embedding(t, artifact)
-        plain = artifact
-        check_artifact(plain, t.grid, t.dim, t.heads, t.layers)
-        check_causal(t, plain.config.causal)
-        fit_cached = None
-        if fit:
-            from structinit.init.fitted import load_or_fit
+    def without_fit(self) -> "ImpulseInit":
+        """This spec with the data fit off (what a resumed run re-applies for the settings beside the
+        weights, which its checkpoint holds): ``data_fit=0`` and the fit-only parameters at rest."""
+        return dataclasses.replace(self, data_fit=0, data_fit_inputs="data", data_fit_batch=0)
 
-            artifact, fit_cached = load_or_fit(self, t, plain, data, seed, cache_dir, fit_progress, log,
-                                               source=source)
-        elif given_fit:
-            fit_cached = cached
-        art = artifact
-        mask = causal_mask(art.config.grid, art.config.causal)
-        own = t.own_input()
-        measured_on = (f"{t.pos_key} ({t.pos_embed_kind()}), LayerNorm'd" if own is not None
-                       else f"the artifact's pseudo input ({art.config.pseudo_input}; the target has no position "
-                            "embedding)")
-        gen = generator(seed + 1)
-        solved = art.stats.get("layers", [])
-        rows = []
-        for slot in t.slots:
-            src = 0 if art.depth == 1 else slot.index
-            keys, rq, rk = self.write_layer(t, slot, art, gen)
-            cols = impulse_columns(art.config.grid, art.offsets[src], art.config.padding)
-            placed = measure(art.layer_input(src), rq, rk, cols, mask)
-            if src < len(solved):
-                for name in ("hit_rate", "target_mass"):
-                    want = float(np.mean([h[name] for h in solved[src]]))
-                    got = float(getattr(placed, name).mean())
-                    if abs(want - got) > self.tolerance:
-                        raise StructinitError(
-                            f"layer {slot.index}: the written weights give {name} {got:.3f} but the solve has "
-                            f"{want:.3f}; the Q/K rows were not placed as the layout expects")
-            if self.self_weight and not art.fit:  # a fitted artifact has the self term mixed in already
-                write_qk(t.sd, slot, *add_self_term(rq, rk, self.self_weight))
-                rq, rk = read_qk(t.sd, slot, t.heads)
-                placed = measure(art.layer_input(src), rq, rk, cols, mask)
-            same = own is None or np.allclose(own, art.layer_input(src), atol=1e-5)
-            got = placed if same else measure(own, rq, rk, cols, mask)
-            row = {"layer": slot.index, "replaced": keys, "offsets": art.offsets[src].tolist(), **got.layer_row(),
-                   "solved": {m: float(getattr(placed, m).mean()) for m in ("hit_rate", "target_mass")}}
-            rows.append(row)
-        fitted = {"skipped": skipped} if skipped else None
-        if art.fit:
-            fitted = dict(art.fit["report"])
-            fitted.update(steps=self.data_fit, mass=self.data_fit_mass, l2=self.data_fit_l2, lr=self.data_fit_lr,
-                          norm=self.data_fit_norm, calibrated_to=self.calibration_mass(),
-                          version=self.data_fit_version, source=art.fit.get("source"),
-                          artifact={"key": art.key, "path": str(art.path) if art.path else None,
-                                    "cached": fit_cached})
-        return {"method": "impulse", "layout": t.layout, "grid": list(t.grid), "dim": t.dim, "heads": t.heads,
-                "artifact": ({"key": plain.key, "path": str(plain.path) if plain.path else None, "cached": cached,
-                              "config": plain.config.to_dict()} if not given_fit else
-                             {"key": plain.fit["identity"]["plain"], "path": None, "cached": None,
-                              "config": plain.config.to_dict()}),
-                "mimetic_vproj": self.mimetic_vproj, "pe_scale": self.pe_scale, "fit_pe": self.fit_pe,
-                "pos_embed_written": pe_written,
-                "self_weight": self.self_weight, "data_fit": fitted,
-                **({"base_reset": base_reset} if base_reset is not None else {}),
-                "measured_on": measured_on, "layers": rows,
-                "hit_rate": float(np.mean([r["hit_rate"] for r in rows])),
-                "target_mass": float(np.mean([r["target_mass"] for r in rows]))}
+    def fit_settings(self):
+        """The data fit's :class:`~structinit.fit.settings.FitSettings` from this spec's parameters."""
+        from structinit.fit.settings import FitSettings
 
-    def write_layer(self, t, slot, art, gen):
-        """Write ``art``'s Q/K of layer ``slot`` into ``t`` (and mimetic V/proj, drawn from ``gen``):
-        ``(keys written, q, k)`` with ``q, k`` read back ``[H, D, d]``."""
-        import torch
-
-        from structinit.init.inject import read_qk, write_qk, write_vproj
-
-        src = 0 if art.depth == 1 else slot.index
-        keys = write_qk(t.sd, slot, torch.from_numpy(art.q[src]), torch.from_numpy(art.k[src]))
-        if self.mimetic_vproj:
-            w_v, w_p, _ = mimetic_v_proj(t.dim, self.alpha2, self.beta2, gen)
-            keys += write_vproj(t.sd, slot, w_v, w_p)
-        rq, rk = read_qk(t.sd, slot, t.heads)
-        return keys, rq, rk
+        return FitSettings(steps=self.data_fit, mass=self.data_fit_mass, l2=self.data_fit_l2, lr=self.data_fit_lr,
+                           norm=self.data_fit_norm, samples=self.data_fit_samples, version=self.data_fit_version,
+                           batch=self.data_fit_batch, self_weight=self.self_weight,
+                           calibrated_to=self.calibration_mass(),
+                           writes={"mimetic_vproj": self.mimetic_vproj, "alpha2": self.alpha2, "beta2": self.beta2})
 
     def calibration_mass(self) -> float:
         """The mean attention on the target token that ``data_fit`` calibrates each head to:
@@ -544,147 +408,3 @@ class ImpulseInit(InitSpec):
         if self.target_mass is not None:
             return float(self.target_mass)
         return float(recipe_params("fast", {})["target_mass"])
-
-
-def prefixed_columns(columns, tokens: int):
-    """Grid target columns ``[H, N]`` as columns over all ``tokens`` (``T = prefix + N``) of a
-    model with prefix tokens (a class token) first: prefix rows get ``-1`` (no target: not fitted),
-    grid targets shift by the prefix. ``[H, T]`` int64."""
-    import torch
-
-    cols = torch.as_tensor(np.asarray(columns)).long()
-    prefix = int(tokens) - int(cols.shape[1])
-    if prefix < 0:
-        raise UsageError(f"the model has {tokens} tokens, fewer than the {cols.shape[1]} of the grid")
-    if not prefix:
-        return cols
-    shifted = torch.where(cols >= 0, cols + prefix, cols)
-    return torch.cat([torch.full((cols.shape[0], prefix), -1, dtype=torch.long), shifted], dim=1)
-
-
-def prefixed_mask(mask, tokens: int):
-    """A grid's visible-key mask ``[N, N]`` (or ``None``) over all ``tokens`` with prefix tokens
-    first (they see and are seen by every token), as a bool tensor ``[T, T]``."""
-    import torch
-
-    if mask is None:
-        return None
-    m = torch.as_tensor(np.asarray(mask)).bool()
-    prefix = int(tokens) - int(m.shape[0])
-    if not prefix:
-        return m
-    full = torch.ones(tokens, tokens, dtype=torch.bool)
-    full[prefix:, prefix:] = m
-    return full
-
-
-class _Fitter:
-    """Runs the data fit of one :meth:`ImpulseInit.apply`, layer by layer in increasing order
-    (see :mod:`structinit.init.data_fit`): captures each layer's input on the batch as the
-    earlier, already written layers make it, refines, calibrates and writes the layer."""
-
-    def __init__(self, spec: "ImpulseInit", t, data, seed: int, progress=None, log=None):
-        self.spec, self.t, self.data, self.seed = spec, t, data, seed
-        self.progress, self.log = progress, log
-        self.total = len(t.layers) * (spec.data_fit + 1)
-        self.done = 0
-        self.inputs = None
-        self.seconds = 0.0
-        self.streamed = False
-        self.step_images = None
-        self.measured: List[Dict[str, Any]] = []
-        self.measured_on = 0
-
-    def tick(self) -> None:
-        self.done += 1
-        self.poll()
-
-    def poll(self) -> None:
-        if self.progress is not None:
-            self.progress(self.done, self.total)
-
-    def layer_input(self, index: int):
-        if self.spec.data_fit_version == 1:  # the whole model on the whole batch for every layer, as it was
-            from structinit.analysis.capture import attention_inputs
-
-            return attention_inputs(self.t.model, self.data)[index].float()
-        if self.inputs is None:
-            from structinit.analysis.capture import LayerInputs, projection_module
-
-            modules = [projection_module(self.t.model, s.q.key) for s in self.t.det.slots]
-            self.inputs = LayerInputs(self.t.model, self.data, modules, between=self.poll)
-            self.streamed = self.inputs.streamed
-        return self.inputs(index)
-
-    def fit(self, slot, q, k, cols, mask) -> None:
-        """Refine layer ``slot`` from ``q, k`` (the written plain solve), mix in the self term
-        (``self_weight``), calibrate and write it."""
-        import time
-
-        from structinit.init import data_fit
-        from structinit.init.inject import write_qk
-
-        spec = self.spec
-        start = time.perf_counter()
-        x = self.layer_input(slot.index)
-        columns = prefixed_columns(cols, x.shape[1])
-        visible = prefixed_mask(mask, x.shape[1])
-        if spec.data_fit_version == 1:
-            q, k = data_fit.refine_qk(x, q, k, columns, steps=spec.data_fit, mass=spec.data_fit_mass,
-                                      l2=spec.data_fit_l2, lr=spec.data_fit_lr, norm=spec.data_fit_norm, mask=visible)
-            self.done += spec.data_fit
-        else:
-            self.step_images = min(data_fit.step_images(x.shape[1], spec.data_fit_batch), int(x.shape[0]))
-            q, k = data_fit.refine_qk_minibatch(
-                x, q, k, columns, steps=spec.data_fit, mass=spec.data_fit_mass, l2=spec.data_fit_l2,
-                lr=spec.data_fit_lr, norm=spec.data_fit_norm, batch=spec.data_fit_batch, mask=visible,
-                seed=self.seed * 1_000_003 + slot.index, tick=self.tick)
-        if spec.self_weight:
-            from structinit.init.self_shift import add_self_term
-
-            q, k = add_self_term(q, k, spec.self_weight)
-        calibrate = data_fit.calibrate_on_batch if spec.data_fit_version == 1 else data_fit.calibrate
-        q, k = calibrate(x, q, k, columns, spec.calibration_mass(), visible)
-        write_qk(self.t.sd, slot, q, k)
-        if spec.data_fit_version > 1:
-            self.measure(slot.index, x, q, k, columns, visible)
-        self.tick()
-        took = time.perf_counter() - start
-        self.seconds += took
-        if self.log is not None:
-            self.log(f"data fit: layer {slot.index} ({self.t.layers.index(slot.index) + 1}/{len(self.t.layers)}) "
-                     f"on {int(x.shape[0])} inputs in {took:.1f}s")
-
-    def measure(self, index: int, x, q, k, columns, visible) -> None:
-        """Layer ``index``'s attention with the written ``q, k`` on (the first
-        :data:`~structinit.init.data_fit.CALIBRATION_SAMPLES` of) its fitted inputs ``x``: hit rate,
-        target mass (per head too) and the share inside the filter's window, over grid queries."""
-        from structinit.analysis.fidelity import window_mask
-        from structinit.analysis.quality import attention_maps, attention_quality
-        from structinit.init.data_fit import CALIBRATION_SAMPLES
-
-        sub = x[:CALIBRATION_SAMPLES]
-        prefix = int(x.shape[1]) - self.t.grid.tokens
-        attn = attention_maps(sub[:, None], q[None].to(sub.device), k[None].to(sub.device),
-                              None if visible is None else visible.to(sub.device))[:, :, prefix:, :]
-        got = attention_quality(attn, columns[:, prefix:].to(sub.device))
-        import torch
-
-        window = torch.from_numpy(window_mask(self.t.grid, self.spec.filter, prefix)).to(attn.device)
-        heads = {m: [round(float(v), 6) for v in got[m].mean(0)] for m in ("hit_rate", "target_mass")}
-        self.measured.append({"layer": index, **{m: float(np.mean(v)) for m, v in heads.items()},
-                              "window_mass": float((attn * window).sum(-1).mean()), "heads": heads})
-        self.measured_on = int(sub.shape[0])
-
-    def report(self, rows, config) -> Dict[str, Any]:
-        """The fit's record for the init report: per layer the attention on the fitted inputs
-        (version 1: the whole batch through the model; version 2: measured as each layer was written)."""
-        if self.spec.data_fit_version == 1:
-            from structinit.analysis.fidelity import data_attention_quality
-
-            return data_attention_quality(self.t.model, self.data, [r["offsets"] for r in rows], config.grid,
-                                          padding=config.padding, causal=config.causal,
-                                          layers=[r["layer"] for r in rows])
-        layers = self.measured
-        mean = {m: float(np.mean([r[m] for r in layers])) for m in ("hit_rate", "target_mass", "window_mass")}
-        return {"samples": int(self.data.shape[0]), "measured_on": self.measured_on, "layers": layers, **mean}

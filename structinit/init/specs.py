@@ -99,9 +99,11 @@ def initialize(target, spec: Union[str, InitSpec], *, grid=None, heads: Optional
     ``grid``/``heads`` are needed only where the target does not tell; ``layers`` selects attention
     layers (``None``: all; a spec such as ``"0-3,5"`` or a list of indices). ``data``: a batch of
     real, normalized inputs for a method that fits to them (impulse, whose ``data_fit`` is on by
-    default); the others do not use it. A model initialized by such a method without ``data`` gets
-    its unfitted form and a :class:`~structinit.errors.StructinitWarning`, as does a fit that leaves a
-    layer hitting its offsets in under 0.9 of the batch's rows. ``progress(done, total)``
+    default); the others do not use it. Without ``data`` the fit runs on Gaussian noise inputs of
+    the model's input shape, and one line says so (to ``log``, else a
+    :class:`~structinit.errors.StructinitWarning`); a state dict, which holds no model, gets the
+    plain solve and a warning, as does a fit that leaves a layer hitting its offsets in under 0.9 of
+    its inputs' rows. ``progress(done, total)``
     follows that fit step by step (raise from it to stop the fit), ``log(message)`` gets a line
     per fitted layer, and ``source`` (words) says where ``data`` came from, for the fitted artifact.
     """
@@ -114,17 +116,20 @@ def initialize(target, spec: Union[str, InitSpec], *, grid=None, heads: Optional
         return spec.apply(t, seed=seed, cache_dir=cache_dir, device=device)
     report = spec.apply(t, seed=seed, cache_dir=cache_dir, device=device, data=data, fit_progress=progress, log=log,
                         source=source)
+    from structinit.init.impulse import position_hint, structure_warning
+    from structinit.init.impulse_write import noise_notice
+
     skipped = (report.get("data_fit") or {}).get("skipped")
     if skipped and t.model is not None:
         warnings.warn(StructinitWarning(f"{spec.method} {param('data_fit')} {skipped}"), stacklevel=3)
-    from structinit.init.impulse import position_hint, structure_warning
-
+    notice = noise_notice(report)
+    if notice and log is not None:
+        log(StructinitWarning(notice).render())
+    elif notice:
+        warnings.warn(StructinitWarning(notice), stacklevel=3)
     hint = None
-    if spec.method == "impulse" and not report.get("fit_pe") and t.model is not None:
-        import torch
-
-        if isinstance(getattr(t.model, "pos_embed", None), torch.Tensor):  # pe_scale writes that embedding
-            hint = position_hint(report.get("pe_scale"), checkpoint=False)
+    if spec.method == "impulse" and not report.get("fit_pe") and t.model is not None and t.pos_key is not None:
+        hint = position_hint(report.get("pe_scale"), checkpoint=False)
     weak = structure_warning(report, hint)
     if weak:
         warnings.warn(StructinitWarning(f"{spec.method}: {weak}"), stacklevel=3)
@@ -142,8 +147,9 @@ def initialize_model(model, spec: Union[str, InitSpec], *, grid=None, seed: int 
         model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=2,
                                   class_token=False, global_pool="avg", num_classes=10)
         set_sincos_pos_embed(model)
-        report = initialize_model(model, "impulse", data=images[:256])  # fitted to real inputs (the default)
-        report = initialize_model(model, "impulse", filter=5, data_fit=0)  # the plain solve, no data
+        report = initialize_model(model, "impulse", data=images[:256])  # fitted to real inputs
+        report = initialize_model(model, "impulse")             # fitted to noise inputs: no data needed
+        report = initialize_model(model, "impulse", data_fit=0)  # the plain solve (measured to lose)
     """
     from structinit.init.target import is_module
 

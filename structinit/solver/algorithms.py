@@ -62,6 +62,7 @@ import torch
 
 from structinit.analysis.quality import attention_logits
 from structinit.errors import UsageError, param
+from structinit.solver.calibrate import log_scale_root
 from structinit.solver.recipes import RECIPES
 
 Solver = Callable[..., Tuple[torch.Tensor, torch.Tensor]]
@@ -192,7 +193,8 @@ def calibrate_head(xq: torch.Tensor, xk: torch.Tensor, columns: torch.Tensor, ta
                    tol: float = 1e-13, max_steps: int = 200, on_chunk: Optional[Callable[[], None]] = None,
                    start: float = 0.0, mask: Optional[torch.Tensor] = None) -> float:
     """The log-scale ``t`` in ``[-12, 12]`` at which the mean attention on the target token of one
-    head, ``softmax(e^t xq xk^T / sqrt(d))`` over the rows that have a target, equals ``target_mass``.
+    head, ``softmax(e^t xq xk^T / sqrt(d))`` over the rows that have a target, equals ``target_mass``
+    (found by :func:`~structinit.solver.calibrate.log_scale_root`).
 
     ``xq, xk: [N, d]`` float64 (the projected input), ``columns: [N]``, ``mask``: bool ``[N, N]``
     visible keys or ``None`` (see the module docstring). Newton steps on ``t``
@@ -235,18 +237,16 @@ def calibrate_head(xq: torch.Tensor, xk: torch.Tensor, columns: torch.Tensor, ta
                 on_chunk()
         return m / rows, dm / rows
 
-    lo, hi, t = -12.0, 12.0, min(max(start, -11.0), 11.0)
-    for _ in range(max_steps):
-        m, dm = mass_and_slope(t)
-        if m > target_mass:
-            hi = t
-        else:
-            lo = t
-        if abs(m - target_mass) <= tol or hi - lo <= tol:
-            break
-        step = t - (m - target_mass) / dm if dm > 0 else float("nan")
-        t = step if lo < step < hi else (lo + hi) / 2
-    return t
+    def f(u: torch.Tensor):
+        m, dm = mass_and_slope(float(u))
+        return torch.tensor([m], dtype=torch.float64), torch.tensor([dm], dtype=torch.float64)
+
+    def bound(v: float) -> torch.Tensor:
+        return torch.tensor([v], dtype=torch.float64)
+
+    t = log_scale_root(f, target_mass, bound(-12.0), bound(12.0), bound(min(max(start, -11.0), 11.0)),
+                       max_iter=max_steps, tol=tol, bracket_tol=tol)
+    return float(t)
 
 
 def distinct_heads(x: torch.Tensor, columns: torch.Tensor):

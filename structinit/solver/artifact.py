@@ -4,10 +4,12 @@ Tensors: ``q``, ``k`` float32 ``[layers, heads, D, d]``; ``offsets`` int32 ``[la
 as ``(dy, dx)``; ``pseudo_input`` float32 ``[N, D]`` (first layer) and, when the following layers
 use another one, ``pseudo_input_rest`` float32 ``[N, D]``.
 Metadata (strings): ``format`` (``structinit/1``), ``config`` (canonical JSON), ``key``,
-``stats`` (JSON), ``version``, and ``checksum`` (SHA-256 of the tensor bytes, so that a flipped
-byte is caught, not only a truncated file).
+``stats`` (JSON), ``version``, ``checksum`` (SHA-256 of the tensor bytes, so that a flipped byte
+is caught, not only a truncated file) and ``header_checksum`` (SHA-256 of the other metadata, so
+that an edited header is caught; artifacts written before it was added have none, and are read
+without it, except fitted ones).
 
-A *fitted* artifact (the impulse data fit's result, :mod:`structinit.init.fitted`) has one more
+A *fitted* artifact (the impulse data fit's result, :mod:`structinit.fit.artifact`) has one more
 metadata entry, ``fit`` (JSON): what the Q/K were fitted to (``identity``: the plain solve's key,
 digests of the model weights and of the batch the fit read, the fit's parameters and algorithm
 version) and what it measured. Its key is the hash of ``identity`` (:func:`fit_key`), not of the
@@ -59,10 +61,7 @@ class Artifact:
     @property
     def filename(self) -> str:
         """The config's file name; a fitted artifact's is ``n{N}-d{D}-h{heads}-f{f}-fit-{key}.safetensors``."""
-        if not self.fit:
-            return self.config.filename
-        c = self.config
-        return f"{c.grid.label}-d{c.dim}-h{c.heads}-f{c.filter}-fit-{self.key}.safetensors"
+        return fit_filename(self.config, self.key) if self.fit else self.config.filename
 
     def tensors(self) -> Dict[str, np.ndarray]:
         out = {"q": self.q, "k": self.k, "offsets": self.offsets, "pseudo_input": self.pseudo_input}
@@ -84,6 +83,13 @@ class Artifact:
         return self.pseudo_input
 
 
+def fit_filename(config: SolveConfig, key: str) -> str:
+    """A fitted artifact's file name: ``n{N}-d{D}-h{heads}-f{f}-fit-{key}.safetensors`` (the grid as
+    the plain solve of ``config`` names it)."""
+    c = config
+    return f"{c.grid.label}-d{c.dim}-h{c.heads}-f{c.filter}-fit-{key}.safetensors"
+
+
 def fit_key(identity: Dict[str, Any]) -> str:
     """Short hash (12 hex digits of SHA-256) of a fitted artifact's canonical ``identity`` JSON."""
     text = json.dumps(identity, sort_keys=True, separators=(",", ":"))
@@ -97,6 +103,13 @@ def _checksum(tensors: Dict[str, np.ndarray]) -> str:
         h.update(f"{name}:{t.dtype.str}:{list(t.shape)};".encode())
         h.update(t.tobytes())
     return h.hexdigest()
+
+
+def _header_checksum(meta: Dict[str, str]) -> str:
+    """SHA-256 of every metadata entry but this checksum itself (sorted JSON), so that an edited
+    header (a stats or fit entry changed by hand) is caught, not only edited tensors."""
+    rest = {k: v for k, v in meta.items() if k != "header_checksum"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def write_artifact(artifact: Artifact, path: Path) -> Path:
@@ -118,6 +131,7 @@ def write_artifact(artifact: Artifact, path: Path) -> Path:
     }
     if artifact.fit:
         meta["fit"] = json.dumps(artifact.fit, sort_keys=True)
+    meta["header_checksum"] = _header_checksum(meta)
     data = save(tensors, metadata=meta)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -160,6 +174,9 @@ def read_artifact(path: Path) -> Artifact:
         raise ArtifactError(f"{path}: key {meta.get('key')!r} does not match {what} (expected {want})")
     if meta.get("checksum") != _checksum(tensors):
         raise ArtifactError(f"{path}: checksum mismatch (the tensor data is corrupt)")
+    if "header_checksum" in meta or fit is not None:  # written since 0.3; a fitted artifact must have it
+        if meta.get("header_checksum") != _header_checksum(meta):
+            raise ArtifactError(f"{path}: header checksum mismatch (its metadata was edited or is corrupt)")
     missing = [n for n in ("q", "k", "offsets", "pseudo_input") if n not in tensors]
     if missing:
         raise ArtifactError(f"{path}: missing tensors {missing}")

@@ -16,10 +16,11 @@ import os
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Callable, Iterator, List, Optional, Tuple
 
-from structinit.errors import ArtifactError, StructinitError, UsageError, param
-from structinit.solver.artifact import Artifact, read_artifact
+from structinit.atomic import set_aside
+from structinit.errors import ArtifactError, Notice, StructinitError, UsageError, param
+from structinit.solver.artifact import Artifact, read_artifact, write_artifact
 
 ENV_VAR = "STRUCTINIT_CACHE"
 #: Seconds a writer waits for another process solving the same key before giving up with an error.
@@ -54,24 +55,97 @@ def check_cache_dir(cache_dir: Optional[os.PathLike]) -> None:
         raise UsageError(f"{param('cache_dir')} {cache_dir} is not a folder")
 
 
-def find_cached(filename: str, cache_dir: Optional[os.PathLike] = None, warn=None) -> Optional[Artifact]:
+def find_cached(filename: str, cache_dir: Optional[os.PathLike] = None, warn=None,
+                expect: Optional[Tuple[str, bool]] = None) -> Optional[Artifact]:
     """Load the artifact named ``filename`` from the first folder that holds a valid copy.
 
-    A corrupt copy in the user cache is reported through ``warn`` and removed (so it is solved
-    again); a corrupt shipped copy is reported and skipped.
+    ``expect``: ``(key, fitted)``, what the name must hold: an artifact of that key, a fitted one
+    or a plain solve. A copy in the user cache that is corrupt, holds something else (another
+    artifact copied under this name, an edited header) or is not a file is reported through
+    ``warn`` and set aside (``NAME.set-aside``, never deleted), so that it is computed again; such a
+    shipped copy is reported and skipped.
     """
     for i, folder in enumerate(search_dirs(cache_dir)):
         path = folder / filename
-        if not path.exists():
+        if not os.path.lexists(path):
             continue
+        what = "unusable"
         try:
-            return read_artifact(path)
+            if path.is_dir():
+                raise ArtifactError(f"{path}: a folder, not an artifact file")
+            what = "corrupt"
+            art = read_artifact(path)
+            what = "unusable"
+            if expect is not None:
+                check_expected(art, *expect)
+            return art
         except ArtifactError as exc:
-            if warn:
-                warn(f"ignoring corrupt artifact: {exc}; it will be recomputed")
+            moved = None
             if i == 0:
-                path.unlink(missing_ok=True)
+                try:
+                    moved = set_aside(path)
+                except OSError as err:
+                    raise StructinitError(f"{exc}; and it cannot be set aside ({err.strerror or err}): move it "
+                                          "away") from None
+            if warn:
+                where = f"; set aside as {moved.name}" if moved is not None else ""
+                warn(f"ignoring {what} artifact: {exc}{where}; it will be recomputed")
     return None
+
+
+def check_expected(art: Artifact, key: str, fitted: bool) -> None:
+    """Raise :class:`ArtifactError` unless ``art`` is the artifact of ``key``, fitted or plain as asked."""
+    kind = "fitted artifact" if art.fit else "plain solve"
+    want = "fitted artifact" if fitted else "plain solve"
+    if kind != want or art.key != key:
+        raise ArtifactError(f"{art.path}: holds the {kind} {art.key}, not the {want} {key} its name asks for")
+
+
+def load_or_compute(filename: str, compute: Callable[[], Artifact], *, key: str, fitted: bool,
+                    cache_dir: Optional[os.PathLike] = None, force: bool = False,
+                    warn: Optional[Callable[[str], None]] = None, wait: Optional[Callable[[str], None]] = None,
+                    before: Optional[Callable[[], None]] = None, what: str = "solved") -> Tuple[Artifact, bool]:
+    """``(artifact, cached)``: the artifact named ``filename`` (of ``key``; ``fitted`` or a plain
+    solve) from the cache, else ``compute()``d and stored in the user cache. The one routine of
+    every cached artifact (a solve, a fit):
+
+    1. a valid copy of what was asked for is returned (``force`` skips the look-up);
+    2. ``before()`` runs (checks that need no lock), the folder is created and the key's lock taken
+       (``wait(message)`` hears, in one line, that another process holds it, before waiting);
+    3. the cache is read again (the holder may have computed it), else ``compute()`` runs and its
+       artifact is written atomically.
+
+    A folder that cannot be created, locked or written is a :class:`StructinitError` naming
+    ``cache_dir``, and nothing partial is left in it; ``what`` (``solved``, ``fitted``) says in it
+    what was computed."""
+    check_cache_dir(cache_dir)
+    expect = (key, fitted)
+    if not force:
+        hit = find_cached(filename, cache_dir, warn, expect)
+        if hit is not None:
+            return hit, True
+    if before is not None:
+        before()
+    folder = user_cache_dir(cache_dir)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StructinitError(f"cannot create the {param('cache_dir')} folder {folder}: {exc.strerror or exc}") \
+            from None
+    with key_lock(folder, filename, wait=wait, doing="fitting" if fitted else "solving"):
+        if not force:  # another process may have computed it while we waited
+            hit = find_cached(filename, cache_dir, warn, expect)
+            if hit is not None:
+                return hit, True
+        artifact = compute()
+        noun = "fitted artifact" if fitted else "artifact"
+        try:
+            artifact.path = write_artifact(artifact, folder / filename)
+        except ArtifactError as exc:  # write_artifact's, its context the OSError of the failed write
+            reason = getattr(exc.__context__, "strerror", None) or exc
+            raise StructinitError(f"{what}, but cannot write the {noun} into the {param('cache_dir')} {folder}: "
+                                  f"{reason}; nothing was stored") from None
+    return artifact, False
 
 
 def list_artifacts(cache_dir: Optional[os.PathLike] = None) -> Iterator[Path]:
@@ -105,19 +179,29 @@ def resolve_artifact(spec, cache_dir: Optional[os.PathLike] = None) -> Artifact:
 
 
 @contextmanager
-def key_lock(folder: Path, filename: str, timeout: float = LOCK_TIMEOUT):
-    """Hold an exclusive lock for ``filename`` in ``folder`` while solving it; raises
-    :class:`StructinitError` after ``timeout`` seconds of waiting for another holder."""
+def key_lock(folder: Path, filename: str, timeout: float = LOCK_TIMEOUT, wait: Optional[Callable[[str], None]] = None,
+             doing: str = "solving"):
+    """Hold an exclusive lock for ``filename`` in ``folder`` while computing it; raises
+    :class:`StructinitError` after ``timeout`` seconds of waiting for another holder. ``wait(message)``
+    hears, once, that another process holds the lock (``doing``: ``solving``, ``fitting``), before
+    this one waits for it."""
     from filelock import FileLock, Timeout
 
     lock_dir = folder / ".locks"
+    path = lock_dir / (filename + ".lock")
     try:
         lock_dir.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(lock_dir / (filename + ".lock")), timeout=timeout)
-        lock.acquire()
+        lock = FileLock(str(path), timeout=timeout)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            if wait is not None:
+                wait(Notice(f"waiting for another process {doing} {filename} (it holds {path}); this one reads "
+                            "its result when it is done"))
+            lock.acquire()
     except Timeout:
-        raise StructinitError(f"waited {timeout:.0f} s for another process solving {filename} in {folder}; "
-                              f"if none is running, remove {lock_dir / (filename + '.lock')}") from None
+        raise StructinitError(f"waited {timeout:.0f} s for another process {doing} {filename} in {folder}; "
+                              f"if none is running, remove {path}") from None
     except OSError as exc:
         raise StructinitError(f"cannot lock the cache folder {folder}: {exc.strerror or exc}") from None
     try:

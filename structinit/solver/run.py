@@ -17,12 +17,12 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from structinit.errors import ArtifactError, StructinitError, UsageError, param
+from structinit.errors import StructinitError, UsageError, param
 from structinit.geometry.embedding import pseudo_input
 from structinit.geometry.targets import causal_mask, draw_offsets, impulse_columns
 from structinit.runtime import check_device, check_threads, duration_text, resolve_device, set_threads
-from structinit.solver.artifact import Artifact, write_artifact
-from structinit.solver.cache import check_cache_dir, find_cached, key_lock, user_cache_dir
+from structinit.solver.artifact import Artifact
+from structinit.solver.cache import check_cache_dir, load_or_compute
 from structinit.solver.config import SolveConfig, embedding_digest
 
 
@@ -269,8 +269,9 @@ def solve(config: SolveConfig, cache_dir: Optional[os.PathLike] = None, device: 
           threads: Optional[int] = None, embedding=None, log: Optional[Callable[[str], None]] = None) -> SolveResult:
     """The artifact for ``config``: from the cache if present and valid, else solved and stored.
 
-    Concurrent callers with the same key solve it once (a per-key lock) and every caller gets a
-    complete artifact; ``force`` re-solves and replaces the user-cache copy. ``embedding``: the
+    Concurrent callers with the same key solve it once (a per-key lock; ``log`` hears that this one
+    waits for another) and every caller gets a complete artifact; ``force`` re-solves and replaces
+    the user-cache copy (:func:`~structinit.solver.cache.load_or_compute`). ``embedding``: the
     position embedding of ``config.pos_embed`` (see :func:`compute`). A cache folder that cannot
     be created, locked or written is a :class:`StructinitError` (before solving where it can be
     told), and nothing partial is left in it.
@@ -279,28 +280,12 @@ def solve(config: SolveConfig, cache_dir: Optional[os.PathLike] = None, device: 
     check_cache_dir(cache_dir)
     if check_device(device) != "auto":
         resolve_device(device)  # an impossible device is an error even when the cache has the result
-    if not force:
-        hit = find_cached(config.filename, cache_dir, warn)
-        if hit is not None:
-            return SolveResult(hit, cached=True)
-    if embedding is not None:
-        check_embedding(config, embedding)
-    folder = user_cache_dir(cache_dir)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise StructinitError(f"cannot create the {param('cache_dir')} folder {folder}: "
-                              f"{exc.strerror or exc}") from None
-    with key_lock(folder, config.filename):
-        if not force:  # another process may have finished it while we waited for the lock
-            hit = find_cached(config.filename, cache_dir, warn)
-            if hit is not None:
-                return SolveResult(hit, cached=True)
-        artifact = compute(config, device, progress, threads, embedding, log=log)
-        try:
-            artifact.path = write_artifact(artifact, folder / config.filename)
-        except ArtifactError as exc:  # write_artifact's, its context the OSError of the failed write
-            reason = getattr(exc.__context__, "strerror", None) or exc
-            raise StructinitError(f"solved, but cannot write the artifact into the {param('cache_dir')} "
-                                  f"{folder}: {reason}; nothing was stored") from None
-    return SolveResult(artifact, cached=False)
+
+    def before() -> None:
+        if embedding is not None:
+            check_embedding(config, embedding)
+
+    artifact, cached = load_or_compute(
+        config.filename, lambda: compute(config, device, progress, threads, embedding, log=log), key=config.key,
+        fitted=False, cache_dir=cache_dir, force=force, warn=warn, wait=log, before=before, what="solved")
+    return SolveResult(artifact, cached=cached)

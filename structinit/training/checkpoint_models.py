@@ -121,7 +121,9 @@ def _structinit_model(ckpt, sd: Mapping, settings: dict) -> CheckpointModel:
         raise UsageError(f"{config.model} has no attention layers to fit")
     info = dataset_info(config.dataset)
     image_size = config.image_size or info.image_size
-    model = build_model(config.model_config(), num_classes=info.num_classes or 1000, image_size=image_size,
+    head = sd.get(ckpt.detected.model_prefix + "head.weight")
+    classes = info.num_classes or (int(head.shape[0]) if head is not None else 1000)  # imagefolder: the file's
+    model = build_model(config.model_config(), num_classes=classes, image_size=image_size,
                         in_chans=info.in_chans, default_patch=info.default_patch, seed=config.seed)
     _load(model, sd, ckpt.detected.model_prefix, f"{config.model} model its settings describe")
     arch = model.structinit_arch
@@ -188,27 +190,11 @@ def _timm_model(ckpt, sd: Mapping, model_name: Optional[str], heads: Optional[in
     kwargs = timm_vit_kwargs(sd, det.model_prefix, grid or det.grid)
     arch = ckpt.obj.get("arch") if isinstance(ckpt.obj, Mapping) else None
     name = model_name or (arch if isinstance(arch, str) and timm.is_model(arch) else None)
+    model = None
     if name is not None:
-        if not timm.is_model(name):
-            raise UsageError(f"{param('model_name')} {name!r} is not a timm model name (see timm.list_models)")
-        overrides = {k: kwargs[k] for k in ("img_size", "patch_size", "in_chans", "num_classes", "class_token",
-                                            "reg_tokens", "no_embed_class", "global_pool", "fc_norm")}
-        try:
-            model = timm.create_model(name, pretrained=False, **overrides)
-        except Exception as exc:  # noqa: BLE001 - a model that cannot take the checkpoint's shape
-            raise UsageError(f"timm cannot build {name} for the checkpoint's shape ({str(exc).splitlines()[0]})") \
-                from None
-        named = (int(model.embed_dim), len(model.blocks))
-        if named != (kwargs["embed_dim"], kwargs["depth"]):
-            raise UsageError(f"the checkpoint is not a {name}: its tensors have dim {kwargs['embed_dim']} and "
-                             f"depth {kwargs['depth']}, {name} has dim {named[0]} and depth {named[1]} (name "
-                             f"the model it was trained as with {param('model_name')}, or leave that out and give "
-                             f"{param('heads')})")
-        if heads is not None and int(model.blocks[0].attn.num_heads) != heads:
-            raise UsageError(f"{param('heads')} {heads} contradicts {name}, which has "
-                             f"{model.blocks[0].attn.num_heads} heads")
+        model = _named_timm_model(name, kwargs, heads, named=model_name is not None)
         how = f"timm {name}"
-    else:
+    if model is None:  # no name, or the file's arch hint contradicts its tensors: a ViT of the tensors' shape
         heads = heads or det.heads
         if heads is None:
             raise UsageError(f"the checkpoint does not tell its number of heads; give it with {param('heads')} "
@@ -224,6 +210,52 @@ def _timm_model(ckpt, sd: Mapping, model_name: Optional[str], heads: Optional[in
     return CheckpointModel(model, f"{how} ({shown}, heads={model.blocks[0].attn.num_heads})", "image",
                            (kwargs["in_chans"], *kwargs["img_size"]), grid=grid_,
                            heads=int(model.blocks[0].attn.num_heads))
+
+
+def timm_heads(name: str) -> int:
+    """The heads per layer of timm's model ``name`` (built at its defaults, without weights)."""
+    import timm
+
+    if not timm.is_model(name):
+        raise UsageError(f"{param('model_name')} {name!r} is not a timm model name (see timm.list_models)")
+    model = timm.create_model(name, pretrained=False)
+    try:
+        return int(model.blocks[0].attn.num_heads)
+    except (AttributeError, IndexError):
+        raise UsageError(f"{param('model_name')} {name!r} is not a ViT with blocks[i].attn") from None
+
+
+def _named_timm_model(name: str, kwargs: Dict[str, Any], heads: Optional[int], named: bool):
+    """timm's ``name`` built for the checkpoint's shape (``kwargs``). ``named``: the user named it,
+    so a model that cannot take the tensors is an error; else (timm's ``arch`` in the file) ``None``,
+    and the model is built from the tensors' shapes instead."""
+    import timm
+
+    if not timm.is_model(name):
+        raise UsageError(f"{param('model_name')} {name!r} is not a timm model name (see timm.list_models)")
+    overrides = {k: kwargs[k] for k in ("img_size", "patch_size", "in_chans", "num_classes", "class_token",
+                                        "reg_tokens", "no_embed_class", "global_pool", "fc_norm")}
+    try:
+        model = timm.create_model(name, pretrained=False, **overrides)
+    except Exception as exc:  # noqa: BLE001 - a model that cannot take the checkpoint's shape
+        if not named:
+            return None
+        raise UsageError(f"timm cannot build {name} for the checkpoint's shape ({str(exc).splitlines()[0]})") \
+            from None
+    shape = (int(model.embed_dim), len(model.blocks))
+    if shape != (kwargs["embed_dim"], kwargs["depth"]):
+        if not named:
+            return None
+        raise UsageError(f"the checkpoint is not a {name}: its tensors have dim {kwargs['embed_dim']} and "
+                         f"depth {kwargs['depth']}, {name} has dim {shape[0]} and depth {shape[1]} (name "
+                         f"the model it was trained as with {param('model_name')}, or leave that out and give "
+                         f"{param('heads')})")
+    if heads is not None and int(model.blocks[0].attn.num_heads) != heads:
+        if not named:
+            return None
+        raise UsageError(f"{param('heads')} {heads} contradicts {name}, which has "
+                         f"{model.blocks[0].attn.num_heads} heads")
+    return model
 
 
 # --------------------------------------------------------------------------- Hugging Face
@@ -281,4 +313,4 @@ def _hf_model(ckpt, sd: Mapping, config: Optional[str], grid) -> CheckpointModel
     return CheckpointModel(model, how, "image", (chans, side, side), grid=grid or det.grid, heads=heads)
 
 
-__all__ = ["CheckpointModel", "checkpoint_model", "timm_vit_kwargs", "hf_config"]
+__all__ = ["CheckpointModel", "checkpoint_model", "timm_vit_kwargs", "timm_heads", "hf_config"]

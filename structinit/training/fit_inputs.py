@@ -1,5 +1,5 @@
 """Real inputs for the impulse data fit of a checkpoint (``structinit apply --data SOURCE``), as the
-model sees them, and the fit of a checkpoint itself (:func:`fit_checkpoint`).
+model the checkpoint describes sees them (:func:`fit_inputs_for`).
 
 ``SOURCE`` is one of:
 
@@ -15,35 +15,28 @@ model sees them, and the fit of a checkpoint itself (:func:`fit_checkpoint`).
   them: ``[B, C, H, W]`` images, ``[B, C, L]`` or ``[B, L]`` sequences, ``[B, L]`` token ids.
 
 ``noise`` asks for no data: the fit runs on Gaussian inputs ``N(0, 1)`` of the model's input shape,
-as the impulse init's ``data_fit_inputs="noise"`` does (the same fit for the same seed).
+as it does without any data (the same fit for the same seed; :mod:`structinit.fit.inputs`).
 
-At most ``samples`` inputs are used (the first ones). Inputs of the wrong shape, type or range
-(images that look unnormalized: standard deviation above 20 or mean beyond +-10, say 0-255
-pixel values) are refused.
+At most ``samples`` inputs are used (the first ones). Floating inputs of another precision (NumPy's
+float64, float16, bfloat16) are cast to float32. Inputs of the wrong shape, type or range (images
+whose standard deviation is above 20 or whose mean is beyond +-10, say 0-255 pixel values) are
+refused, as are tensors that hold no batch (a 0-d or sparse tensor, strings, structured records).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from structinit.errors import StructinitError, UsageError, param
+from structinit.fit.inputs import FitInputs
 
 #: Images whose standard deviation or mean magnitude exceeds these look unnormalized.
 MAX_STD, MAX_MEAN = 20.0, 10.0
 #: The SOURCE that asks for no data: the fit runs on Gaussian inputs (the impulse init's
 #: ``data_fit_inputs="noise"``).
 NOISE = "noise"
-
-
-@dataclass
-class FitInputs:
-    """A batch for the data fit: ``x`` (as the model takes it) and ``source``, where it came from in words."""
-
-    x: Any
-    source: str
 
 
 def training_images(config, n: int):
@@ -66,26 +59,68 @@ def training_images(config, n: int):
     return torch.stack([data.train[i][0] for i in range(n)])
 
 
-def fit_inputs(source: str, built, samples: int, data_dir: Optional[os.PathLike] = None) -> FitInputs:
-    """The batch ``source`` names (see the module docstring) for the model ``built`` (a
-    :class:`~structinit.training.checkpoint_models.CheckpointModel`), checked against what it takes."""
+def fit_inputs_for(source, built, samples: int, data_dir: Optional[os.PathLike] = None) -> FitInputs:
+    """The batch ``source`` names (see the module docstring; a tensor is taken as it is) for the model
+    ``built`` (a :class:`~structinit.training.checkpoint_models.CheckpointModel`), checked against
+    what it takes; ``data_dir`` is where a named dataset is read from (refused for any other source)."""
     from structinit.training.datasets import DATASETS
 
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
         raise UsageError(f"{param('samples')} must be a positive integer, got {samples!r}")
-    text = str(source)
-    path = Path(text).expanduser()
-    if text in DATASETS and not path.exists():
-        got = _dataset_inputs(text, built, samples, data_dir)
-    elif path.is_dir():
-        got = _folder_inputs(path, built, samples)
-    elif path.is_file():
-        got = _file_inputs(path, samples)
+    if not isinstance(source, (str, os.PathLike)):
+        x = as_batch(source, "the given tensor")
+        got = FitInputs(x[:samples], "data", f"a tensor of {min(int(x.shape[0]), samples)} inputs")
+        _no_data_dir(data_dir, "a tensor")
     else:
-        raise UsageError(f"{param('data')} {text!r} is neither a dataset ({', '.join(DATASETS)}) nor an existing "
-                         "image folder or tensor file (.pt, .npy, .safetensors)")
+        text = str(source)
+        if text.strip() == "":
+            raise UsageError(f"{param('data')} needs a source (a dataset, an image folder, a tensor file or noise); "
+                             "it is empty")
+        path = Path(text).expanduser()
+        if text in DATASETS and not path.exists():
+            got = _dataset_inputs(text, built, samples, data_dir)
+        elif path.is_dir():
+            _no_data_dir(data_dir, f"the image folder {path}")
+            got = _folder_inputs(path, built, samples)
+        elif path.is_file():
+            _no_data_dir(data_dir, f"the tensor file {path}")
+            got = _file_inputs(path, samples)
+        else:
+            raise UsageError(f"{param('data')} {text!r} is neither a dataset ({', '.join(DATASETS)}) nor an existing "
+                             "image folder or tensor file (.pt, .npy, .safetensors)")
     check_inputs(got.x, built, where=got.source)
+    if got.x.is_floating_point() and got.x.dtype != _float32():
+        got.x = got.x.float()  # float64 (NumPy's default), float16, bfloat16: the model's own precision
     return got
+
+
+def _float32():
+    import torch
+
+    return torch.float32
+
+
+def _no_data_dir(data_dir, what: str) -> None:
+    if data_dir is not None:
+        raise UsageError(f"{param('data_dir')} is where a named dataset is read from; {param('data')} is {what}, so "
+                         "it would do nothing")
+
+
+def as_batch(x, where: str):
+    """``x`` as a dense tensor batch, or a :class:`UsageError` saying why it is not one (a 0-d, sparse
+    or non-numeric tensor; not a tensor at all)."""
+    import torch
+
+    if not isinstance(x, torch.Tensor):
+        raise UsageError(f"{param('data')} ({where}) holds a {type(x).__name__}, not one tensor of inputs")
+    if x.layout != torch.strided:
+        raise UsageError(f"{param('data')} ({where}) is a sparse tensor; give a dense one (x.to_dense())")
+    if x.dim() == 0:
+        raise UsageError(f"{param('data')} ({where}) is a single number (a 0-d tensor); give a batch [B, ...]")
+    if x.is_complex() or x.dtype == torch.bool:
+        raise UsageError(f"{param('data')} ({where}) is {str(x.dtype).replace('torch.', '')}; give float inputs "
+                         "normalized as the model sees them")
+    return x
 
 
 def _dataset_inputs(name: str, built, samples: int, data_dir) -> FitInputs:
@@ -102,7 +137,7 @@ def _dataset_inputs(name: str, built, samples: int, data_dir) -> FitInputs:
         if data_dir is not None:
             config = dataclasses.replace(config, data_dir=str(data_dir))
         x = training_images(config, samples)
-        return FitInputs(x, f"{name}: the run's first {int(x.shape[0])} training inputs")
+        return FitInputs(x, "data", f"{name}: the run's first {int(x.shape[0])} training inputs")
     if built.kind == "tokens":
         raise UsageError(f"the checkpoint's model takes token ids; {param('data')} {name} holds "
                          f"{dataset_info(name).kind}s (give a tensor file of token ids)")
@@ -112,7 +147,8 @@ def _dataset_inputs(name: str, built, samples: int, data_dir) -> FitInputs:
         raise UsageError(f"{param('data')} {name} streams from disk; give a folder of images or a tensor file")
     x = data.train.images[:samples]
     x = x if info.is_sequence else normalize(x, info.mean, info.std)
-    return FitInputs(x, f"{name}: the first {int(x.shape[0])} training inputs, normalized with its mean and std")
+    return FitInputs(x, "data", f"{name}: the first {int(x.shape[0])} training inputs, normalized with its mean and "
+                     "std")
 
 
 def _folder_inputs(folder: Path, built, samples: int) -> FitInputs:
@@ -144,8 +180,8 @@ def _folder_inputs(folder: Path, built, samples: int) -> FitInputs:
         raise UsageError(f"{param('data')}: the images have {x.shape[1]} channels; the model takes {chans}")
     mean = x.mean(dim=(0, 2, 3), keepdim=True)
     std = x.std(dim=(0, 2, 3), keepdim=True).clamp(min=1e-6)
-    return FitInputs((x - mean) / std, f"{folder}: {len(files)} images, resized to {h}x{w} and standardized "
-                                       "with their own mean and std")
+    return FitInputs((x - mean) / std, "data", f"{folder}: {len(files)} images, resized to {h}x{w} and "
+                     "standardized with their own mean and std")
 
 
 def _file_inputs(path: Path, samples: int) -> FitInputs:
@@ -155,7 +191,11 @@ def _file_inputs(path: Path, samples: int) -> FitInputs:
     suffix = path.suffix.lower()
     try:
         if suffix == ".npy":
-            x = torch.from_numpy(np.load(path, allow_pickle=False))
+            arr = np.load(path, allow_pickle=False)
+            if arr.dtype.kind not in "fiub":  # strings, structured records, dates: no numeric inputs
+                raise UsageError(f"{param('data')} {path} holds {arr.dtype} values, not numbers; give float inputs "
+                                 "normalized as the model sees them")
+            x = torch.from_numpy(np.ascontiguousarray(arr))
         elif suffix == ".safetensors":
             from safetensors.torch import load_file
 
@@ -180,9 +220,8 @@ def _file_inputs(path: Path, samples: int) -> FitInputs:
         raise UsageError(f"{param('data')} {path} is not a readable tensor file "
                          f"({str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__})") \
             from None
-    if not isinstance(x, torch.Tensor):
-        raise UsageError(f"{param('data')} {path} holds a {type(x).__name__}, not one tensor of inputs")
-    return FitInputs(x[:samples], f"{path}: the first {min(int(x.shape[0]) if x.dim() else 0, samples)} inputs")
+    x = as_batch(x, str(path))
+    return FitInputs(x[:samples], "data", f"{path}: the first {min(int(x.shape[0]), samples)} inputs")
 
 
 def check_inputs(x, built, where: str = "the inputs") -> None:
@@ -222,51 +261,4 @@ def _vocab(model) -> Optional[int]:
     return int(emb.num_embeddings) if emb is not None and hasattr(emb, "num_embeddings") else None
 
 
-def fit_checkpoint(path, spec="impulse", *, data, samples: int = 256, data_dir: Optional[os.PathLike] = None,
-                   model_name: Optional[str] = None, config: Optional[str] = None, heads: Optional[int] = None,
-                   grid=None, **apply_kwargs):
-    """Apply ``spec`` (impulse, with its data fit) to checkpoint ``path`` on real inputs: build the
-    model the checkpoint describes (:func:`~structinit.training.checkpoint_models.checkpoint_model`
-    with ``model_name``/``config``/``heads``/``grid``), take the batch ``data`` names (a source, see
-    the module docstring, ``"noise"``, or a tensor already normalized), fit, and write every copy of the model in
-    the file as :func:`~structinit.init.apply.apply_checkpoint` does (``apply_kwargs``). Returns its
-    report, with ``data_fit`` saying what was fitted to and what the attention on that batch is."""
-    from structinit.geometry.grid import Grid
-    from structinit.init.apply import apply_checkpoint
-    from structinit.init.checkpoints import load_checkpoint
-    from structinit.training.checkpoint_models import checkpoint_model
-
-    ckpt = load_checkpoint(path)
-    built = checkpoint_model(ckpt, model_name=model_name, config=config, heads=heads, grid=grid)
-    if isinstance(data, str) and data == NOISE:
-        from structinit.init.impulse import noise_inputs
-        from structinit.init.specs import init_spec
-
-        spec = init_spec(spec, data_fit_inputs="noise")
-        if built.kind == "tokens":
-            raise UsageError(f"{param('data')} noise is Gaussian inputs; the checkpoint's model takes token ids")
-        n = min(samples, spec.data_fit_samples)
-        shape = tuple(built.input_shape)
-        inputs = FitInputs(noise_inputs(shape, n, apply_kwargs.get("seed", 0)),
-                           f"noise: {n} Gaussian inputs N(0, 1) of shape {list(shape)}")
-    elif isinstance(data, (str, os.PathLike)):
-        inputs = fit_inputs(str(data), built, samples, data_dir)
-    else:
-        check_inputs(data, built, "the given tensor")
-        inputs = FitInputs(data[:samples], f"a tensor of {min(int(data.shape[0]), samples)} inputs")
-    if built.kind == "tokens" and grid is None:
-        grid = Grid((int(inputs.x.shape[1]),))  # a sequence model's grid is the inputs' length
-    grid = grid if grid is not None else built.grid
-    if built.kind == "sequence" and inputs.x.dim() == 2:
-        inputs.x = inputs.x.unsqueeze(1)
-
-    def build(ck, sd):
-        return checkpoint_model(ck, sd, model_name=model_name, config=config, heads=heads, grid=grid)
-
-    report = apply_checkpoint(path, spec, data=inputs.x, build=build, source=inputs.source,
-                              heads=heads if heads is not None else built.heads, grid=grid, **apply_kwargs)
-    report["data_source"] = inputs.source
-    return report
-
-
-__all__ = ["FitInputs", "fit_inputs", "check_inputs", "training_images", "fit_checkpoint"]
+__all__ = ["fit_inputs_for", "check_inputs", "as_batch", "training_images", "NOISE"]

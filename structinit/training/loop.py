@@ -364,13 +364,13 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
         init_record = None  # metrics.jsonl's epoch-0 line: the init's attention on real inputs
         recorded = (old or {}).get("init_report") if ck is not None else None
         if spec is not None and recorded is not None:
-            from structinit.init.specs import init_spec, initialize_model
+            from structinit.init.specs import initialize_model
 
             # Resumed: the checkpoint holds every weight, so the init runs only for what it sets
             # besides them (which parameters train, such as a position embedding it makes
             # learnable), without its data fit; the run keeps the report and the epoch-0 attention
             # it recorded when it started.
-            initialize_model(model, init_spec(spec, data_fit=0) if spec.uses_data else spec, seed=config.seed)
+            initialize_model(model, spec.without_fit() if spec.uses_data else spec, seed=config.seed)
             init_report = recorded
             init_seconds = (old or {}).get("init_seconds")
             if recorded.get("data_attention") is not None:
@@ -384,7 +384,7 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
                     fit_to = init_inputs(data.train, info)
                 else:
                     say(f"the init's data fit needs training inputs held in memory and {config.dataset} is read "
-                        "from disk: Q/K keep the plain solve")
+                        "from disk: it runs on noise inputs of the model's input shape")
             t_init = time.perf_counter()
             source = (f"{config.dataset}: the run's first {int(fit_to.shape[0])} training inputs"
                       if fit_to is not None else None)

@@ -1,4 +1,5 @@
-"""Data-aware impulse fit: Q/K refined on the inputs that real data gives each layer at init.
+"""The data fit's maths for one layer: Q/K refined on the inputs a batch gives the layer at init,
+then calibrated.
 
 The pseudo-input solve fits Q/K to position alone (the LayerNorm'd position embedding). In a model
 whose patch embedding is of the usual scale, the content of real images swamps the position signal
@@ -13,13 +14,14 @@ starts from the pseudo-input solution and refines each layer, in order, on a bat
    other visible keys, plus ``l2 * (|Q|^2 + |K|^2) / heads``. The penalty matters: a fit without it
    reaches the targets with weights hundreds of times larger than a trained layer's, which AdamW
    barely moves and which make attention hypersensitive to the residual stream as it changes;
-3. one temperature per head is set (bisection on the batch) so that the mean attention on the
-   target token equals ``target_mass``, with no logit above :data:`MAX_LOGIT` in magnitude (a head
-   whose hit rate on the batch is below the mass would otherwise be driven to a one-hot,
-   gradient-free attention).
+3. one temperature per head is set on the batch (the one calibrator,
+   :func:`structinit.solver.calibrate.log_scale_root`) so that the mean attention on the target
+   token equals ``target_mass``, with no logit above :data:`MAX_LOGIT` in magnitude (a head whose
+   hit rate on the batch is below the mass would otherwise be driven to a one-hot, gradient-free
+   attention).
 
-Versions (:data:`FIT_VERSIONS`; the version enters the run key and the fitted artifact's key, so
-a change to what a version computes needs a new number):
+Versions (:data:`~structinit.fit.settings.FIT_VERSIONS`; the version enters the run key and the
+fitted artifact's key, so a change to what a version computes needs a new number):
 
 - **1** (:func:`refine_qk`, :func:`calibrate_on_batch`): every step on the whole batch (256 images
   by default), the temperature by 60 bisection passes over it. About 100 s for the 4 layers of a
@@ -43,11 +45,10 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
+from structinit.solver.calibrate import log_scale_root
+
 #: The largest logit magnitude the calibration allows.
 MAX_LOGIT = 30.0
-#: The data fit's algorithm versions (see the module docstring) and the default.
-FIT_VERSIONS = (1, 2)
-DEFAULT_FIT_VERSION = 2
 #: Version 2: query rows per head in one step (the step's images: this over the tokens per image).
 ROWS_PER_STEP = 1024
 #: Version 2: images the temperature is calibrated on (the first of the batch).
@@ -166,16 +167,12 @@ def calibrate_on_batch(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, column
             p = torch.softmax(logits, -1)
             return (p.gather(-1, idx).squeeze(-1) * rows[None]).sum((0, 2)) / count
 
-        lo = torch.full((q.shape[0],), -12.0, device=x.device)
         top = base.abs().amax(dim=(0, 2, 3)).clamp(min=1e-12)
         hi = (MAX_LOGIT / top).log()
-        lo = torch.minimum(lo, hi)
-        for _ in range(steps):
-            mid = (lo + hi) / 2
-            above = mass_at(mid) > target_mass
-            hi = torch.where(above, mid, hi)
-            lo = torch.where(above, lo, mid)
-        root = ((lo + hi) / 2).exp().sqrt()[:, None, None]
+        lo = torch.minimum(torch.full((q.shape[0],), -12.0, device=x.device), hi)
+        u = log_scale_root(lambda u: (mass_at(u), None), target_mass, lo, hi, (lo + hi) / 2, max_iter=steps,
+                           newton=False)
+        root = u.exp().sqrt()[:, None, None]
         return (q * root).cpu(), (k * root).cpu()
 
 
@@ -235,23 +232,8 @@ def calibrate(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, columns: torch.
         top = base.abs().amax(dim=(0, 2, 3)).clamp(min=1e-12)
         hi = (MAX_LOGIT / top).log()
         lo = torch.minimum(torch.full((heads,), -12.0, device=x.device), hi)
-        u = torch.minimum(torch.zeros(heads, device=x.device), hi)  # start from the fitted scale
-        done = torch.zeros(heads, dtype=torch.bool, device=x.device)
-        m_hi, _ = mass_and_slope(hi)
-        done |= m_hi <= target_mass  # cannot reach it: stays at the bound
-        u = torch.where(done, hi, u)
-        for _ in range(max_iter):
-            m, dm = mass_and_slope(u)
-            close = (m - target_mass).abs() <= tol
-            done |= close
-            if bool(done.all()):
-                break
-            above = m > target_mass
-            hi = torch.where(above & ~done, u, hi)
-            lo = torch.where(~above & ~done, u, lo)
-            newton = u - (m - target_mass) / dm.clamp(min=1e-12)
-            inside = (newton > lo) & (newton < hi) & (dm > 1e-12)
-            nxt = torch.where(inside, newton, (lo + hi) / 2)
-            u = torch.where(done, u, nxt)
+        start = torch.minimum(torch.zeros(heads, device=x.device), hi)  # from the fitted scale
+        u = log_scale_root(mass_and_slope, target_mass, lo, hi, start, max_iter=max_iter, tol=tol, min_slope=1e-12,
+                           stop_if_unreachable=True)
         root = u.exp().sqrt()[:, None, None]
         return (q * root).cpu(), (k * root).cpu()

@@ -1,0 +1,179 @@
+"""``apply_checkpoint()``: initialize the attention of a saved checkpoint and write a new file, with
+the init that a model of the same weights gets from ``initialize_model``.
+
+Example::
+
+    from structinit import apply_checkpoint
+    report = apply_checkpoint("vit.pth")                    # impulse, fitted on noise inputs: no data
+    report = apply_checkpoint("vit.pth", data="digits", out="vit-fit.pth")   # fitted on real inputs
+    report = apply_checkpoint("vit.pth", "mimetic", heads=3, layers="0-5")
+    report["output"]        # vit.impulse.pth, beside the input
+    report["layers"][0]     # {"layer": 0, "replaced": [...], "hit_rate": ..., "target_mass": ...}
+
+The impulse init's data fit runs through the model the checkpoint describes
+(:mod:`structinit.training.checkpoint_models`: a timm ViT, a Hugging Face ViT/DeiT, BERT or GPT-2,
+a ``structinit train`` run), exactly as :func:`~structinit.init.specs.initialize_model` runs it on
+that model (:func:`structinit.init.impulse_write.prepare`): on the inputs ``data`` names
+(:mod:`structinit.training.fit_inputs`), else on noise inputs of the model's input shape. A learned
+position embedding gets the sin-cos table in its place (kept learnable), as on a model. The fitted
+Q/K (a cached fitted artifact) are then written into every copy of the model in the file. A
+checkpoint whose model structinit cannot build (``nn.MultiheadAttention``), or a model of token ids
+without ``data``, gets the plain solve, and the report's ``data_fit`` says why.
+
+Only the Q/K rows (and biases) of the selected layers change, plus V/proj where the spec says so
+(mimetic, or impulse with ``mimetic_vproj``) and the position embedding (``set_pe``, or the table
+for a learned one); every other tensor and entry is written back as loaded. Files are written as
+:mod:`structinit.init.apply` says (nothing the user has is replaced unless asked).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, Dict, Optional, Tuple, Union
+
+from structinit.errors import StructinitError, UsageError, param
+from structinit.init.apply import ApplyOptions, LoadedCheckpoint, load_for_apply, write_checkpoint, write_position_table
+from structinit.init.base import InitSpec
+from structinit.init.specs import init_spec
+from structinit.init.target import AttentionTarget
+
+#: Layouts whose model structinit can build and run inputs through (a ``structinit train`` run too).
+BUILDABLE = ("timm-vit", "hf-vit", "hf-vit-v5", "hf-bert", "hf-gpt2")
+#: The words of the position table written in place of a learned embedding.
+TABLE_IN_PLACE = "sin-cos table x1 in place of the checkpoint's own {key}, kept learnable"
+
+
+def split_settings(options: Optional[ApplyOptions], settings: Dict[str, Any]) -> Tuple[ApplyOptions, Dict[str, Any]]:
+    """``(options, init parameters)``: the names of ``settings`` that are :class:`ApplyOptions`
+    fields replace those of ``options`` (default: the defaults); the rest are the init's."""
+    fields = {f.name for f in dataclasses.fields(ApplyOptions)}
+    given = {k: v for k, v in settings.items() if k in fields}
+    options = dataclasses.replace(options or ApplyOptions(), **given)
+    return options, {k: v for k, v in settings.items() if k not in fields}
+
+
+def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] = "impulse",
+                     options: Optional[ApplyOptions] = None, *,
+                     progress: Optional[Callable[[int, int], None]] = None,
+                     log: Optional[Callable[[str], None]] = None,
+                     fit_progress: Optional[Callable[[int, int], None]] = None, **settings: Any) -> Dict[str, Any]:
+    """Initialize checkpoint ``path`` with ``spec`` (a spec, or a method name) and write the result
+    (see the module docstring). ``options`` (:class:`~structinit.init.apply.ApplyOptions`) says where
+    and how; ``settings`` are more options by name (``out=...``, ``data=...``) or the init's
+    parameters (``filter=5``). ``progress(done, total)`` follows the solve and the layers,
+    ``fit_progress`` the data fit, ``log(message)`` hears each stage (and the fit's estimated time).
+    Returns a JSON-able report; with ``dry_run`` the plan only (nothing solved, built or written)."""
+    options, params = split_settings(options, settings)
+    spec = init_spec(spec, **params)
+    if options.model_name is not None and options.heads is None:  # a named timm model tells its heads
+        from structinit.training.checkpoint_models import timm_heads
+
+        options = dataclasses.replace(options, heads=timm_heads(options.model_name))
+    loaded = load_for_apply(path, spec, options)
+    fits = spec.method == "impulse" and spec.uses_data
+    model_path = fits and _can_fit(loaded, options)
+    table = model_path and _needs_table(spec, loaded, options)
+    if spec.method == "impulse" and options.set_pe is None and not table:
+        spec.check_embedding(loaded.first)  # a learned embedding it will not replace needs set_pe or fit_pe
+    if table:
+        loaded.plan["pos_embed_written"] = TABLE_IN_PLACE.format(key=loaded.ckpt.detected.pos_key)
+    if options.dry_run:
+        loaded.plan["dry_run"] = True
+        loaded.plan["data_fit"] = "through the model the checkpoint describes" if model_path else None
+        return loaded.plan
+    say = log or (lambda message: None)
+    if options.set_pe:
+        write_position_table(loaded, loaded.plan["pe_scale"])
+    elif table:
+        write_position_table(loaded, 1.0)
+    prepared = None
+    if model_path:
+        prepared = _prepare_on_model(loaded, spec, options, say, progress, fit_progress)
+    report = write_checkpoint(loaded, spec, options, prepared, progress, log)
+    if fits and not model_path:
+        report["data_fit"] = {"skipped": _why_no_fit(loaded)}
+    if prepared is not None and prepared.inputs is not None:
+        report["data_source"] = prepared.inputs.source  # this call's inputs (a cached fit says it was read)
+    return report
+
+
+def _can_fit(loaded: LoadedCheckpoint, options: ApplyOptions) -> bool:
+    """Whether the data fit can run on this checkpoint: its model can be built, and it takes
+    inputs that noise can stand for or ``data`` gives. With ``data``, a checkpoint whose model
+    cannot be built is refused."""
+    ckpt = loaded.ckpt
+    layout = ckpt.detected.layout
+    buildable = layout.name in BUILDABLE or "shape" in ckpt.extra
+    if options.data is not None:
+        if not buildable:
+            raise UsageError(f"{param('data')} runs inputs through the model the checkpoint describes, and "
+                             f"structinit cannot build the model of a {layout.name} checkpoint (timm ViTs, Hugging "
+                             "Face ViT/DeiT, BERT and GPT-2, and structinit train checkpoints it can)")
+        return True
+    return buildable and not layout.sequence  # noise cannot stand for token ids
+
+
+def _why_no_fit(loaded: LoadedCheckpoint) -> str:
+    """Why the data fit did not run on a checkpoint (the report's ``data_fit.skipped``)."""
+    layout = loaded.ckpt.detected.layout
+    plain = ("so Q/K are the plain solve on the position embedding alone, which real inputs mostly wash out "
+             "(data_fit=0 asks for it explicitly)")
+    if layout.sequence:
+        return (f"not run: the {layout.name} checkpoint's model takes token ids, which noise cannot stand for; give "
+                f"data (token ids [B, L]) to fit them; {plain}")
+    return f"not run: structinit cannot build and run the model of a {layout.name} checkpoint, {plain}"
+
+
+def _needs_table(spec, loaded: LoadedCheckpoint, options: ApplyOptions) -> bool:
+    """Whether the sin-cos table replaces a learned position embedding, as on a model (see
+    :func:`structinit.init.impulse_write.write_position`)."""
+    first = loaded.first
+    pos = loaded.ckpt.detected.pos_key
+    return (options.set_pe is None and not spec.fit_pe and spec.artifact is None and spec.pe_scale is None
+            and pos is not None and first.pos_embed_kind() == "other" and first.sd[pos].dim() == 3)
+
+
+def _regrid(loaded: LoadedCheckpoint, grid, options: ApplyOptions) -> None:
+    """See every copy of the model in ``loaded`` on ``grid`` (a sequence's length, from its inputs)."""
+    loaded.views = [AttentionTarget(view.sd, grid, view.heads, options.layers) for view in loaded.views]
+    loaded.plan["grid"] = list(grid)
+
+
+def _prepare_on_model(loaded: LoadedCheckpoint, spec, options: ApplyOptions, say, progress, fit_progress):
+    """Build the checkpoint's model from its first state dict (position table already written) and
+    prepare the impulse init on it as ``initialize_model`` does: ``Prepared`` (the fitted artifact)."""
+    from structinit.geometry.grid import Grid
+    from structinit.init.impulse_write import prepare
+    from structinit.training.checkpoint_models import checkpoint_model
+    from structinit.training.fit_inputs import NOISE, fit_inputs_for
+
+    first = loaded.first
+    say("building the model")
+    built = checkpoint_model(loaded.ckpt, first.sd, model_name=options.model_name, config=options.config,
+                             heads=first.heads, grid=first.grid)
+    data, source = None, None
+    if options.data is not None and not (isinstance(options.data, str) and options.data == NOISE):
+        inputs = fit_inputs_for(options.data, built, options.samples or spec.data_fit_samples, options.data_dir)
+        data, source = inputs.x, inputs.source
+    elif options.samples is not None:
+        spec = init_spec(spec, data_fit_samples=min(options.samples, spec.data_fit_samples))
+    if built.kind == "tokens" and options.grid is None and data is not None:
+        _regrid(loaded, Grid((int(data.shape[-1]),)), options)  # a sequence model's grid is the inputs' length
+        first = loaded.first
+    if built.kind == "sequence" and data is not None and data.dim() == 2:
+        data = data.unsqueeze(1)
+    view = AttentionTarget(built.model, first.grid, first.heads, options.layers)
+    if (tuple(view.grid), view.dim, view.depth) != (tuple(first.grid), first.dim, first.depth):
+        raise StructinitError(f"the model built for {loaded.path} ({built.how}) has grid {view.grid.describe()}, dim "
+                              f"{view.dim}, depth {view.depth}; the checkpoint has grid {first.grid.describe()}, dim "
+                              f"{first.dim}, depth {first.depth}")
+    spec.check_target(view)
+    say("solving" if spec.artifact is None else "reading the artifact")
+    prepared = prepare(spec, view, seed=options.seed, cache_dir=options.cache_dir, device=options.device,
+                       progress=progress, data=data, fit_progress=fit_progress, log=say, source=source)
+    loaded.plan["model"] = built.how
+    return prepared
+
+
+__all__ = ["apply_checkpoint", "split_settings", "BUILDABLE"]
