@@ -331,9 +331,9 @@ def test_a_state_dict_checkpoint_path_refuses_data_fit_with_one_line(tmp_path, c
 def test_grid_attention_figures_see_the_model_train_starts_from():
     """bench report --attention rebuilds each run's initialized model: a data-fitted init gets the
     run's own first training inputs, so its Q/K are the ones train starts from."""
-    from structinit.bench.attention import initialized_model
     from structinit.training.datasets import split_train
     from structinit.training.loop import init_inputs
+    from structinit.training.run_models import initialized_model
 
     cfg = TrainConfig(dataset="digits", init="impulse", init_params={"data_fit": 4, "data_fit_samples": 16},
                       train_size=100, val_size=300, seed=2)
