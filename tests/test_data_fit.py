@@ -286,8 +286,8 @@ def test_the_digits_grid_keeps_its_committed_runs():
     row is the default, version 2."""
     from pathlib import Path
 
-    from structinit.bench.expand import expand
-    from structinit.bench.gridspec import load_grid
+    from structinit.experiments.expand import expand
+    from structinit.experiments.gridspec import load_grid
 
     committed = Path(__file__).resolve().parents[1] / "docs" / "results" / "digits-default" / "grid.toml"
     only = ["train_size=100", "init=impulse,impulse-plain"]

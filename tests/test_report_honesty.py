@@ -10,11 +10,11 @@ import json
 import pytest
 import torch
 
-from structinit.bench.expand import expand
-from structinit.bench.gridspec import parse_grid_text
-from structinit.bench.launch import prepare
-from structinit.bench.report import collect, markdown, reports_for_folder
-from structinit.bench.task import run_task
+from structinit.experiments.expand import expand
+from structinit.experiments.gridspec import parse_grid_text
+from structinit.experiments.launch import prepare
+from structinit.experiments.report import collect, markdown, reports_for_folder
+from structinit.experiments.task import run_task
 
 GRID = """\
 name = "h"
@@ -83,7 +83,7 @@ def test_one_seed_is_shown_as_one_and_failed_cells_as_failed(runs):
 
 
 def _cells_csv(rep):
-    from structinit.bench.report import cells_csv
+    from structinit.experiments.report import cells_csv
 
     return cells_csv([rep])
 
@@ -155,7 +155,7 @@ def test_a_forced_report_replaces_the_earlier_one_whole(runs, tmp_path, cli):  #
 # --------------------------------------------------------------------------- figures
 
 def test_accuracy_panels_share_one_scale_and_the_legend_is_outside_the_data(runs):
-    from structinit.bench.plots import accuracy_figure, curves_figure, wrap
+    from structinit.experiments.plots import accuracy_figure, curves_figure, wrap
 
     _, ex = runs
     rep = collect(ex)
@@ -174,7 +174,7 @@ def test_attention_figures_have_one_colour_scale(tmp_path):
     import numpy as np
 
     from structinit.analysis.figures import attention_figure, band_figure
-    from structinit.bench.attention import attention_grid_figure, grid_attention
+    from structinit.experiments.attention import attention_grid_figure, grid_attention
 
     def scales(fig):
         return {tuple(im.get_clim()) for ax in fig.axes for im in ax.get_images()}

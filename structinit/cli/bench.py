@@ -77,7 +77,7 @@ def bench_solver(
     json_out: JsonOut = False,
 ):
     """Run solver recipes on one shape in one process: seconds, MSE, hit rate, target mass."""
-    from structinit.bench.solver import run_solver_bench, solver_bench_table
+    from structinit.benchmarks.solver import run_solver_bench, solver_bench_table
     from structinit.geometry.grid import parse_grid
     from structinit.runtime import use_threads
 
@@ -123,7 +123,7 @@ def bench_fit(
     json_out: JsonOut = False,
 ):
     """Time the default impulse init with its data fit against training steps of the same model."""
-    from structinit.bench.fit import fit_bench_table, run_fit_bench
+    from structinit.benchmarks.fit import fit_bench_table, run_fit_bench
     from structinit.errors import UsageError
     from structinit.runtime import use_threads
 
@@ -166,7 +166,7 @@ def bench_loop(
     json_out: JsonOut = False,
 ):
     """Images per second of train's epoch loop against a bare PyTorch loop of the same recipe."""
-    from structinit.bench.fit import loop_bench_table, run_loop_bench
+    from structinit.benchmarks.loop import loop_bench_table, run_loop_bench
     from structinit.runtime import use_threads
 
     use_threads(threads)
@@ -238,7 +238,7 @@ def _grid_command(grid: str, out: Path, overrides: List[str], seeds: Optional[st
 
 
 def _list_grids(json_out: bool) -> None:
-    from structinit.bench.gridspec import load_grid, shipped_grids
+    from structinit.experiments.gridspec import load_grid, shipped_grids
 
     rows = [load_grid(name).summary() for name in shipped_grids()]
     if json_out:
@@ -344,9 +344,11 @@ def bench_grid(
     """
     import time
 
-    from structinit.bench.expand import MAX_RUNS, expand
-    from structinit.bench.gridspec import load_grid
-    from structinit.bench.launch import (
+    from structinit.cli.common import declared_flags, flag_for
+    from structinit.errors import StructinitError, UsageError
+    from structinit.experiments.expand import MAX_RUNS, expand
+    from structinit.experiments.gridspec import load_grid
+    from structinit.experiments.launch import (
         check_environment,
         check_launcher,
         prepare,
@@ -354,9 +356,7 @@ def bench_grid(
         print_commands,
         run_local,
     )
-    from structinit.bench.status import grid_status, status_text
-    from structinit.cli.common import declared_flags, flag_for
-    from structinit.errors import StructinitError, UsageError
+    from structinit.experiments.status import grid_status, status_text
 
     t0 = time.perf_counter()
     check_launcher(launcher)
@@ -368,7 +368,7 @@ def bench_grid(
         raise UsageError("give a grid: a shipped name (structinit bench grid --list) or a .toml file")
     options = None
     if launcher == "slurm":  # bad cluster options are refused before anything else is said or done
-        from structinit.bench.slurm import SlurmOptions, check_sbatch
+        from structinit.experiments.slurm import SlurmOptions, check_sbatch
 
         options = SlurmOptions(partition=partition, time=time_limit, gpus=gpus, cpus=cpus, mem=mem, account=account,
                                qos=qos, extra=list(sbatch), max_concurrent=max_concurrent,
@@ -413,7 +413,7 @@ def bench_grid(
             typer.echo("\n".join(c["command"] for c in cmds))
         return
     if launcher == "slurm":
-        from structinit.bench.slurm import submit, write_job
+        from structinit.experiments.slurm import submit, write_job
 
         job = write_job(ex, todo, options, command=command)
         result.update(script=str(job.script), tasks=str(job.tasks), logs=str(job.folder / "logs"))
@@ -488,11 +488,11 @@ def bench_report(
     difference to the baseline paired by seed, the paper's number beside ours); unfinished cells
     are marked; the best epoch is shown as such, chosen on the validation split when there is one.
     """
-    from structinit.bench.expand import MAX_RUNS, expand
-    from structinit.bench.gridspec import load_grid
-    from structinit.bench.output import render_report, stale_report_files, write_report
-    from structinit.bench.report import collect, markdown, read_runs_csv, reports_for_folder
     from structinit.errors import UsageError
+    from structinit.experiments.expand import MAX_RUNS, expand
+    from structinit.experiments.gridspec import load_grid
+    from structinit.experiments.output import render_report, stale_report_files, write_report
+    from structinit.experiments.report import collect, markdown, read_runs_csv, reports_for_folder
 
     if report_dir is None:
         extra = _given(ctx, {"force": "--force", "figures": "--figures/--no-figures", "attention": "--attention",
@@ -545,7 +545,7 @@ def bench_report(
     att = None
     if attention:
         from structinit.analysis.figures import save_png  # noqa: F401  (matplotlib is needed)
-        from structinit.bench.attention import attention_grid_figure, column_arg, grid_attention
+        from structinit.experiments.attention import attention_grid_figure, column_arg, grid_attention
 
         att = {}
         for rep in reports:
@@ -588,7 +588,7 @@ def bench_run(
     """
     import sys
 
-    from structinit.bench.task import Stopper, check_nproc, run_task
+    from structinit.experiments.task import Stopper, check_nproc, run_task
     from structinit.runtime import check_device, check_threads
 
     check_threads(threads)

@@ -18,7 +18,7 @@ import math
 import textwrap
 from typing import Dict, List, Optional, Tuple
 
-from structinit.bench.report import GridReport, RunResult
+from structinit.experiments.report import GridReport, RunResult
 
 #: Panels per row of a figure.
 PANELS_PER_ROW = 4

@@ -22,8 +22,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 
 from structinit.analysis.figures import shown_layers
-from structinit.bench.expand import Cell, Expansion
 from structinit.errors import UsageError, param
+from structinit.experiments.expand import Cell, Expansion
 from structinit.training.fit_inputs import training_images
 from structinit.training.run_models import initialized_model
 
@@ -43,7 +43,7 @@ class AttentionEntry:
 def _config_of(ex: Expansion, cell: Cell):
     if cell.config is not None:
         return cell.config
-    from structinit.bench.task import read_run_config
+    from structinit.experiments.task import read_run_config
 
     return read_run_config(ex.run_dir(cell))
 
