@@ -10,6 +10,9 @@ from typing_extensions import Annotated
 
 from structinit.cli.common import Device, Filter, GridOpt, JsonOut, Progress, Seed, Threads, emit_json, examples
 
+#: Library parameter names that bench exactness spells with another flag.
+ALIASES = {"padding": "--paddings"}
+
 EXAMPLES = examples(
     'structinit bench exactness                               # 8x8 grid, 3x3 kernel: 9 heads',
     'structinit bench exactness --grid 40 --filter 5 --json   # a sequence of 40, 5 heads',
