@@ -72,7 +72,7 @@ def run_fit_bench(preset: str = "vit-digits", *, dataset: Optional[str] = None, 
                   in_chans: int = 3, versions: Sequence[int] = (2,), samples: int = 256, train_steps: int = 10,
                   steps: int = 300, seed: int = 0, cache_dir=None, device: str = "cpu",
                   progress: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
-    """Time the impulse init with its data fit (each of ``versions``) on ``preset`` (see the module
+    """Time the impulse init with its data fit (each of ``versions``, distinct) on ``preset`` (see the module
     docstring), its plain solve cached first, on a fresh model each time; and ``train_steps``
     training steps of the model at batch 64. Returns ``{"shape", "train_step_seconds", "rows"}``;
     each row: ``version``, ``seconds`` (the whole init), ``fit_seconds`` (the fit itself),
@@ -90,6 +90,10 @@ def run_fit_bench(preset: str = "vit-digits", *, dataset: Optional[str] = None, 
     if bad or not versions:
         raise UsageError(f"{param('versions')} must be among {', '.join(map(str, FIT_VERSIONS))}, got "
                          f"{', '.join(map(str, versions)) or '(none)'}")
+    repeated = sorted({v for v in versions if list(versions).count(v) > 1})
+    if repeated:  # each version is one row: a repeat would time the same fit twice, as a second row
+        raise UsageError(f"{param('versions')} names version {', '.join(map(str, repeated))} more than once; each "
+                         "version is timed once")
     from structinit.runtime import resolve_device
 
     dev = resolve_device(device)
