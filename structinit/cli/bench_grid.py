@@ -69,6 +69,7 @@ LOCAL_OPTIONS = {"jobs": "--jobs"}
 
 
 def _list_grids(json_out: bool) -> None:
+    """``--list``: the shipped grids with their run counts and shapes, as text or JSON."""
     from structinit.experiments.gridspec import load_grid, shipped_grids
 
     rows = [load_grid(name).summary() for name in shipped_grids()]
@@ -236,6 +237,7 @@ def _runs_to_launch(ex, launcher: str):
 
 
 def _say_nothing_to_launch(ex, result: Dict[str, Any], seconds: float, json_out: bool) -> None:
+    """Every run is finished or running: say so (with the grid's counts) and where the report is."""
     from structinit.experiments.status import grid_status
 
     st = grid_status(ex)

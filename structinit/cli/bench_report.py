@@ -21,6 +21,7 @@ EXAMPLES = examples(
     'structinit bench report runs --json',
 )
 
+
 def bench_report(
     ctx: typer.Context,
     target: Annotated[str, typer.Argument(help="A folder of runs (bench grid's --out), or a grid (name or file) "
