@@ -3,7 +3,7 @@ within a fixed time, most important runs first, and pack what finished for ``ben
 
 The runs are tiny (a 4-layer, 64-wide ViT), so one run leaves a GPU mostly idle: ``--jobs`` worker
 processes (one CPU thread each) share the card. All runs go through the library's own launcher
-(``structinit.bench.launch.run_local``), in one pool, in this order:
+(``structinit.experiments.launch.run_local``), in one pool, in this order:
 
 1. fashion-196: mimetic and the default impulse init, seeds 0-4 (the floors of the issue);
 2. fashion-196: the other rows (trunc normal, Kaiming, the authors' two recipes, ConvMixer), seeds 0-2;
@@ -100,9 +100,9 @@ def parse_args() -> argparse.Namespace:
 
 
 def train(args: argparse.Namespace) -> None:
-    from structinit.bench.expand import expand
-    from structinit.bench.gridspec import load_grid
-    from structinit.bench.launch import check_environment, prepare, presolve, run_local
+    from structinit.experiments.expand import expand
+    from structinit.experiments.gridspec import load_grid
+    from structinit.experiments.launch import check_environment, prepare, presolve, run_local
 
     t0 = time.monotonic()
     out, runs = Path(args.out), Path(args.runs)

@@ -2,15 +2,16 @@
 
 The package is organised by stage, in the order data flows (see ``docs/architecture.md``):
 
-- :mod:`structinit.geometry` -- token grids (1-D and 2-D), impulse targets, sin-cos embeddings, pseudo inputs
-- :mod:`structinit.analysis` -- quality measures of attention, layer inputs, as text and as figures
-- :mod:`structinit.solver`   -- ``SolveConfig``, the solver recipes, the artifact format, the cache, ``solve()``
-- :mod:`structinit.fit`      -- the impulse data fit: Q/K refined on each layer's inputs, its fitted artifacts
-- :mod:`structinit.init`     -- init methods (typed specs), layouts, injection into models and checkpoints
-- :mod:`structinit.training` -- ``TrainConfig``, models, datasets, the training loop and its run directory,
+- :mod:`structinit.geometry`    -- token grids (1-D and 2-D), impulse targets, sin-cos embeddings, pseudo inputs
+- :mod:`structinit.analysis`    -- quality measures of attention, layer inputs, as text and as figures
+- :mod:`structinit.solver`      -- ``SolveConfig``, the solver recipes, the artifact format, the cache, ``solve()``
+- :mod:`structinit.fit`         -- the impulse data fit: Q/K refined on each layer's inputs, its fitted artifacts
+- :mod:`structinit.init`        -- init methods (typed specs), layouts, injection into models and checkpoints
+- :mod:`structinit.training`    -- ``TrainConfig``, models, datasets, the training loop and its run directory,
   ``apply_checkpoint`` (a checkpoint initialized through the model it describes)
-- :mod:`structinit.bench`    -- benchmarks: the solver comparison
-- :mod:`structinit.cli`      -- the ``structinit`` command line, a thin layer over all of the above
+- :mod:`structinit.benchmarks`  -- stand-alone measurements: solver recipes, attention vs convolution, fit cost, loop
+- :mod:`structinit.experiments` -- the paper's comparison as grids of training runs: launchers, status, reports
+- :mod:`structinit.cli`         -- the ``structinit`` command line, a thin layer over all of the above
 
 The names below are importable from the package root; none of them imports torch until used::
 

@@ -53,6 +53,15 @@ def resolve_device(device: str = "auto", local_rank: int = 0) -> str:
     return f"cuda:{local_rank}" if device == "cuda" else device
 
 
+def synchronize(device) -> None:
+    """Wait for the work queued on ``device`` (a CUDA device; the CPU has no queue), so that a
+    timer read next counts that work."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
 def check_threads(threads: Optional[int]) -> Optional[int]:
     """``threads`` if ``None`` (the default policy) or a positive integer, else a :class:`UsageError`."""
     if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):

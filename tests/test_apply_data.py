@@ -209,9 +209,9 @@ def test_bert_and_gpt2_folders_take_token_ids_and_gpt2_needs_causal_offsets(tmp_
 
 
 def test_a_1d_transformer_on_mnist1d_gets_the_fit_of_its_run(tmp_path, cli):
-    from structinit.bench.attention import run_model
     from structinit.training.config import TrainConfig
     from structinit.training.loop import train
+    from structinit.training.run_models import run_model
 
     out = tmp_path / "run"
     train(TrainConfig(model="transformer-1d", dataset="mnist1d", init="trunc-normal", epochs=1, train_size=200,

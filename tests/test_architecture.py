@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "structinit"
-STAGES = ["geometry", "analysis", "solver", "fit", "init", "training", "bench", "cli"]
+STAGES = ["geometry", "analysis", "solver", "fit", "init", "training", "benchmarks", "experiments", "cli"]
 ROOT = {"errors", "runtime", "atomic", "__init__", "__main__"}
 
 

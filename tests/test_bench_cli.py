@@ -134,7 +134,7 @@ def test_an_installed_wheel_ships_the_grids_and_the_job_template(tmp_path):
     names = zipfile.ZipFile(next(wheels.glob("structinit-*.whl"))).namelist()
     grids = sorted(n.rsplit("/", 1)[1] for n in names if n.startswith("structinit/data/grids/"))
     assert grids == sorted(p.name for p in (REPO / "structinit" / "data" / "grids").glob("*.toml"))
-    assert "structinit/bench/templates/slurm_array.sbatch" in names
+    assert "structinit/experiments/templates/slurm_array.sbatch" in names
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
                     str(next(wheels.glob("*.whl")))], check=True, capture_output=True, timeout=300)

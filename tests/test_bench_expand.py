@@ -6,11 +6,11 @@ import shlex
 
 import pytest
 
-from structinit.bench.expand import Expansion, expand, parse_overrides
-from structinit.bench.gridspec import GridError, load_grid, parse_grid_text
-from structinit.bench.launch import impulse_solves, prepare, print_commands
-from structinit.bench.task import read_run_config, train_command
 from structinit.errors import StructinitError
+from structinit.experiments.expand import Expansion, expand, parse_overrides
+from structinit.experiments.gridspec import GridError, load_grid, parse_grid_text
+from structinit.experiments.launch import impulse_solves, prepare, print_commands
+from structinit.experiments.task import read_run_config, train_command
 from structinit.training.config import TrainConfig
 
 GRID = """\

@@ -4,10 +4,10 @@ measures, layer by layer; methods without solved offsets have no hit rate, only 
 import numpy as np
 import pytest
 
-from structinit.bench.attention import fidelity_figure, fidelity_markdown, fidelity_rows, grid_attention
-from structinit.bench.expand import expand
-from structinit.bench.gridspec import parse_grid_text
 from structinit.errors import UsageError
+from structinit.experiments.attention import fidelity_figure, fidelity_markdown, fidelity_rows, grid_attention
+from structinit.experiments.expand import expand
+from structinit.experiments.gridspec import parse_grid_text
 
 GRID = """\
 name = "fid"

@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from structinit.bench.gridspec import (
+from structinit.experiments.gridspec import (
     GridError,
     load_grid,
     parse_grid_text,

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from structinit.bench.expand import expand
-from structinit.bench.gridspec import parse_grid_text
-from structinit.bench.launch import prepare
-from structinit.bench.status import grid_status, run_status
+from structinit.experiments.expand import expand
+from structinit.experiments.gridspec import parse_grid_text
+from structinit.experiments.launch import prepare
+from structinit.experiments.status import grid_status, run_status
 from structinit.training.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]

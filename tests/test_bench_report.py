@@ -12,13 +12,13 @@ import statistics
 import pytest
 import torch
 
-from structinit.bench.expand import expand
-from structinit.bench.gridspec import parse_grid_text
-from structinit.bench.launch import prepare
-from structinit.bench.output import render_report, write_report
-from structinit.bench.report import collect, markdown, reports_for_folder
-from structinit.bench.task import run_task
 from structinit.errors import UsageError
+from structinit.experiments.expand import expand
+from structinit.experiments.gridspec import parse_grid_text
+from structinit.experiments.launch import prepare
+from structinit.experiments.output import render_report, write_report
+from structinit.experiments.report import collect, markdown, reports_for_folder
+from structinit.experiments.task import run_task
 
 GRID = """\
 name = "mini"
@@ -155,7 +155,7 @@ def test_csv_json_and_the_folder_form_agree(grid_runs, tmp_path):
     by = {(r["row_id"], r["column_id"]): r for r in rows}
     assert float(by[("kaiming", "200")]["paper_delta"]) == pytest.approx(-4.5)
     assert int(by[("kaiming", "all")]["n"]) == 1 and by[("kaiming", "all")]["paper"] == ""
-    from structinit.bench.plots import _subtitle
+    from structinit.experiments.plots import _subtitle
 
     assert _subtitle(collect(ex)) == "mini: final-epoch test accuracy, 1-2 of 2 seeds per cell"  # one run pending
     c = collect(ex).cells[("kaiming", ("200",))]
@@ -212,7 +212,7 @@ def test_the_cli_report_prints_writes_and_refuses(grid_runs, tmp_path, cli):
 def test_an_earlier_runs_csv_stands_in_for_run_folders_that_are_gone(grid_runs, tmp_path):
     """A report's runs.csv gives back, by run key, the runs whose folders were removed: the cells
     and paired differences equal those of the folders themselves; keys not in the grid are ignored."""
-    from structinit.bench.report import read_runs_csv, runs_csv
+    from structinit.experiments.report import read_runs_csv, runs_csv
 
     ex = grid_runs
     full = collect(ex)
@@ -259,7 +259,7 @@ def test_an_earlier_runs_csv_stands_in_for_run_folders_that_are_gone(grid_runs, 
 
 @pytest.mark.slow  # three CLI processes
 def test_report_cli_baseline_and_runs_csv(grid_runs, tmp_path, cli):
-    from structinit.bench.report import runs_csv
+    from structinit.experiments.report import runs_csv
 
     (tmp_path / "grid.toml").write_text(GRID)
     table = tmp_path / "runs.csv"
@@ -280,7 +280,7 @@ def test_report_cli_baseline_and_runs_csv(grid_runs, tmp_path, cli):
 
 
 def test_learning_curve_lines_break_where_a_size_has_no_runs():
-    from structinit.bench.plots import gapped_line
+    from structinit.experiments.plots import gapped_line
 
     def shown(values):
         return [None if math.isnan(v) else v for v in values]
@@ -298,7 +298,7 @@ def test_learning_curve_lines_break_where_a_size_has_no_runs():
 @pytest.mark.slow
 def test_the_learning_curve_figure_leaves_a_gap_for_a_missing_size(tmp_path):
     """A real grid of three sizes whose middle size was never run: the line has no segment across it."""
-    from structinit.bench.plots import learning_curve_figure
+    from structinit.experiments.plots import learning_curve_figure
 
     text = GRID.split("[[axes.init]]")[0].replace("seeds = 2", "seeds = 1") + """\
 [[axes.init]]

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from structinit.bench.expand import expand
-from structinit.bench.gridspec import parse_grid_text
-from structinit.bench.launch import prepare
-from structinit.bench.slurm import SlurmOptions, render_script, write_job
 from structinit.errors import UsageError
+from structinit.experiments.expand import expand
+from structinit.experiments.gridspec import parse_grid_text
+from structinit.experiments.launch import prepare
+from structinit.experiments.slurm import SlurmOptions, render_script, write_job
 from structinit.training.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,7 +79,7 @@ def test_the_job_script_asks_for_what_was_given(tmp_path):
 
 
 def test_a_task_requeues_itself_alone_not_its_whole_array():
-    from structinit.bench.task import slurm_requeue_target
+    from structinit.experiments.task import slurm_requeue_target
 
     # array task 1 of job 7 was given job id 7 itself: `scontrol requeue 7` would requeue the array
     task = {"SLURM_JOB_ID": "7", "SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "1"}

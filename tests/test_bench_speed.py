@@ -37,6 +37,7 @@ def test_bench_loop_compares_trains_loop_with_a_bare_one(cli):
 @pytest.mark.parametrize("args, message", [
     (["fit", "--versions", "3"], "versions must be among 1, 2, got 3"),
     (["fit", "--versions", "two"], "--versions takes comma-separated integers, got 'two'"),
+    (["fit", "--versions", "2,2"], "error: --versions names version 2 more than once; each version is timed once"),
     (["fit", "--dataset", "digits", "--image-size", "8"], "--image-size and --in-chans shape the noise images"),
     (["fit", "--dataset", "mnist1d"], "the fit benchmark takes an in-memory image dataset"),
     (["loop", "--batch-size", "5000"], "--batch-size 5000 is larger than the 1437 training images of digits"),

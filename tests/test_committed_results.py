@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from structinit.bench.expand import expand
-from structinit.bench.gridspec import load_grid
+from structinit.experiments.expand import expand
+from structinit.experiments.gridspec import load_grid
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 FOLDERS = sorted(p.parent for p in RESULTS.rglob("runs.csv"))

@@ -290,8 +290,8 @@ def test_the_digits_grid_keeps_its_committed_runs():
     row is the default, version 2."""
     from pathlib import Path
 
-    from structinit.bench.expand import expand
-    from structinit.bench.gridspec import load_grid
+    from structinit.experiments.expand import expand
+    from structinit.experiments.gridspec import load_grid
 
     committed = Path(__file__).resolve().parents[1] / "docs" / "results" / "digits-default" / "grid.toml"
     only = ["train_size=100", "init=impulse,impulse-plain"]
@@ -335,9 +335,9 @@ def test_a_state_dict_checkpoint_path_refuses_data_fit_with_one_line(tmp_path, c
 def test_grid_attention_figures_see_the_model_train_starts_from():
     """bench report --attention rebuilds each run's initialized model: a data-fitted init gets the
     run's own first training inputs, so its Q/K are the ones train starts from."""
-    from structinit.bench.attention import initialized_model
     from structinit.training.datasets import split_train
     from structinit.training.loop import init_inputs
+    from structinit.training.run_models import initialized_model
 
     cfg = TrainConfig(dataset="digits", init="impulse", init_params={"data_fit": 4, "data_fit_samples": 16},
                       train_size=100, val_size=300, seed=2)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from structinit.bench.exactness import attention_conv, conv_reference, default_dim, kernel_taps, run_exactness
+from structinit.benchmarks.exactness import attention_conv, conv_reference, default_dim, kernel_taps, run_exactness
 from structinit.errors import UsageError
 from structinit.geometry.grid import Grid
 from structinit.geometry.targets import impulse_targets, window_offsets

@@ -225,14 +225,14 @@ def test_a_grid_of_very_many_runs_is_counted_and_refused_before_it_is_expanded(f
 
 
 def test_yes_expands_a_large_grid_with_progress(folder, cli, monkeypatch):
-    import structinit.bench.expand as expand_module
+    import structinit.experiments.expand as expand_module
 
     monkeypatch.setattr(expand_module, "MAX_RUNS", 10)
     monkeypatch.setattr(expand_module, "PROGRESS_FROM", 1)
     one_error(cli("bench", "grid", "g.toml", "--status", cwd=folder), 2, "grid g has 12 runs", "--yes")
     r = cli("bench", "grid", "g.toml", "--status", "--yes", cwd=folder)
     assert r.returncode == 0 and "12 runs in runs" in r.stdout, r.stderr
-    from structinit.bench.gridspec import load_grid
+    from structinit.experiments.gridspec import load_grid
 
     seen = []
     expand_module.expand(load_grid(str(folder / "g.toml")), runs_dir=folder / "runs", max_runs=None,

@@ -12,11 +12,12 @@ import torch
 
 from structinit.analysis.fidelity import centre_query, init_fidelity, report_settings, window_mask
 from structinit.analysis.quality import artifact_attention
-from structinit.bench.attention import initialized_model, training_images
 from structinit.init.specs import initialize_model
 from structinit.solver.artifact import read_artifact
 from structinit.training.config import TrainConfig
+from structinit.training.fit_inputs import training_images
 from structinit.training.models import ModelConfig, build_model
+from structinit.training.run_models import initialized_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -579,12 +579,12 @@ def test_the_impulse_inits_attention_on_real_inputs_is_metrics_epoch_zero(tmp_pa
     """An impulse run writes its init's attention on real training inputs as metrics.jsonl's first
     line (epoch 0): once, also after a resume; the readers of epoch records (RunDir, bench status
     and bench report) skip it."""
-    from structinit.bench.expand import expand
-    from structinit.bench.gridspec import parse_grid_text
-    from structinit.bench.launch import prepare
-    from structinit.bench.report import collect
-    from structinit.bench.status import run_status
-    from structinit.bench.task import run_task
+    from structinit.experiments.expand import expand
+    from structinit.experiments.gridspec import parse_grid_text
+    from structinit.experiments.launch import prepare
+    from structinit.experiments.report import collect
+    from structinit.experiments.status import run_status
+    from structinit.experiments.task import run_task
 
     settings = dict(QUICK, init="impulse", init_params={"data_fit": 0})
     out = tmp_path / "run"

@@ -10,11 +10,11 @@ import json
 import pytest
 import torch
 
-from structinit.bench.expand import expand
-from structinit.bench.gridspec import parse_grid_text
-from structinit.bench.launch import prepare
-from structinit.bench.report import collect, markdown, reports_for_folder
-from structinit.bench.task import run_task
+from structinit.experiments.expand import expand
+from structinit.experiments.gridspec import parse_grid_text
+from structinit.experiments.launch import prepare
+from structinit.experiments.report import collect, markdown, reports_for_folder
+from structinit.experiments.task import run_task
 
 GRID = """\
 name = "h"
@@ -83,7 +83,7 @@ def test_one_seed_is_shown_as_one_and_failed_cells_as_failed(runs):
 
 
 def _cells_csv(rep):
-    from structinit.bench.report import cells_csv
+    from structinit.experiments.report import cells_csv
 
     return cells_csv([rep])
 
@@ -155,13 +155,13 @@ def test_a_forced_report_replaces_the_earlier_one_whole(runs, tmp_path, cli):  #
 # --------------------------------------------------------------------------- figures
 
 def test_accuracy_panels_share_one_scale_and_the_legend_is_outside_the_data(runs):
-    from structinit.bench.plots import accuracy_figure, curves_figure, wrap
+    from structinit.experiments.plots import accuracy_figure, curves_figure, wrap
 
     _, ex = runs
     rep = collect(ex)
-    for fig in (accuracy_figure(rep), curves_figure(rep)):
+    for fig, columns in ((accuracy_figure(rep), 1), (curves_figure(rep), 2)):  # big-batch: every run failed
         panels = [ax for ax in fig.axes if ax.get_visible()]
-        assert len(panels) == 2
+        assert len(panels) == columns
         limits = {ax.get_xlim() if ax.get_xlabel().startswith("test") else ax.get_ylim()
                   for ax in panels}
         assert len(limits) == 1  # one accuracy scale for every panel
@@ -170,11 +170,67 @@ def test_accuracy_panels_share_one_scale_and_the_legend_is_outside_the_data(runs
     assert all(len(line) <= 26 for line in wrap(label).splitlines()) and wrap(label).replace("\n", " ") == label
 
 
+SPARSE = """\
+name = "sparse"
+title = "Sparse grid"
+seeds = 2
+rows = "init"
+columns = ["size"]
+[settings]
+model = "vit-digits"
+dataset = "digits"
+[[axes.init]]
+id = "mimetic"
+init = "mimetic"
+[[axes.init]]
+id = "kaiming"
+init = "kaiming"
+[[axes.init]]
+id = "never"
+label = "Never run"
+init = "trunc-normal"
+[[axes.size]]
+id = "100"
+train_size = 100
+[[axes.size]]
+id = "250"
+train_size = 250
+[[axes.size]]
+id = "500"
+label = "500 images, never run"
+train_size = 500
+"""
+
+
+def test_the_accuracy_figure_draws_no_empty_panel_or_row(tmp_path):
+    """A half-launched grid (stock-models drew half its panels as bare "0/10"): the methods and the
+    columns without a finished seed are left out and named in the title; every panel drawn holds a
+    finished seed; without any finished run there is no figure."""
+    from structinit.experiments.plots import accuracy_figure
+    from structinit.experiments.report import RunResult
+
+    ex = expand(parse_grid_text(SPARSE, "sparse.toml", "sparse"), runs_dir=tmp_path / "runs")
+    assert accuracy_figure(collect(ex)) is None  # nothing finished: no figure at all
+    done = {("mimetic", ("100",), 0): 61.0, ("mimetic", ("100",), 1): 63.0, ("kaiming", ("250",), 0): 55.0}
+    earlier = {c.key: RunResult(c.key, c.row, c.column, c.seed, "finished", final_acc=done[c.row, c.column, c.seed])
+               for c in ex.cells if (c.row, c.column, c.seed) in done}
+    fig = accuracy_figure(collect(ex, earlier))
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == ["100", "250"]
+    assert [t.get_text() for t in panels[0].get_yticklabels()] == ["kaiming", "mimetic"]  # no row for "never"
+    for ax in panels:
+        assert len(ax.get_yticks()) == 2  # the panels share their rows
+        dots = [c for c in ax.collections if len(c.get_offsets())]
+        assert dots, ax.get_title()  # a finished seed drawn in every panel
+    assert len({ax.get_xlim() for ax in panels}) == 1
+    assert "not shown, no seed finished yet: methods Never run; columns 500 images, never run" in fig.get_suptitle()
+
+
 def test_attention_figures_have_one_colour_scale(tmp_path):
     import numpy as np
 
     from structinit.analysis.figures import attention_figure, band_figure
-    from structinit.bench.attention import attention_grid_figure, grid_attention
+    from structinit.experiments.attention import attention_grid_figure, grid_attention
 
     def scales(fig):
         return {tuple(im.get_clim()) for ax in fig.axes for im in ax.get_images()}

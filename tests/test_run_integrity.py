@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from structinit.bench.expand import expand
-from structinit.bench.gridspec import parse_grid_text
-from structinit.bench.launch import prepare
-from structinit.bench.report import collect, markdown, reports_for_folder
-from structinit.bench.status import grid_status, status_text
-from structinit.bench.task import run_task
+from structinit.experiments.expand import expand
+from structinit.experiments.gridspec import parse_grid_text
+from structinit.experiments.launch import prepare
+from structinit.experiments.report import collect, markdown, reports_for_folder
+from structinit.experiments.status import grid_status, status_text
+from structinit.experiments.task import run_task
 from structinit.training.rundir import RunBusy, RunDir
 
 REPO = Path(__file__).resolve().parents[1]

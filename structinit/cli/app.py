@@ -14,7 +14,20 @@ from typing import List, Optional
 import typer
 
 from structinit import __version__
-from structinit.cli import apply, bench, exactness, inspect, solve, train
+from structinit.cli import (
+    apply,
+    bench_exactness,
+    bench_fit,
+    bench_grid,
+    bench_loop,
+    bench_options,
+    bench_report,
+    bench_run,
+    bench_solver,
+    inspect,
+    solve,
+    train,
+)
 from structinit.cli.common import FLAG_NAMER, handle_errors
 
 #: Warnings raised from files under this folder are the library's own.
@@ -45,17 +58,19 @@ def build_app() -> typer.Typer:
     app.command("inspect", epilog=inspect.EXAMPLES)(handle_errors(inspect.inspect, inspect.ALIASES))
     app.command("apply", epilog=apply.EXAMPLES)(handle_errors(apply.apply, apply.ALIASES))
     app.command("train", epilog=train.EXAMPLES)(handle_errors(train.train))
-    bench_app = typer.Typer(help="Benchmarks: the solver recipes side by side, and the paper's comparison as "
-                            "training grids (run locally or on SLURM) with their reports.", no_args_is_help=True,
+    bench_app = typer.Typer(help="Benchmarks (the solver recipes side by side, attention against a convolution, the "
+                            "data fit's cost, the training loop's overhead) and the paper's comparison as training "
+                            "grids (run locally or on SLURM) with their reports.", no_args_is_help=True,
                             rich_markup_mode=None)
-    bench_app.command("solver", epilog=bench.SOLVER_EXAMPLES)(handle_errors(bench.bench_solver, solve.ALIASES))
-    bench_app.command("exactness", epilog=exactness.EXAMPLES)(handle_errors(exactness.bench_exactness,
-                                                                            {"padding": "--paddings"}))
-    bench_app.command("fit", epilog=bench.FIT_EXAMPLES)(handle_errors(bench.bench_fit))
-    bench_app.command("loop", epilog=bench.LOOP_EXAMPLES)(handle_errors(bench.bench_loop))
-    bench_app.command("grid", epilog=bench.GRID_EXAMPLES)(handle_errors(bench.bench_grid, bench.ALIASES))
-    bench_app.command("report", epilog=bench.REPORT_EXAMPLES)(handle_errors(bench.bench_report, bench.ALIASES))
-    bench_app.command("run", epilog=bench.RUN_EXAMPLES)(handle_errors(bench.bench_run, bench.ALIASES))
+    bench_app.command("solver", epilog=bench_solver.EXAMPLES)(handle_errors(bench_solver.bench_solver, solve.ALIASES))
+    bench_app.command("exactness", epilog=bench_exactness.EXAMPLES)(handle_errors(bench_exactness.bench_exactness,
+                                                                                  bench_exactness.ALIASES))
+    bench_app.command("fit", epilog=bench_fit.EXAMPLES)(handle_errors(bench_fit.bench_fit))
+    bench_app.command("loop", epilog=bench_loop.EXAMPLES)(handle_errors(bench_loop.bench_loop))
+    grid_aliases = bench_options.ALIASES
+    bench_app.command("grid", epilog=bench_grid.EXAMPLES)(handle_errors(bench_grid.bench_grid, grid_aliases))
+    bench_app.command("report", epilog=bench_report.EXAMPLES)(handle_errors(bench_report.bench_report, grid_aliases))
+    bench_app.command("run", epilog=bench_run.EXAMPLES)(handle_errors(bench_run.bench_run, grid_aliases))
     app.add_typer(bench_app, name="bench")
     return app
 

@@ -244,12 +244,12 @@ def _show_checkpoint(path: Path, heads: Optional[int], grid: Optional[str], json
 
 
 def _data_model(target: str, dataset: str, init, init_param, seed, data_dir, cache_dir):
-    """The model ``inspect --data`` measures (see :mod:`structinit.bench.attention`)."""
-    from structinit.bench.attention import preset_model, run_model
+    """The model ``inspect --data`` measures (see :mod:`structinit.training.run_models`)."""
     from structinit.errors import UsageError
     from structinit.solver.cache import resolve_key
     from structinit.training.datasets import dataset_info
     from structinit.training.models import PRESETS
+    from structinit.training.run_models import preset_model, run_model
 
     dataset_info(dataset)  # an unknown dataset is named before anything is built
     path = Path(target).expanduser()
@@ -287,8 +287,8 @@ def _show_data(target: str, dataset: str, samples: int, init, init_param, seed, 
                query, png, force: bool, cache_dir, json_out: bool) -> None:
     from structinit.analysis.fidelity import centre_query, init_fidelity, report_settings
     from structinit.analysis.text import fidelity_table
-    from structinit.bench.attention import training_images
     from structinit.errors import UsageError
+    from structinit.training.fit_inputs import training_images
 
     target_png = None
     if png is not None:

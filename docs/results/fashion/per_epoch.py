@@ -9,9 +9,9 @@ each run's own ``metrics.jsonl`` through the report's reader.
 import statistics
 import sys
 
-from structinit.bench.expand import expand
-from structinit.bench.gridspec import load_grid
-from structinit.bench.report import collect
+from structinit.experiments.expand import expand
+from structinit.experiments.gridspec import load_grid
+from structinit.experiments.report import collect
 
 KEYS = ("train_loss", "train_acc", "val_acc", "test_acc")
 

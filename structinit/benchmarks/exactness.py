@@ -18,7 +18,7 @@ covers every position.
 
 Example::
 
-    from structinit.bench.exactness import run_exactness
+    from structinit.benchmarks.exactness import run_exactness
     result = run_exactness((8, 8), 3)
     [(r["padding"], r["target_mass"], r["rel_error"]) for r in result["rows"]]
 """

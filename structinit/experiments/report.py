@@ -6,7 +6,7 @@ validation split when the runs hold one out).
 
 Example::
 
-    from structinit.bench.report import collect, markdown
+    from structinit.experiments.report import collect, markdown
     rep = collect(expansion)          # an Expansion: expanded from a grid file or read from a manifest
     print(markdown(rep))
     rep.to_dict()                     # the same as JSON (``structinit bench report --json``)
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from structinit.bench.expand import Cell, Expansion, load_manifests, pick_manifest
-from structinit.bench.status import STATES, run_status
 from structinit.errors import UsageError, param
+from structinit.experiments.expand import Cell, Expansion, load_manifests, pick_manifest
+from structinit.experiments.status import STATES, run_status
 
 
 @dataclass
@@ -605,7 +605,7 @@ def name_reports(reports: List[GridReport]) -> List[GridReport]:
 def loose_runs(folder: Path) -> Expansion:
     """The runs in ``folder``'s sub-folders (each with a ``config.json``) as a one-column grid:
     one row per distinct setting (seeds pooled), labelled by the settings that differ."""
-    from structinit.bench.gridspec import Axis, AxisValue, GridSpec
+    from structinit.experiments.gridspec import Axis, AxisValue, GridSpec
     from structinit.training.config import EXECUTION_FIELDS
 
     found = []

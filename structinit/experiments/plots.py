@@ -2,7 +2,8 @@
 paper's number where it has one. Built on :class:`matplotlib.figure.Figure` (no display needed)
 and written with :func:`structinit.analysis.figures.save_png`.
 
-- :func:`accuracy_figure`: final accuracy per method, one panel per column, each seed a dot;
+- :func:`accuracy_figure`: final accuracy per method, one panel per column, each seed a dot (methods
+  and columns without a finished seed left out);
 - :func:`learning_curve_figure`: accuracy against training-set size (grids with a ``train_size`` axis),
   each line drawn through :func:`gapped_line`;
 - :func:`curves_figure`: test accuracy against epoch per method, one panel per column.
@@ -18,7 +19,7 @@ import math
 import textwrap
 from typing import Dict, List, Optional, Tuple
 
-from structinit.bench.report import GridReport, RunResult
+from structinit.experiments.report import GridReport, RunResult
 
 #: Panels per row of a figure.
 PANELS_PER_ROW = 4
@@ -87,22 +88,35 @@ def _subtitle(rep: GridReport) -> str:
     return f"{rep.name}: final-epoch test accuracy, {count} seed{'s' if n > 1 else ''} per cell"
 
 
+def finished_rows_and_columns(rep: GridReport) -> Tuple[List[str], List[Tuple[str, ...]]]:
+    """The rows (methods) and the columns of ``rep`` that hold at least one finished seed, in the
+    grid's order: what :func:`accuracy_figure` draws."""
+    done = {key for key, st in rep.cells.items() if st.n}
+    rows = [row for row in rep.rows if any((row, col) in done for col in rep.columns)]
+    columns = [col for col in rep.columns if any((row, col) in done for row in rep.rows)]
+    return rows, columns
+
+
 def accuracy_figure(rep: GridReport):
     """One panel per column: a row per method, each finished seed a dot, the mean ± std as a bar,
     the paper's number as a red cross; the seeds of a cell that have not finished as ``(k/n)`` at
     the panel's right edge. Every panel has the same accuracy scale; the method names, wrapped, are
-    written once per row of panels; the legend is below the panels."""
+    written once per row of panels; the legend is below the panels. A method or a column without
+    a single finished seed is left out (named in the title), so no panel is drawn empty; ``None``
+    when no run has finished."""
     from matplotlib.transforms import blended_transform_factory
 
     ex = rep.ex
-    rows, columns = rep.rows, rep.columns
+    rows, columns = finished_rows_and_columns(rep)
+    if not columns:
+        return None
     by_cell = _by_cell(rep)
     labels = [wrap(ex.row_label(row)) for row in reversed(rows)]
     lines = max((label.count("\n") + 1 for label in labels), default=1)
     height = max(0.45, 0.16 * lines + 0.22) * len(rows) + 1.7
     label_width = 0.075 * max((len(line) for label in labels for line in label.splitlines()), default=10)
     fig, axes = _panels(len(columns), 3.2, height, extra_width=label_width, sharey=True)
-    colors = _colors(len(rows))
+    colors = dict(zip(rep.rows, _colors(len(rep.rows))))  # a method's colour as in the other figures
     values: List[float] = []
     for ax, col in zip(axes, columns):
         for i, row in enumerate(rows):
@@ -113,7 +127,7 @@ def accuracy_figure(rep: GridReport):
             if accs:
                 values += accs
                 jitter = [(k - (len(accs) - 1) / 2) * 0.08 for k in range(len(accs))]
-                ax.scatter(accs, [y + j for j in jitter], s=18, color=colors[i], alpha=0.8, zorder=3,
+                ax.scatter(accs, [y + j for j in jitter], s=18, color=colors[row], alpha=0.8, zorder=3,
                            label="each seed")
                 ax.errorbar([st.final_mean], [y], xerr=[st.final_std or 0.0], fmt="|", color="black", markersize=14,
                             capsize=4, zorder=4, label="mean ± std")
@@ -139,8 +153,21 @@ def accuracy_figure(rep: GridReport):
             ax.tick_params(axis="y", labelleft=False)
     _legend_below(fig, axes)
     fig.suptitle(f"{rep.spec.title}\n{_subtitle(rep)}; k/n at the right: only k of n seeds finished; one accuracy "
-                 "scale for every panel", fontsize=10)
+                 "scale for every panel" + _left_out(rep, rows, columns), fontsize=10)
     return fig
+
+
+def _left_out(rep: GridReport, rows: List[str], columns: List[Tuple[str, ...]]) -> str:
+    """A title line naming the methods and columns a figure leaves out for want of a finished seed
+    (empty when none is)."""
+    parts = []
+    methods = [rep.ex.row_label(row) for row in rep.rows if row not in rows]
+    if methods:
+        parts.append("methods " + "; ".join(methods))
+    panels = [rep.ex.column_label(col) for col in rep.columns if col not in columns]
+    if panels:
+        parts.append("columns " + "; ".join(panels))
+    return "\n" + wrap("not shown, no seed finished yet: " + "; ".join(parts), 120) if parts else ""
 
 
 def gapped_line(points: List[Optional[Tuple[float, float, float]]]) -> Tuple[List[float], List[float], List[float]]:
@@ -277,4 +304,5 @@ def report_figures(rep: GridReport) -> Dict[str, object]:
     return {k: v for k, v in out.items() if v is not None}
 
 
-__all__ = ["accuracy_figure", "gapped_line", "learning_curve_figure", "curves_figure", "report_figures"]
+__all__ = ["accuracy_figure", "finished_rows_and_columns", "gapped_line", "learning_curve_figure", "curves_figure",
+           "report_figures"]

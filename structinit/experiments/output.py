@@ -13,15 +13,15 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from structinit.bench.report import GridReport, cells_csv, markdown, runs_csv
 from structinit.errors import StructinitError, UsageError, param
+from structinit.experiments.report import GridReport, cells_csv, markdown, runs_csv
 
 
 def render_report(reports: List[GridReport], figures: bool = True, attention: Optional[Dict[str, Any]] = None,
                   command: Optional[str] = None) -> Dict[str, Any]:
     """File name -> content (text, or a matplotlib figure for ``.png``). ``attention``: grid name
-    -> ``(figure, entries)`` from :mod:`structinit.bench.attention`."""
-    from structinit.bench.plots import report_figures
+    -> ``(figure, entries)`` from :mod:`structinit.experiments.attention`."""
+    from structinit.experiments.plots import report_figures
 
     files: Dict[str, Any] = {}
     parts = []
@@ -36,7 +36,7 @@ def render_report(reports: List[GridReport], figures: bool = True, attention: Op
                 figs[kind] = name
         table = ""
         if attention and rep.name in attention:
-            from structinit.bench.attention import fidelity_figure, fidelity_markdown
+            from structinit.experiments.attention import fidelity_figure, fidelity_markdown
 
             name = f"{rep.name}-attention.png"
             entries = attention[rep.name][1]

@@ -1,7 +1,7 @@
 """Launching a grid's pending runs: preparing them (the manifest, each run's ``config.json``, every
 impulse artifact solved once into the cache), then the ``local`` launcher (worker processes on this
 machine) or the ``print`` launcher (the ``structinit train`` command of every run, for any
-scheduler). The SLURM launcher is :mod:`structinit.bench.slurm`.
+scheduler). The SLURM launcher is :mod:`structinit.experiments.slurm`.
 
 Example::
 
@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from structinit.bench.expand import Cell, Expansion
-from structinit.bench.status import grid_status
 from structinit.errors import UsageError, param
+from structinit.experiments.expand import Cell, Expansion
+from structinit.experiments.status import grid_status
 
 LAUNCHERS = ("local", "slurm", "print")
 
@@ -170,7 +170,7 @@ def presolve(cells: List[Cell], log: Callable[[str], None] = lambda m: None, dev
 
 def print_commands(ex: Expansion, cells: List[Cell]) -> List[Dict[str, Any]]:
     """``structinit train`` commands for ``cells``: ``[{"key", "cell", "out", "argv", "command"}]``."""
-    from structinit.bench.task import shell_command, train_command
+    from structinit.experiments.task import shell_command, train_command
 
     out = []
     for cell in cells:
@@ -223,7 +223,7 @@ def _worker(tasks, results, threads: Optional[int], default_threads: int, device
     """A local worker process: runs tasks from ``tasks`` until it gets ``None`` or SIGTERM."""
     os.environ["OMP_NUM_THREADS"] = str(threads or default_threads)  # before torch is imported
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides; it sends SIGTERM
-    from structinit.bench.task import Stopper, run_task
+    from structinit.experiments.task import Stopper, run_task
 
     warm_up()
     stopper = Stopper()

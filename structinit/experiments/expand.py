@@ -6,8 +6,8 @@ is what ``structinit bench report RUNS`` reads.
 
 Example::
 
-    from structinit.bench.gridspec import load_grid
-    from structinit.bench.expand import expand
+    from structinit.experiments.gridspec import load_grid
+    from structinit.experiments.expand import expand
     ex = expand(load_grid("digits"), overrides=["epochs=2"], seeds="2", runs_dir="runs")
     len(ex.cells), ex.cells[0].key, ex.run_dir(ex.cells[0])
 """
@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from structinit.bench.gridspec import (
+from structinit.errors import UsageError, param
+from structinit.experiments.gridspec import (
     Axis,
     AxisValue,
     GridError,
@@ -33,7 +34,6 @@ from structinit.bench.gridspec import (
     settable_fields,
     suggest,
 )
-from structinit.errors import UsageError, param
 
 MANIFEST_FORMAT = "structinit-grid/1"
 INIT_PARAM_PREFIX = "init_params."
@@ -252,7 +252,7 @@ def count_runs(spec: GridSpec, seeds: Union[None, int, str, Sequence[int]] = Non
                only: Union[None, Sequence[str], Dict[str, Sequence[str]]] = None) -> int:
     """How many runs :func:`expand` would make of ``spec`` with these seeds and ``--only``, counted
     without expanding (cells x seeds, before equal settings are merged)."""
-    from structinit.bench.gridspec import parse_selection, restrict
+    from structinit.experiments.gridspec import parse_selection, restrict
 
     if only:
         spec = restrict(spec, only if isinstance(only, dict) else parse_selection(only))
@@ -282,12 +282,12 @@ def expand(spec: GridSpec, *, overrides: Union[Iterable[str], Dict[str, Any], No
     ``data_root``: where a relative ``data_dir`` of the grid is read from (``None``:
     ``$STRUCTINIT_DATA``, else ``./data``); given, it is also the data folder of every run that
     sets none. ``only``: some values of some axes (``["train_size=100,250"]`` or ``{"train_size":
-    ["100", "250"]}``, see :func:`~structinit.bench.gridspec.restrict`). Raises :class:`GridError`
+    ["100", "250"]}``, see :func:`~structinit.experiments.gridspec.restrict`). Raises :class:`GridError`
     naming the cell of an invalid combination. The runs are counted first (:func:`count_runs`): more
     than ``max_runs`` is refused before any is expanded (``None``: no limit); ``progress(done,
     total)`` is called as the runs are expanded.
     """
-    from structinit.bench.gridspec import parse_selection, restrict
+    from structinit.experiments.gridspec import parse_selection, restrict
     from structinit.training.config import TrainConfig
     from structinit.training.datasets import dataset_info, default_data_dir
 

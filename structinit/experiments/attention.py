@@ -3,19 +3,15 @@ training images, at the first, middle and last layer, one column per init method
 of Fig. 3 of "Structured Initialization for Attention in Vision Transformers".
 
 Each model is built and initialized exactly as ``train`` does for the run (same preset, init,
-seed), the batch is the run's own training split (normalized as in training), and the attention
-is captured from timm's attention modules by :func:`structinit.analysis.fidelity.attention_fidelity`.
-
-The same rebuild serves ``structinit inspect TARGET --data DATASET``: :func:`run_model` gives the
-model of a ``train`` run folder at init (or of its ``checkpoint.pt``/``best.pt``), :func:`preset_model`
-that of a preset with an init.
+seed; :func:`structinit.training.run_models.initialized_model`), the batch is the run's own
+training split (normalized as in training), and the attention is captured from timm's attention
+modules by :func:`structinit.analysis.fidelity.attention_fidelity`.
 
 Example::
 
     entries = grid_attention(expansion, images=64)        # the first column, the first seed
     fig = attention_grid_figure(entries, title="digits")
-    m = run_model("runs/digits-imp")                      # m.model, m.report, m.recorded
-    fid = init_fidelity(m.model, training_images(m.config, 256), m.report)
+    print(fidelity_markdown(entries))                     # hit rate and window share per layer
 """
 
 from __future__ import annotations
@@ -26,9 +22,10 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 
 from structinit.analysis.figures import shown_layers
-from structinit.bench.expand import Cell, Expansion
-from structinit.errors import StructinitError, UsageError, param
+from structinit.errors import UsageError, param
+from structinit.experiments.expand import Cell, Expansion
 from structinit.training.fit_inputs import training_images
+from structinit.training.run_models import initialized_model
 
 
 @dataclass
@@ -43,128 +40,10 @@ class AttentionEntry:
     note: Optional[str] = None
 
 
-def initialized_model(config, cache_dir=None):
-    """The model of ``config`` as ``train`` builds it before the first step: ``(model, init
-    report, dataset info)`` (the report is ``None`` for the model's own init). An init that fits
-    to real inputs (impulse ``data_fit``) gets the run's first training inputs, as in ``train``.
-    ``cache_dir``: the artifact cache an impulse init reads (and solves into)."""
-    import torch
-
-    from structinit.training.datasets import dataset_info
-    from structinit.training.models import build_model
-
-    info = dataset_info(config.dataset)
-    image_size = config.image_size or info.image_size
-    torch.manual_seed(config.seed)
-    model = build_model(config.model_config(), num_classes=info.num_classes or 1000, image_size=image_size,
-                        in_chans=info.in_chans, default_patch=info.default_patch, seed=config.seed)
-    report = None
-    spec = config.init_spec()
-    if spec is not None:
-        from structinit.init.specs import initialize_model
-        from structinit.training.loop import FIDELITY_SAMPLES
-
-        data = training_images(config, FIDELITY_SAMPLES) if spec.uses_data else None
-        source = f"{config.dataset}: the run's first {int(data.shape[0])} training inputs" if data is not None else None
-        report = initialize_model(model, spec, seed=config.seed, data=data, cache_dir=cache_dir, source=source)
-    return model, report, info
-
-
-@dataclass
-class InspectedModel:
-    """A model of a training setup, ready to be measured on real inputs (``structinit inspect
-    --data``): its :class:`~structinit.training.config.TrainConfig`, the model, the init report
-    (``None`` for the model's own init), the dataset info, and where its weights come from:
-    ``source`` is ``"init"`` (built and initialized as ``train`` does before the first step) or
-    ``"checkpoint"`` (a run's weights after ``epoch`` epochs, loaded over that model; the report
-    still gives the init's offsets). ``config_path``: the run's ``config.json`` when there is one;
-    ``recorded``: what ``train`` measured there at init (``init_report.data_attention``)."""
-
-    config: Any
-    model: Any
-    report: Optional[dict]
-    info: Any
-    source: str = "init"
-    epoch: int = 0
-    config_path: Optional[str] = None
-    recorded: Optional[dict] = None
-
-
-def _check_attention(config) -> None:
-    from structinit.training.models import ATTENTION_FAMILIES
-
-    config.validate()
-    if config.model_config().family not in ATTENTION_FAMILIES:
-        raise UsageError(f"{config.model} has no attention layers to measure; real-data attention applies to the "
-                         "ViT presets and transformer-1d")
-
-
-def preset_model(config, cache_dir=None) -> InspectedModel:
-    """The model of ``config`` (a preset, its init and seed, the dataset) at init."""
-    _check_attention(config)
-    model, report, info = initialized_model(config, cache_dir)
-    return InspectedModel(config, model, report, info)
-
-
-def run_model(path, data_dir=None, cache_dir=None) -> InspectedModel:
-    """The model of a ``structinit train`` run: for its folder, the model at init, rebuilt from its
-    ``config.json`` exactly as ``train`` built it (``train`` saves no weights before the first
-    epoch); for its ``checkpoint.pt`` or ``best.pt``, that file's weights (after its epoch) over
-    the model rebuilt from the settings it holds. ``data_dir`` replaces the run's dataset folder."""
-    from pathlib import Path
-
-    from structinit.training.rundir import RunDir, load_run_weights
-
-    path = Path(path)
-    folder = path if path.is_dir() else path.parent
-    doc = None
-    if (folder / RunDir.CONFIG).is_file():
-        doc = RunDir(folder).read_config()
-    ck = None
-    if path.is_dir():
-        if doc is None:
-            raise UsageError(f"{path} is not a structinit train run folder (it has no {RunDir.CONFIG})")
-        settings = doc.get("config")
-    else:
-        ck = load_run_weights(path)
-        settings = ck["args"]
-    config = _run_config(settings, path, data_dir)
-    model, report, info = initialized_model(config, cache_dir)
-    recorded = None
-    if ck is not None:
-        try:
-            model.load_state_dict(ck["state_dict"])
-        except RuntimeError as exc:
-            raise StructinitError(f"the weights in {path} do not fit the model its settings describe: "
-                                  f"{str(exc).splitlines()[0]}") from None
-    elif isinstance(doc.get("init_report"), dict):
-        recorded = doc["init_report"].get("data_attention")
-    return InspectedModel(config, model, report, info, source="checkpoint" if ck is not None else "init",
-                          epoch=int(ck["epoch"]) if ck is not None else 0,
-                          config_path=str(folder / RunDir.CONFIG) if doc is not None else None, recorded=recorded)
-
-
-def _run_config(settings, path, data_dir=None):
-    """The checked :class:`~structinit.training.config.TrainConfig` of a run's ``settings`` (read
-    from ``path``), its dataset folder replaced by ``data_dir`` when given."""
-    import dataclasses
-
-    from structinit.training.config import TrainConfig
-
-    try:
-        config = TrainConfig.from_dict(settings)
-    except (TypeError, UsageError) as exc:
-        raise StructinitError(f"the run settings in {path} are unreadable ({exc})") from None
-    if data_dir is not None:
-        config = dataclasses.replace(config, data_dir=str(data_dir))
-    _check_attention(config)
-    return config
-
-
 def _config_of(ex: Expansion, cell: Cell):
     if cell.config is not None:
         return cell.config
-    from structinit.bench.task import read_run_config
+    from structinit.experiments.task import read_run_config
 
     return read_run_config(ex.run_dir(cell))
 
@@ -261,11 +140,6 @@ def column_arg(text: Optional[str]) -> Optional[Tuple[str, ...]]:
     return None if text is None else tuple(p for p in text.split("/") if p)
 
 
-__all__ = ["grid_attention", "attention_grid_figure", "initialized_model", "training_images", "AttentionEntry",
-           "InspectedModel", "preset_model", "run_model",
-           "shown_layers", "column_arg"]
-
-
 def fidelity_rows(entries: List[AttentionEntry]) -> List[dict]:
     """Per init method and layer: ``{"row", "label", "layer" (1-based), "hit_rate", "target_mass",
     "window_mass"}`` averaged over heads (``hit_rate``/``target_mass`` ``None`` without solved
@@ -338,3 +212,7 @@ def fidelity_figure(entries: List[AttentionEntry], title: str = "real-data atten
     fig.suptitle(f"{title}\non {f0.images} real training images at init, averaged over the heads "
                  f"({f0.grid.describe()} tokens)", fontsize=10)
     return fig
+
+
+__all__ = ["grid_attention", "attention_grid_figure", "AttentionEntry", "column_arg", "fidelity_rows",
+           "fidelity_markdown", "fidelity_figure"]

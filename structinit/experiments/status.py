@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from structinit.bench.expand import Cell, Expansion
-from structinit.bench.task import HEARTBEAT_FILE, last_log_line, task_record
+from structinit.experiments.expand import Cell, Expansion
+from structinit.experiments.task import HEARTBEAT_FILE, last_log_line, task_record
 from structinit.training.rundir import RunDir
 
 STATES = ("finished", "running", "failed", "damaged", "pending")

@@ -1,5 +1,5 @@
 """The SLURM launcher: a grid's pending runs as one job array (one task per run), written from the
-template ``structinit/bench/templates/slurm_array.sbatch`` into ``RUNS/slurm/<grid>-<time>/``
+template ``structinit/experiments/templates/slurm_array.sbatch`` into ``RUNS/slurm/<grid>-<time>/``
 (``job.sbatch``, ``tasks.txt``, ``logs/<array job>_<task>.log``) and submitted with ``sbatch``.
 
 Each task runs ``structinit bench run RUN`` as a job step (``srun``): it skips a finished run,
@@ -26,8 +26,8 @@ from pathlib import Path
 from string import Template
 from typing import List, Optional, Sequence
 
-from structinit.bench.expand import Cell, Expansion
 from structinit.errors import StructinitError, UsageError, param
+from structinit.experiments.expand import Cell, Expansion
 
 TEMPLATE = "slurm_array.sbatch"
 TIME_RE = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}\Z|\d+-\d+\Z")
@@ -157,7 +157,7 @@ def render_script(ex: Expansion, count: int, options: SlurmOptions, folder: Path
     from structinit import __version__
     from structinit.solver.cache import user_cache_dir
 
-    text = (files("structinit.bench") / "templates" / TEMPLATE).read_text(encoding="utf-8")
+    text = (files("structinit.experiments") / "templates" / TEMPLATE).read_text(encoding="utf-8")
     nproc = max(1, options.gpus)
     values = dict(grid=ex.spec.name, count=count, version=__version__, command=command or "(library call)",
                   date=datetime.datetime.now().isoformat(timespec="seconds"), runs_dir=ex.runs_dir.absolute(),

@@ -1,5 +1,5 @@
 """``structinit bench exactness``: impulse-initialized multi-head attention against a convolution
-(a thin layer over :func:`structinit.bench.exactness.run_exactness`)."""
+(a thin layer over :func:`structinit.benchmarks.exactness.run_exactness`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ import typer
 from typing_extensions import Annotated
 
 from structinit.cli.common import Device, Filter, GridOpt, JsonOut, Progress, Seed, Threads, emit_json, examples
+
+#: Library parameter names that bench exactness spells with another flag.
+ALIASES = {"padding": "--paddings"}
 
 EXAMPLES = examples(
     'structinit bench exactness                               # 8x8 grid, 3x3 kernel: 9 heads',
@@ -54,7 +57,7 @@ def bench_exactness(
     """Show that an impulse-initialized attention layer starts as a convolution (Cordonnier et al.,
     Lemma 1): one head per kernel shift, values set from a random kernel, compared with conv2d
     (conv1d on a sequence) on random inputs as the target mass goes to 1."""
-    from structinit.bench.exactness import exactness_table, run_exactness
+    from structinit.benchmarks.exactness import exactness_table, run_exactness
     from structinit.geometry.grid import parse_grid
     from structinit.runtime import set_threads
 

@@ -1,1 +1,0 @@
-"""Benchmarks: the solver recipes side by side."""

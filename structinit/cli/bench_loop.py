@@ -1,0 +1,45 @@
+"""``structinit bench loop``: images per second of train's epoch loop against a bare PyTorch loop
+(a thin layer over :func:`structinit.benchmarks.loop.run_loop_bench`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from typing_extensions import Annotated
+
+from structinit.cli.common import Device, JsonOut, Progress, Seed, Threads, emit_json, examples
+
+EXAMPLES = examples(
+    'structinit bench loop --model vit-digits --dataset digits --threads 1',
+)
+
+
+def bench_loop(
+    model: Annotated[str, typer.Option("--model", help="A preset (see structinit train --help).")] = "vit-digits",
+    dataset: Annotated[str, typer.Option("--dataset", help="An in-memory dataset.")] = "digits",
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", min=1, help="Batch size.")] = 64,
+    epochs: Annotated[int, typer.Option("--epochs", "-e", min=1, help="Epochs a repeat.")] = 2,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Repeats of each loop, alternating.")] = 3,
+    seed: Seed = 0,
+    device: Device = "cpu",
+    amp: Annotated[str, typer.Option("--amp", help="Mixed precision, as train's: auto (bf16/fp16 on a GPU, off on "
+                                     "the CPU), bf16, fp16 or off.")] = "auto",
+    data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="Where the dataset's files are.",
+                                                     show_default="the dataset's default")] = None,
+    threads: Threads = None,
+    json_out: JsonOut = False,
+):
+    """Images per second of train's epoch loop against a bare PyTorch loop of the same recipe."""
+    from structinit.benchmarks.loop import loop_bench_table, run_loop_bench
+    from structinit.runtime import use_threads
+
+    use_threads(threads)
+    with Progress("bench loop", enabled=not json_out) as bar:
+        result = run_loop_bench(model, dataset, batch_size=batch_size, epochs=epochs, repeats=repeats, seed=seed,
+                                device=device, amp=amp, data_dir=data_dir, progress=bar.stage)
+    if json_out:
+        emit_json(result)
+    else:
+        typer.echo(loop_bench_table(result))

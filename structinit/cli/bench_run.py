@@ -1,0 +1,67 @@
+"""``structinit bench run``: train (or resume) runs of a grid, one after another: the task the SLURM
+and local launchers run (a thin layer over :func:`structinit.experiments.task.run_task`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from typing_extensions import Annotated
+
+from structinit.cli.bench_options import Opt
+from structinit.cli.common import JsonOut, Threads, emit_json, examples
+
+EXAMPLES = examples(
+    'structinit bench run runs/3f2a9c1b7d4e                         # train (or resume) one run of a grid',
+    'structinit bench run runs/3f2a9c1b7d4e --nproc 4               # under torchrun, 4 processes',
+)
+
+
+def bench_run(
+    runs: Annotated[List[Path], typer.Argument(help="Run folders of a grid (RUNS/<key>, holding config.json).",
+                                               show_default=False)],
+    threads: Threads = None,
+    device: Annotated[Optional[str], Opt("--device", help="auto, cpu, cuda or cuda:N.",
+                                         show_default="the run's")] = None,
+    nproc: Annotated[int, Opt("--nproc", min=1, help="Train under torchrun with this many processes (one per "
+                              "GPU).")] = 1,
+    signal_seconds: Annotated[Optional[int], Opt("--signal-seconds", min=1, help="Seconds between SIGUSR2 and the "
+                                                 "kill: finish the epoch first when it fits.")] = None,
+    json_out: JsonOut = False,
+):
+    """Train (or resume) runs of a grid, one after another: the task of the SLURM and local launchers.
+
+    A finished run is skipped; a run trained by another task right now is left to it. SIGTERM
+    stops at the next optimizer step (the last finished epoch's checkpoint is kept); SIGUSR2 does the same
+    and then asks SLURM to requeue the job.
+    """
+    import sys
+
+    from structinit.experiments.task import Stopper, check_nproc, run_task
+    from structinit.runtime import check_device, check_threads
+
+    check_threads(threads)
+    check_nproc(nproc)
+    if device is not None:
+        check_device(device)
+    stopper = Stopper(grace=signal_seconds)
+    stopper.install()
+    outcomes = []
+    try:
+        for run in runs:
+            if stopper.event.is_set():
+                break
+            outcome = run_task(run, threads=threads, device=device, nproc=nproc, stopper=stopper,
+                               echo=lambda line: print(line, file=sys.stderr, flush=True), launcher="bench run")
+            outcomes.append(outcome.to_dict())
+            if not json_out:
+                acc = f": final {outcome.final_acc:.2f}%" if outcome.final_acc is not None else ""
+                err = f": {outcome.error}" if outcome.error else ""
+                typer.echo(f"{outcome.state} {run}{acc}{err}")
+    finally:
+        stopper.restore()
+    if json_out:
+        emit_json(outcomes)
+    if any(o["state"] == "failed" for o in outcomes):
+        raise typer.Exit(1)
