@@ -51,13 +51,14 @@ def config(**settings) -> SolveConfig:
 
 @pytest.mark.parametrize("recipe", ["paper", "released", "closed-form", "authors-2025"])
 def test_the_dense_recipes_estimate_is_within_its_documented_band_of_a_real_solve(recipe):
-    """2,304 tokens, 2 heads: the N x N maps (21 MiB each) dominate. Measured: 0.88x (authors-2025)
-    to 1.29x (paper, released)."""
+    """2,304 tokens, 2 heads: the N x N maps (21 MiB each) dominate. The tensors alone measured
+    0.88x (authors-2025) to 1.29x (paper, released); with the allocator's share the estimate bounds
+    the peak from above."""
     settings = {"grid": [48, 48], "dim": 64, "heads": 2, "recipe": recipe}
     if recipe in ("paper", "released"):
         settings["params"] = {"iters": 20}
     peak = measured_peak(**settings)
-    assert 0.8 <= estimate_memory(config(**settings)) / peak <= 1.35, peak
+    assert 1.0 <= estimate_memory(config(**settings)) / peak <= 2.0, peak
 
 
 def test_the_fast_recipe_estimate_bounds_a_real_solve_from_above_by_at_most_its_buffers():

@@ -68,17 +68,24 @@ def solved_layers(config: SolveConfig) -> list:
     return [0, 1] if config.pseudo_input_rest is not None and config.layers > 1 else [0]
 
 
+#: The allocator's and threads' share on top of what a solve's tensors hold (fragmentation, one
+#: malloc arena per thread, torch's own work buffers): an estimate that refuses work must bound the
+#: real peak from above on every machine, and one measured 1% under its peak without it.
+ALLOCATOR_FACTOR, ALLOCATOR_BYTES = 1.2, 64 * 2 ** 20
+
+
 def estimate_memory(config: SolveConfig) -> int:
-    """Bytes a solve of ``config`` needs at its peak, roughly, for refusing a solve that cannot fit
-    (the Python interpreter and torch themselves not counted). The ``fast`` recipe is ``O(N D)``;
-    ``paper``, ``released`` and ``closed-form`` hold ``N x N`` maps for every head; ``authors-2025``
-    those of one layer's heads at a time.
+    """Bytes a solve of ``config`` needs at its peak, an upper bound, for refusing a solve that
+    cannot fit (the Python interpreter and torch themselves not counted): what its tensors hold
+    (the ``fast`` recipe is ``O(N D)``; ``paper``, ``released`` and ``closed-form`` hold ``N x N``
+    maps for every head; ``authors-2025`` those of one layer's heads at a time), times
+    :data:`ALLOCATOR_FACTOR` plus :data:`ALLOCATOR_BYTES`.
 
     Measured against the peak resident memory a real solve adds on a CPU (dim 64; the test suite
-    checks it): the dense recipes within 0.85-1.3x from about 2,000 tokens up (at 1,024 tokens
-    ``paper`` measured twice the estimate, and at a few hundred tokens torch's own first allocations,
-    about 200 MiB, dominate); ``fast`` counts its chunk and cache buffers in full, so it never
-    underestimates and overestimates by at most about 500 MiB (2.4x at 4,096 tokens)."""
+    checks it): the dense recipes' tensors are within 0.85-1.3x of the peak from about 2,000 tokens
+    up, so the estimate is 1.0-1.6x of it plus the fixed share (at a few hundred tokens torch's own
+    first allocations, about 200 MiB, dominate); ``fast`` counts its chunk and cache buffers in full,
+    so it never underestimates and overestimates by at most about 500 MiB (2.4x at 4,096 tokens)."""
     from structinit.analysis.quality import CHUNK_BYTES, DENSE_BYTES
     from structinit.solver import algorithms
 
@@ -101,7 +108,7 @@ def estimate_memory(config: SolveConfig) -> int:
         work = 8 * 3 * layer + 8 * heads * (dim * n + 3 * dim * dim) + min(4 * maps, DENSE_BYTES)
     else:  # paper, released: Adam through dense attention (forward and backward)
         work = 4 * 8 * maps + min(4 * maps, DENSE_BYTES)
-    return int(inputs + weights + work)
+    return int((inputs + weights + work) * ALLOCATOR_FACTOR + ALLOCATOR_BYTES)
 
 
 #: Recipes that take many steps through dense attention, whose time is estimated before they start.
