@@ -24,15 +24,19 @@ def generator(seed: int):
 #: What the weights an init does not write start from (the ``base`` parameter of ``impulse`` and
 #: ``mimetic``): ``model``, as the model was built (a timm ViT: Linear weights trunc normal std
 #: 0.02, biases zero); ``pytorch``, every module's ``reset_parameters()`` (PyTorch's defaults:
-#: Kaiming-uniform Linear and Conv weights, uniform biases), as the authors' released code leaves them.
-BASES = ("model", "pytorch")
+#: Kaiming-uniform Linear and Conv weights, uniform biases), as the authors' released code leaves them;
+#: ``pytorch-mlp`` and ``pytorch-head``, only the MLPs' Linear layers (timm's ``blocks.i.mlp``) or only
+#: the classifier (``head``), to tell which part of that base matters.
+BASES = ("model", "pytorch", "pytorch-mlp", "pytorch-head")
+#: The modules each partial base resets, by their name in a timm-style model.
+BASE_PARTS = {"pytorch-mlp": lambda name: ".mlp." in f".{name}.", "pytorch-head": lambda name: name == "head"}
 
 
-def reset_to_defaults(model, seed: int) -> List[str]:
+def reset_to_defaults(model, seed: int, only=None) -> List[str]:
     """Call ``reset_parameters()`` on every module of ``model`` that has one (``Linear``, ``Conv``,
     ``LayerNorm``, ...: PyTorch's default init, as a model built with timm's init skipped has it),
-    under ``torch.manual_seed(seed)`` in a forked RNG (the global RNG is left as it was). Returns
-    ``"name (Type)"`` of every module reset, in order."""
+    under ``torch.manual_seed(seed)`` in a forked RNG (the global RNG is left as it was); ``only(name)``
+    picks the modules (default: all). Returns ``"name (Type)"`` of every module reset, in order."""
     import torch
 
     done = []
@@ -40,7 +44,7 @@ def reset_to_defaults(model, seed: int) -> List[str]:
         torch.manual_seed(int(seed))
         for name, module in model.named_modules():
             reset = getattr(module, "reset_parameters", None)
-            if callable(reset):
+            if callable(reset) and (only is None or only(name)):
                 reset()
                 done.append(f"{name or '<model>'} ({type(module).__name__})")
     return done
@@ -53,9 +57,9 @@ def apply_base(target, base: str, seed: int, method: str) -> Optional[int]:
     if base == "model":
         return None
     if target.model is None:
-        raise UsageError(f"{method} parameter {param('base')} pytorch resets every module of a model; a "
-                         "checkpoint or state dict has none (leave base at model)")
-    return len(reset_to_defaults(target.model, seed))
+        raise UsageError(f"{method} parameter {param('base')} {base} resets modules of a model; a checkpoint or "
+                         "state dict has none (leave base at model)")
+    return len(reset_to_defaults(target.model, seed, BASE_PARTS.get(base)))
 
 
 def redraw_qk(t, method: str, seed: int, std: float = 0.02) -> Dict[str, Any]:
