@@ -167,3 +167,37 @@ def test_the_batch_digest_is_stable():
     # (a deliberate change bumps the fit's version and this value)
     x = torch.arange(6.0).view(2, 3)
     assert identity.batch_digest(x) == "sha256:d609b2041ec897a4e9323f951d4d0b1d975dfc9861b06a580b99c545fd4bcbbe"
+
+
+def test_the_key_follows_the_models_own_tensors(digits):
+    """The position embedding and class token are the model's own tensors, read by every layer: a
+    model with the table at x2 (pe_scale=2), an edited embedding or another class token never loads
+    the fit of the x1 model."""
+    import timm
+
+    def stock(cls=False):
+        torch.manual_seed(0)
+        return timm.create_model("vit_tiny_patch16_224", img_size=8, patch_size=1, in_chans=1, embed_dim=64, depth=2,
+                                 num_heads=4, num_classes=10, class_token=cls, global_pool="token" if cls else "avg")
+
+    x1 = fitted_key(initialize_model(stock(), "impulse", data=digits, **FIT))
+    assert fitted_key(initialize_model(stock(), "impulse", data=digits, **FIT)) == x1
+    assert fitted_key(initialize_model(stock(), "impulse", data=digits, pe_scale=2.0, **FIT)) != x1
+    edited = stock()
+    with torch.no_grad():
+        edited.pos_embed[0, 5, 3] += 0.5  # written over by the table: the same fit
+    assert fitted_key(initialize_model(edited, "impulse", data=digits, **FIT)) == x1
+    own = stock()
+    with torch.no_grad():
+        own.pos_embed.mul_(18.0)
+    a = fitted_key(initialize_model(own, "impulse", data=digits, fit_pe=True, **FIT))
+    own = stock()
+    with torch.no_grad():
+        own.pos_embed.mul_(18.0)
+        own.pos_embed[0, 5, 3] += 0.5  # the embedding the fit reads, edited
+    assert fitted_key(initialize_model(own, "impulse", data=digits, fit_pe=True, **FIT)) != a
+    cls = fitted_key(initialize_model(stock(cls=True), "impulse", data=digits, **FIT))
+    other = stock(cls=True)
+    with torch.no_grad():
+        other.cls_token.add_(0.1)
+    assert fitted_key(initialize_model(other, "impulse", data=digits, **FIT)) != cls

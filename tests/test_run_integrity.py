@@ -299,3 +299,61 @@ def test_file_system_errors_of_bench_grid_exit_1(grid, cli):
     (folder / "fresh" / "grids").write_text("a file where the manifests' folder goes")
     one_error(cli("bench", "grid", "grid.toml", "--out", "fresh", "--launcher", "print", cwd=folder), 1,
               "cannot write")
+
+
+def test_a_final_json_beside_a_checkpoint_of_an_earlier_epoch_is_damaged_not_finished(tmp_path):
+    """A run killed between saving epoch 1 of 2 and a stale final.json of the whole run written
+    beside it: the checkpoint does not hold the epochs final.json reports, so the run is damaged."""
+    from structinit.training.config import TrainConfig
+    from structinit.training.loop import train
+
+    out = tmp_path / "run"
+    train(TrainConfig(model="vit-digits", dataset="digits", patch=2, depth=1, dim=32, heads=2, train_size=64,
+                      batch_size=32, epochs=2, init="mimetic", threads=1, out=str(out)))
+    run = RunDir(out)
+    assert run.state == "finished"
+    ck = torch.load(out / "checkpoint.pt", weights_only=False)
+    ck["epoch"] = 1
+    torch.save(ck, out / "checkpoint.pt")
+    assert run.state == "damaged"
+    assert run.damage() == (f"{out / 'final.json'} reports 2 epoch(s) and {out / 'checkpoint.pt'} holds epoch 1, "
+                            "of 2")
+
+
+def test_the_run_lock_is_reentrant_and_held_while_train_writes_final_json(tmp_path, monkeypatch):
+    """bench run's task holds a run's lock while its own call to train takes it again: the inner
+    release keeps it held. And train holds it while it writes final.json, so no other process can
+    take the folder while the run's result is being written."""
+    from filelock import FileLock, Timeout
+
+    from structinit.training.config import TrainConfig
+    from structinit.training.loop import train
+
+    def taken_elsewhere(folder):
+        other = FileLock(str(folder / ".lock"), timeout=0, thread_local=False)
+        try:
+            other.acquire()
+        except Timeout:
+            return True
+        other.release()
+        return False
+
+    run = RunDir(tmp_path / "r")
+    run.lock()
+    run.lock()
+    run.unlock()
+    assert run.locked() and taken_elsewhere(tmp_path / "r")
+    run.unlock()
+    assert not run.locked() and not (tmp_path / "r" / ".lock").exists()
+
+    seen = []
+    write_final = RunDir.write_final
+
+    def watched(self, summary):
+        seen.append((self.locked(), taken_elsewhere(self.path)))
+        write_final(self, summary)
+
+    monkeypatch.setattr(RunDir, "write_final", watched)
+    train(TrainConfig(model="vit-digits", dataset="digits", patch=2, depth=1, dim=32, heads=2, train_size=64,
+                      batch_size=32, epochs=1, init="mimetic", threads=1, out=str(tmp_path / "t")))
+    assert seen == [(True, True)]

@@ -219,7 +219,7 @@ def load_for_apply(path: Union[str, os.PathLike], spec: InitSpec, options: Apply
         "state_dicts": ckpt.where, **det.summary(), "heads": first.heads,
         "grid": list(first.grid) if first.grid else None, "method": spec.method, "params": spec.params(),
         "seed": options.seed, "set_pe": options.set_pe, "pe_scale": pe_scale,
-        "pos_embed_kind": first.pos_embed_kind(), "hints": ckpt.extra,
+        "pos_embed_kind": first.pos_embed_kind(), "pos_embed_written": None, "hints": ckpt.extra,
         "layers": [{"layer": slot.index, "replaced": spec.planned(slot)} for slot in first.slots],
     }
     if options.set_pe:

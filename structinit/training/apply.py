@@ -37,6 +37,7 @@ from structinit.init.apply import ApplyOptions, LoadedCheckpoint, load_for_apply
 from structinit.init.base import InitSpec
 from structinit.init.specs import init_spec
 from structinit.init.target import AttentionTarget
+from structinit.training.checkpoint_models import HF_EXTRA, transformers_installed
 
 #: Layouts whose model structinit can build and run inputs through (a ``structinit train`` run too).
 BUILDABLE = ("timm-vit", "hf-vit", "hf-vit-v5", "hf-bert", "hf-gpt2")
@@ -111,6 +112,8 @@ def _can_fit(loaded: LoadedCheckpoint, options: ApplyOptions) -> bool:
                              f"structinit cannot build the model of a {layout.name} checkpoint (timm ViTs, Hugging "
                              "Face ViT/DeiT, BERT and GPT-2, and structinit train checkpoints it can)")
         return True
+    if layout.name.startswith("hf-") and not transformers_installed():
+        return False  # said in the report (see _why_no_fit)
     return buildable and not layout.sequence  # noise cannot stand for token ids
 
 
@@ -122,6 +125,9 @@ def _why_no_fit(loaded: LoadedCheckpoint) -> str:
     if layout.sequence:
         return (f"not run: the {layout.name} checkpoint's model takes token ids, which noise cannot stand for; give "
                 f"data (token ids [B, L]) to fit them; {plain}")
+    if layout.name.startswith("hf-") and not transformers_installed():
+        return (f"not run: the {layout.name} checkpoint's model is built by Hugging Face transformers, which is not "
+                f"installed ({HF_EXTRA}), {plain}")
     return f"not run: structinit cannot build and run the model of a {layout.name} checkpoint, {plain}"
 
 

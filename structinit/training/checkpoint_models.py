@@ -278,10 +278,29 @@ def hf_config(ckpt, config: Optional[str] = None) -> Tuple[dict, Path]:
     return cfg, path
 
 
+#: What to install for Hugging Face checkpoints' models.
+HF_EXTRA = "pip install 'structinit[hf]' (or transformers)"
+
+
+def transformers_installed() -> bool:
+    """Whether Hugging Face transformers can be imported (it builds the models of ``hf-*`` checkpoints)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("transformers") is not None
+    except ValueError:  # a module set to None in sys.modules (how a test hides it)
+        return False
+
+
 def _hf_model(ckpt, sd: Mapping, config: Optional[str], grid) -> CheckpointModel:
     import torch
-    import transformers
     from safetensors.torch import save_file
+
+    try:
+        import transformers
+    except ImportError:
+        raise UsageError(f"the {ckpt.detected.layout.name} checkpoint's model is built by Hugging Face "
+                         f"transformers, which is not installed: {HF_EXTRA}") from None
 
     cfg, path = hf_config(ckpt, config)
     transformers.utils.logging.disable_progress_bar()  # one line per weight file on stderr otherwise
@@ -313,4 +332,5 @@ def _hf_model(ckpt, sd: Mapping, config: Optional[str], grid) -> CheckpointModel
     return CheckpointModel(model, how, "image", (chans, side, side), grid=grid or det.grid, heads=heads)
 
 
-__all__ = ["CheckpointModel", "checkpoint_model", "timm_vit_kwargs", "timm_heads", "hf_config"]
+__all__ = ["CheckpointModel", "checkpoint_model", "timm_vit_kwargs", "timm_heads", "hf_config",
+           "transformers_installed", "HF_EXTRA"]
