@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from structinit.init.specs import initialize_model
+from structinit.init.initialize import initialize_model
 from structinit.training.apply import apply_checkpoint
 from structinit.training.augment import normalize
 from structinit.training.datasets import load_dataset

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from structinit.init.specs import initialize_model
+from structinit.init.initialize import initialize_model
 from structinit.solver.artifact import read_artifact
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

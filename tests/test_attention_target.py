@@ -8,7 +8,7 @@ import torch
 
 from structinit.geometry.embedding import sincos_1d
 from structinit.geometry.grid import Grid
-from structinit.init.target import AttentionTarget
+from structinit.init.attention_target import AttentionTarget
 
 D = 8
 

@@ -13,7 +13,8 @@ from timm.models.vision_transformer import VisionTransformer  # imported once, n
 
 from structinit.errors import StructinitError, UsageError
 from structinit.geometry.targets import draw_offsets
-from structinit.init.specs import init_spec, initialize, initialize_model, spec_from_dict
+from structinit.init.initialize import initialize, initialize_model
+from structinit.init.registry import init_spec, spec_from_dict
 from structinit.solver.algorithms import (
     authors_2025_logits,
     dense_targets,

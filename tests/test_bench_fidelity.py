@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from structinit.errors import UsageError
-from structinit.experiments.attention import fidelity_figure, fidelity_markdown, fidelity_rows, grid_attention
+from structinit.experiments.attention import fidelity_markdown, fidelity_rows, grid_attention, grid_fidelity_figure
 from structinit.experiments.expand import expand
 from structinit.experiments.gridspec import parse_grid_text
 
@@ -65,7 +65,7 @@ def test_rows_are_each_methods_own_per_layer_measures(entries, one_torch_thread)
 
 
 def test_figure_has_a_hit_rate_line_per_impulse_method_and_a_window_line_per_method(entries):
-    fig = fidelity_figure(entries, title="t")
+    fig = grid_fidelity_figure(entries, title="t")
     hit, win = fig.axes[:2]
     assert [ln.get_label() for ln in hit.lines] == ["Impulse"]
     assert [ln.get_label() for ln in win.lines] == ["mimetic", "Impulse"]
@@ -74,4 +74,4 @@ def test_figure_has_a_hit_rate_line_per_impulse_method_and_a_window_line_per_met
     assert list(win.lines[0].get_xdata()) == [1, 2]
     assert hit.get_xlabel() == "layer" and "hit rate" in hit.get_ylabel() and fig._suptitle.get_text().startswith("t")
     with pytest.raises(UsageError, match="no init method of this grid has a model with attention"):
-        fidelity_figure(entries[2:])
+        grid_fidelity_figure(entries[2:])

@@ -16,8 +16,9 @@ from structinit.fit.refine import MAX_LOGIT, calibrate_on_batch, fit_loss, refin
 from structinit.geometry.grid import Grid
 from structinit.geometry.targets import causal_mask, impulse_columns
 from structinit.init.impulse import ImpulseInit
+from structinit.init.initialize import initialize, initialize_model
 from structinit.init.inject import read_qk
-from structinit.init.specs import init_spec, initialize, initialize_model
+from structinit.init.registry import init_spec
 from structinit.training.augment import normalize
 from structinit.training.config import TrainConfig
 from structinit.training.datasets import load_dataset
@@ -410,7 +411,7 @@ def test_a_causal_data_fit_fits_each_layer_under_the_mask():
     inputs with the decoder's mask, replayed here step for step (a fit without the mask differs)."""
     from pathlib import Path
 
-    from structinit.init.target import AttentionTarget
+    from structinit.init.attention_target import AttentionTarget
     from structinit.solver.artifact import read_artifact
 
     def model():

@@ -138,7 +138,7 @@ def test_the_196_token_preset_gets_the_default_init_on_real_fashion_images(fashi
     49-token one's; evaluating 10,000 test images at 196 tokens costs a minute on one CPU thread)."""
     import warnings
 
-    from structinit.init.specs import initialize_model
+    from structinit.init.initialize import initialize_model
     from structinit.training.augment import normalize
     from structinit.training.models import ModelConfig, build_model
 

@@ -15,7 +15,7 @@ from structinit.analysis.fidelity import (
     window_mask,
 )
 from structinit.errors import UsageError
-from structinit.init.specs import initialize_model
+from structinit.init.initialize import initialize_model
 from structinit.training.augment import normalize
 from structinit.training.datasets import load_dataset
 from structinit.training.models import ModelConfig, build_model

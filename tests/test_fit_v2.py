@@ -19,10 +19,11 @@ from structinit.fit.refine import (
 )
 from structinit.geometry.grid import Grid
 from structinit.geometry.targets import impulse_columns
+from structinit.init.attention_target import AttentionTarget
 from structinit.init.impulse import ImpulseInit
+from structinit.init.initialize import initialize_model
 from structinit.init.inject import heads_to_rows, read_qk, rows_to_heads
-from structinit.init.specs import init_spec, initialize_model
-from structinit.init.target import AttentionTarget
+from structinit.init.registry import init_spec
 from structinit.training.augment import normalize
 from structinit.training.datasets import load_dataset
 from structinit.training.models import ModelConfig, build_model

@@ -11,7 +11,7 @@ import torch
 from structinit.errors import ArtifactError
 from structinit.fit import artifact as fitted_artifact
 from structinit.fit import identity
-from structinit.init.specs import initialize_model
+from structinit.init.initialize import initialize_model
 from structinit.solver.artifact import read_artifact
 from structinit.training.augment import normalize
 from structinit.training.datasets import load_dataset

@@ -92,7 +92,7 @@ def test_training_on_the_gpu_uses_bf16_learns_and_resumes(tmp_path):
 def test_the_data_fit_runs_on_gpu_tensors():
     from structinit.analysis.fidelity import data_attention_quality
     from structinit.geometry.grid import Grid
-    from structinit.init.specs import initialize_model
+    from structinit.init.initialize import initialize_model
     from structinit.training.augment import normalize
     from structinit.training.datasets import load_dataset
     from structinit.training.models import ModelConfig, build_model

@@ -214,8 +214,8 @@ def test_learned_position_embedding_is_refused_fitted_or_replaced_and_reported_t
     assert hit_and_mass(attention_of_first_block(model, 64), (8, 8), rep["layers"][0]["offsets"])[0] == 1.0
 
     # what the old report hid: the sin-cos solve on the learned embedding, measured on it
-    from structinit.init.specs import init_spec
-    from structinit.init.target import AttentionTarget
+    from structinit.init.attention_target import AttentionTarget
+    from structinit.init.registry import init_spec
     from structinit.solver.run import solve
 
     sd = torch.load(work.path / "learned.pth", weights_only=True)
@@ -233,7 +233,7 @@ def test_learned_position_embedding_is_refused_fitted_or_replaced_and_reported_t
 
 def test_impulse_on_a_model_never_fits_the_sin_cos_table_silently(tmp_path):
     from structinit.geometry.embedding import sincos_2d
-    from structinit.init.specs import initialize_model
+    from structinit.init.initialize import initialize_model
     from structinit.solver.cache import find_cached
     from structinit.solver.config import SolveConfig
 

@@ -11,12 +11,13 @@ from structinit.analysis.quality import measure
 from structinit.errors import StructinitError, UsageError
 from structinit.geometry.embedding import pseudo_input, sincos_2d
 from structinit.geometry.targets import impulse_columns, impulse_targets
+from structinit.init.attention_target import parse_layers
 from structinit.init.impulse import ImpulseInit
+from structinit.init.initialize import initialize, initialize_model
 from structinit.init.inject import heads_to_rows, rows_to_heads
 from structinit.init.mimetic import mimetic_qk
 from structinit.init.pos_embed import set_sincos_pos_embed
-from structinit.init.specs import INIT_METHODS, initialize, initialize_model
-from structinit.init.target import parse_layers
+from structinit.init.registry import INIT_METHODS
 from structinit.solver.artifact import Artifact
 
 

@@ -14,13 +14,12 @@ from structinit.init.authors import Impulse2024Init, Impulse2025Init
 from structinit.init.base import InitSpec, coerce, parse_value
 from structinit.init.baselines import KaimingInit, TruncNormalInit
 from structinit.init.impulse import ImpulseInit
+from structinit.init.initialize import initialize, initialize_model
 from structinit.init.layouts import detect_layout
 from structinit.init.mimetic import MimeticInit
-from structinit.init.specs import (
+from structinit.init.registry import (
     INIT_METHODS,
     init_spec,
-    initialize,
-    initialize_model,
     parse_assignments,
     parse_init,
     spec_class,
@@ -253,7 +252,7 @@ def test_params_copy_list_and_dict_parameters():
 
 @pytest.mark.parametrize("spec", [KaimingInit(), TruncNormalInit(), MimeticInit()])
 def test_spec_apply_defaults_to_seed_zero_like_initialize(spec):
-    from structinit.init.target import AttentionTarget
+    from structinit.init.attention_target import AttentionTarget
 
     a, b = _vit().state_dict(), _vit().state_dict()
     spec.apply(AttentionTarget(a, heads=4))

@@ -10,12 +10,12 @@ import torch
 
 from structinit.errors import StructinitError, UsageError
 from structinit.geometry.embedding import sincos
+from structinit.init.attention_target import AttentionTarget
+from structinit.init.initialize import initialize, initialize_model
 from structinit.init.inject import heads_to_rows, label, read_qk, read_vproj, rows_to_heads, write_qk, write_vproj
 from structinit.init.layouts import Part, detect_layout
 from structinit.init.mimetic import mimetic_qk, mimetic_v_proj
 from structinit.init.pos_embed import pe_kind, set_sincos_pos_embed, write_sincos
-from structinit.init.specs import initialize, initialize_model
-from structinit.init.target import AttentionTarget
 from structinit.solver.artifact import read_artifact
 from structinit.solver.config import SolveConfig
 from structinit.solver.run import solve
@@ -510,14 +510,14 @@ def test_seeded_draws_are_the_same_across_versions():
     ("2-", [2, 3]), ("3,0-1", [0, 1, 3]), (" 1 , 1 ", [1]), ("0-3", [0, 1, 2, 3]),
 ])
 def test_layer_specs(spec, want):
-    from structinit.init.target import parse_layers
+    from structinit.init.attention_target import parse_layers
 
     assert parse_layers(spec, 4) == want
 
 
 @pytest.mark.parametrize("spec", ["3-1", "x", "", "1,,2", "1-2-3", "one"])
 def test_bad_layer_specs_name_the_parameter(spec):
-    from structinit.init.target import parse_layers
+    from structinit.init.attention_target import parse_layers
 
     with pytest.raises(UsageError) as exc:
         parse_layers(spec, 4)
@@ -527,7 +527,7 @@ def test_bad_layer_specs_name_the_parameter(spec):
 
 @pytest.mark.parametrize("spec, depth", [("-1", 4), ("0, -2", 12), (" -0", 1)])
 def test_negative_layer_indices_are_refused_with_the_range_there_is(spec, depth):
-    from structinit.init.target import parse_layers
+    from structinit.init.attention_target import parse_layers
 
     with pytest.raises(UsageError) as exc:
         parse_layers(spec, depth)
@@ -538,7 +538,7 @@ def test_negative_layer_indices_are_refused_with_the_range_there_is(spec, depth)
 
 
 def test_shape_hints_and_their_refusals():
-    from structinit.init.target import model_heads
+    from structinit.init.model_shape import model_heads
 
     with pytest.raises(UsageError) as exc:
         model_heads(torch.nn.Linear(2, 2))
@@ -586,7 +586,7 @@ def test_a_part_is_read_as_a_float32_copy_whatever_the_checkpoint_holds():
 def test_causal_offsets_on_a_model_attending_both_ways_are_refused_naming_both():
     from types import SimpleNamespace
 
-    from structinit.init.impulse import check_causal
+    from structinit.init.impulse_checks import check_causal
 
     with pytest.raises(UsageError) as e:
         check_causal(SimpleNamespace(causal=False, layout="hf-bert"), True)

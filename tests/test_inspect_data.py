@@ -12,7 +12,7 @@ import torch
 
 from structinit.analysis.fidelity import centre_query, init_fidelity, report_settings, window_mask
 from structinit.analysis.quality import artifact_attention
-from structinit.init.specs import initialize_model
+from structinit.init.initialize import initialize_model
 from structinit.solver.artifact import read_artifact
 from structinit.training.config import TrainConfig
 from structinit.training.fit_inputs import training_images

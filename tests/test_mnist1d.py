@@ -82,7 +82,7 @@ def test_transformer_1d_is_laid_out_for_the_init_methods():
 @pytest.mark.parametrize("method, params", [("impulse", {"filter": 5}), ("impulse", {"filter": 3, "causal": True}),
                                             ("mimetic", {}), ("kaiming", {}), ("trunc-normal", {})])
 def test_every_init_method_applies_to_transformer_1d(method, params):
-    from structinit.init.specs import initialize_model
+    from structinit.init.initialize import initialize_model
 
     m = transformer()
     before = m.blocks[0].attn.qkv.weight.detach().clone()
@@ -98,7 +98,7 @@ def test_every_init_method_applies_to_transformer_1d(method, params):
 @pytest.mark.slow
 def test_impulse_attention_on_real_sequences_is_measured(plain):
     from structinit.analysis.fidelity import data_attention_quality
-    from structinit.init.specs import initialize_model
+    from structinit.init.initialize import initialize_model
 
     m = transformer()
     rep = initialize_model(m, "impulse", data_fit=0, filter=5)

@@ -14,7 +14,8 @@ from structinit.analysis.capture import attention_inputs
 from structinit.analysis.fidelity import data_attention_quality
 from structinit.errors import UsageError
 from structinit.geometry.grid import Grid
-from structinit.init.specs import init_spec, initialize_model
+from structinit.init.initialize import initialize_model
+from structinit.init.registry import init_spec
 from structinit.solver.self_shift import add_self_term
 from structinit.training.augment import normalize
 from structinit.training.datasets import load_dataset

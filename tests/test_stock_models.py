@@ -12,7 +12,7 @@ from structinit.analysis.fidelity import data_attention_quality
 from structinit.errors import StructinitWarning, UsageError
 from structinit.geometry.embedding import sincos
 from structinit.geometry.grid import Grid
-from structinit.init.specs import initialize, initialize_model
+from structinit.init.initialize import initialize, initialize_model
 from structinit.training.augment import normalize
 from structinit.training.datasets import load_dataset, split_train
 from structinit.training.models import ModelConfig, build_model

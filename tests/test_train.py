@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from structinit.errors import UsageError
-from structinit.init.specs import parse_assignments as parse_init_params
+from structinit.init.registry import parse_assignments as parse_init_params
 from structinit.training.config import TrainConfig
 from structinit.training.loop import epoch_permutation, lr_at, shard_batches, train
 from structinit.training.rundir import RunDir

@@ -47,7 +47,7 @@ def test_each_recipe_computes_what_its_version_computed(recipe):
 @pytest.mark.parametrize("version", sorted(FITS))
 def test_each_data_fit_version_computes_what_it_computed(version, tmp_path):
     from structinit.fit.settings import FIT_VERSIONS
-    from structinit.init.specs import initialize_model
+    from structinit.init.initialize import initialize_model
     from structinit.training.augment import normalize
     from structinit.training.datasets import load_dataset
     from structinit.training.models import ModelConfig, build_model
@@ -63,7 +63,7 @@ def test_each_data_fit_version_computes_what_it_computed(version, tmp_path):
 
 
 def test_a_recipe_version_is_in_the_keys_from_version_2_on(monkeypatch):
-    from structinit.init.specs import init_spec
+    from structinit.init.registry import init_spec
     from structinit.training.config import TrainConfig
 
     config = SolveConfig(grid=(4, 4), dim=16, heads=2)

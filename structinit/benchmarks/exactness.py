@@ -97,7 +97,7 @@ def attention_conv(attn, x, taps):
     return (attn @ x.unsqueeze(0) @ taps).sum(0)
 
 
-def estimate_memory(tokens: int, heads: int, ndim: int, filter_size: int, channels: int, out_channels: int) -> int:
+def exactness_memory(tokens: int, heads: int, ndim: int, filter_size: int, channels: int, out_channels: int) -> int:
     """Bytes the comparison itself holds at its peak (float64): the inputs, the kernel and its taps,
     the attention maps, each head's values ``[heads, N, C_in]`` and outputs ``[heads, N, C_out]``,
     the convolution and the difference."""
@@ -118,7 +118,7 @@ def _check_memory(grid: Grid, heads: int, dim: int, filter_size: int, channels: 
     config = SolveConfig(grid=grid, dim=dim, heads=heads, filter=filter_size, recipe="fast",
                          params={"target_mass": 0.9, "ridge": ridge}, padding=padding, offset_order="centre",
                          seed=seed, causal=causal)
-    need = estimate_memory(grid.tokens, heads, grid.ndim, filter_size, channels, out_channels) + solve_memory(config)
+    need = exactness_memory(grid.tokens, heads, grid.ndim, filter_size, channels, out_channels) + solve_memory(config)
     free = available_memory(device)
     if free is not None and need > free:
         gib = 2 ** 30

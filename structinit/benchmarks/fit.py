@@ -84,7 +84,7 @@ def run_fit_bench(preset: str = "vit-digits", *, dataset: Optional[str] = None, 
     import torch
 
     from structinit.fit.settings import FIT_VERSIONS
-    from structinit.init.specs import initialize_model
+    from structinit.init.initialize import initialize_model
 
     bad = [v for v in versions if v not in FIT_VERSIONS]
     if bad or not versions:

@@ -1,5 +1,5 @@
 """``structinit apply``: initialize the attention of a saved checkpoint (a thin layer over
-:func:`structinit.init.apply.apply_checkpoint`)."""
+:func:`structinit.training.apply.apply_checkpoint`)."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def apply(
     from structinit.errors import Notice, UsageError
     from structinit.geometry.grid import parse_grid
     from structinit.init.apply import ApplyOptions
-    from structinit.init.specs import init_spec, parse_assignments, parse_init
+    from structinit.init.registry import init_spec, parse_assignments, parse_init
     from structinit.runtime import use_threads
     from structinit.training.apply import apply_checkpoint
 

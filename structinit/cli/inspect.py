@@ -268,7 +268,7 @@ def _data_model(target: str, dataset: str, init, init_param, seed, data_dir, cac
                              f"other inputs (give --data {inspected.config.dataset})")
         return inspected
     if target in PRESETS:
-        from structinit.init.specs import parse_assignments
+        from structinit.init.registry import parse_assignments
         from structinit.training.config import TrainConfig
 
         if init is None and init_param:

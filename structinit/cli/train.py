@@ -144,7 +144,7 @@ def train(
     under torchrun (DDP; NCCL on GPUs, gloo on CPU); only rank 0 writes and prints.
     """
     from structinit.errors import StructinitError
-    from structinit.init.specs import parse_assignments
+    from structinit.init.registry import parse_assignments
     from structinit.runtime import use_threads
     from structinit.training.config import TrainConfig, long_warmup
     from structinit.training.distributed import launched_by_torchrun

@@ -176,7 +176,7 @@ def fidelity_markdown(entries: List[AttentionEntry]) -> str:
     return note + "\n\n" + "\n".join(lines)
 
 
-def fidelity_figure(entries: List[AttentionEntry], title: str = "real-data attention fidelity at init"):
+def grid_fidelity_figure(entries: List[AttentionEntry], title: str = "real-data attention fidelity at init"):
     """Two panels against the layer: the hit rate on the solved offset (impulse inits) and the share
     of attention in the ``f x f`` window (every init with attention), one line per method, on the
     real images of :func:`grid_attention`."""
@@ -215,4 +215,4 @@ def fidelity_figure(entries: List[AttentionEntry], title: str = "real-data atten
 
 
 __all__ = ["grid_attention", "attention_grid_figure", "AttentionEntry", "column_arg", "fidelity_rows",
-           "fidelity_markdown", "fidelity_figure"]
+           "fidelity_markdown", "grid_fidelity_figure"]

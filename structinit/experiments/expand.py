@@ -174,7 +174,7 @@ class Expansion:
 def parse_overrides(items: Iterable[str]) -> Dict[str, Any]:
     """``["epochs=2", "init_params.target_mass=0.5"]`` -> typed settings. A training setting
     applies to every run; ``init_params.NAME`` to the runs whose init method takes ``NAME``."""
-    from structinit.init.specs import parse_assignments
+    from structinit.init.registry import parse_assignments
 
     raw = parse_assignments(items, what="overrides")
     fields = settable_fields()
@@ -330,7 +330,7 @@ def expand(spec: GridSpec, *, overrides: Union[Iterable[str], Dict[str, Any], No
             _merge(cfg, plain)
             where = ", ".join(f"{a}={chosen[a].id}" for a in layout)
             if init_over and cfg.get("init"):
-                from structinit.init.specs import spec_class
+                from structinit.init.registry import spec_class
 
                 try:
                     names = {f for f in spec_class(cfg["init"]).__dataclass_fields__}

@@ -118,7 +118,7 @@ def impulse_solves(cells: List[Cell]) -> list:
     for correctly."""
     import json
 
-    from structinit.init.target import AttentionTarget
+    from structinit.init.attention_target import AttentionTarget
     from structinit.training.datasets import dataset_info
     from structinit.training.models import build_model
 

@@ -36,14 +36,14 @@ def render_report(reports: List[GridReport], figures: bool = True, attention: Op
                 figs[kind] = name
         table = ""
         if attention and rep.name in attention:
-            from structinit.experiments.attention import fidelity_figure, fidelity_markdown
+            from structinit.experiments.attention import fidelity_markdown, grid_fidelity_figure
 
             name = f"{rep.name}-attention.png"
             entries = attention[rep.name][1]
             files[name] = attention[rep.name][0]
             figs["attention after init"] = name
             if any(e.fidelity is not None for e in entries):
-                files[f"{rep.name}-fidelity.png"] = fidelity_figure(entries, title=rep.spec.title)
+                files[f"{rep.name}-fidelity.png"] = grid_fidelity_figure(entries, title=rep.spec.title)
                 figs["real-data fidelity per layer"] = f"{rep.name}-fidelity.png"
                 table = fidelity_markdown(entries)
         parts.append(markdown(rep, figs))

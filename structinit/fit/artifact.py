@@ -37,7 +37,7 @@ def load_or_fit(settings: FitSettings, target, plain: Artifact, inputs: FitInput
                 log: Optional[Callable[[str], None]] = None,
                 warn: Optional[Callable[[str], None]] = None) -> Tuple[Artifact, bool]:
     """``(artifact, cached)``: the fitted artifact of ``target``'s model (an
-    :class:`~structinit.init.target.AttentionTarget`) on ``inputs`` from the plain artifact
+    :class:`~structinit.init.attention_target.AttentionTarget`) on ``inputs`` from the plain artifact
     ``plain``, from the cache, or fitted now (``writer`` writes the fitted layers into the model as
     it goes) and stored. ``progress``/``log`` follow the fit (see
     :class:`~structinit.fit.layers.LayerFit`; ``log`` also hears a wait for another process's fit);

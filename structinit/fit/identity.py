@@ -66,7 +66,7 @@ def weights_digest(model, probe, last) -> str:
 
 
 def fit_identity(settings, target, plain, inputs, seed: int) -> Dict[str, Any]:
-    """What a fit of ``target``'s model (an :class:`~structinit.init.target.AttentionTarget`) on
+    """What a fit of ``target``'s model (an :class:`~structinit.init.attention_target.AttentionTarget`) on
     ``inputs`` (:class:`~structinit.fit.inputs.FitInputs`) from the plain artifact ``plain`` with
     ``settings`` depends on (see the module docstring); its hash is the fitted artifact's key."""
     model = target.model

@@ -83,7 +83,7 @@ def prefixed_mask(mask, tokens: int):
 
 class LayerFit:
     """One model's fit, layer by layer in increasing order. ``target``: an
-    :class:`~structinit.init.target.AttentionTarget` holding the model; ``x``: the batch, as the
+    :class:`~structinit.init.attention_target.AttentionTarget` holding the model; ``x``: the batch, as the
     model takes it; ``window``: the filter size (the report's share of attention inside its window).
     ``progress(done, total)`` follows every step (it may raise to stop the fit); ``log(message)``
     hears the estimated duration once the first steps are timed, and a line per layer."""

@@ -1,16 +1,13 @@
-"""``apply_checkpoint()``: initialize the attention of a saved checkpoint and write a new file.
-
-Example::
-
-    from structinit import apply_checkpoint
-    report = apply_checkpoint("vit.pth", "impulse", filter=3, layers="0-5")
-    report["output"]        # vit.impulse.pth, beside the input
-    report["layers"][0]     # {"layer": 0, "replaced": [...], "hit_rate": 1.0, "target_mass": 0.3, ...}
+"""Writing an init into a checkpoint file: the options (:class:`ApplyOptions`, shared with the CLI),
+reading and planning (:func:`load_for_apply`), and writing every copy of the model in the file
+(:func:`write_checkpoint`). :func:`structinit.training.apply.apply_checkpoint` puts them together
+with the model the checkpoint describes (which it builds to run the impulse data fit through).
 
 Only the Q/K rows (and Q/K biases) of the selected layers change, plus V/proj where the spec says
-so (``mimetic``, or ``impulse`` with ``mimetic_vproj``) and the position embedding with
-``set_pe='sincos'``; every other tensor and entry is written back as loaded. Every copy of the
-model in the file (e.g. ``state_dict`` and ``state_dict_ema``) gets the same weights.
+so (``mimetic``, or ``impulse`` with ``mimetic_vproj``) and the position embedding (``set_pe``, or
+the table in place of a learned one); every other tensor and entry is written back as loaded.
+Every copy of the model in the file (e.g. ``state_dict`` and ``state_dict_ema``) gets the same
+weights.
 
 Files: the output's format follows its name (``.safetensors``: safetensors, anything else a
 ``torch.save`` file) and it gets the input's permission bits. Nothing the user has is replaced
@@ -20,9 +17,8 @@ exclusively (of two runs writing the same name, one wins and the other is told),
 never overwritten) and then replaces the input atomically.
 
 The reported hit rate and target mass are measured from the written weights on the checkpoint's
-own position embedding, LayerNorm'd (``measured_on`` says so), after ``set_pe``: a learned
-embedding is refused for the impulse method unless ``set_pe='sincos'`` or ``fit_pe=True`` says
-what to do (see :class:`~structinit.init.impulse.ImpulseInit`).
+own position embedding, LayerNorm'd (``measured_on`` says so); the data fit's, on the inputs it
+was fitted to (``data_fit``).
 """
 
 from __future__ import annotations
@@ -35,6 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from structinit.errors import StructinitError, UsageError, param
 from structinit.geometry.grid import Grid
+from structinit.init.attention_target import AttentionTarget
 from structinit.init.base import InitSpec
 from structinit.init.checkpoints import (
     CheckpointError,
@@ -45,7 +42,6 @@ from structinit.init.checkpoints import (
     safetensors_dict,
     save_checkpoint,
 )
-from structinit.init.target import AttentionTarget
 
 PE_KINDS = ("sincos",)
 #: File-name endings of checkpoints, kept after the method's name in a default output name.
@@ -172,7 +168,7 @@ class ApplyOptions:
 @dataclass
 class LoadedCheckpoint:
     """A checkpoint read for :func:`write_checkpoint`: the file, its state-dict ``views``
-    (:class:`~structinit.init.target.AttentionTarget` each), where the output goes, the input's
+    (:class:`~structinit.init.attention_target.AttentionTarget` each), where the output goes, the input's
     ``stat`` (an in-place replace checks the file did not change) and the ``plan`` (the report so far)."""
 
     path: Path

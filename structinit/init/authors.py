@@ -169,7 +169,7 @@ class Impulse2024Init(_AuthorsInit):
 
         from structinit.analysis.quality import measure
         from structinit.geometry.targets import impulse_columns
-        from structinit.init.impulse import check_artifact
+        from structinit.init.impulse_checks import check_artifact
         from structinit.init.inject import read_qk, write_qk
         from structinit.init.pos_embed import set_sincos_pos_embed
 

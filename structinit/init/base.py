@@ -1,5 +1,5 @@
 """The base of every init spec: a frozen dataclass of one method's parameters that knows how to
-check them, serialize them, and write them into an :class:`~structinit.init.target.AttentionTarget`.
+check them, serialize them, and write them into an :class:`~structinit.init.attention_target.AttentionTarget`.
 
 Parameter values may come from Python (``filter=5``) or from text (``"5"``, the CLI's
 ``NAME=VALUE``): :func:`coerce` converts them to the field's declared type and rejects what does
@@ -143,7 +143,7 @@ class InitSpec:
         before anything is solved or written; the default accepts every target)."""
 
     def apply(self, target, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
-        """Write the initialization into ``target`` (an :class:`~structinit.init.target.AttentionTarget`)
+        """Write the initialization into ``target`` (an :class:`~structinit.init.attention_target.AttentionTarget`)
         and return a JSON-able report."""
         raise NotImplementedError
 

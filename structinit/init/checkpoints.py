@@ -454,8 +454,8 @@ def describe_state_dict(sd: Mapping, det: Detected, heads: Optional[int] = None,
     from structinit.analysis.quality import closest_offsets, measure
     from structinit.geometry.embedding import layer_norm, sincos
     from structinit.geometry.targets import causal_mask, impulse_columns
+    from structinit.init.attention_target import AttentionTarget
     from structinit.init.inject import read_qk
-    from structinit.init.target import AttentionTarget
 
     grid, heads = resolve_shape(det, heads, grid)
     view = AttentionTarget(sd, grid, heads)

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 from structinit.errors import UsageError, param
 from structinit.fit.settings import FIT_VERSIONS
 from structinit.geometry.embedding import PSEUDO_INPUTS
-from structinit.geometry.grid import Grid
 from structinit.geometry.targets import OFFSET_ORDERS, PADDINGS, check_choice
 from structinit.init.base import InitSpec
 from structinit.init.baselines import BASES
+from structinit.init.impulse_checks import check_causal
 from structinit.init.mimetic import vproj_keys
 from structinit.solver.recipes import check_recipe, recipe_params
 
@@ -27,8 +27,6 @@ from structinit.solver.recipes import check_recipe, recipe_params
 DATA_FIT_INPUTS = ("data", "noise")
 #: The hit rate on the fit's batch below which a layer's structure is reported as weak.
 STRUCTURE_FLOOR = 0.9
-#: The scale of the sin-cos table written in place of a learned position embedding (see ``pe_scale``).
-AUTO_PE_SCALE = 1.0
 
 
 def structure_warning(report: Dict[str, Any], hint: Optional[str] = None) -> Optional[str]:
@@ -63,34 +61,6 @@ def position_hint(pe_scale: Optional[float], checkpoint: bool) -> str:
     if checkpoint:
         return f"{param('set_pe')}=sincos with {param('pe_scale')}={scale:g}"
     return f"{param('pe_scale')}={scale:g}: the sin-cos table x{scale:g}"
-
-
-def check_artifact(artifact, grid: Grid, dim: int, heads: int, layers: Sequence[int]) -> None:
-    """Raise :class:`UsageError` unless ``artifact`` fits a model of this shape and these layers
-    (an artifact of one layer is reused for every layer)."""
-    c = artifact.config
-    problems = []
-    if c.dim != dim:
-        problems.append(f"dim {c.dim} vs {dim}")
-    if c.heads != heads:
-        problems.append(f"heads {c.heads} vs {heads}")
-    if tuple(c.grid) != tuple(grid):
-        problems.append(f"grid {c.grid.describe()} vs {Grid(grid).describe()}")
-    if problems:
-        raise UsageError(f"the {param('artifact')} does not fit the model: {'; '.join(problems)} (artifact vs model)")
-    if c.layers != 1 and max(layers) >= c.layers:
-        raise UsageError(f"the {param('artifact')} has {c.layers} layers but layer {max(layers)} was asked for")
-
-
-def check_causal(target, causal: bool) -> None:
-    """Raise :class:`UsageError` when causal offsets meet a model that attends both ways, or
-    non-causal ones a decoder that masks later tokens (``target.causal``; ``None`` accepts both)."""
-    if target.causal is True and not causal:
-        raise UsageError(f"the {target.layout} model attends only to earlier tokens (a causal mask); pass "
-                         f"{param('causal')} so that every offset lies in the past")
-    if target.causal is False and causal:
-        raise UsageError(f"{param('causal')} solves for a decoder's causal mask, but the {target.layout} model "
-                         "attends in both directions")
 
 
 @dataclass(frozen=True)

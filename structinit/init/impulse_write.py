@@ -22,12 +22,14 @@ from structinit.errors import StructinitError, UsageError, param
 from structinit.fit.inputs import FitInputs, data_inputs, model_input_shape, noise_inputs
 from structinit.geometry.targets import causal_mask, impulse_columns
 from structinit.init.baselines import apply_base, generator
-from structinit.init.impulse import AUTO_PE_SCALE, check_artifact, check_causal
+from structinit.init.impulse_checks import check_artifact, check_causal
 from structinit.init.inject import read_qk, write_qk, write_vproj
 from structinit.init.mimetic import mimetic_v_proj
 from structinit.init.pos_embed import write_sincos
 from structinit.solver.self_shift import add_self_term
 
+#: The scale of the sin-cos table written in place of a learned position embedding (see ``pe_scale``).
+AUTO_PE_SCALE = 1.0
 #: Why no fit ran, by case (the report's ``data_fit.skipped``).
 NO_MODEL = ("not run: a checkpoint or state dict holds no model to run inputs through, so Q/K are the plain solve "
             "on the position embedding alone, which real inputs mostly wash out (data_fit=0 asks for it explicitly)")

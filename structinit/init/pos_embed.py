@@ -16,6 +16,7 @@ import numpy as np
 
 from structinit.errors import UsageError, param
 from structinit.geometry.grid import Grid
+from structinit.init.model_shape import model_grid
 
 
 def write_sincos(pe, grid, scale: float = 1.0, zero_prefix: bool = False, name: str = "pos_embed") -> str:
@@ -58,8 +59,6 @@ def set_sincos_pos_embed(model, grid: Optional[Grid] = None, scale: float = 1.0,
     """Write the sin-cos table (times ``scale``) into ``model.pos_embed`` and freeze it
     (``requires_grad=False``); ``grid`` defaults to the model's patch grid."""
     import torch
-
-    from structinit.init.target import model_grid
 
     pe = getattr(model, "pos_embed", None)
     if not isinstance(pe, torch.Tensor):

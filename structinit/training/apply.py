@@ -12,7 +12,7 @@ Example::
 
 The impulse init's data fit runs through the model the checkpoint describes
 (:mod:`structinit.training.checkpoint_models`: a timm ViT, a Hugging Face ViT/DeiT, BERT or GPT-2,
-a ``structinit train`` run), exactly as :func:`~structinit.init.specs.initialize_model` runs it on
+a ``structinit train`` run), exactly as :func:`~structinit.init.initialize.initialize_model` runs it on
 that model (:func:`structinit.init.impulse_write.prepare`): on the inputs ``data`` names
 (:mod:`structinit.training.fit_inputs`), else on noise inputs of the model's input shape. A learned
 position embedding gets the sin-cos table in its place (kept learnable), as on a model. The fitted
@@ -34,9 +34,9 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 from structinit.errors import StructinitError, UsageError, param
 from structinit.init.apply import ApplyOptions, LoadedCheckpoint, load_for_apply, write_checkpoint, write_position_table
+from structinit.init.attention_target import AttentionTarget
 from structinit.init.base import InitSpec
-from structinit.init.specs import init_spec
-from structinit.init.target import AttentionTarget
+from structinit.init.registry import init_spec
 from structinit.training.checkpoint_models import HF_EXTRA, transformers_installed
 
 #: Layouts whose model structinit can build and run inputs through (a ``structinit train`` run too).

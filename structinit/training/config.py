@@ -62,7 +62,7 @@ class TrainConfig:
 
     Model: ``model`` (a preset of :mod:`structinit.training.models`) and its overrides ``dim``,
     ``heads``, ``depth``, ``patch``, ``mlp_ratio``, ``pool``, ``pos_embed``, ``kernel``, ``filters``,
-    ``drop_path``. Init: ``init`` (a method of :mod:`structinit.init.specs`; ``None``: the model's
+    ``drop_path``. Init: ``init`` (a method of :mod:`structinit.init.registry`; ``None``: the model's
     own init, timm's trunc normal for ViTs) with ``init_params``. Data: ``dataset``, ``data_dir``,
     ``download``, ``image_size`` (imagefolder), ``augment`` (``randaugment``, ``crop-flip``,
     ``flip``, ``none``), ``train_size`` (a stratified subset of the training split, drawn with
@@ -136,7 +136,7 @@ class TrainConfig:
         when ``init`` is ``None``)."""
         if self.init is None:
             return None
-        from structinit.init.specs import init_spec
+        from structinit.init.registry import init_spec
 
         return init_spec(self.init, **self.init_params)
 

@@ -364,7 +364,7 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
         init_record = None  # metrics.jsonl's epoch-0 line: the init's attention on real inputs
         recorded = (old or {}).get("init_report") if ck is not None else None
         if spec is not None and recorded is not None:
-            from structinit.init.specs import initialize_model
+            from structinit.init.initialize import initialize_model
 
             # Resumed: the checkpoint holds every weight, so the init runs only for what it sets
             # besides them (which parameters train, such as a position embedding it makes
@@ -376,7 +376,7 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
             if recorded.get("data_attention") is not None:
                 init_record = {"epoch": 0, "init_attention": recorded["data_attention"]}
         elif spec is not None:
-            from structinit.init.specs import initialize_model
+            from structinit.init.initialize import initialize_model
 
             fit_to = None
             if spec.uses_data:
@@ -394,7 +394,7 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
             solved = init_report.get("artifact") or {}
             if (solved.get("config") or {}).get("causal"):  # an artifact given by path or key, read just now
                 raise causal_refused(config.model, artifact=solved["key"])
-            from structinit.init.specs import IMPULSE_METHODS
+            from structinit.init.registry import IMPULSE_METHODS
 
             if info.in_memory and init_report.get("method") in IMPULSE_METHODS:
                 init_report["data_attention"] = impulse_fidelity(model, data.train, info, init_report)

@@ -39,7 +39,7 @@ def initialized_model(config, cache_dir=None):
     report = None
     spec = config.init_spec()
     if spec is not None:
-        from structinit.init.specs import initialize_model
+        from structinit.init.initialize import initialize_model
         from structinit.training.loop import FIDELITY_SAMPLES
 
         data = training_images(config, FIDELITY_SAMPLES) if spec.uses_data else None

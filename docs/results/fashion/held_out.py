@@ -24,7 +24,7 @@ import torch
 
 from structinit.analysis.fidelity import data_attention_quality
 from structinit.geometry.grid import Grid
-from structinit.init.specs import initialize_model
+from structinit.init.initialize import initialize_model
 from structinit.training.augment import normalize
 from structinit.training.datasets import DATASETS, load_dataset, split_train
 from structinit.training.models import ModelConfig, build_model

@@ -1,0 +1,89 @@
+"""Initialize a model or a state dict with an init method: the entry points every path goes
+through (``structinit train``, ``apply_checkpoint`` writes its copies with the spec's own ``apply``).
+
+Example::
+
+    report = initialize_model(model, "impulse")                    # fitted on noise inputs (no data)
+    report = initialize_model(model, "impulse", data=images[:256]) # fitted to real inputs
+    report = initialize(state_dict, "mimetic", heads=3)            # a state dict: heads where it cannot tell
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Dict, Optional, Sequence, Union
+
+from structinit.errors import StructinitWarning, UsageError, param
+from structinit.init.base import InitSpec
+from structinit.init.registry import init_spec
+
+
+def initialize(target, spec: Union[str, InitSpec], *, grid=None, heads: Optional[int] = None,
+               layers: Union[None, str, Sequence[int]] = None, seed: int = 0, cache_dir=None, device: str = "cpu",
+               data=None, progress: Optional[Callable[[int, int], None]] = None,
+               log: Optional[Callable[[str], None]] = None, source: Optional[str] = None,
+               **params: Any) -> Dict[str, Any]:
+    """Initialize a model or a state dict (written in place) with ``spec`` (a spec, or a method name
+    with ``params``) and return the method's JSON-able report.
+
+    ``grid``/``heads`` are needed only where the target does not tell; ``layers`` selects attention
+    layers (``None``: all; a spec such as ``"0-3,5"`` or a list of indices). ``data``: a batch of
+    real, normalized inputs for a method that fits to them (impulse, whose ``data_fit`` is on by
+    default); the others do not use it. Without ``data`` the fit runs on Gaussian noise inputs of
+    the model's input shape, and one line says so (to ``log``, else a
+    :class:`~structinit.errors.StructinitWarning`); a state dict, which holds no model, gets the
+    plain solve and a warning, as does a fit that leaves a layer hitting its offsets in under 0.9 of
+    its inputs' rows. ``progress(done, total)``
+    follows that fit step by step (raise from it to stop the fit), ``log(message)`` gets a line
+    per fitted layer, and ``source`` (words) says where ``data`` came from, for the fitted artifact.
+    """
+    from structinit.init.attention_target import AttentionTarget
+
+    spec = init_spec(spec, **params)
+    t = AttentionTarget(target, grid, heads, layers, need_grid=spec.needs_grid)
+    spec.check_target(t)
+    if not spec.uses_data:
+        return spec.apply(t, seed=seed, cache_dir=cache_dir, device=device)
+    report = spec.apply(t, seed=seed, cache_dir=cache_dir, device=device, data=data, fit_progress=progress, log=log,
+                        source=source)
+    from structinit.init.impulse import position_hint, structure_warning
+    from structinit.init.impulse_write import noise_notice
+
+    skipped = (report.get("data_fit") or {}).get("skipped")
+    if skipped and t.model is not None:
+        warnings.warn(StructinitWarning(f"{spec.method} {param('data_fit')} {skipped}"), stacklevel=3)
+    notice = noise_notice(report)
+    if notice and log is not None:
+        log(StructinitWarning(notice).render())
+    elif notice:
+        warnings.warn(StructinitWarning(notice), stacklevel=3)
+    hint = None
+    if spec.method == "impulse" and not report.get("fit_pe") and t.model is not None and t.pos_key is not None:
+        hint = position_hint(report.get("pe_scale"), checkpoint=False)
+    weak = structure_warning(report, hint)
+    if weak:
+        warnings.warn(StructinitWarning(f"{spec.method}: {weak}"), stacklevel=3)
+    return report
+
+
+def initialize_model(model, spec: Union[str, InitSpec], *, grid=None, seed: int = 0, data=None,
+                     progress: Optional[Callable[[int, int], None]] = None,
+                     log: Optional[Callable[[str], None]] = None, source: Optional[str] = None,
+                     **params: Any) -> Dict[str, Any]:
+    """Initialize a timm-style model in place (``grid`` defaults to ``model.patch_embed.grid_size``)
+    and return the report; ``data``: real inputs for a method that fits to them, ``progress``,
+    ``log`` and ``source`` go with that fit (see :func:`initialize`). Example::
+
+        model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=2,
+                                  class_token=False, global_pool="avg", num_classes=10)
+        set_sincos_pos_embed(model)
+        report = initialize_model(model, "impulse", data=images[:256])  # fitted to real inputs
+        report = initialize_model(model, "impulse")             # fitted to noise inputs: no data needed
+        report = initialize_model(model, "impulse", data_fit=0)  # the plain solve (measured to lose)
+    """
+    from structinit.init.attention_target import is_module
+
+    if not is_module(model):
+        raise UsageError("initialize_model needs an nn.Module; use initialize() for a state dict")
+    return initialize(model, spec, grid=grid, seed=seed, data=data, progress=progress, log=log, source=source,
+                      **params)

@@ -1,0 +1,87 @@
+"""Init methods by name: the registry of typed specs and the one ``NAME=VALUE`` parser (the entry
+points that initialize a model or a state dict with a spec are in :mod:`structinit.init.initialize`).
+
+========================  =========================================================================
+``kaiming``               PyTorch's default ``nn.Linear``/``Conv`` init (Kaiming uniform, a=sqrt 5)
+``trunc-normal``          timm's default: Linear weights trunc-normal std 0.02, biases zero
+``mimetic``               ``W_Q W_K^T ~ a1 Z1 + b1 I`` per head, ``W_V W_proj ~ a2 Z2 - b2 I`` per layer
+``impulse``               Q/K solved so each head's attention starts as an impulse filter
+``impulse-2024``          the authors' released 2024 code exactly (:mod:`structinit.init.authors`)
+``impulse-2025``          the authors' 2025 closed form exactly (:mod:`structinit.init.authors`)
+========================  =========================================================================
+
+Example::
+
+    spec = init_spec("impulse", filter=5, target_mass=0.5)         # from Python
+    spec = parse_init("impulse", ["filter=5", "target_mass=0.5"])  # from NAME=VALUE text
+    report = initialize_model(model, spec)   # (structinit.init.initialize) or "impulse" with filter=5
+    spec.to_dict()  # {"method": "impulse", "params": {... every parameter ...}}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Iterable, Mapping, Type, Union
+
+from structinit.errors import UsageError, param
+from structinit.init.authors import Impulse2024Init, Impulse2025Init
+from structinit.init.base import InitSpec, parse_value
+from structinit.init.baselines import KaimingInit, TruncNormalInit
+from structinit.init.impulse import ImpulseInit
+from structinit.init.mimetic import MimeticInit
+
+#: Registered init methods: name -> spec class.
+INIT_METHODS: Dict[str, Type[InitSpec]] = {cls.method: cls for cls in (KaimingInit, TruncNormalInit, MimeticInit,
+                                                                       ImpulseInit, Impulse2024Init, Impulse2025Init)}
+
+#: Methods whose report gives the impulse offsets of every layer (``report["layers"][i]["offsets"]``)
+#: and the ``grid``, so the attention at init can be measured against them on real inputs.
+IMPULSE_METHODS = ("impulse", "impulse-2024", "impulse-2025")
+
+
+def spec_class(method: str) -> Type[InitSpec]:
+    """The spec class registered as ``method``."""
+    if method not in INIT_METHODS:
+        raise UsageError(f"unknown init method {param('init')} {method!r}; choose one of {', '.join(INIT_METHODS)}")
+    return INIT_METHODS[method]
+
+
+def init_spec(method: Union[str, InitSpec], **params: Any) -> InitSpec:
+    """The typed spec of ``method`` with ``params`` (``-`` in names is read as ``_``); an unknown
+    parameter or a value of the wrong type is a :class:`UsageError` naming it. A spec given with
+    ``params`` is copied with them replaced."""
+    given = {k.replace("-", "_"): v for k, v in params.items()}
+    cls = type(method) if isinstance(method, InitSpec) else spec_class(method)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        takes = ", ".join(names) if names else "no parameters"
+        raise UsageError(f"init method {cls.method!r} has no parameter {', '.join(param(u) for u in unknown)} "
+                         f"(it takes: {takes})")
+    if isinstance(method, InitSpec):
+        return dataclasses.replace(method, **given) if given else method
+    return cls(**given)
+
+
+def parse_assignments(items: Iterable[str], what: str = "init_params") -> Dict[str, Any]:
+    """``["filter=5", "share=true"]`` -> ``{"filter": 5, "share": True}`` (values as in
+    :func:`~structinit.init.base.parse_value`; ``-`` in names becomes ``_``); ``what`` names the
+    parameter in errors."""
+    out: Dict[str, Any] = {}
+    for item in items:
+        name, sep, value = str(item).partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or not name:
+            raise UsageError(f"{param(what)} must look like NAME=VALUE, got {item!r}")
+        out[name] = parse_value(value)
+    return out
+
+
+def parse_init(method: str, items: Iterable[str] = ()) -> InitSpec:
+    """The spec of ``method`` from ``NAME=VALUE`` strings (the CLI's ``--init-param`` form)."""
+    return init_spec(method, **parse_assignments(items))
+
+
+def spec_from_dict(d: Mapping[str, Any]) -> InitSpec:
+    """Inverse of :meth:`InitSpec.to_dict`."""
+    return init_spec(d["method"], **dict(d.get("params") or {}))
