@@ -13,18 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from structinit.errors import UsageError, param
-from structinit.fit.settings import FIT_VERSIONS
-from structinit.geometry.embedding import PSEUDO_INPUTS
-from structinit.geometry.targets import OFFSET_ORDERS, PADDINGS, check_choice
 from structinit.init.base import InitSpec
-from structinit.init.baselines import BASES
-from structinit.init.impulse_checks import check_causal
+from structinit.init.impulse_checks import check_causal, check_impulse_params
 from structinit.init.mimetic import vproj_keys
-from structinit.solver.recipes import check_recipe, recipe_params
+from structinit.solver.recipes import recipe_params
 
-#: What the data fit runs on when a batch is given: the batch (``data``), or Gaussian noise inputs of
-#: its shape (``noise``; see :mod:`structinit.fit.inputs`). Without a batch it runs on noise.
-DATA_FIT_INPUTS = ("data", "noise")
 #: The hit rate on the fit's batch below which a layer's structure is reported as weak.
 STRUCTURE_FLOOR = 0.9
 
@@ -156,58 +149,9 @@ class ImpulseInit(InitSpec):
     legacy_defaults = {"data_fit": 0, "data_fit_version": 1}
 
     def validate(self) -> None:
-        from structinit.solver.artifact import Artifact
-
-        self.check_positive("filter", "pe_scale")
-        self.check_positive("tolerance", "data_fit", "data_fit_l2", allow_zero=True)
-        self.check_positive("data_fit_lr", "data_fit_norm", "data_fit_samples")
-        if not 0 <= self.self_weight < 1:
-            raise UsageError(f"impulse parameter {param('self_weight')} must lie in [0, 1) (the identity term's "
-                             f"share of each head), got {self.self_weight}")
-        if not 0 < self.data_fit_mass < 1:
-            raise UsageError(f"impulse parameter {param('data_fit_mass')} must lie strictly between 0 and 1, "
-                             f"got {self.data_fit_mass}")
-        if self.data_fit_version not in FIT_VERSIONS:
-            raise UsageError(f"impulse parameter {param('data_fit_version')} must be one of "
-                             f"{', '.join(map(str, FIT_VERSIONS))}, got {self.data_fit_version}")
-        self.check_positive("data_fit_batch", "pe_factor", allow_zero=True)
-        if self.data_fit_inputs not in DATA_FIT_INPUTS:
-            raise UsageError(f"impulse parameter {param('data_fit_inputs')} must be one of "
-                             f"{', '.join(DATA_FIT_INPUTS)}, got {self.data_fit_inputs!r}")
-        if self.data_fit_inputs != "data" and not self.data_fit:
-            raise UsageError(f"impulse parameter {param('data_fit_inputs')} chooses the data fit's inputs, and "
-                             "data_fit is 0: leave it out")
-        if self.pe_factor is not None and (not self.fit_pe or self.pe_factor == 0):
-            raise UsageError(f"impulse parameter {param('pe_factor')} scales the target's own position embedding "
-                             f"for {param('fit_pe')}: give fit_pe=true and a positive factor")
-        if self.data_fit_batch and (not self.data_fit or self.data_fit_version == 1):
-            why = "data_fit is 0" if not self.data_fit else "version 1 steps on the whole batch"
-            raise UsageError(f"impulse parameter {param('data_fit_batch')} sets the images of a version-2 fit step, "
-                             f"and {why}: leave it out")
-        check_choice("base", self.base, BASES)
-        check_recipe(self.recipe)
-        recipe_params(self.recipe, {**self.recipe_params, "target_mass": self.target_mass}
-                      if self.target_mass is not None else self.recipe_params)  # refuse bad values now
-        check_choice("offset_order", self.offset_order, OFFSET_ORDERS)
-        check_choice("padding", self.padding, PADDINGS)
-        check_choice("pseudo_input", self.pseudo_input, PSEUDO_INPUTS)
-        if self.pseudo_input_rest is not None:
-            check_choice("pseudo_input_rest", self.pseudo_input_rest, PSEUDO_INPUTS)
-        if self.artifact is not None and not isinstance(self.artifact, (str, Artifact)):
-            object.__setattr__(self, "artifact", str(self.artifact))
-        if self.target_mass is not None and self.recipe != "fast":
-            raise UsageError(f"impulse parameter {param('target_mass')} is the fast recipe's; recipe "
-                             f"{self.recipe!r} has no softness knob")
-        if self.fit_pe:
-            if self.artifact is not None:
-                raise UsageError(f"impulse parameters {param('fit_pe')} and {param('artifact')} exclude each other: "
-                                 "fit_pe solves for the target's own position embedding")
-            if self.pe_scale is not None:
-                raise UsageError(f"impulse parameters {param('fit_pe')} and {param('pe_scale')} exclude each other: "
-                                 "pe_scale writes the sin-cos table, fit_pe fits the embedding the target has")
-            if not any(k.startswith("pe") for k in (self.pseudo_input, self.pseudo_input_rest) if k):
-                raise UsageError(f"impulse parameter {param('fit_pe')} needs a 'pe' {param('pseudo_input')}, got "
-                                 f"{self.pseudo_input!r}")
+        check_impulse_params(self)
+        if self.artifact is not None and not isinstance(self.artifact, str) and not hasattr(self.artifact, "config"):
+            object.__setattr__(self, "artifact", str(self.artifact))  # a path
 
     def params(self) -> Dict[str, Any]:
         out = super().params()
@@ -275,65 +219,22 @@ class ImpulseInit(InitSpec):
                                  "normalizes them (q_norm/k_norm)")
 
     def solve_config(self, grid, dim: int, heads: int, depth: int, seed: int = 0, embedding=None):
-        """The :class:`~structinit.solver.config.SolveConfig` for a model of this shape (fitted to
-        position ``embedding [N, D]`` when given)."""
-        from structinit.solver.config import SolveConfig, embedding_digest
+        """See :func:`structinit.init.impulse_solve.solve_config`."""
+        from structinit.init.impulse_solve import solve_config
 
-        params = dict(self.recipe_params)
-        if self.target_mass is not None:
-            params["target_mass"] = self.target_mass
-        return SolveConfig(grid=grid, dim=dim, heads=heads, filter=self.filter, layers=depth, share=self.share,
-                           recipe=self.recipe, params=params, pseudo_input=self.pseudo_input,
-                           pseudo_input_rest=self.pseudo_input_rest, padding=self.padding,
-                           offset_order=self.offset_order, seed=seed, causal=self.causal,
-                           pos_embed=embedding_digest(embedding) if embedding is not None else None)
+        return solve_config(self, grid, dim, heads, depth, seed, embedding)
 
     def artifact_for(self, t, seed: int = 0, cache_dir=None, device: str = "cpu", progress=None):
-        """``(artifact, cached)`` for target ``t``: the given one (``cached`` ``None``) or solved
-        (for ``t``'s own position embedding with ``fit_pe``). Raises :class:`UsageError` when the
-        artifact was solved for another position embedding than the one ``t`` has (see the class
-        docstring)."""
-        from structinit.solver.cache import resolve_artifact
-        from structinit.solver.run import solve
+        """See :func:`structinit.init.impulse_solve.artifact_for`."""
+        from structinit.init.impulse_solve import artifact_for
 
-        if self.artifact is not None:
-            art, cached = resolve_artifact(self.artifact, cache_dir), None
-        else:
-            embedding = None
-            if self.fit_pe:
-                embedding = t.pos_embed()
-                if embedding is None:
-                    raise UsageError(f"impulse parameter {param('fit_pe')}: the {t.layout} target has no position "
-                                     "embedding to fit")
-            config = self.solve_config(t.grid, t.dim, t.heads, t.depth, seed, embedding)  # refuses bad settings
-            if not self.fit_pe:
-                self.check_embedding(t)
-            result = solve(config, cache_dir=cache_dir, device=device, progress=progress, embedding=embedding)
-            art, cached = result.artifact, result.cached
-        self.check_embedding(t, art)
-        return art, cached
+        return artifact_for(self, t, seed, cache_dir, device, progress)
 
     def check_embedding(self, t, art=None) -> None:
-        """Raise :class:`UsageError` when target ``t``'s position embedding is not the one the
-        solve is for: ``art``'s (a fitted one must be ``t``'s own), or the sin-cos table."""
-        from structinit.solver.config import embedding_digest
+        """See :func:`structinit.init.impulse_solve.check_embedding`."""
+        from structinit.init.impulse_solve import check_embedding
 
-        kind = t.pos_embed_kind()
-        if kind is None or (art is None and (self.fit_pe or self.artifact is not None)):
-            return
-        fitted = art.config.pos_embed if art is not None else None
-        if fitted is not None:
-            if embedding_digest(t.pos_embed()) != fitted:
-                raise UsageError(f"the {param('artifact')} was solved for another position embedding than the "
-                                 f"target's {t.pos_key}; solve again with {param('fit_pe')}")
-            return
-        uses_pe = (art.config.pseudo_input if art is not None else self.pseudo_input).startswith("pe")
-        if kind == "other" and uses_pe:
-            raise UsageError(
-                f"the target's position embedding {t.pos_key} is not the sin-cos table the impulse solve assumes "
-                f"(a learned one?), so Q/K solved on the table would not give impulse attention on it; give "
-                f"{param('fit_pe')} to solve for the embedding it has, or write the sin-cos table first "
-                f"({param('set_pe')} sincos for a checkpoint, {param('pe_scale')} for a model)")
+        check_embedding(self, t, art)
 
     def apply(self, target, *, seed: int = 0, cache_dir=None, device: str = "cpu", artifact=None,
               cached: Optional[bool] = None, progress=None, check_pe: bool = True, data=None,

@@ -1,12 +1,22 @@
-"""What an impulse artifact must fit before it is written into a target: the model's shape and
-layers (:func:`check_artifact`) and its attention mask (:func:`check_causal`)."""
+"""What an impulse spec and its artifact must satisfy: the spec's parameters
+(:func:`check_impulse_params`), and, before an artifact is written into a target, the model's shape
+and layers (:func:`check_artifact`) and its attention mask (:func:`check_causal`)."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
 from structinit.errors import UsageError, param
+from structinit.fit.settings import FIT_VERSIONS
+from structinit.geometry.embedding import PSEUDO_INPUTS
 from structinit.geometry.grid import Grid
+from structinit.geometry.targets import OFFSET_ORDERS, PADDINGS, check_choice
+from structinit.init.baselines import BASES
+from structinit.solver.recipes import check_recipe, recipe_params
+
+#: What the data fit runs on when a batch is given: the batch (``data``), or Gaussian noise inputs of
+#: its shape (``noise``; see :mod:`structinit.fit.inputs`). Without a batch it runs on noise.
+DATA_FIT_INPUTS = ("data", "noise")
 
 
 def check_artifact(artifact, grid: Grid, dim: int, heads: int, layers: Sequence[int]) -> None:
@@ -37,4 +47,57 @@ def check_causal(target, causal: bool) -> None:
                          "attends in both directions")
 
 
-__all__ = ["check_artifact", "check_causal"]
+def check_impulse_params(spec) -> None:
+    """Raise :class:`UsageError` for an impulse spec whose parameters are out of range or cannot go
+    together (each message names the parameter)."""
+    spec.check_positive("filter", "pe_scale")
+    spec.check_positive("tolerance", "data_fit", "data_fit_l2", allow_zero=True)
+    spec.check_positive("data_fit_lr", "data_fit_norm", "data_fit_samples")
+    if not 0 <= spec.self_weight < 1:
+        raise UsageError(f"impulse parameter {param('self_weight')} must lie in [0, 1) (the identity term's "
+                         f"share of each head), got {spec.self_weight}")
+    if not 0 < spec.data_fit_mass < 1:
+        raise UsageError(f"impulse parameter {param('data_fit_mass')} must lie strictly between 0 and 1, "
+                         f"got {spec.data_fit_mass}")
+    if spec.data_fit_version not in FIT_VERSIONS:
+        raise UsageError(f"impulse parameter {param('data_fit_version')} must be one of "
+                         f"{', '.join(map(str, FIT_VERSIONS))}, got {spec.data_fit_version}")
+    spec.check_positive("data_fit_batch", "pe_factor", allow_zero=True)
+    if spec.data_fit_inputs not in DATA_FIT_INPUTS:
+        raise UsageError(f"impulse parameter {param('data_fit_inputs')} must be one of "
+                         f"{', '.join(DATA_FIT_INPUTS)}, got {spec.data_fit_inputs!r}")
+    if spec.data_fit_inputs != "data" and not spec.data_fit:
+        raise UsageError(f"impulse parameter {param('data_fit_inputs')} chooses the data fit's inputs, and "
+                         "data_fit is 0: leave it out")
+    if spec.pe_factor is not None and (not spec.fit_pe or spec.pe_factor == 0):
+        raise UsageError(f"impulse parameter {param('pe_factor')} scales the target's own position embedding "
+                         f"for {param('fit_pe')}: give fit_pe=true and a positive factor")
+    if spec.data_fit_batch and (not spec.data_fit or spec.data_fit_version == 1):
+        why = "data_fit is 0" if not spec.data_fit else "version 1 steps on the whole batch"
+        raise UsageError(f"impulse parameter {param('data_fit_batch')} sets the images of a version-2 fit step, "
+                         f"and {why}: leave it out")
+    check_choice("base", spec.base, BASES)
+    check_recipe(spec.recipe)
+    recipe_params(spec.recipe, {**spec.recipe_params, "target_mass": spec.target_mass}
+                  if spec.target_mass is not None else spec.recipe_params)  # refuse bad values now
+    check_choice("offset_order", spec.offset_order, OFFSET_ORDERS)
+    check_choice("padding", spec.padding, PADDINGS)
+    check_choice("pseudo_input", spec.pseudo_input, PSEUDO_INPUTS)
+    if spec.pseudo_input_rest is not None:
+        check_choice("pseudo_input_rest", spec.pseudo_input_rest, PSEUDO_INPUTS)
+    if spec.target_mass is not None and spec.recipe != "fast":
+        raise UsageError(f"impulse parameter {param('target_mass')} is the fast recipe's; recipe "
+                         f"{spec.recipe!r} has no softness knob")
+    if spec.fit_pe:
+        if spec.artifact is not None:
+            raise UsageError(f"impulse parameters {param('fit_pe')} and {param('artifact')} exclude each other: "
+                             "fit_pe solves for the target's own position embedding")
+        if spec.pe_scale is not None:
+            raise UsageError(f"impulse parameters {param('fit_pe')} and {param('pe_scale')} exclude each other: "
+                             "pe_scale writes the sin-cos table, fit_pe fits the embedding the target has")
+        if not any(k.startswith("pe") for k in (spec.pseudo_input, spec.pseudo_input_rest) if k):
+            raise UsageError(f"impulse parameter {param('fit_pe')} needs a 'pe' {param('pseudo_input')}, got "
+                             f"{spec.pseudo_input!r}")
+
+
+__all__ = ["check_artifact", "check_causal", "check_impulse_params"]
