@@ -35,75 +35,138 @@ IMPULSE_FLAGS = {"--filter": "filter", "--recipe": "recipe", "--target-mass": "t
                  "--causal": "causal", "--padding": "padding", "--data-fit": "data_fit"}
 
 
+# --------------------------------------------------------------------------- options
+
+CkptOpt = Annotated[Path, typer.Argument(help="Checkpoint file: timm ViT, Hugging Face ViT/DeiT, BERT-style "
+    "encoder or GPT-2, or nn.MultiheadAttention; .pt/.pth/.bin or "
+    ".safetensors.")]
+
+MethodOpt = Annotated[str, typer.Option("--method", help="impulse, mimetic, kaiming or trunc-normal.")]
+
+InitParamOpt = Annotated[List[str], typer.Option("--init-param", "-p", help="Init parameter NAME=VALUE (repeatable), "
+    "e.g. alpha1=0.5 for mimetic.")]
+
+FilterSizeOpt = Annotated[Optional[int], typer.Option("--filter", "-f", help="impulse: filter size f.",
+    show_default="3")]
+
+RecipeOpt = Annotated[Optional[str], typer.Option("--recipe", "-r", help="impulse: solver recipe.",
+    show_default="fast")]
+
+TargetMassOpt = Annotated[Optional[float], typer.Option("--target-mass", help="impulse, fast recipe: mean "
+    "attention on the target token.", show_default="0.3")]
+
+RecipeParamOpt = Annotated[List[str], typer.Option("--recipe-param", help="impulse: another recipe parameter, "
+    "NAME=VALUE (repeatable), e.g. iters=2000.")]
+
+ArtifactOpt = Annotated[Optional[str], typer.Option("--artifact", help="impulse: use this solved artifact (path or "
+    "cache key) instead of solving.")]
+
+ShareOpt = Annotated[Optional[bool], typer.Option("--share", help="impulse: one solve reused for every layer.",
+    show_default=False)]
+
+OffsetsOpt = Annotated[Optional[str], typer.Option("--offsets", help="impulse: random or centre.",
+    show_default="random")]
+
+MimeticVprojOpt = Annotated[Optional[bool], typer.Option("--mimetic-vproj/--no-mimetic-vproj", help="impulse: also "
+    "set V/proj as mimetic init does (the impulse default); "
+    "--no-mimetic-vproj keeps the checkpoint's V/proj.",
+    show_default=True)]
+
+FitPeOpt = Annotated[Optional[bool], typer.Option("--fit-pe", help="impulse: solve Q/K for the position embedding "
+    "the checkpoint has (e.g. a learned one) instead of the sin-cos "
+    "table.", show_default=False)]
+
+CausalOpt = Annotated[Optional[bool], typer.Option("--causal", help="impulse, sequences: offsets only in the past "
+    "(needed for a decoder such as GPT-2).", show_default=False)]
+
+PaddingOpt = Annotated[Optional[str], typer.Option("--padding", help="impulse: zero or circular.",
+    show_default="zero")]
+
+DataFitOpt = Annotated[Optional[int], typer.Option("--data-fit", min=0, metavar="STEPS", help="impulse: Adam steps "
+    "of the data fit per layer; 0 writes the plain solve, which "
+    "trains below mimetic init.", show_default="300")]
+
+LayersOpt = Annotated[str, typer.Option("--layers", help="Layers to initialize: all, or 0-based indices and ranges "
+    "such as 0-3,6 or 6- (from 6 on).")]
+
+HeadsOpt = Annotated[Optional[int], typer.Option("--heads", help="Heads per layer, when the checkpoint does not "
+    "tell.")]
+
+SetPeOpt = Annotated[Optional[str], typer.Option("--set-pe", help="Also write the fixed position embedding: "
+    "sincos (1-D on sequence models).")]
+
+PeScaleOpt = Annotated[Optional[float], typer.Option("--pe-scale", help="Scale of the --set-pe embedding (positive).",
+    show_default="1")]
+
+SeedOpt = Annotated[int, typer.Option("--seed", min=0, help="Seed of the offsets and random draws.")]
+
+OutOpt = Annotated[Optional[str], typer.Option("--out", "-o", help="Output file; its name sets the format "
+    "(.safetensors, else torch).", show_default="CKPT.METHOD.EXT")]
+
+ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing --out.")]
+
+InPlaceOpt = Annotated[bool, typer.Option("--in-place", help="Replace the input atomically, keeping CKPT.bak (or "
+    "CKPT.bak.1, ...: a backup is never overwritten).")]
+
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the plan; solve and write nothing.")]
+
+DataOpt = Annotated[Optional[str], typer.Option(
+    "--data", metavar="SOURCE", help="impulse: fit Q/K to these inputs, run through the model the checkpoint "
+    "describes: a dataset (digits, mnist1d, or one read from --data-dir; a structinit train checkpoint takes its "
+    "run's own training inputs), a folder of images, a tensor file (.pt, .npy, .safetensors) of inputs "
+    "normalized as the model sees them, or noise.", show_default="noise: Gaussian inputs of the model's input "
+    "shape, no data")]
+
+SamplesOpt = Annotated[Optional[int], typer.Option("--samples", min=1, help="--data: how many inputs (the first).",
+    show_default="the fit's data_fit_samples, 256")]
+
+DataDirOpt = Annotated[Optional[Path], typer.Option("--data-dir", help="--data: the folder a named dataset is read "
+    "from (cifar10, cifar100, svhn, fashion-mnist).",
+    show_default=False)]
+
+ModelNameOpt = Annotated[Optional[str], typer.Option("--model", help="The timm model the checkpoint holds, for the "
+    "data fit, e.g. vit_tiny_patch16_224 (else timm's arch in the "
+    "file, else a ViT of the tensors' shape).")]
+
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="The Hugging Face config.json of the checkpoint, "
+    "for the data fit (default: the one beside it).")]
+
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show every setting, the artifacts and each "
+    "layer's replaced tensors.")]
+
+
 def apply(
-    ckpt: Annotated[Path, typer.Argument(help="Checkpoint file: timm ViT, Hugging Face ViT/DeiT, BERT-style "
-                                         "encoder or GPT-2, or nn.MultiheadAttention; .pt/.pth/.bin or "
-                                         ".safetensors.")],
-    method: Annotated[str, typer.Option("--method", help="impulse, mimetic, kaiming or trunc-normal.")] = "impulse",
-    init_param: Annotated[List[str], typer.Option("--init-param", "-p", help="Init parameter NAME=VALUE (repeatable), "
-                                                  "e.g. alpha1=0.5 for mimetic.")] = [],  # noqa: B006
-    filter_size: Annotated[Optional[int], typer.Option("--filter", "-f", help="impulse: filter size f.",
-                                                       show_default="3")] = None,
-    recipe: Annotated[Optional[str], typer.Option("--recipe", "-r", help="impulse: solver recipe.",
-                                                  show_default="fast")] = None,
-    target_mass: Annotated[Optional[float], typer.Option("--target-mass", help="impulse, fast recipe: mean "
-                                                         "attention on the target token.", show_default="0.3")] = None,
-    recipe_param: Annotated[List[str], typer.Option("--recipe-param", help="impulse: another recipe parameter, "
-                                                    "NAME=VALUE (repeatable), e.g. iters=2000.")] = [],  # noqa: B006
-    artifact: Annotated[Optional[str], typer.Option("--artifact", help="impulse: use this solved artifact (path or "
-                                                    "cache key) instead of solving.")] = None,
-    share: Annotated[Optional[bool], typer.Option("--share", help="impulse: one solve reused for every layer.",
-                                                  show_default=False)] = None,
-    offsets: Annotated[Optional[str], typer.Option("--offsets", help="impulse: random or centre.",
-                                                   show_default="random")] = None,
-    mimetic_vproj: Annotated[Optional[bool], typer.Option("--mimetic-vproj/--no-mimetic-vproj", help="impulse: also "
-                                                          "set V/proj as mimetic init does (the impulse default); "
-                                                          "--no-mimetic-vproj keeps the checkpoint's V/proj.",
-                                                          show_default=True)] = None,
-    fit_pe: Annotated[Optional[bool], typer.Option("--fit-pe", help="impulse: solve Q/K for the position embedding "
-                                                   "the checkpoint has (e.g. a learned one) instead of the sin-cos "
-                                                   "table.", show_default=False)] = None,
-    causal: Annotated[Optional[bool], typer.Option("--causal", help="impulse, sequences: offsets only in the past "
-                                                   "(needed for a decoder such as GPT-2).", show_default=False)] = None,
-    padding: Annotated[Optional[str], typer.Option("--padding", help="impulse: zero or circular.",
-                                                   show_default="zero")] = None,
-    data_fit: Annotated[Optional[int], typer.Option("--data-fit", min=0, metavar="STEPS", help="impulse: Adam steps "
-                                                    "of the data fit per layer; 0 writes the plain solve, which "
-                                                    "trains below mimetic init.", show_default="300")] = None,
-    layers: Annotated[str, typer.Option("--layers", help="Layers to initialize: all, or 0-based indices and ranges "
-                                        "such as 0-3,6 or 6- (from 6 on).")] = "all",
-    heads: Annotated[Optional[int], typer.Option("--heads", help="Heads per layer, when the checkpoint does not "
-                                                 "tell.")] = None,
+    ckpt: CkptOpt,
+    method: MethodOpt = "impulse",
+    init_param: InitParamOpt = [],  # noqa: B006
+    filter_size: FilterSizeOpt = None,
+    recipe: RecipeOpt = None,
+    target_mass: TargetMassOpt = None,
+    recipe_param: RecipeParamOpt = [],  # noqa: B006
+    artifact: ArtifactOpt = None,
+    share: ShareOpt = None,
+    offsets: OffsetsOpt = None,
+    mimetic_vproj: MimeticVprojOpt = None,
+    fit_pe: FitPeOpt = None,
+    causal: CausalOpt = None,
+    padding: PaddingOpt = None,
+    data_fit: DataFitOpt = None,
+    layers: LayersOpt = "all",
+    heads: HeadsOpt = None,
     grid: GridOpt = None,
-    set_pe: Annotated[Optional[str], typer.Option("--set-pe", help="Also write the fixed position embedding: "
-                                                  "sincos (1-D on sequence models).")] = None,
-    pe_scale: Annotated[Optional[float], typer.Option("--pe-scale", help="Scale of the --set-pe embedding (positive).",
-                                                      show_default="1")] = None,
-    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the offsets and random draws.")] = 0,
-    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Output file; its name sets the format "
-                                               "(.safetensors, else torch).", show_default="CKPT.METHOD.EXT")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out.")] = False,
-    in_place: Annotated[bool, typer.Option("--in-place", help="Replace the input atomically, keeping CKPT.bak (or "
-                                           "CKPT.bak.1, ...: a backup is never overwritten).")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; solve and write nothing.")] = False,
-    data: Annotated[Optional[str], typer.Option(
-        "--data", metavar="SOURCE", help="impulse: fit Q/K to these inputs, run through the model the checkpoint "
-        "describes: a dataset (digits, mnist1d, or one read from --data-dir; a structinit train checkpoint takes its "
-        "run's own training inputs), a folder of images, a tensor file (.pt, .npy, .safetensors) of inputs "
-        "normalized as the model sees them, or noise.", show_default="noise: Gaussian inputs of the model's input "
-        "shape, no data")] = None,
-    samples: Annotated[Optional[int], typer.Option("--samples", min=1, help="--data: how many inputs (the first).",
-                                                   show_default="the fit's data_fit_samples, 256")] = None,
-    data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="--data: the folder a named dataset is read "
-                                                     "from (cifar10, cifar100, svhn, fashion-mnist).",
-                                                     show_default=False)] = None,
-    model_name: Annotated[Optional[str], typer.Option("--model", help="The timm model the checkpoint holds, for the "
-                                                      "data fit, e.g. vit_tiny_patch16_224 (else timm's arch in the "
-                                                      "file, else a ViT of the tensors' shape).")] = None,
-    config: Annotated[Optional[Path], typer.Option("--config", help="The Hugging Face config.json of the checkpoint, "
-                                                   "for the data fit (default: the one beside it).")] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show every setting, the artifacts and each "
-                                          "layer's replaced tensors.")] = False,
+    set_pe: SetPeOpt = None,
+    pe_scale: PeScaleOpt = None,
+    seed: SeedOpt = 0,
+    out: OutOpt = None,
+    force: ForceOpt = False,
+    in_place: InPlaceOpt = False,
+    dry_run: DryRunOpt = False,
+    data: DataOpt = None,
+    samples: SamplesOpt = None,
+    data_dir: DataDirOpt = None,
+    model_name: ModelNameOpt = None,
+    config: ConfigOpt = None,
+    verbose: VerboseOpt = False,
     device: Device = "cpu",
     threads: Threads = None,
     cache_dir: CacheDir = None,
@@ -121,25 +184,19 @@ def apply(
     how the attention hits its offsets on the inputs it was fitted to; --verbose shows every
     setting and tensor.
     """
-    from structinit.errors import Notice, UsageError
+    from structinit.errors import Notice
     from structinit.geometry.grid import parse_grid
     from structinit.init.apply import ApplyOptions
-    from structinit.init.registry import init_spec, parse_assignments, parse_init
+    from structinit.init.registry import parse_assignments
     from structinit.runtime import use_threads
     from structinit.training.apply import apply_checkpoint
 
     use_threads(threads)
-    given = {"--filter": filter_size, "--recipe": recipe, "--target-mass": target_mass,
-             "--recipe-param": parse_assignments(recipe_param, "recipe_params") or None, "--artifact": artifact,
-             "--share": share, "--offsets": offsets, "--mimetic-vproj": mimetic_vproj, "--fit-pe": fit_pe,
-             "--causal": causal, "--padding": padding, "--data-fit": data_fit}
-    given = {flag: value for flag, value in given.items() if value is not None}
-    if given and method != "impulse":
-        flags = ", ".join(given)
-        raise UsageError(f"{flags} {'applies' if len(given) == 1 else 'apply'} to --method impulse, not {method}")
-    spec = parse_init(method, init_param)
-    if given:
-        spec = init_spec(spec, **{IMPULSE_FLAGS[flag]: value for flag, value in given.items()})
+    spec = impulse_spec(method, init_param, {
+        "--filter": filter_size, "--recipe": recipe, "--target-mass": target_mass,
+        "--recipe-param": parse_assignments(recipe_param, "recipe_params") or None, "--artifact": artifact,
+        "--share": share, "--offsets": offsets, "--mimetic-vproj": mimetic_vproj, "--fit-pe": fit_pe,
+        "--causal": causal, "--padding": padding, "--data-fit": data_fit})
     options = ApplyOptions(out=out, in_place=in_place, dry_run=dry_run, force=force, layers=layers, heads=heads,
                            grid=parse_grid(grid=grid) if grid else None, set_pe=set_pe, pe_scale=pe_scale, seed=seed,
                            cache_dir=cache_dir, device=device, data=data, samples=samples, data_dir=data_dir,
@@ -158,6 +215,20 @@ def apply(
         emit_json(report)
         return
     typer.echo(format_verbose(report) if verbose else format_report(report))
+
+
+def impulse_spec(method: str, init_param: List[str], flags: dict):
+    """The spec of ``method`` from ``--init-param`` and the impulse flags given (``flags``: flag ->
+    value, ``None`` where not given); an impulse flag with another method is refused naming it."""
+    from structinit.errors import UsageError
+    from structinit.init.registry import init_spec, parse_init
+
+    given = {flag: value for flag, value in flags.items() if value is not None}
+    if given and method != "impulse":
+        names = ", ".join(given)
+        raise UsageError(f"{names} {'applies' if len(given) == 1 else 'apply'} to --method impulse, not {method}")
+    spec = parse_init(method, init_param)
+    return init_spec(spec, **{IMPULSE_FLAGS[flag]: value for flag, value in given.items()}) if given else spec
 
 
 def say_notices(report: dict) -> None:

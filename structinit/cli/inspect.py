@@ -37,46 +37,77 @@ def _is_artifact_file(path: Path) -> bool:
         return True
 
 
+# --------------------------------------------------------------------------- options
+
+TargetOpt = Annotated[Optional[str], typer.Argument(help="Artifact path or key, or a checkpoint file; omit to list "
+    "the cache. With --data: a train run folder, its checkpoint.pt "
+    "or best.pt, or a model preset.")]
+
+LayerOpt = Annotated[Optional[int], typer.Option("--layer", help="Artifact: layer whose attention is drawn.",
+    show_default="0")]
+
+HeadOpt = Annotated[Optional[int], typer.Option("--head", help="Artifact: head whose attention is drawn in the "
+    "terminal.", show_default="0")]
+
+QueryOpt = Annotated[Optional[int], typer.Option("--query", help="Artifact, --data: query token drawn.",
+    show_default="the grid centre")]
+
+PngOpt = Annotated[Optional[str], typer.Option("--png", help="Artifact: write the layer's attention (all heads) as a "
+    "PNG figure; --data: the first, middle and last layer's (an "
+    "existing file only with --force).")]
+
+HeadsOpt = Annotated[Optional[int], typer.Option("--heads", help="Checkpoint: heads, when the checkpoint does not "
+    "say.")]
+
+DataOpt = Annotated[Optional[str], typer.Option(
+    "--data", metavar="DATASET", help="Measure a model's attention on the first training inputs of this "
+    "dataset (digits, synthetic, mnist1d; cifar10, cifar100, svhn with --data-dir): per layer and head, the "
+    "hit rate and mass on the solved offset and the share inside the f x f window. TARGET is then a train run "
+    "folder (the model at init), its checkpoint.pt or best.pt (that epoch's weights), or a model preset with "
+    "--init. --png draws the first, middle and last layer.")]
+
+SamplesOpt = Annotated[Optional[int], typer.Option("--samples", min=1, help="--data: how many training inputs.",
+    show_default="256")]
+
+InitOpt = Annotated[Optional[str], typer.Option("--init", help="--data with a preset: attention init method "
+    "(kaiming, trunc-normal, mimetic or impulse).",
+    show_default="the model's own")]
+
+InitParamOpt = Annotated[List[str], typer.Option("--init-param", "-p", help="--data with a preset: init "
+    "parameter NAME=VALUE (repeatable), as in train.")]
+
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", min=0, help="--data with a preset: seed of the model and "
+    "its init, as in train.", show_default="0")]
+
+DataDirOpt = Annotated[Optional[Path], typer.Option("--data-dir", help="--data: dataset folder (cifar10, "
+    "cifar100, svhn).", show_default="a run's own, else "
+    "$STRUCTINIT_DATA, else ./data", parser=path_arg,
+    metavar="DIR")]
+
+FilterOpt = Annotated[Optional[int], typer.Option("--filter", "-f", min=1, help="--data: the window f whose "
+    "attention share is measured.",
+    show_default="the solved filter, else 3")]
+
+PerHeadOpt = Annotated[bool, typer.Option("--per-head", help="--data: one table row per layer and head.")]
+
+
 def inspect(
-    target: Annotated[Optional[str], typer.Argument(help="Artifact path or key, or a checkpoint file; omit to list "
-                                                    "the cache. With --data: a train run folder, its checkpoint.pt "
-                                                    "or best.pt, or a model preset.")] = None,
-    layer: Annotated[Optional[int], typer.Option("--layer", help="Artifact: layer whose attention is drawn.",
-                                                 show_default="0")] = None,
-    head: Annotated[Optional[int], typer.Option("--head", help="Artifact: head whose attention is drawn in the "
-                                                "terminal.", show_default="0")] = None,
-    query: Annotated[Optional[int], typer.Option("--query", help="Artifact, --data: query token drawn.",
-                                                 show_default="the grid centre")] = None,
-    png: Annotated[Optional[str], typer.Option("--png", help="Artifact: write the layer's attention (all heads) as a "
-                                               "PNG figure; --data: the first, middle and last layer's (an "
-                                               "existing file only with --force).")] = None,
+    target: TargetOpt = None,
+    layer: LayerOpt = None,
+    head: HeadOpt = None,
+    query: QueryOpt = None,
+    png: PngOpt = None,
     force: Force = False,
-    heads: Annotated[Optional[int], typer.Option("--heads", help="Checkpoint: heads, when the checkpoint does not "
-                                                 "say.")] = None,
+    heads: HeadsOpt = None,
     grid: GridOpt = None,
-    data: Annotated[Optional[str], typer.Option(
-        "--data", metavar="DATASET", help="Measure a model's attention on the first training inputs of this "
-        "dataset (digits, synthetic, mnist1d; cifar10, cifar100, svhn with --data-dir): per layer and head, the "
-        "hit rate and mass on the solved offset and the share inside the f x f window. TARGET is then a train run "
-        "folder (the model at init), its checkpoint.pt or best.pt (that epoch's weights), or a model preset with "
-        "--init. --png draws the first, middle and last layer.")] = None,
-    samples: Annotated[Optional[int], typer.Option("--samples", min=1, help="--data: how many training inputs.",
-                                                   show_default="256")] = None,
-    init: Annotated[Optional[str], typer.Option("--init", help="--data with a preset: attention init method "
-                                                "(kaiming, trunc-normal, mimetic or impulse).",
-                                                show_default="the model's own")] = None,
-    init_param: Annotated[List[str], typer.Option("--init-param", "-p", help="--data with a preset: init "
-                                                  "parameter NAME=VALUE (repeatable), as in train.")] = [],  # noqa: B006
-    seed: Annotated[Optional[int], typer.Option("--seed", min=0, help="--data with a preset: seed of the model and "
-                                                "its init, as in train.", show_default="0")] = None,
-    data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="--data: dataset folder (cifar10, "
-                                                     "cifar100, svhn).", show_default="a run's own, else "
-                                                     "$STRUCTINIT_DATA, else ./data", parser=path_arg,
-                                                     metavar="DIR")] = None,
-    filter_: Annotated[Optional[int], typer.Option("--filter", "-f", min=1, help="--data: the window f whose "
-                                                   "attention share is measured.",
-                                                   show_default="the solved filter, else 3")] = None,
-    per_head: Annotated[bool, typer.Option("--per-head", help="--data: one table row per layer and head.")] = False,
+    data: DataOpt = None,
+    samples: SamplesOpt = None,
+    init: InitOpt = None,
+    init_param: InitParamOpt = [],  # noqa: B006
+    seed: SeedOpt = None,
+    data_dir: DataDirOpt = None,
+    filter_: FilterOpt = None,
+    per_head: PerHeadOpt = False,
     cache_dir: CacheDir = None,
     threads: Threads = None,
     json_out: JsonOut = False,
