@@ -24,7 +24,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 #: Public name -> the module that defines it (imported on first use).
 _EXPORTS = {
