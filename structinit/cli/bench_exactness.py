@@ -59,9 +59,9 @@ def bench_exactness(
     (conv1d on a sequence) on random inputs as the target mass goes to 1."""
     from structinit.benchmarks.exactness import exactness_table, run_exactness
     from structinit.geometry.grid import parse_grid
-    from structinit.runtime import set_threads
+    from structinit.runtime import use_threads
 
-    set_threads(threads)
+    use_threads(threads)  # the thread policy of every command
     mass_list = _floats(masses, "--masses")
     if paddings is None:
         paddings = "zero" if causal else "zero,circular"
