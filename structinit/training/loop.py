@@ -355,10 +355,10 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
 
         # ---- model
         torch.manual_seed(config.seed)
-        model = build_model(config.model_config(), num_classes=info.num_classes, image_size=info.image_size,
+        model = build_model(config.model, num_classes=info.num_classes, image_size=info.image_size,
                             in_chans=info.in_chans, default_patch=info.default_patch, seed=config.seed)
         arch = model.structinit_arch
-        spec = config.init_spec()
+        spec = config.init
         init_report = None
         init_seconds = None
         init_record = None  # metrics.jsonl's epoch-0 line: the init's attention on real inputs
@@ -393,7 +393,7 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
             init_seconds = time.perf_counter() - t_init
             solved = init_report.get("artifact") or {}
             if (solved.get("config") or {}).get("causal"):  # an artifact given by path or key, read just now
-                raise causal_refused(config.model, artifact=solved["key"])
+                raise causal_refused(config.model.name, artifact=solved["key"])
             from structinit.init.registry import IMPULSE_METHODS
 
             if info.in_memory and init_report.get("method") in IMPULSE_METHODS:
@@ -456,10 +456,10 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
             if start_epoch < epochs:
                 run.clear_final()
         dist_.barrier(ctx)
-        say(f"{config.model} ({params['trainable']:,} trainable params) on {config.dataset} "
+        say(f"{config.model.name} ({params['trainable']:,} trainable params) on {config.dataset} "
             f"({n_train} train{f' / {len(data.val)} val' if data.val is not None else ''} / {len(data.test)} test), "
             f"{epochs} epochs x {steps} steps of {gb}, {ctx.world} process(es) on {device}, "
-            f"init {config.init or 'default'}")
+            f"init {config.init.method if config.init is not None else 'default'}")
 
         # ---- data pipelines
         in_memory = info.in_memory
@@ -547,8 +547,8 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
             metrics.append(record)
             if run is not None and ctx.main:
                 run.append_metrics(record)
-                state = {"state_dict": model.state_dict(), "epoch": epoch + 1, "arch": config.model, "shape": shape,
-                         "args": config.to_dict(), "optimizer": opt.state_dict(),
+                state = {"state_dict": model.state_dict(), "epoch": epoch + 1, "arch": config.model.name,
+                         "shape": shape, "args": config.to_dict(), "optimizer": opt.state_dict(),
                          "scaler": scaler.state_dict() if scaler is not None else None, "metrics": metrics,
                          "best_acc": best_acc, "best_score": best_score, "best_epoch": best_epoch, "best_on": best_on,
                          "elapsed": elapsed_before + time.perf_counter() - t_start, "params": params, "key": key,
@@ -556,7 +556,7 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
                          "rng": {"torch": torch.get_rng_state(),
                                  "cuda": torch.cuda.get_rng_state() if device.startswith("cuda") else None}}
                 if improved:
-                    run.save_best({"state_dict": state["state_dict"], "epoch": epoch + 1, "arch": config.model,
+                    run.save_best({"state_dict": state["state_dict"], "epoch": epoch + 1, "arch": config.model.name,
                                    "shape": shape,
                                    "args": config.to_dict(), "test_acc": best_acc, "selected_on": best_on})
                 run.save_checkpoint(state)
