@@ -80,7 +80,7 @@ def test_a_structinit_train_checkpoint_gets_the_fit_train_would_give(tmp_path, c
     assert rep["data_fit"]["source"] == "digits: the run's first 256 training inputs"
     assert rep["data_fit"]["samples"] == 256 and rep["data_fit"]["artifact"]["cached"] is False
     # initialize_model on the same weights, seed and batch: the same fitted artifact, the same weights
-    model = build_model(config.model_config(), num_classes=10, image_size=8, in_chans=1, seed=0)
+    model = build_model(config.model, num_classes=10, image_size=8, in_chans=1, seed=0)
     model.load_state_dict(torch.load(out / "checkpoint.pt", weights_only=True)["state_dict"])
     batch = init_inputs(split_train(load_dataset("digits"), 256, 0, 0).train, load_dataset("digits").info)
     ref = initialize_model(model, "impulse", data=batch, seed=0)
@@ -88,7 +88,7 @@ def test_a_structinit_train_checkpoint_gets_the_fit_train_would_give(tmp_path, c
     assert ref["data_fit"]["artifact"]["cached"] is True
     got = written_state(tmp_path / "imp.pt")
     assert_same_attention_weights(got, model.state_dict(), [k for k in got if ".attn." in k])
-    written = build_model(config.model_config(), num_classes=10, image_size=8, in_chans=1, seed=0)
+    written = build_model(config.model, num_classes=10, image_size=8, in_chans=1, seed=0)
     written.load_state_dict(got)
     assert min(held_out_hits(written, rep, digits[1])) >= 0.9
 

@@ -133,12 +133,12 @@ def test_the_committed_no_data_rows_are_what_apply_writes_with_no_option(tmp_pat
 
     def model():
         torch.manual_seed(config.seed)  # as train builds it
-        return build_model(config.model_config(), num_classes=10, image_size=8, in_chans=1, seed=config.seed)
+        return build_model(config.model, num_classes=10, image_size=8, in_chans=1, seed=config.seed)
 
     src = tmp_path / "stock.pt"
     torch.save(model().state_dict(), src)
     run = model()
-    report = initialize_model(run, config.init_spec(), seed=config.seed, data=init_inputs(data.train, data.info))
+    report = initialize_model(run, config.init, seed=config.seed, data=init_inputs(data.train, data.info))
     rep = apply_checkpoint(src, heads=HEADS, seed=config.seed)
     assert rep["data_fit"]["artifact"] == {**report["data_fit"]["artifact"], "cached": True}
     written = torch.load(rep["output"], weights_only=True)

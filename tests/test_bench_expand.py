@@ -53,7 +53,7 @@ def test_cells_merge_settings_then_axis_values_then_overrides(tmp_path):
     t6 = expand(load_grid("table6"), seeds=1, runs_dir=tmp_path)
     cfg = next(c.config for c in t6.cells if c.row == "u-pe" and c.column == ("same", "h8", "imp5"))
     assert cfg.init_params == {"pseudo_input": "uniform", "pseudo_input_rest": "pe", "share": True, "filter": 5}
-    assert cfg.model == "vit-t-h8" and cfg.init == "impulse" and cfg.dataset == "cifar10"
+    assert cfg.model.name == "vit-t-h8" and cfg.init.method == "impulse" and cfg.dataset == "cifar10"
     assert by[("imp", ("all",), 0)].epochs == 7 and by[("imp", ("all",), 0)].train_size is None
     assert imp_small.out == str(tmp_path / imp_small.key) and imp_small.resume
     # overrides win over the file, for every run; init_params.NAME only where the method takes it
@@ -187,5 +187,5 @@ def test_printed_commands_reproduce_the_run_keys(tmp_path, cli, monkeypatch):
     plain = next(c for c in cmds if "data_fit=0" in c["command"])
     assert "--init-param share=true" in plain["command"] and "--train-size" in plain["command"]
     assert "--init-param mimetic_vproj=false" in plain["command"]
-    assert train_command(TrainConfig(model="vit-t", init="impulse", init_params={"recipe_params": {"iters": 20}}))[
-        -2:] == ["--init-param", 'recipe_params={"iters": 20}']
+    paper = TrainConfig(model="vit-t", init="impulse", init_params={"recipe": "paper", "recipe_params": {"iters": 20}})
+    assert train_command(paper)[-2:] == ["--init-param", 'recipe_params={"iters": 20}']

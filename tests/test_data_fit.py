@@ -345,8 +345,8 @@ def test_grid_attention_figures_see_the_model_train_starts_from():
     model, report, info = initialized_model(cfg)
     assert report["data_fit"]["samples"] == 16
     data = split_train(load_dataset("digits"), 100, 300, 2)
-    again = build_model(cfg.model_config(), num_classes=10, image_size=8, in_chans=1, seed=2)
-    initialize_model(again, cfg.init_spec(), seed=2, data=init_inputs(data.train, info))
+    again = build_model(cfg.model, num_classes=10, image_size=8, in_chans=1, seed=2)
+    initialize_model(again, cfg.init, seed=2, data=init_inputs(data.train, info))
     for a, b in zip(model.blocks, again.blocks):
         assert torch.equal(a.attn.qkv.weight, b.attn.qkv.weight)
 

@@ -250,7 +250,7 @@ def test_the_run_line_and_the_evaluation_match_the_weights(tmp_path):
     assert plain[0].endswith("(320 train / 360 test), 1 epochs x 10 steps of 32, 1 process(es) on cpu, init default")
     # the last record's test accuracy and loss are what the checkpointed weights give on the test split
     ck = load_train_checkpoint(out / "checkpoint.pt")
-    model = build_model(TrainConfig(**QUICK).model_config(), num_classes=10, image_size=8, in_chans=1,
+    model = build_model(TrainConfig(**QUICK).model, num_classes=10, image_size=8, in_chans=1,
                         default_patch=1)
     model.load_state_dict(ck["state_dict"])
     model.eval()

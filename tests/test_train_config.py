@@ -7,7 +7,17 @@ import dataclasses
 import pytest
 
 from structinit.errors import UsageError
-from structinit.training.config import DATASET_HPARAMS, EXECUTION_FIELDS, HPARAMS, TrainConfig, causal_refused
+from structinit.init.registry import init_spec
+from structinit.training.config import (
+    DATASET_HPARAMS,
+    EXECUTION_FIELDS,
+    HPARAMS,
+    MODEL_SETTINGS,
+    TrainConfig,
+    causal_refused,
+    flat_settings,
+)
+from structinit.training.models import ModelConfig
 
 
 def test_hparams_take_defaults_then_dataset_then_model_family_then_fields():
@@ -107,10 +117,10 @@ def test_every_computed_setting_moves_the_key(name):
 
 def test_model_settings_reach_the_model_config():
     mc = TrainConfig(model="vit-t", dim=48, heads=3, depth=2, patch=4, mlp_ratio=3.0, pool="token",
-                     pos_embed="learned", drop_path=0.1).model_config()
+                     pos_embed="learned", drop_path=0.1).model
     assert (mc.name, mc.dim, mc.heads, mc.depth, mc.patch, mc.mlp_ratio, mc.pool, mc.pos_embed, mc.drop_path) == \
         ("vit-t", 48, 3, 2, 4, 3.0, "token", "learned", 0.1)
-    cm = TrainConfig(model="convmixer-256", kernel=5, filters="box").model_config()
+    cm = TrainConfig(model="convmixer-256", kernel=5, filters="box").model
     assert (cm.kernel, cm.filters, cm.family) == (5, "box", "convmixer")
     with pytest.raises(UsageError, match="ConvMixer presets only"):
         TrainConfig(kernel=3).validate()
@@ -136,9 +146,9 @@ def test_defaults_spelled_out_are_the_same_run():
 def test_computed_settings_hold_the_resolved_run():
     d = BASE.computed_settings()
     assert not set(EXECUTION_FIELDS) & set(d) and "init_params" not in d
-    assert d["init"] == BASE.init_spec().to_dict() and d["init"]["params"]["filter"] == BASE.init_spec().filter
+    assert d["init"] == BASE.init.to_dict() and d["init"]["params"]["filter"] == BASE.init.filter
     assert d["epochs"] == 40 and d["augment"] == "none" and d["data_seed"] == 0 and d["eval_every"] == 1
-    assert TrainConfig().computed_settings()["init"] is None and TrainConfig().init_spec() is None
+    assert TrainConfig().computed_settings()["init"] is None and TrainConfig().init is None
 
 
 def test_dict_round_trip_and_unknown_settings():
@@ -161,3 +171,130 @@ def test_causal_refusals_name_the_flag_or_the_artifact():
     assert art.render(lambda n: f"<{n}>") == ("the artifact 0123abcd4567 was solved for a decoder's causal mask "
                                               "(<causal>), but transformer-1d attends both ways: give one solved "
                                               "without it")
+
+
+# --------------------------------------------------------------------------- the flat form and run keys
+
+#: Run keys computed before TrainConfig held a ModelConfig and an InitSpec (commit 55f3fe8, when its
+#: fields were flat): the derivation of every committed key (docs/results/**/runs.csv), so these
+#: literals must never move. Each entry: the flat settings, the key.
+KEYS_BEFORE_NESTING = [
+    (dict(), "9d238275eca8"),
+    (dict(init="impulse", init_params={"filter": 5, "target_mass": 0.4, "data_fit": 20}, train_size=100),
+     "5f1906dc3774"),
+    (dict(init="impulse", init_params={"filter": 3}), "56b272575a62"),  # a default spelt out: the plain impulse run
+    (dict(init="mimetic", init_params={"alpha1": 1, "beta1": "0"}), "93d475d827aa"),  # values as text or int
+    (dict(init="mimetic", seed=3, val_size=300, data_seed=2), "18d058902017"),
+    (dict(model="vit-t", dataset="cifar10", init="impulse",
+          init_params={"recipe": "paper", "recipe_params": {"iters": 20}, "data-fit": 0}), "6f752c51f94f"),
+    (dict(model="vit-t", dim=48, heads=3, depth=2, patch=4, mlp_ratio=3.0, pool="token", pos_embed="learned",
+          drop_path=0.1, dataset="cifar10", epochs=3, lr=0.002), "4d44c991845c"),
+    (dict(model="convmixer-256", dataset="synthetic", dim=16, depth=2, kernel=3, filters="box", epochs=1),
+     "134feeb18b24"),
+    (dict(model="transformer-1d", dataset="mnist1d", window=3, init="impulse", init_params={"filter": 5}),
+     "30f7dff626d1"),
+    (dict(model="cnn-1d", dataset="mnist1d", shuffle_seq=True, kernel=3), "974d94e5189f"),
+    (dict(model="vit-t", dataset="imagefolder", image_size=48, data_dir="/data", augment="flip"), "e0223af6563d"),
+    (dict(model="vit-t", dataset="cifar10", out="runs/x", resume=True, device="cpu", workers=0, threads=1,
+          amp="off", eval_batch_size=99, compile=True, data_dir="/d", download=True), "6eaf490df04d"),
+    *[(dict(model=name, dataset="cifar10"), key) for name, key in [
+        ("vit-t", "6eaf490df04d"), ("vit-t-h8", "adab6777eb4a"), ("vit-s", "8e74a4dd68e7"),
+        ("vit-s-h16", "5a660aa71e63"), ("vit-d8", "0f33a7dacb78"), ("vit-digits", "63104f96942d"),
+        ("vit-fashion", "865157380712"), ("vit-fashion-196", "8105f25dbf7e"), ("vit-t-cls", "6c354c8e459f"),
+        ("vit-t-learned-pe", "610d94975e68"), ("vit-t-cls-learned-pe", "c525c995d27f"), ("convit", "11a6c5b4a5d5"),
+        ("convmixer-256", "ebf4c0ac872a"), ("convmixer-512", "4891d95ed779")]],
+    (dict(model="transformer-1d", dataset="mnist1d"), "1307262d8f64"),
+    (dict(model="cnn-1d", dataset="mnist1d"), "a11b3a9bd766"),
+]
+
+
+def test_every_model_preset_has_a_literal_key():
+    from structinit.training.models import PRESETS
+
+    assert {settings.get("model", "vit-digits") for settings, _ in KEYS_BEFORE_NESTING} >= set(PRESETS)
+
+
+@pytest.mark.parametrize("settings, key", KEYS_BEFORE_NESTING, ids=lambda v: v if isinstance(v, str) else None)
+def test_run_keys_are_the_literal_keys_of_before(settings, key):
+    config = TrainConfig(**settings)
+    assert config.key == key
+    assert TrainConfig.from_dict(config.to_dict()).key == key
+    rest = {k: v for k, v in settings.items() if k not in MODEL_SETTINGS + ("model", "init", "init_params")}
+    nested = TrainConfig(model=config.model, init=config.init, **rest)
+    assert nested == config and nested.key == key
+
+
+def test_a_grid_with_overrides_expands_to_the_literal_keys_of_before():
+    from structinit.experiments.expand import expand
+    from structinit.experiments.gridspec import load_grid
+
+    ex = expand(load_grid("digits"), overrides=["epochs=2", "init_params.target_mass=0.5", "val_size=200", "lr=0.002"],
+                seeds=[0, 4], only=["train_size=100"])
+    assert {(c.row, c.seed): c.key for c in ex.cells} == {
+        ("trunc-normal", 0): "3aaaf141e1d6", ("trunc-normal", 4): "8f5f25bcec3e",
+        ("kaiming", 0): "2d418ad91296", ("kaiming", 4): "db3b60a76b0a",
+        ("mimetic", 0): "5964e6959d62", ("mimetic", 4): "b3ffa49497cd",
+        ("impulse", 0): "d3aa89f83fb1", ("impulse", 4): "4717ee2d3e46",
+        ("impulse-plain", 0): "a89b5537eedc", ("impulse-plain", 4): "d5a20c09444d",
+        ("impulse-2024", 0): "9c6c99e0e0a8", ("impulse-2024", 4): "285fdd3e0eb7",
+        ("impulse-2025", 0): "e6454845e6a2", ("impulse-2025", 4): "86e098faf02d",
+        ("convmixer", 0): "3b02e0c21530", ("convmixer", 4): "359637e66693"}
+
+
+#: A config.json's "config" as TrainConfig wrote it before the nesting (key order included).
+FLAT_BEFORE = ('{"model": "transformer-1d", "dataset": "mnist1d", "out": null, "resume": false, "dim": null, '
+               '"heads": null, "depth": null, "patch": null, "mlp_ratio": null, "pool": null, "pos_embed": null, '
+               '"kernel": null, "filters": "trained", "drop_path": 0.0, "window": 3, "init": "impulse", '
+               '"init_params": {"filter": 5}, "data_dir": null, "download": false, "image_size": null, '
+               '"augment": null, "train_size": null, "val_size": 0, "data_seed": null, "shuffle_seq": false, '
+               '"epochs": null, "batch_size": null, "lr": null, "min_lr": null, "weight_decay": null, '
+               '"warmup_epochs": null, "opt_eps": null, "grad_clip": null, "label_smoothing": null, '
+               '"randaug_n": null, "randaug_m": null, "eval_every": null, "seed": 0, "device": "auto", '
+               '"amp": "auto", "compile": false, "workers": 4, "threads": null, "eval_batch_size": null}')
+
+
+def test_the_flat_form_is_written_back_byte_for_byte():
+    import json
+
+    config = TrainConfig.from_dict(json.loads(FLAT_BEFORE))
+    assert json.dumps(config.to_dict()) == FLAT_BEFORE and config.key == "30f7dff626d1"
+    assert (config.model.name, config.model.window, config.init.method, config.init.filter) == \
+        ("transformer-1d", 3, "impulse", 5)
+    assert list(config.to_dict()) == list(flat_settings())
+    # a run folder from before window and shuffle_seq: the plain transformer-1d run
+    older = {k: v for k, v in json.loads(FLAT_BEFORE).items() if k not in ("window", "shuffle_seq")}
+    assert TrainConfig.from_dict(dict(older, init=None, init_params={})).key == "1307262d8f64"
+
+
+def test_init_params_are_written_as_given_while_they_spell_the_init():
+    given = TrainConfig(init="mimetic", init_params={"alpha1": 1, "beta1": "0"}, epochs=2)
+    assert given.init.alpha1 == 1.0 and given.init.beta1 == 0.0  # typed in the spec
+    assert given.to_dict()["init_params"] == {"alpha1": 1, "beta1": "0"}  # spelt as given
+    assert dataclasses.replace(given, out="x").init_params == {"alpha1": 1, "beta1": "0"}
+    other = dataclasses.replace(given, init=init_spec("mimetic", alpha1=0.5))
+    assert other.init_params == {"alpha1": 0.5} and other.key != given.key
+    assert TrainConfig(init=init_spec("impulse", filter=5)).init_params == {"filter": 5}
+    assert TrainConfig(init=init_spec("impulse", filter=5), init_params={"share": True}).init == \
+        init_spec("impulse", filter=5, share=True)  # init_params replace a spec's parameters
+    assert TrainConfig().init_params == {} and TrainConfig().to_dict()["init"] is None
+
+
+def test_model_settings_beside_a_model_config_replace_its_own():
+    config = TrainConfig(model=ModelConfig("vit-t", dim=48, heads=3), heads=6, epochs=2)
+    assert config.model == ModelConfig("vit-t", dim=48, heads=6)
+    assert dataclasses.replace(config, depth=2).model == ModelConfig("vit-t", dim=48, heads=6, depth=2)
+    assert dataclasses.replace(config, model="vit-s").model == ModelConfig("vit-s")  # a preset by name: no overrides
+    assert set(MODEL_SETTINGS) == {f.name for f in dataclasses.fields(ModelConfig)} - {"name"}
+    assert set(MODEL_SETTINGS) < set(flat_settings())  # a new ModelConfig field is a setting at once
+
+
+def test_building_a_config_checks_its_parts_by_name():
+    with pytest.raises(UsageError, match="unknown model 'vit-q'"):
+        TrainConfig(model="vit-q")
+    with pytest.raises(UsageError, match="dim must be positive, got 0"):
+        TrainConfig(dim=0)
+    with pytest.raises(UsageError, match="init_params needs init"):
+        TrainConfig(init_params={"filter": 3})
+    with pytest.raises(UsageError) as exc:
+        TrainConfig(colour="red", model_name="vit-t")
+    assert str(exc.value) == "unknown training setting(s) colour, model_name"

@@ -342,12 +342,12 @@ def _show_data(target: str, dataset: str, samples: int, init, init_param, seed, 
     if target_png is not None:
         from structinit.analysis.figures import fidelity_figure, save_png
 
-        title = f"{config.model}, {method}, on {dataset} ({where})"
+        title = f"{config.model.name}, {method}, on {dataset} ({where})"
         save_png(fidelity_figure(fid, query=query, title=title), target_png, force=force)
     kind = "sequences" if info.is_sequence else "images"
     if json_out:
         emit_json({"target": target, "source": inspected.source, "epoch": inspected.epoch,
-                   "config_path": inspected.config_path, "model": config.model, "dataset": dataset,
+                   "config_path": inspected.config_path, "model": config.model.name, "dataset": dataset,
                    "init": {"method": settings["method"], "filter": settings["filter"], "padding": settings["padding"]},
                    "config": config.to_dict(), "samples": fid.images, "query": query,
                    "fidelity": fid.to_dict(), "query_maps": fid.query_maps(query).round(6),
@@ -355,7 +355,7 @@ def _show_data(target: str, dataset: str, samples: int, init, init_param, seed, 
         return
     solved = (f" (filter {settings['filter']}, padding {settings['padding']})" if settings["filter"] else "")
     grid = (f"a sequence of {fid.grid.tokens} tokens" if fid.grid.ndim == 1 else f"the {fid.grid.describe()} grid")
-    typer.echo(f"model     {config.model}: {fid.layers} layers x {fid.heads} heads on {grid}, {method}{solved}; "
+    typer.echo(f"model     {config.model.name}: {fid.layers} layers x {fid.heads} heads on {grid}, {method}{solved}; "
                f"{where}")
     typer.echo(f"inputs    the first {fid.images} training {kind} of {dataset}, as the model sees them"
                + ("" if info.is_sequence else " (normalized)"))

@@ -70,8 +70,8 @@ def grid_attention(ex: Expansion, column: Optional[Sequence[str]] = None, seed: 
             continue
         config = _config_of(ex, cell)
         model, report, info = initialized_model(config)
-        if config.model_config().family != "vit":
-            out.append(AttentionEntry(row.id, row.label, config, None, f"{config.model}: no attention"))
+        if config.model.family != "vit":
+            out.append(AttentionEntry(row.id, row.label, config, None, f"{config.model.name}: no attention"))
             continue
         data_key = (config.dataset, config.train_size, config.val_size, config.data_seed, config.seed, config.data_dir)
         if data_key not in batch_cache:

@@ -351,7 +351,7 @@ def expand(spec: GridSpec, *, overrides: Union[Iterable[str], Dict[str, Any], No
                     k = (hp["warmup_epochs"], hp["epochs"])
                     long_warmup[k] = long_warmup.get(k, 0) + 1
                 info = dataset_info(base.dataset)
-                base.model_config().resolved(info.default_patch)
+                base.model.resolved(info.default_patch)
             except UsageError as exc:
                 raise GridError(f"{spec.source}: cell {where}: {exc}") from None
             except TypeError as exc:  # a value of a type the config cannot take

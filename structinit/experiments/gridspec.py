@@ -72,11 +72,10 @@ class GridError(UsageError):
 # --------------------------------------------------------------------------- settings
 
 def settable_fields() -> Dict[str, Any]:
-    """The TrainConfig fields a grid may set, with their type hints."""
-    from structinit.training.config import TrainConfig
+    """The TrainConfig settings a grid may set (its flat form), with their type hints."""
+    from structinit.training.config import flat_settings
 
-    hints = typing.get_type_hints(TrainConfig)
-    return {k: v for k, v in hints.items() if k not in LAUNCHER_FIELDS}
+    return {k: v for k, v in flat_settings().items() if k not in LAUNCHER_FIELDS}
 
 
 def _kind(hint: Any) -> str:

@@ -126,17 +126,17 @@ def impulse_solves(cells: List[Cell]) -> list:
     shapes: Dict[str, Any] = {}
     for cell in cells:
         cfg = cell.config
-        if cfg is None or cfg.init not in ("impulse", "impulse-2024"):
+        if cfg is None or cfg.init is None or cfg.init.method not in ("impulse", "impulse-2024"):
             continue
-        spec = cfg.init_spec()
-        if cfg.init == "impulse-2024":
+        spec = cfg.init
+        if spec.method == "impulse-2024":
             spec = spec.impulse_spec()
         if spec.artifact is not None:
             continue
         info = dataset_info(cfg.dataset)
-        arch = json.dumps([cfg.model_config().to_dict(), cfg.dataset, cfg.image_size], sort_keys=True, default=str)
+        arch = json.dumps([cfg.model.to_dict(), cfg.dataset, cfg.image_size], sort_keys=True, default=str)
         if arch not in shapes:
-            model = build_model(cfg.model_config(), num_classes=info.num_classes or 1000,
+            model = build_model(cfg.model, num_classes=info.num_classes or 1000,
                                 image_size=cfg.image_size or info.image_size, in_chans=info.in_chans,
                                 default_patch=info.default_patch)
             t = AttentionTarget(model, need_grid=True)

@@ -238,10 +238,9 @@ def train_command(config, program: Optional[List[str]] = None) -> List[str]:
     ``program`` replaces the leading ``["structinit"]`` (e.g. ``[python, "-m", "structinit"]``)."""
     from structinit.training.config import TrainConfig
 
-    defaults = TrainConfig()
+    defaults = TrainConfig().to_dict()
     args = (list(program) if program is not None else ["structinit"]) + ["train"]
-    for f in dataclasses.fields(TrainConfig):
-        name, value = f.name, getattr(config, f.name)
+    for name, value in config.to_dict().items():
         if name in ("out", "resume") or name in NO_FLAG:
             continue
         always = name in ("model", "dataset")
@@ -252,7 +251,7 @@ def train_command(config, program: Optional[List[str]] = None) -> List[str]:
         elif isinstance(value, bool):
             if value:
                 args.append(flag)
-        elif value is not None and (always or value != getattr(defaults, name)):
+        elif value is not None and (always or value != defaults[name]):
             args += [flag, repr(value) if isinstance(value, float) else str(value)]
     if config.out:
         args += ["--out", str(config.out), "--resume"]

@@ -117,18 +117,18 @@ def _structinit_model(ckpt, sd: Mapping, settings: dict) -> CheckpointModel:
         config.validate()
     except (TypeError, UsageError) as exc:
         raise StructinitError(f"the run settings in {ckpt.path} are unreadable ({exc})") from None
-    if config.model_config().family not in ATTENTION_FAMILIES:
-        raise UsageError(f"{config.model} has no attention layers to fit")
+    if config.model.family not in ATTENTION_FAMILIES:
+        raise UsageError(f"{config.model.name} has no attention layers to fit")
     info = dataset_info(config.dataset)
     image_size = config.image_size or info.image_size
     head = sd.get(ckpt.detected.model_prefix + "head.weight")
     classes = info.num_classes or (int(head.shape[0]) if head is not None else 1000)  # imagefolder: the file's
-    model = build_model(config.model_config(), num_classes=classes, image_size=image_size,
+    model = build_model(config.model, num_classes=classes, image_size=image_size,
                         in_chans=info.in_chans, default_patch=info.default_patch, seed=config.seed)
-    _load(model, sd, ckpt.detected.model_prefix, f"{config.model} model its settings describe")
+    _load(model, sd, ckpt.detected.model_prefix, f"{config.model.name} model its settings describe")
     arch = model.structinit_arch
     shape = (info.in_chans, image_size) if info.is_sequence else (info.in_chans, image_size, image_size)
-    return CheckpointModel(model, f"structinit train settings: {config.model} on {config.dataset}",
+    return CheckpointModel(model, f"structinit train settings: {config.model.name} on {config.dataset}",
                            "sequence" if info.is_sequence else "image", shape, grid=arch["grid"],
                            heads=arch.get("heads"), settings=config)
 

@@ -9,14 +9,19 @@ every one can be set.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import hashlib
 import json
 import math
+import typing
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from structinit.errors import UsageError, param
+from structinit.init.base import InitSpec
+from structinit.training.models import ModelConfig
 
 #: The paper's recipe (and its released README) for 32x32 images.
 HPARAMS: Dict[str, Any] = dict(epochs=200, batch_size=512, lr=1e-3, min_lr=1e-6, weight_decay=0.01, warmup_epochs=10,
@@ -56,43 +61,45 @@ def causal_refused(model: str, artifact: Optional[str] = None) -> UsageError:
                       "leave it out")
 
 
-@dataclass
+#: The settings of :class:`~structinit.training.models.ModelConfig` besides its preset ``name``:
+#: in the flat form they stand beside ``model`` (the preset), as ``structinit train``'s options do.
+MODEL_SETTINGS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "name")
+
+
+@dataclass(init=False)
 class TrainConfig:
     """Everything a training run depends on. ``None`` means the default (see the module docstring).
 
-    Model: ``model`` (a preset of :mod:`structinit.training.models`) and its overrides ``dim``,
-    ``heads``, ``depth``, ``patch``, ``mlp_ratio``, ``pool``, ``pos_embed``, ``kernel``, ``filters``,
-    ``drop_path``. Init: ``init`` (a method of :mod:`structinit.init.registry`; ``None``: the model's
-    own init, timm's trunc normal for ViTs) with ``init_params``. Data: ``dataset``, ``data_dir``,
-    ``download``, ``image_size`` (imagefolder), ``augment`` (``randaugment``, ``crop-flip``,
-    ``flip``, ``none``), ``train_size`` (a stratified subset of the training split, drawn with
-    ``data_seed``, default ``seed``), ``val_size`` (training images held out for validation,
-    stratified, the same for every seed), ``shuffle_seq`` (sequence datasets: one fixed permutation of
-    the positions, MNIST-1D's sanity check for locality). ``window``: the values each token of
-    ``transformer-1d`` embeds. ``batch_size`` is the global batch (split over
-    processes); ``eval_every``: epochs between evaluations (``None``: about 50 per run; the last
-    epoch is always evaluated). ``threads``: torch CPU threads of each process.
+    ``model``: the :class:`~structinit.training.models.ModelConfig` (a preset and its overrides).
+    ``init``: the :class:`~structinit.init.base.InitSpec` of the attention init (``None``: the
+    model's own init, timm's trunc normal for ViTs). Data: ``dataset``, ``data_dir``, ``download``,
+    ``image_size`` (imagefolder), ``augment`` (``randaugment``, ``crop-flip``, ``flip``, ``none``),
+    ``train_size`` (a stratified subset of the training split, drawn with ``data_seed``, default
+    ``seed``), ``val_size`` (training images held out for validation, stratified, the same for every
+    seed), ``shuffle_seq`` (sequence datasets: one fixed permutation of the positions, MNIST-1D's
+    sanity check for locality). ``batch_size`` is the global batch (split over processes);
+    ``eval_every``: epochs between evaluations (``None``: about 50 per run; the last epoch is always
+    evaluated). ``threads``: torch CPU threads of each process.
+
+    The constructor takes keywords only, in the nested form, the flat form or a mix::
+
+        TrainConfig(model=ModelConfig("vit-t", dim=48), init=init_spec("impulse", filter=5), epochs=3)
+        TrainConfig(model="vit-t", dim=48, init="impulse", init_params={"filter": 5}, epochs=3)
+
+    The flat form is :meth:`to_dict`'s (``config.json``, checkpoints, the run key, grid files and
+    the options of ``structinit train``): ``model`` is the preset's name with the model's settings
+    (:data:`MODEL_SETTINGS`: ``dim``, ``heads``, ...) beside it, ``init`` the init method's name with
+    its ``init_params``. Model settings given beside a :class:`ModelConfig` replace its own, and
+    ``init_params`` given with an :class:`InitSpec` replace its parameters. Building the config
+    checks the model and the init (a :class:`~structinit.errors.UsageError` naming the parameter);
+    :meth:`validate` checks how the settings go together.
     """
 
-    model: str = "vit-digits"
+    model: ModelConfig = ModelConfig()
     dataset: str = "digits"
     out: Optional[str] = None
     resume: bool = False
-    # model
-    dim: Optional[int] = None
-    heads: Optional[int] = None
-    depth: Optional[int] = None
-    patch: Optional[int] = None
-    mlp_ratio: Optional[float] = None
-    pool: Optional[str] = None
-    pos_embed: Optional[str] = None
-    kernel: Optional[int] = None
-    filters: str = "trained"
-    drop_path: float = 0.0
-    window: Optional[int] = None
-    # init
-    init: Optional[str] = None
-    init_params: Dict[str, Any] = field(default_factory=dict)
+    init: Optional[InitSpec] = None
     # data
     data_dir: Optional[str] = None
     download: bool = False
@@ -123,22 +130,33 @@ class TrainConfig:
     workers: int = 4
     threads: Optional[int] = None
     eval_batch_size: Optional[int] = None
+    #: ``(spec, init_params)`` when ``init`` was given by name: the parameters as they were given, so
+    #: that :meth:`to_dict` writes them back unchanged (a run's ``config.json`` keeps its bytes)
+    #: while ``init`` is still that spec. Not a setting: equal configs may spell their init apart.
+    init_spelling: Optional[Tuple[InitSpec, Dict[str, Any]]] = field(default=None, compare=False, repr=False)
 
-    def model_config(self):
-        """The :class:`~structinit.training.models.ModelConfig` these (flat, CLI-shaped) fields describe."""
-        from structinit.training.models import ModelConfig
+    def __init__(self, **settings: Any) -> None:
+        unknown = sorted(set(settings) - set(_FIELD_NAMES) - set(MODEL_SETTINGS) - {"init_params"})
+        if unknown:
+            raise UsageError(f"unknown training setting(s) {', '.join(param(u) for u in unknown)}")
+        for f in dataclasses.fields(self):
+            if f.name in settings:
+                value = settings[f.name]
+            else:
+                value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            setattr(self, f.name, value)
+        self.model = _model_config(self.model, {k: settings[k] for k in MODEL_SETTINGS if k in settings})
+        self.init, self.init_spelling = _init_spec(self.init, settings.get("init_params"), self.init_spelling)
 
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(ModelConfig) if f.name != "name"}
-        return ModelConfig(name=self.model, **fields)
-
-    def init_spec(self):
-        """The typed :class:`~structinit.init.base.InitSpec` of ``init`` and ``init_params`` (``None``
-        when ``init`` is ``None``)."""
+    @property
+    def init_params(self) -> Dict[str, Any]:
+        """The init's parameters as the flat form writes them (a copy): as given with ``init`` by
+        name, else those of ``init`` that differ from their defaults; ``{}`` without an init."""
         if self.init is None:
-            return None
-        from structinit.init.registry import init_spec
-
-        return init_spec(self.init, **self.init_params)
+            return {}
+        if self.init_spelling is not None and self.init_spelling[0] == self.init:
+            return copy.deepcopy(self.init_spelling[1])
+        return _changed_params(self.init)
 
     def hparams(self) -> Dict[str, Any]:
         """The resolved hyperparameters: :data:`HPARAMS` < dataset < model family < the fields set here."""
@@ -147,7 +165,7 @@ class TrainConfig:
         info = dataset_info(self.dataset)
         out = dict(HPARAMS)
         out.update(DATASET_HPARAMS.get(self.dataset, {}))
-        out.update(MODEL_HPARAMS.get(self.model_config().family, {}))
+        out.update(MODEL_HPARAMS.get(self.model.family, {}))
         for key in HPARAMS:
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
@@ -158,21 +176,24 @@ class TrainConfig:
 
     def validate(self) -> Dict[str, Any]:
         """Check every setting that can be checked without torch or data; return :meth:`hparams`."""
+        hp = self.hparams()
+        self._check_model_fits_init_and_data(hp)
+        self._check_execution()
+        self._check_data()
+        return hp
+
+    def _check_model_fits_init_and_data(self, hp: Dict[str, Any]) -> None:
         from structinit.training.datasets import SHUFFLABLE, dataset_info
         from structinit.training.models import ATTENTION_FAMILIES
 
-        hp = self.hparams()
-        mc = self.model_config()
-        family = mc.family
-        if self.init is None and self.init_params:
-            raise UsageError(f"{param('init_params')} needs {param('init')}")
-        if self.init is not None and family not in ATTENTION_FAMILIES:
-            raise UsageError(f"{param('init')} applies to the ViT presets and transformer-1d; {self.model} keeps its "
+        name = self.model.name
+        if self.init is not None and self.model.family not in ATTENTION_FAMILIES:
+            raise UsageError(f"{param('init')} applies to the ViT presets and transformer-1d; {name} keeps its "
                              "own init")
         info = dataset_info(self.dataset)
-        if info.is_sequence != mc.is_sequence:
+        if info.is_sequence != self.model.is_sequence:
             want = "a sequence model (transformer-1d, cnn-1d)" if info.is_sequence else "an image model"
-            raise UsageError(f"{param('dataset')} {self.dataset} holds {info.kind}s; {param('model')} {self.model} "
+            raise UsageError(f"{param('dataset')} {self.dataset} holds {info.kind}s; {param('model')} {name} "
                              f"is not for them: choose {want}")
         if info.is_sequence and hp["augment"] != "none":
             raise UsageError(f"{param('augment')} {hp['augment']} is an image augmentation; {self.dataset} is a "
@@ -180,8 +201,10 @@ class TrainConfig:
         if self.shuffle_seq and self.dataset not in SHUFFLABLE:
             raise UsageError(f"{param('shuffle_seq')} applies to sequence datasets ({', '.join(SHUFFLABLE)}), not "
                              f"{self.dataset}")
-        if getattr(self.init_spec(), "causal", False):
-            raise causal_refused(self.model)  # an artifact's own flag is checked once train reads it
+        if getattr(self.init, "causal", False):
+            raise causal_refused(name)  # an artifact's own flag is checked once train reads it
+
+    def _check_execution(self) -> None:
         from structinit.runtime import check_device, check_threads
 
         check_device(self.device)
@@ -192,6 +215,8 @@ class TrainConfig:
             raise UsageError(f"{param('workers')} must not be negative, got {self.workers}")
         if self.resume and not self.out:
             raise UsageError(f"{param('resume')} needs {param('out')} DIR")
+
+    def _check_data(self) -> None:
         if self.image_size is not None and self.dataset != "imagefolder":
             raise UsageError(f"{param('image_size')} applies to the imagefolder dataset; {self.dataset} has a fixed "
                              "image size")
@@ -204,15 +229,24 @@ class TrainConfig:
                 raise UsageError(f"{param(name)} must be an integer of at least {lowest}, got {value!r}")
         if not isinstance(self.val_size, int) or isinstance(self.val_size, bool) or self.val_size < 0:
             raise UsageError(f"{param('val_size')} must be a non-negative integer, got {self.val_size!r}")
-        return hp
 
     def to_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The flat form (see the class docstring), every setting in the order of
+        :func:`flat_settings`: what ``config.json`` and checkpoints hold and the run key hashes."""
+        own = {f.name: copy.deepcopy(getattr(self, f.name)) for f in dataclasses.fields(self) if f.compare}
+        model = dataclasses.asdict(self.model)
+        flat = {"model": model.pop("name")}
+        flat.update({name: own[name] for name in ("dataset", "out", "resume")})
+        flat.update(model)
+        flat.update(init=self.init.method if self.init is not None else None, init_params=self.init_params)
+        flat.update({name: value for name, value in own.items() if name not in flat})
+        return flat
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "TrainConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
+        """The config of a flat form (:meth:`to_dict`; also a ``config.json`` of an earlier version,
+        which may lack settings added since: they take their defaults)."""
+        unknown = sorted(set(d) - set(flat_settings()))
         if unknown:
             raise UsageError(f"unknown training setting(s) {', '.join(param(u) for u in unknown)}")
         return cls(**d)
@@ -226,8 +260,7 @@ class TrainConfig:
             if d.get(name) == default:
                 del d[name]
         d.update(self.hparams())
-        spec = self.init_spec()
-        d["init"] = spec.to_dict() if spec is not None else None
+        d["init"] = self.init.to_dict() if self.init is not None else None
         d.pop("init_params")
         d["data_seed"] = self.seed if self.data_seed is None else self.data_seed
         return d
@@ -237,6 +270,57 @@ class TrainConfig:
         """Short hash (12 hex digits of SHA-256) of :meth:`computed_settings` as canonical JSON."""
         text = json.dumps(self.computed_settings(), sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:KEY_LENGTH]
+
+
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(TrainConfig))
+
+
+def flat_settings() -> Dict[str, Any]:
+    """Every setting of the flat form (:meth:`TrainConfig.to_dict`, grid files, the options of
+    ``structinit train``) with its type hint, in :meth:`~TrainConfig.to_dict`'s order."""
+    return dict(_flat_settings())
+
+
+@functools.lru_cache(maxsize=None)
+def _flat_settings() -> Dict[str, Any]:
+    nested = typing.get_type_hints(TrainConfig)
+    model = typing.get_type_hints(ModelConfig)
+    hints = {"model": str, "init": Optional[str], "init_params": Dict[str, Any]}
+    return {name: hints.get(name) or model.get(name) or nested[name] for name in TrainConfig().to_dict()}
+
+
+def _model_config(model: Any, settings: Dict[str, Any]) -> ModelConfig:
+    """``model`` (a :class:`ModelConfig` or a preset's name) with the model ``settings`` given beside it."""
+    if isinstance(model, ModelConfig):
+        return dataclasses.replace(model, **settings) if settings else model
+    return ModelConfig(name=model, **settings)
+
+
+def _init_spec(init: Any, params: Optional[Dict[str, Any]], spelling: Optional[Tuple[InitSpec, Dict[str, Any]]]):
+    """``(spec, spelling)`` of ``init`` (``None``, a method's name or an :class:`InitSpec`) and the
+    ``params`` given with it; ``spelling`` (the config's ``init_spelling``) is kept while it spells
+    the spec."""
+    if init is None:
+        if params:
+            raise UsageError(f"{param('init_params')} needs {param('init')}")
+        return None, None
+    from structinit.init.registry import init_spec
+
+    spec = init_spec(init, **(params or {}))
+    if not isinstance(init, InitSpec):
+        return spec, (spec, copy.deepcopy(dict(params or {})))
+    return spec, spelling if spelling is not None and spelling[0] == spec else None
+
+
+def _changed_params(spec: InitSpec) -> Dict[str, Any]:
+    """The parameters of ``spec`` that differ from their defaults: the ``init_params`` that rebuild it."""
+    out = {}
+    for f in dataclasses.fields(spec):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        value = getattr(spec, f.name)
+        if value != default:
+            out[f.name] = copy.deepcopy(value)
+    return out
 
 
 def long_warmup(hp: Dict[str, Any]) -> Optional[str]:

@@ -277,16 +277,15 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
     (1-based epoch), ``on_epoch(record)`` with the ``metrics.jsonl`` record, ``log(message)``,
     ``on_init(done, total)`` as the init's data fit takes its steps. Any callback may raise to stop
     the run (an init stopped so leaves no files behind; the run starts afresh when resumed).
+
+    The steps: the run folder is locked, made sound and read (:func:`_make_sound`,
+    :func:`_open_run`), the data loaded (:func:`_load_data`), the model built and initialized
+    (:func:`_initialized_model`), then trained (:func:`_train_model`); the lock is held until
+    ``final.json`` is written.
     """
     hp = config.validate()  # before torch is imported
-    import torch
-
-    from structinit import __version__
     from structinit.runtime import set_threads
     from structinit.training import distributed as dist_
-    from structinit.training.augment import BatchAugment, normalize
-    from structinit.training.datasets import load_dataset, split_train
-    from structinit.training.models import build_model, count_parameters
 
     t_start = time.perf_counter()
     set_threads(config.threads)
@@ -298,283 +297,22 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
         if hp["batch_size"] % ctx.world:
             raise UsageError(f"{param('batch_size')} {hp['batch_size']} (the global batch) is not divisible by "
                              f"the {ctx.world} processes")
-        say = log if (log and ctx.main) else (lambda msg: None)
-
-        # ---- run directory: fresh, resumed or finished; held by this run alone
-        ck, old = None, None
+        s = _Session(config, hp, ctx, run, key, t_start, log if (log and ctx.main) else (lambda msg: None))
+        old, ck = None, None
         if run is not None:
             _refuse_taken(run, config)  # before the lock, which would leave its file in someone else's folder
             if ctx.main:
                 run.lock()  # a second process writing this folder is refused here, naming it
                 locked = True
-                _refuse_taken(run, config)
-                if config.resume:
-                    why = run.damage()
-                    aside = run.set_aside()
-                    if aside is not None:
-                        moved = ", ".join(sorted(p.name for p in aside.iterdir() if p.name != "why.txt"))
-                        say(f"{run.path} was damaged ({why}): moved {moved} into {aside}; "
-                            + ("resuming from its checkpoint" if run.file(run.CHECKPOINT).exists()
-                               else "training it afresh"))
-            dist_.barrier(ctx)  # the other processes read the folder once rank 0 has made it sound
-            old = run.read_config() if config.resume else None
-            if old is not None:
-                try:
-                    old_config = TrainConfig.from_dict(old["config"])
-                except (KeyError, TypeError, UsageError) as exc:
-                    raise StructinitError(f"{run.file(run.CONFIG)} is unreadable ({exc})") from None
-                diff = _differences(old_config, config)
-                if diff:
-                    raise UsageError(f"{param('resume')} with settings that differ from the run in {run.path}: "
-                                     f"{'; '.join(diff)}")
-            if config.resume and run.state != "fresh":
-                ck = run.load_checkpoint()
-
+                _make_sound(s)
+            old, ck = _open_run(s)
         epochs = int(hp["epochs"])
         if ck is not None and int(ck["epoch"]) >= epochs and run.state == "finished":
-            say(f"{run.path} finished all {epochs} epochs already")
+            s.say(f"{run.path} finished all {epochs} epochs already")
             return _result_from_checkpoint(ck, run, ctx, key)
-
-        # ---- data (with download, rank 0 fetches while the others wait)
-        if config.download and ctx.distributed and not ctx.main:
-            dist_.barrier(ctx)
-        data = load_dataset(config.dataset, config.data_dir, download=config.download, image_size=config.image_size,
-                            shuffle_seq=config.shuffle_seq)
-        if config.download and ctx.distributed and ctx.main:
-            dist_.barrier(ctx)
-        data = split_train(data, config.train_size, config.val_size,
-                           config.seed if config.data_seed is None else config.data_seed)
-        info = data.info
-        n_train = len(data.train)
-        gb = int(hp["batch_size"])
-        steps = n_train // gb
-        if steps < 1:
-            raise UsageError(f"{param('batch_size')} {gb} is larger than the {n_train} training images")
-        device = ctx.device
-        dev = torch.device(device)
-
-        # ---- model
-        torch.manual_seed(config.seed)
-        model = build_model(config.model_config(), num_classes=info.num_classes, image_size=info.image_size,
-                            in_chans=info.in_chans, default_patch=info.default_patch, seed=config.seed)
-        arch = model.structinit_arch
-        spec = config.init_spec()
-        init_report = None
-        init_seconds = None
-        init_record = None  # metrics.jsonl's epoch-0 line: the init's attention on real inputs
-        recorded = (old or {}).get("init_report") if ck is not None else None
-        if spec is not None and recorded is not None:
-            from structinit.init.initialize import initialize_model
-
-            # Resumed: the checkpoint holds every weight, so the init runs only for what it sets
-            # besides them (which parameters train, such as a position embedding it makes
-            # learnable), without its data fit; the run keeps the report and the epoch-0 attention
-            # it recorded when it started.
-            initialize_model(model, spec.without_fit() if spec.uses_data else spec, seed=config.seed)
-            init_report = recorded
-            init_seconds = (old or {}).get("init_seconds")
-            if recorded.get("data_attention") is not None:
-                init_record = {"epoch": 0, "init_attention": recorded["data_attention"]}
-        elif spec is not None:
-            from structinit.init.initialize import initialize_model
-
-            fit_to = None
-            if spec.uses_data:
-                if info.in_memory:
-                    fit_to = init_inputs(data.train, info)
-                else:
-                    say(f"the init's data fit needs training inputs held in memory and {config.dataset} is read "
-                        "from disk: it runs on noise inputs of the model's input shape")
-            t_init = time.perf_counter()
-            source = (f"{config.dataset}: the run's first {int(fit_to.shape[0])} training inputs"
-                      if fit_to is not None else None)
-            init_report = initialize_model(model, spec, seed=config.seed, data=fit_to,
-                                           progress=on_init if ctx.main else None, log=say, source=source)
-            init_seconds = time.perf_counter() - t_init
-            solved = init_report.get("artifact") or {}
-            if (solved.get("config") or {}).get("causal"):  # an artifact given by path or key, read just now
-                raise causal_refused(config.model, artifact=solved["key"])
-            from structinit.init.registry import IMPULSE_METHODS
-
-            if info.in_memory and init_report.get("method") in IMPULSE_METHODS:
-                init_report["data_attention"] = impulse_fidelity(model, data.train, info, init_report)
-                init_record = {"epoch": 0, "init_attention": init_report["data_attention"]}
-                say(f"impulse attention at init on {init_report['data_attention']['samples']} training inputs: "
-                    f"hit rate {init_report['data_attention']['hit_rate']:.3f}, target mass "
-                    f"{init_report['data_attention']['target_mass']:.3f} (on the pseudo input: "
-                    f"{init_report['hit_rate']:.3f}, {init_report['target_mass']:.3f})")
-        params = count_parameters(model)
-        model.to(dev)
-        opt, trainable = build_optimizer(model, hp)
-        dtype = amp_dtype(config.amp, device)
-        scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 and device.startswith("cuda") else None
-        net = model
-        if ctx.distributed:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
-            net = DDP(model, device_ids=[dev.index] if device.startswith("cuda") else None)
-        if config.compile:
-            net = torch.compile(net)
-
-        # ---- state
-        metrics: List[Dict[str, Any]] = []
-        start_epoch, best_acc, best_score, best_epoch, elapsed_before = 0, -1.0, -1.0, 0, 0.0
-        best_on = "val" if data.val is not None else "test"
-        if ck is not None:
-            model.load_state_dict(ck["state_dict"])
-            opt.load_state_dict(ck["optimizer"])
-            if scaler is not None and ck.get("scaler"):
-                scaler.load_state_dict(ck["scaler"])
-            start_epoch = int(ck["epoch"])
-            metrics = list(ck["metrics"])
-            best_acc, best_epoch = float(ck["best_acc"]), int(ck["best_epoch"])
-            best_score = float(ck.get("best_score", best_acc))
-            elapsed_before = float(ck.get("elapsed", 0.0))
-            rng = ck.get("rng", {})
-            if "torch" in rng:
-                torch.set_rng_state(rng["torch"])
-            if device.startswith("cuda") and rng.get("cuda") is not None:
-                torch.cuda.set_rng_state(rng["cuda"])
-            say(f"resuming {run.path} after epoch {start_epoch}/{epochs}")
-        if ctx.distributed:
-            # Different augmentation/dropout draws per process, reproducible from the checkpointed state.
-            torch.manual_seed(int(torch.randint(0, 2 ** 62, (1,)).item()) + ctx.rank)
-
-        resolved = {"hparams": hp, "model": arch, "dataset": dataclasses.asdict(info), "params": params,
-                    "train_images": n_train, "val_images": len(data.val) if data.val is not None else 0,
-                    "steps_per_epoch": steps, "world_size": ctx.world, "device": device,
-                    "amp": str(dtype).replace("torch.", "") if dtype else "off"}
-        if run is not None and ctx.main:
-            run.create()
-            run.write_config({"config": config.to_dict(), "key": key, "resolved": resolved,
-                              "init": spec.to_dict() if spec is not None else None, "init_report": init_report,
-                              "init_seconds": None if init_seconds is None else round(init_seconds, 3),
-                              "algorithms": spec.algorithms() if spec is not None else {},
-                              "version": __version__})
-            # the checkpoint is the truth: drop epochs it does not have (the epoch-0 line is the init's, rebuilt)
-            run.write_metrics(([init_record] if init_record else []) + metrics)
-            if start_epoch < epochs:
-                run.clear_final()
-        dist_.barrier(ctx)
-        say(f"{config.model} ({params['trainable']:,} trainable params) on {config.dataset} "
-            f"({n_train} train{f' / {len(data.val)} val' if data.val is not None else ''} / {len(data.test)} test), "
-            f"{epochs} epochs x {steps} steps of {gb}, {ctx.world} process(es) on {device}, "
-            f"init {config.init or 'default'}")
-
-        # ---- data pipelines
-        in_memory = info.in_memory
-        aug = BatchAugment(hp["augment"], flip=info.hflip, num_ops=int(hp["randaug_n"]),
-                           magnitude=int(hp["randaug_m"])) if in_memory else None
-
-        def prepare(x):  # uint8 images are normalized; sequences are used as stored (float, standardized)
-            return x if info.is_sequence else normalize(x, info.mean, info.std)
-        if in_memory:
-            train_x, train_y = data.train.images.to(dev), data.train.labels.to(dev)
-        eval_b = int(config.eval_batch_size or max(gb, 1024))
-        total_steps = epochs * steps
-        warmup_steps = int(round(float(hp["warmup_epochs"]) * steps))
-
-        def autocast():
-            return torch.autocast(dev.type, dtype=dtype, enabled=dtype is not None)
-
-        def batches(epoch):
-            if in_memory:
-                for idx in shard_batches(n_train, gb, ctx.rank, ctx.world, config.seed, epoch):
-                    idx = idx.to(dev)
-                    yield prepare(aug(train_x[idx])), train_y[idx]
-            else:
-                loader = torch.utils.data.DataLoader(
-                    data.train, batch_sampler=list(shard_batches(n_train, gb, ctx.rank, ctx.world, config.seed, epoch)),
-                    num_workers=config.workers, pin_memory=device.startswith("cuda"))
-                for x, y in loader:
-                    yield x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
-
-        on_device: Dict[int, Tuple[Any, Any]] = {}
-
-        def eval_split(split):
-            n = len(split)
-            lo, hi = n * ctx.rank // ctx.world, n * (ctx.rank + 1) // ctx.world
-            if in_memory:
-                if id(split) not in on_device:
-                    on_device[id(split)] = (split.images[lo:hi].to(dev), split.labels[lo:hi].to(dev))
-                xs, ys = on_device[id(split)]
-                chunks = ((prepare(xs[i:i + eval_b]), ys[i:i + eval_b])
-                          for i in range(0, hi - lo, eval_b))
-            else:
-                sub = torch.utils.data.Subset(split, range(lo, hi))
-                chunks = ((x.to(dev), y.to(dev)) for x, y in torch.utils.data.DataLoader(
-                    sub, batch_size=eval_b, num_workers=config.workers, pin_memory=device.startswith("cuda")))
-            loss, correct, count = dist_.all_reduce_sum(ctx, evaluate(model, chunks, autocast, dev)).tolist()
-            return loss / max(count, 1), 100.0 * correct / max(count, 1)
-
-        # What apply/inspect cannot read off the weights (see structinit.init.checkpoints.SHAPE_KEY).
-        shape = {"grid": list(arch["grid"]), "heads": arch.get("heads")}
-        sc = StepContext(net=net, opt=opt, trainable=trainable, autocast=autocast, grad_clip=float(hp["grad_clip"]),
-                         criterion=torch.nn.CrossEntropyLoss(label_smoothing=float(hp["label_smoothing"])),
-                         scaler=scaler)
-        eval_every = int(hp["eval_every"])
-
-        # ---- epochs
-        for epoch in range(start_epoch, epochs):
-            t0 = _now(device)
-            first_step = epoch * steps
-
-            def lr_for_step(s: int, first: int = first_step) -> float:
-                return lr_at(first + s, total_steps, warmup_steps, hp["lr"], hp["min_lr"])
-
-            def step_done(s: int, e: int = epoch + 1) -> None:
-                on_step(e, s, steps)
-
-            sums, lr = train_epoch(sc, batches(epoch), lr_for_step,
-                                   on_step=step_done if on_step and ctx.main else None)
-            t_train = _now(device) - t0
-            tr_loss, tr_correct, tr_count = dist_.all_reduce_sum(ctx, sums).tolist()
-            if not math.isfinite(tr_loss):
-                raise StructinitError(f"the loss diverged (not finite) in epoch {epoch + 1}; try a lower "
-                                      f"{param('lr')} or {param('amp')} off")
-            record = {"epoch": epoch + 1, "train_loss": tr_loss / max(tr_count, 1),
-                      "train_acc": 100.0 * tr_correct / max(tr_count, 1), "lr": lr,
-                      "images_per_s": tr_count / max(t_train, 1e-9)}
-            improved = False
-            if (epoch + 1) % eval_every == 0 or epoch + 1 == epochs:
-                record["test_loss"], record["test_acc"] = eval_split(data.test)
-                if data.val is not None:
-                    record["val_loss"], record["val_acc"] = eval_split(data.val)
-                score = record["val_acc" if data.val is not None else "test_acc"]
-                if score > best_score:
-                    best_score, best_acc, best_epoch, improved = score, record["test_acc"], epoch + 1, True
-            record["epoch_seconds"] = _now(device) - t0
-            metrics.append(record)
-            if run is not None and ctx.main:
-                run.append_metrics(record)
-                state = {"state_dict": model.state_dict(), "epoch": epoch + 1, "arch": config.model, "shape": shape,
-                         "args": config.to_dict(), "optimizer": opt.state_dict(),
-                         "scaler": scaler.state_dict() if scaler is not None else None, "metrics": metrics,
-                         "best_acc": best_acc, "best_score": best_score, "best_epoch": best_epoch, "best_on": best_on,
-                         "elapsed": elapsed_before + time.perf_counter() - t_start, "params": params, "key": key,
-                         "init_seconds": None if init_seconds is None else round(init_seconds, 3),
-                         "rng": {"torch": torch.get_rng_state(),
-                                 "cuda": torch.cuda.get_rng_state() if device.startswith("cuda") else None}}
-                if improved:
-                    run.save_best({"state_dict": state["state_dict"], "epoch": epoch + 1, "arch": config.model,
-                                   "shape": shape,
-                                   "args": config.to_dict(), "test_acc": best_acc, "selected_on": best_on})
-                run.save_checkpoint(state)
-            if on_epoch and ctx.main:
-                on_epoch(record)
-            dist_.barrier(ctx)
-
-        last = metrics[-1] if metrics else {}
-        result = TrainResult(final_acc=last.get("test_acc", float("nan")), final_val_acc=last.get("val_acc"),
-                             best_acc=best_acc, best_epoch=best_epoch, best_on=best_on, epochs=len(metrics),
-                             wall_seconds=elapsed_before + time.perf_counter() - t_start, params=params,
-                             metrics=metrics, out=str(run.path) if run is not None else None, key=key,
-                             resumed_from=start_epoch if ck is not None else None, world_size=ctx.world,
-                             device=device, init_report=init_report,
-                             init_seconds=None if init_seconds is None else round(init_seconds, 3))
-        if run is not None and ctx.main:
-            run.write_final(result.summary())
-        return result
+        data = _load_data(s)
+        built = _initialized_model(s, data, resumed=old if ck is not None else None, on_init=on_init)
+        return _train_model(s, data, built, ck, on_step=on_step, on_epoch=on_epoch)
     except BaseException:
         if run is not None and ctx.main and run.opened:
             run.discard_unstarted()  # a run that failed before its first checkpoint leaves nothing behind
@@ -583,6 +321,475 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
         if locked:
             run.unlock()
         dist_.teardown(ctx)
+
+
+@dataclass
+class _Session:
+    """What the steps of one :func:`train` call share: the config and its resolved hyperparameters
+    ``hp``, the process group ``ctx`` (:func:`structinit.training.distributed.setup`), the run folder
+    (``None``: nothing is written), the run key, when the call started (``perf_counter``) and
+    ``say`` (the ``log`` callback on rank 0, else silent)."""
+
+    config: TrainConfig
+    hp: Dict[str, Any]
+    ctx: Any
+    run: Optional[RunDir]
+    key: str
+    t_start: float
+    say: Callable[[str], None]
+
+    @property
+    def writes(self) -> bool:
+        """Whether this process writes the run's files (rank 0 of a run with a folder)."""
+        return self.run is not None and self.ctx.main
+
+    @property
+    def epochs(self) -> int:
+        """The number of epochs the run trains for."""
+        return int(self.hp["epochs"])
+
+
+@dataclass
+class _Initialized:
+    """The model :func:`train` built and initialized: ``arch`` is what it was built as
+    (``model.structinit_arch``); ``report`` and ``seconds`` the init's report and time (``None``
+    for the model's own init); ``record`` the epoch-0 line of ``metrics.jsonl``, the init's attention
+    on real inputs (``None`` when it is not measured)."""
+
+    model: Any
+    arch: Dict[str, Any]
+    report: Optional[Dict[str, Any]] = None
+    seconds: Optional[float] = None
+    record: Optional[Dict[str, Any]] = None
+
+    @property
+    def rounded_seconds(self) -> Optional[float]:
+        """``seconds`` to the millisecond, as the run's files hold it."""
+        return None if self.seconds is None else round(self.seconds, 3)
+
+
+@dataclass
+class _Progress:
+    """Where a run stands: the records of the epochs done (``metrics``), the epoch this session
+    started after and the one it resumed from (``None``: started afresh), the best evaluated epoch
+    (its test accuracy, the score it was chosen by, its number, the split chosen on) and the wall
+    time of earlier sessions."""
+
+    best_on: str
+    metrics: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+    start_epoch: int = 0
+    resumed_from: Optional[int] = None
+    best_acc: float = -1.0
+    best_score: float = -1.0
+    best_epoch: int = 0
+    elapsed_before: float = 0.0
+
+    def elapsed(self, t_start: float) -> float:
+        """Seconds of training over every session, this one started at ``t_start``."""
+        return self.elapsed_before + time.perf_counter() - t_start
+
+
+# --------------------------------------------------------------------------- the run folder
+
+def _make_sound(s: _Session) -> None:
+    """On rank 0, with the lock held: refuse a folder another run took in the meantime; when
+    resuming, set a damaged folder's files aside (saying where)."""
+    run = s.run
+    _refuse_taken(run, s.config)
+    if s.config.resume:
+        why = run.damage()
+        aside = run.set_aside()
+        if aside is not None:
+            moved = ", ".join(sorted(p.name for p in aside.iterdir() if p.name != "why.txt"))
+            s.say(f"{run.path} was damaged ({why}): moved {moved} into {aside}; "
+                  + ("resuming from its checkpoint" if run.file(run.CHECKPOINT).exists() else "training it afresh"))
+
+
+def _open_run(s: _Session) -> Tuple[Optional[Dict[str, Any]], Optional[Dict[str, Any]]]:
+    """``(config.json, checkpoint)`` of the run being resumed (``None`` each when there is none),
+    read by every process once rank 0 has made the folder sound; resuming with settings that change
+    what is computed is refused, naming them."""
+    from structinit.training import distributed as dist_
+
+    run, config = s.run, s.config
+    dist_.barrier(s.ctx)  # the other processes read the folder once rank 0 has made it sound
+    old = run.read_config() if config.resume else None
+    if old is not None:
+        try:
+            old_config = TrainConfig.from_dict(old["config"])
+        except (KeyError, TypeError, UsageError) as exc:
+            raise StructinitError(f"{run.file(run.CONFIG)} is unreadable ({exc})") from None
+        diff = _differences(old_config, config)
+        if diff:
+            raise UsageError(f"{param('resume')} with settings that differ from the run in {run.path}: "
+                             f"{'; '.join(diff)}")
+    ck = run.load_checkpoint() if config.resume and run.state != "fresh" else None
+    return old, ck
+
+
+def _write_start(s: _Session, built: _Initialized, progress: _Progress, resolved: Dict[str, Any]) -> None:
+    """Rank 0 writes the run's ``config.json`` (settings, key, ``resolved`` setup, the init and its
+    report) and ``metrics.jsonl`` as the checkpoint has it (the epoch-0 line is the init's, rebuilt),
+    and drops a ``final.json`` the run will write anew."""
+    from structinit import __version__
+
+    run, spec = s.run, s.config.init
+    run.create()
+    run.write_config({"config": s.config.to_dict(), "key": s.key, "resolved": resolved,
+                      "init": spec.to_dict() if spec is not None else None, "init_report": built.report,
+                      "init_seconds": built.rounded_seconds,
+                      "algorithms": spec.algorithms() if spec is not None else {},
+                      "version": __version__})
+    run.write_metrics(([built.record] if built.record else []) + progress.metrics)
+    if progress.start_epoch < s.epochs:
+        run.clear_final()
+
+
+def _save_epoch(s: _Session, built: _Initialized, sc: StepContext, progress: _Progress, params: Dict[str, int],
+                epoch: int, improved: bool) -> None:
+    """Rank 0 saves ``checkpoint.pt`` after ``epoch`` (1-based: the epochs done; everything a resume
+    needs, RNG states included) and, when it ``improved`` on the best epoch, ``best.pt``."""
+    import torch
+
+    config, device = s.config, s.ctx.device
+    # What apply/inspect cannot read off the weights (see structinit.init.checkpoints.SHAPE_KEY).
+    shape = {"grid": list(built.arch["grid"]), "heads": built.arch.get("heads")}
+    state = {"state_dict": built.model.state_dict(), "epoch": epoch, "arch": config.model.name, "shape": shape,
+             "args": config.to_dict(), "optimizer": sc.opt.state_dict(),
+             "scaler": sc.scaler.state_dict() if sc.scaler is not None else None, "metrics": progress.metrics,
+             "best_acc": progress.best_acc, "best_score": progress.best_score, "best_epoch": progress.best_epoch,
+             "best_on": progress.best_on, "elapsed": progress.elapsed(s.t_start), "params": params, "key": s.key,
+             "init_seconds": built.rounded_seconds,
+             "rng": {"torch": torch.get_rng_state(),
+                     "cuda": torch.cuda.get_rng_state() if device.startswith("cuda") else None}}
+    if improved:
+        s.run.save_best({"state_dict": state["state_dict"], "epoch": epoch, "arch": config.model.name,
+                         "shape": shape, "args": config.to_dict(), "test_acc": progress.best_acc,
+                         "selected_on": progress.best_on})
+    s.run.save_checkpoint(state)
+
+
+# --------------------------------------------------------------------------- data and model
+
+def _load_data(s: _Session):
+    """The run's dataset with its training subset and validation split drawn (with ``download``
+    under torchrun, rank 0 fetches while the others wait); refused when one global batch is larger
+    than the training split."""
+    from structinit.training import distributed as dist_
+    from structinit.training.datasets import load_dataset, split_train
+
+    config, ctx = s.config, s.ctx
+    if config.download and ctx.distributed and not ctx.main:
+        dist_.barrier(ctx)
+    data = load_dataset(config.dataset, config.data_dir, download=config.download, image_size=config.image_size,
+                        shuffle_seq=config.shuffle_seq)
+    if config.download and ctx.distributed and ctx.main:
+        dist_.barrier(ctx)
+    data = split_train(data, config.train_size, config.val_size,
+                       config.seed if config.data_seed is None else config.data_seed)
+    gb, n_train = int(s.hp["batch_size"]), len(data.train)
+    if n_train // gb < 1:
+        raise UsageError(f"{param('batch_size')} {gb} is larger than the {n_train} training images")
+    return data
+
+
+def _initialized_model(s: _Session, data, resumed: Optional[Dict[str, Any]],
+                       on_init: Optional[Callable[[int, int], None]]) -> _Initialized:
+    """The run's model, built from its seed, with its init applied: in full when the run starts
+    (:func:`_apply_init`); when it resumes from a checkpoint whose ``config.json`` (``resumed``)
+    recorded the init's report, only for what the init sets besides the weights
+    (:func:`_reapply_init`)."""
+    import torch
+
+    from structinit.training.models import build_model
+
+    config, info = s.config, data.info
+    torch.manual_seed(config.seed)
+    model = build_model(config.model, num_classes=info.num_classes, image_size=info.image_size,
+                        in_chans=info.in_chans, default_patch=info.default_patch, seed=config.seed)
+    built = _Initialized(model, model.structinit_arch)
+    recorded = (resumed or {}).get("init_report")
+    if config.init is None:
+        return built
+    if recorded is not None:
+        return _reapply_init(built, config, recorded, resumed.get("init_seconds"))
+    return _apply_init(built, s, data, on_init)
+
+
+def _reapply_init(built: _Initialized, config: TrainConfig, recorded: Dict[str, Any],
+                  seconds: Optional[float]) -> _Initialized:
+    """Resumed: the checkpoint holds every weight, so the init runs only for what it sets besides
+    them (which parameters train, such as a position embedding it makes learnable), without its data
+    fit; the run keeps the report (``recorded``), the time and the epoch-0 attention it recorded when
+    it started."""
+    from structinit.init.initialize import initialize_model
+
+    spec = config.init
+    initialize_model(built.model, spec.without_fit() if spec.uses_data else spec, seed=config.seed)
+    built.report, built.seconds = recorded, seconds
+    if recorded.get("data_attention") is not None:
+        built.record = {"epoch": 0, "init_attention": recorded["data_attention"]}
+    return built
+
+
+def _apply_init(built: _Initialized, s: _Session, data, on_init: Optional[Callable[[int, int], None]]) -> _Initialized:
+    """The init of a run that starts: fitted to the run's first training inputs when it fits to
+    data (noise inputs for a dataset read from disk), timed; an impulse init's attention is then
+    measured on those inputs (:func:`impulse_fidelity`) for the report and the epoch-0 record."""
+    from structinit.init.initialize import initialize_model
+    from structinit.init.registry import IMPULSE_METHODS
+
+    config, info, say = s.config, data.info, s.say
+    fit_to = None
+    if config.init.uses_data:
+        if info.in_memory:
+            fit_to = init_inputs(data.train, info)
+        else:
+            say(f"the init's data fit needs training inputs held in memory and {config.dataset} is read "
+                "from disk: it runs on noise inputs of the model's input shape")
+    t_init = time.perf_counter()
+    source = (f"{config.dataset}: the run's first {int(fit_to.shape[0])} training inputs"
+              if fit_to is not None else None)
+    report = initialize_model(built.model, config.init, seed=config.seed, data=fit_to,
+                              progress=on_init if s.ctx.main else None, log=say, source=source)
+    built.report, built.seconds = report, time.perf_counter() - t_init
+    solved = report.get("artifact") or {}
+    if (solved.get("config") or {}).get("causal"):  # an artifact given by path or key, read just now
+        raise causal_refused(config.model.name, artifact=solved["key"])
+    if info.in_memory and report.get("method") in IMPULSE_METHODS:
+        quality = report["data_attention"] = impulse_fidelity(built.model, data.train, info, report)
+        built.record = {"epoch": 0, "init_attention": quality}
+        say(f"impulse attention at init on {quality['samples']} training inputs: hit rate {quality['hit_rate']:.3f}, "
+            f"target mass {quality['target_mass']:.3f} (on the pseudo input: {report['hit_rate']:.3f}, "
+            f"{report['target_mass']:.3f})")
+    return built
+
+
+# --------------------------------------------------------------------------- training
+
+def _train_model(s: _Session, data, built: _Initialized, ck: Optional[Dict[str, Any]], *,
+                 on_step: Optional[Callable[[int, int, int], None]],
+                 on_epoch: Optional[Callable[[Dict[str, Any]], None]]) -> TrainResult:
+    """Train the initialized model from its first epoch, or from checkpoint ``ck``, to the last;
+    the run's files are written as it goes, ``final.json`` last."""
+    import torch
+
+    from structinit.training import distributed as dist_
+    from structinit.training.models import count_parameters
+
+    ctx, info = s.ctx, data.info
+    params = count_parameters(built.model)
+    sc, dtype = _step_context(s, built.model)
+    progress = _Progress(best_on="val" if data.val is not None else "test")
+    if ck is not None:
+        _restore(s, ck, built.model, sc, progress)
+    if ctx.distributed:
+        # Different augmentation/dropout draws per process, reproducible from the checkpointed state.
+        torch.manual_seed(int(torch.randint(0, 2 ** 62, (1,)).item()) + ctx.rank)
+    feed = _Feed(s, data, sc.autocast)
+    n_train, steps = len(data.train), feed.steps
+    resolved = {"hparams": s.hp, "model": built.arch, "dataset": dataclasses.asdict(info), "params": params,
+                "train_images": n_train, "val_images": len(data.val) if data.val is not None else 0,
+                "steps_per_epoch": steps, "world_size": ctx.world, "device": ctx.device,
+                "amp": str(dtype).replace("torch.", "") if dtype else "off"}
+    if s.writes:
+        _write_start(s, built, progress, resolved)
+    dist_.barrier(ctx)
+    init = s.config.init.method if s.config.init is not None else "default"
+    s.say(f"{s.config.model.name} ({params['trainable']:,} trainable params) on {s.config.dataset} "
+          f"({n_train} train{f' / {len(data.val)} val' if data.val is not None else ''} / {len(data.test)} test), "
+          f"{s.epochs} epochs x {steps} steps of {feed.global_batch}, {ctx.world} process(es) on {ctx.device}, "
+          f"init {init}")
+    for epoch in range(progress.start_epoch, s.epochs):
+        record, improved = _train_one_epoch(s, sc, feed, built.model, progress, epoch, on_step)
+        progress.metrics.append(record)
+        if s.writes:
+            s.run.append_metrics(record)
+            _save_epoch(s, built, sc, progress, params, epoch + 1, improved)
+        if on_epoch and ctx.main:
+            on_epoch(record)
+        dist_.barrier(ctx)
+    result = _result(s, progress, built, params)
+    if s.writes:
+        s.run.write_final(result.summary())
+    return result
+
+
+def _step_context(s: _Session, model) -> Tuple[StepContext, Any]:
+    """``(step context, autocast dtype)``: the model moved to the run's device, its AdamW, the
+    mixed precision (``None``: full precision; fp16 on a GPU adds a grad scaler), the model wrapped
+    for DDP and ``torch.compile`` as the run asks, and the loss."""
+    import torch
+
+    config, hp, ctx = s.config, s.hp, s.ctx
+    device = ctx.device
+    dev = torch.device(device)
+    model.to(dev)
+    opt, trainable = build_optimizer(model, hp)
+    dtype = amp_dtype(config.amp, device)
+    scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 and device.startswith("cuda") else None
+    net = model
+    if ctx.distributed:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        net = DDP(model, device_ids=[dev.index] if device.startswith("cuda") else None)
+    if config.compile:
+        net = torch.compile(net)
+
+    def autocast():
+        return torch.autocast(dev.type, dtype=dtype, enabled=dtype is not None)
+
+    sc = StepContext(net=net, opt=opt, trainable=trainable, autocast=autocast, grad_clip=float(hp["grad_clip"]),
+                     criterion=torch.nn.CrossEntropyLoss(label_smoothing=float(hp["label_smoothing"])), scaler=scaler)
+    return sc, dtype
+
+
+def _restore(s: _Session, ck: Dict[str, Any], model, sc: StepContext, progress: _Progress) -> None:
+    """Resume from checkpoint ``ck``: the weights, the optimizer and grad scaler, the epochs done
+    and the best one, the time spent, and the RNG states (so the data order and augmentation go on
+    as if never stopped)."""
+    import torch
+
+    model.load_state_dict(ck["state_dict"])
+    sc.opt.load_state_dict(ck["optimizer"])
+    if sc.scaler is not None and ck.get("scaler"):
+        sc.scaler.load_state_dict(ck["scaler"])
+    progress.start_epoch = progress.resumed_from = int(ck["epoch"])
+    progress.metrics = list(ck["metrics"])
+    progress.best_acc, progress.best_epoch = float(ck["best_acc"]), int(ck["best_epoch"])
+    progress.best_score = float(ck.get("best_score", progress.best_acc))
+    progress.elapsed_before = float(ck.get("elapsed", 0.0))
+    rng = ck.get("rng", {})
+    if "torch" in rng:
+        torch.set_rng_state(rng["torch"])
+    if s.ctx.device.startswith("cuda") and rng.get("cuda") is not None:
+        torch.cuda.set_rng_state(rng["cuda"])
+    s.say(f"resuming {s.run.path} after epoch {progress.start_epoch}/{s.epochs}")
+
+
+class _Feed:
+    """The data of one run on its device: :meth:`batches` gives this process's share of an epoch's
+    training batches (augmented, then normalized), :meth:`evaluate` a model's loss and accuracy on a
+    split (over every process). Data held in memory is moved to the device once; data read from disk
+    goes through DataLoaders with the run's ``workers``."""
+
+    def __init__(self, s: _Session, data, autocast: Callable[[], Any]):
+        import torch
+
+        from structinit.training.augment import BatchAugment
+
+        hp, info = s.hp, data.info
+        self.data, self.info, self.ctx, self.autocast = data, info, s.ctx, autocast
+        self.seed, self.workers = s.config.seed, s.config.workers
+        self.dev = torch.device(s.ctx.device)
+        self.pin = s.ctx.device.startswith("cuda")
+        self.global_batch = int(hp["batch_size"])
+        self.eval_batch = int(s.config.eval_batch_size or max(self.global_batch, 1024))
+        self.aug = BatchAugment(hp["augment"], flip=info.hflip, num_ops=int(hp["randaug_n"]),
+                                magnitude=int(hp["randaug_m"])) if info.in_memory else None
+        if info.in_memory:
+            self.train_x, self.train_y = data.train.images.to(self.dev), data.train.labels.to(self.dev)
+        self._on_device: Dict[int, Tuple[Any, Any]] = {}
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps per epoch (whole global batches; the rest of the data waits for a later epoch)."""
+        return len(self.data.train) // self.global_batch
+
+    def prepare(self, x):
+        """uint8 images normalized; sequences as stored (float, standardized)."""
+        from structinit.training.augment import normalize
+
+        return x if self.info.is_sequence else normalize(x, self.info.mean, self.info.std)
+
+    def batches(self, epoch: int):
+        """This process's ``(x, y)`` batches of ``epoch`` (0-based), on the device."""
+        import torch
+
+        n, ctx = len(self.data.train), self.ctx
+        if self.info.in_memory:
+            for idx in shard_batches(n, self.global_batch, ctx.rank, ctx.world, self.seed, epoch):
+                idx = idx.to(self.dev)
+                yield self.prepare(self.aug(self.train_x[idx])), self.train_y[idx]
+        else:
+            loader = torch.utils.data.DataLoader(
+                self.data.train, batch_sampler=list(shard_batches(n, self.global_batch, ctx.rank, ctx.world,
+                                                                  self.seed, epoch)),
+                num_workers=self.workers, pin_memory=self.pin)
+            for x, y in loader:
+                yield x.to(self.dev, non_blocking=True), y.to(self.dev, non_blocking=True)
+
+    def evaluate(self, model, split) -> Tuple[float, float]:
+        """``(mean loss, accuracy in %)`` of ``model`` on ``split``, each process taking a slice."""
+        import torch
+
+        from structinit.training import distributed as dist_
+
+        n, ctx, dev, eval_b = len(split), self.ctx, self.dev, self.eval_batch
+        lo, hi = n * ctx.rank // ctx.world, n * (ctx.rank + 1) // ctx.world
+        if self.info.in_memory:
+            if id(split) not in self._on_device:
+                self._on_device[id(split)] = (split.images[lo:hi].to(dev), split.labels[lo:hi].to(dev))
+            xs, ys = self._on_device[id(split)]
+            chunks = ((self.prepare(xs[i:i + eval_b]), ys[i:i + eval_b]) for i in range(0, hi - lo, eval_b))
+        else:
+            sub = torch.utils.data.Subset(split, range(lo, hi))
+            chunks = ((x.to(dev), y.to(dev)) for x, y in torch.utils.data.DataLoader(
+                sub, batch_size=eval_b, num_workers=self.workers, pin_memory=self.pin))
+        loss, correct, count = dist_.all_reduce_sum(ctx, evaluate(model, chunks, self.autocast, dev)).tolist()
+        return loss / max(count, 1), 100.0 * correct / max(count, 1)
+
+
+def _train_one_epoch(s: _Session, sc: StepContext, feed: _Feed, model, progress: _Progress, epoch: int,
+                     on_step: Optional[Callable[[int, int, int], None]]) -> Tuple[Dict[str, Any], bool]:
+    """Train ``epoch`` (0-based) and evaluate it when it is due (every ``eval_every`` epochs and the
+    last): ``(its metrics.jsonl record, whether it is the new best)``; ``progress``'s best epoch is
+    updated. A loss that is not finite stops the run."""
+    from structinit.training import distributed as dist_
+
+    hp, ctx, device = s.hp, s.ctx, s.ctx.device
+    data, epochs, steps = feed.data, s.epochs, feed.steps
+    total_steps, warmup_steps = epochs * steps, int(round(float(hp["warmup_epochs"]) * steps))
+    t0 = _now(device)
+    first_step = epoch * steps
+
+    def lr_for_step(step: int) -> float:
+        return lr_at(first_step + step, total_steps, warmup_steps, hp["lr"], hp["min_lr"])
+
+    def step_done(step: int) -> None:
+        on_step(epoch + 1, step, steps)
+
+    sums, lr = train_epoch(sc, feed.batches(epoch), lr_for_step, on_step=step_done if on_step and ctx.main else None)
+    t_train = _now(device) - t0
+    tr_loss, tr_correct, tr_count = dist_.all_reduce_sum(ctx, sums).tolist()
+    if not math.isfinite(tr_loss):
+        raise StructinitError(f"the loss diverged (not finite) in epoch {epoch + 1}; try a lower "
+                              f"{param('lr')} or {param('amp')} off")
+    record = {"epoch": epoch + 1, "train_loss": tr_loss / max(tr_count, 1),
+              "train_acc": 100.0 * tr_correct / max(tr_count, 1), "lr": lr,
+              "images_per_s": tr_count / max(t_train, 1e-9)}
+    improved = False
+    if (epoch + 1) % int(hp["eval_every"]) == 0 or epoch + 1 == epochs:
+        record["test_loss"], record["test_acc"] = feed.evaluate(model, data.test)
+        if data.val is not None:
+            record["val_loss"], record["val_acc"] = feed.evaluate(model, data.val)
+        score = record["val_acc" if data.val is not None else "test_acc"]
+        if score > progress.best_score:
+            progress.best_score, progress.best_acc, progress.best_epoch = score, record["test_acc"], epoch + 1
+            improved = True
+    record["epoch_seconds"] = _now(device) - t0
+    return record, improved
+
+
+def _result(s: _Session, progress: _Progress, built: _Initialized, params: Dict[str, int]) -> TrainResult:
+    """The :class:`TrainResult` of a run that trained to its last epoch."""
+    last = progress.metrics[-1] if progress.metrics else {}
+    return TrainResult(final_acc=last.get("test_acc", float("nan")), final_val_acc=last.get("val_acc"),
+                       best_acc=progress.best_acc, best_epoch=progress.best_epoch, best_on=progress.best_on,
+                       epochs=len(progress.metrics), wall_seconds=progress.elapsed(s.t_start), params=params,
+                       metrics=progress.metrics, out=str(s.run.path) if s.run is not None else None, key=s.key,
+                       resumed_from=progress.resumed_from, world_size=s.ctx.world, device=s.ctx.device,
+                       init_report=built.report, init_seconds=built.rounded_seconds)
 
 
 def _refuse_taken(run: RunDir, config: TrainConfig) -> None:

@@ -34,10 +34,10 @@ def initialized_model(config, cache_dir=None):
     info = dataset_info(config.dataset)
     image_size = config.image_size or info.image_size
     torch.manual_seed(config.seed)
-    model = build_model(config.model_config(), num_classes=info.num_classes or 1000, image_size=image_size,
+    model = build_model(config.model, num_classes=info.num_classes or 1000, image_size=image_size,
                         in_chans=info.in_chans, default_patch=info.default_patch, seed=config.seed)
     report = None
-    spec = config.init_spec()
+    spec = config.init
     if spec is not None:
         from structinit.init.initialize import initialize_model
         from structinit.training.loop import FIDELITY_SAMPLES
@@ -72,8 +72,8 @@ def _check_attention(config) -> None:
     from structinit.training.models import ATTENTION_FAMILIES
 
     config.validate()
-    if config.model_config().family not in ATTENTION_FAMILIES:
-        raise UsageError(f"{config.model} has no attention layers to measure; real-data attention applies to the "
+    if config.model.family not in ATTENTION_FAMILIES:
+        raise UsageError(f"{config.model.name} has no attention layers to measure; real-data attention applies to the "
                          "ViT presets and transformer-1d")
 
 
