@@ -269,6 +269,60 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} hours"
 
 
+def _checked_count(spec: GridSpec, n_seeds: int, max_runs: Optional[int]) -> int:
+    """The runs of ``spec`` with ``n_seeds`` seeds; more than ``max_runs`` is refused, naming the way out."""
+    total = spec.cells * n_seeds
+    if max_runs is not None and total > max_runs:
+        shape = " x ".join([f"{len(a.values)} {a.name}" for a in (spec.row_axis, *spec.column_axes)]
+                           + [f"{n_seeds} seeds"])
+        raise GridError(f"grid {spec.name} has {total:,} runs ({shape}): expanding them alone would take about "
+                        f"{_duration(total * EXPAND_SECONDS_PER_RUN)} before anything runs, and training them far "
+                        f"longer; choose fewer with {param('seeds')} or {param('only')}, or pass {param('yes')} if "
+                        f"you mean {total:,} runs")
+    return total
+
+
+def _cell_settings(spec: GridSpec, chosen: Dict[str, Any], plain: Dict[str, Any], init_over: Dict[str, Any],
+                   used: set, where: str) -> Dict[str, Any]:
+    """One cell's settings: the grid's, each axis value's in file order, the overrides; an
+    ``init_params.NAME`` override goes to a cell whose init method takes ``NAME`` (``used`` collects them)."""
+    cfg: Dict[str, Any] = copy.deepcopy(spec.settings)
+    for axis in spec.axes:  # file order, whatever the layout
+        _merge(cfg, chosen[axis.name].settings)
+    _merge(cfg, plain)
+    if init_over and cfg.get("init"):
+        from structinit.init.registry import spec_class
+
+        try:
+            names = {f for f in spec_class(cfg["init"]).__dataclass_fields__}
+        except UsageError as exc:
+            raise GridError(f"{spec.source}: cell {where}: {exc}") from None
+        for k, v in init_over.items():
+            if k in names:
+                cfg.setdefault("init_params", {})[k] = v
+                used.add(k)
+    return cfg
+
+
+def _check_cell(spec: GridSpec, cfg: Dict[str, Any], where: str, long_warmup: Dict[Tuple[float, int], int]) -> None:
+    """Refuse a cell whose settings make no run (naming the cell); count a warm-up longer than the run."""
+    from structinit.training.config import TrainConfig
+    from structinit.training.datasets import dataset_info
+
+    try:
+        base = TrainConfig(**cfg)
+        hp = base.validate()
+        if hp["warmup_epochs"] >= hp["epochs"]:
+            k = (hp["warmup_epochs"], hp["epochs"])
+            long_warmup[k] = long_warmup.get(k, 0) + 1
+        info = dataset_info(base.dataset)
+        base.model.resolved(info.default_patch)
+    except UsageError as exc:
+        raise GridError(f"{spec.source}: cell {where}: {exc}") from None
+    except TypeError as exc:  # a value of a type the config cannot take
+        raise GridError(f"{spec.source}: cell {where}: {exc}") from None
+
+
 def expand(spec: GridSpec, *, overrides: Union[Iterable[str], Dict[str, Any], None] = None,
            seeds: Union[None, int, str, Sequence[int]] = None, runs_dir: os.PathLike = "runs",
            data_root: Optional[os.PathLike] = None, command: Optional[str] = None,
@@ -289,7 +343,7 @@ def expand(spec: GridSpec, *, overrides: Union[Iterable[str], Dict[str, Any], No
     """
     from structinit.experiments.gridspec import parse_selection, restrict
     from structinit.training.config import TrainConfig
-    from structinit.training.datasets import dataset_info, default_data_dir
+    from structinit.training.datasets import default_data_dir
 
     if only:
         spec = restrict(spec, only if isinstance(only, dict) else parse_selection(only))
@@ -299,14 +353,7 @@ def expand(spec: GridSpec, *, overrides: Union[Iterable[str], Dict[str, Any], No
         overrides = parse_overrides(overrides)
     seed_list = spec.seeds if seeds is None else parse_seeds(seeds if not isinstance(seeds, tuple) else list(seeds),
                                                              where=param("seeds"))
-    total = spec.cells * len(seed_list)
-    if max_runs is not None and total > max_runs:
-        shape = " x ".join([f"{len(a.values)} {a.name}" for a in (spec.row_axis, *spec.column_axes)]
-                           + [f"{len(seed_list)} seeds"])
-        raise GridError(f"grid {spec.name} has {total:,} runs ({shape}): expanding them alone would take about "
-                        f"{_duration(total * EXPAND_SECONDS_PER_RUN)} before anything runs, and training them far "
-                        f"longer; choose fewer with {param('seeds')} or {param('only')}, or pass {param('yes')} if "
-                        f"you mean {total:,} runs")
+    total = _checked_count(spec, len(seed_list), max_runs)
     done = 0
     root = Path(data_root if data_root is not None else default_data_dir()).expanduser().absolute()
     runs_dir = Path(runs_dir).expanduser()
@@ -324,38 +371,13 @@ def expand(spec: GridSpec, *, overrides: Union[Iterable[str], Dict[str, Any], No
     for row in row_axis.values:
         for col in col_cells:
             chosen = dict(zip(layout, (row,) + tuple(col)))
-            cfg: Dict[str, Any] = copy.deepcopy(spec.settings)
-            for axis in spec.axes:  # file order, whatever the layout
-                _merge(cfg, chosen[axis.name].settings)
-            _merge(cfg, plain)
             where = ", ".join(f"{a}={chosen[a].id}" for a in layout)
-            if init_over and cfg.get("init"):
-                from structinit.init.registry import spec_class
-
-                try:
-                    names = {f for f in spec_class(cfg["init"]).__dataclass_fields__}
-                except UsageError as exc:
-                    raise GridError(f"{spec.source}: cell {where}: {exc}") from None
-                for k, v in init_over.items():
-                    if k in names:
-                        cfg.setdefault("init_params", {})[k] = v
-                        used_init_over.add(k)
+            cfg = _cell_settings(spec, chosen, plain, init_over, used_init_over, where)
             if "data_dir" in cfg:
                 cfg["data_dir"] = _data_dir(cfg["data_dir"], root)
             elif data_root is not None:
                 cfg["data_dir"] = str(root)
-            try:
-                base = TrainConfig(**cfg)
-                hp = base.validate()
-                if hp["warmup_epochs"] >= hp["epochs"]:
-                    k = (hp["warmup_epochs"], hp["epochs"])
-                    long_warmup[k] = long_warmup.get(k, 0) + 1
-                info = dataset_info(base.dataset)
-                base.model.resolved(info.default_patch)
-            except UsageError as exc:
-                raise GridError(f"{spec.source}: cell {where}: {exc}") from None
-            except TypeError as exc:  # a value of a type the config cannot take
-                raise GridError(f"{spec.source}: cell {where}: {exc}") from None
+            _check_cell(spec, cfg, where, long_warmup)
             for i, seed in enumerate(seed_list):
                 config = TrainConfig(**dict(copy.deepcopy(cfg), seed=seed))
                 key = config.key

@@ -256,16 +256,62 @@ def _at(source: str, line: Optional[int], message: str) -> GridError:
 
 # --------------------------------------------------------------------------- parsing
 
-def parse_grid_text(text: str, source: str = "<grid>", default_name: str = "grid") -> GridSpec:
-    """Parse a grid file's text; ``source`` names it in errors (a path, or the shipped name)."""
+def _load_toml(text: str, source: str) -> Dict[str, Any]:
+    """The TOML document of a grid file's ``text``; a syntax error names its line in ``source``."""
     try:
-        doc = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         msg = str(exc)
         m = re.search(r"\(at line (\d+), column (\d+)\)", msg)
         if m:
             raise GridError(f"{source}:{m.group(1)}: {msg[:m.start()].strip()} (column {m.group(2)})") from None
         raise GridError(f"{source}: {msg}") from None
+
+
+def _parse_settings(doc: Dict[str, Any], source: str, lines: "_Lines", fields: Dict[str, Any]) -> Dict[str, Any]:
+    """The grid's ``[settings]``: every run's training settings, each checked as a setting."""
+    settings_doc = doc.get("settings", {})
+    if not isinstance(settings_doc, dict):
+        raise _at(source, lines.key("settings"), "'settings' must be a table of training settings")
+    settings = {}
+    for key, value in settings_doc.items():
+        try:
+            settings[key] = coerce_setting(key, value, fields, strict=True)
+        except GridError as exc:
+            raise _at(source, lines.key(key, "settings") or lines.key(key), f"[settings] {exc}") from None
+    return settings
+
+
+def _parse_layout(doc: Dict[str, Any], names: List[str], source: str, lines: "_Lines") -> Tuple[str, List[str]]:
+    """``(rows, columns)``: the axis the report's rows are, the axes its columns are (every axis
+    laid out exactly once)."""
+    rows = doc.get("rows", names[0])
+    if not isinstance(rows, str):
+        raise _at(source, lines.key("rows"), f"'rows' must be one axis name, got {rows!r}")
+    if rows not in names:
+        raise _at(source, lines.key("rows"), f"unknown axis {rows!r} in 'rows'{suggest(rows, names)}; the axes are "
+                  f"{', '.join(names)}")
+    columns = doc.get("columns", [n for n in names if n != rows])
+    if isinstance(columns, str):
+        columns = [columns]
+    if not isinstance(columns, list) or not all(isinstance(c, str) for c in columns):
+        raise _at(source, lines.key("columns"), f"'columns' must be a list of axis names, got {columns!r}")
+    for c in columns:
+        if c not in names:
+            raise _at(source, lines.key("columns"), f"unknown axis {c!r} in 'columns'{suggest(c, names)}; the axes "
+                      f"are {', '.join(names)}")
+    laid = [rows] + list(columns)
+    for n in names:
+        if laid.count(n) != 1:
+            where = "both rows and columns" if laid.count(n) > 1 else "neither rows nor columns"
+            raise _at(source, lines.key("columns") or lines.key("rows") or lines.header(f"axes.{n}"),
+                      f"axis {n!r} is in {where}; every axis must be laid out exactly once")
+    return rows, list(columns)
+
+
+def parse_grid_text(text: str, source: str = "<grid>", default_name: str = "grid") -> GridSpec:
+    """Parse a grid file's text; ``source`` names it in errors (a path, or the shipped name)."""
+    doc = _load_toml(text, source)
     lines = _Lines(text)
     fields = settable_fields()
 
@@ -289,17 +335,7 @@ def parse_grid_text(text: str, source: str = "<grid>", default_name: str = "grid
     title = text_field("title", name)
     description = text_field("description", "")
 
-    # settings
-    settings_doc = doc.get("settings", {})
-    if not isinstance(settings_doc, dict):
-        raise _at(source, lines.key("settings"), "'settings' must be a table of training settings")
-    settings = {}
-    for key, value in settings_doc.items():
-        try:
-            settings[key] = coerce_setting(key, value, fields, strict=True)
-        except GridError as exc:
-            raise _at(source, lines.key(key, "settings") or lines.key(key), f"[settings] {exc}") from None
-
+    settings = _parse_settings(doc, source, lines, fields)
     # axes
     axes_doc = doc.get("axes")
     if not isinstance(axes_doc, dict) or not axes_doc:
@@ -309,29 +345,7 @@ def parse_grid_text(text: str, source: str = "<grid>", default_name: str = "grid
     for axis_name, raw in axes_doc.items():
         axes.append(_parse_axis(axis_name, raw, source, lines, fields))
 
-    names = [a.name for a in axes]
-    rows = doc.get("rows", names[0])
-    if not isinstance(rows, str):
-        raise _at(source, lines.key("rows"), f"'rows' must be one axis name, got {rows!r}")
-    if rows not in names:
-        raise _at(source, lines.key("rows"), f"unknown axis {rows!r} in 'rows'{suggest(rows, names)}; the axes are "
-                  f"{', '.join(names)}")
-    columns = doc.get("columns", [n for n in names if n != rows])
-    if isinstance(columns, str):
-        columns = [columns]
-    if not isinstance(columns, list) or not all(isinstance(c, str) for c in columns):
-        raise _at(source, lines.key("columns"), f"'columns' must be a list of axis names, got {columns!r}")
-    for c in columns:
-        if c not in names:
-            raise _at(source, lines.key("columns"), f"unknown axis {c!r} in 'columns'{suggest(c, names)}; the axes "
-                      f"are {', '.join(names)}")
-    laid = [rows] + list(columns)
-    for n in names:
-        if laid.count(n) != 1:
-            where = "both rows and columns" if laid.count(n) > 1 else "neither rows nor columns"
-            raise _at(source, lines.key("columns") or lines.key("rows") or lines.header(f"axes.{n}"),
-                      f"axis {n!r} is in {where}; every axis must be laid out exactly once")
-
+    rows, columns = _parse_layout(doc, [a.name for a in axes], source, lines)
     seeds = parse_seeds(doc.get("seeds", 1), where=f"{source}:{lines.key('seeds')}" if lines.key("seeds") else source)
 
     spec = GridSpec(name=name, title=title, description=description, source=source, axes=tuple(axes), rows=rows,
