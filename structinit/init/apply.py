@@ -301,16 +301,20 @@ def _warn_weak(spec: InitSpec, report: Dict[str, Any], plan: Dict[str, Any], det
         warnings.warn(StructinitWarning(f"impulse: {weak}"), stacklevel=3)
 
 
-def _write(ckpt, path: Path, target: Path, stat: os.stat_result, in_place: bool, force: bool, plan: dict) -> None:
+def _write(ckpt, path: Path, target: Path, stat: Optional[os.stat_result], in_place: bool, force: bool,
+           plan: dict) -> None:
     """Write the checkpoint: a new file created exclusively (or replacing one with ``force``), or,
-    in place, a numbered backup of the input first and then the input replaced atomically."""
+    in place, a numbered backup of the input first and then the input replaced atomically.
+    ``stat``: the input's, read before it was loaded (``None`` where it could not be: the output then
+    gets the umask's permission bits, and the input is not replaced, as it cannot be told unchanged)."""
     from structinit.atomic import claim_backup
 
+    file_mode = stat.st_mode if stat is not None else None
     if not in_place:
-        save_checkpoint(ckpt, target, exclusive=not force, file_mode=stat.st_mode)
+        save_checkpoint(ckpt, target, exclusive=not force, file_mode=file_mode)
         return
     now = target.stat()
-    if (now.st_ino, now.st_mtime_ns, now.st_size) != (stat.st_ino, stat.st_mtime_ns, stat.st_size):
+    if stat is None or (now.st_ino, now.st_mtime_ns, now.st_size) != (stat.st_ino, stat.st_mtime_ns, stat.st_size):
         raise StructinitError(f"{path} changed while it was being initialized (another process?); it was not "
                               "replaced")
     try:
@@ -320,7 +324,7 @@ def _write(ckpt, path: Path, target: Path, stat: os.stat_result, in_place: bool,
                               "replaced") from None
     plan["backup"] = str(backup)
     try:
-        save_checkpoint(ckpt, target, file_mode=stat.st_mode)
+        save_checkpoint(ckpt, target, file_mode=file_mode)
     except CheckpointError:
         backup.unlink(missing_ok=True)  # the input is unchanged; the backup would only be a duplicate
         raise

@@ -39,7 +39,8 @@ def user_cache_dir(cache_dir: Optional[os.PathLike] = None) -> Path:
 
 def shipped_cache_dir() -> Optional[Path]:
     """The folder of pre-solved artifacts inside the installed package, or ``None``."""
-    folder = resources.files("structinit").joinpath("data", "cache")
+    # One name per joinpath: Traversable takes several only from Python 3.11 (3.9's zipfile.Path takes one).
+    folder = resources.files("structinit").joinpath("data").joinpath("cache")
     return Path(str(folder)) if folder.is_dir() else None
 
 
