@@ -22,7 +22,7 @@ The names below are importable from the package root; none of them imports torch
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, List
 
 __version__ = "0.3.0"
 
@@ -67,5 +67,5 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-def __dir__():
+def __dir__() -> List[str]:
     return __all__

@@ -17,6 +17,8 @@ def _real_package() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     spec = importlib.util.spec_from_file_location("structinit", os.path.join(here, "__init__.py"),
                                                   submodule_search_locations=[here])
+    # A path to a .py file always has a spec with a loader.
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["structinit"] = module
     spec.loader.exec_module(module)

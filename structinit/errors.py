@@ -20,6 +20,11 @@ def param(name: str) -> str:
     return f"{_MARK}{name}{_MARK}"
 
 
+def _render(exc: BaseException, name_of: Optional[Callable[[str], str]]) -> str:
+    text = str(exc.args[0]) if exc.args else type(exc).__name__
+    return _MARKED.sub(lambda m: (name_of or (lambda n: n))(m.group(1)), text)
+
+
 class StructinitError(Exception):
     """A problem the user can fix; ``exit_code`` is what the CLI exits with."""
 
@@ -27,8 +32,7 @@ class StructinitError(Exception):
 
     def render(self, name_of: Optional[Callable[[str], str]] = None) -> str:
         """The message with every marked parameter written as ``name_of(name)`` (default: the name)."""
-        text = str(self.args[0]) if self.args else type(self).__name__
-        return _MARKED.sub(lambda m: (name_of or (lambda n: n))(m.group(1)), text)
+        return _render(self, name_of)
 
     def __str__(self) -> str:
         return self.render()
@@ -37,8 +41,12 @@ class StructinitError(Exception):
 class StructinitWarning(UserWarning):
     """Something the library did other than asked for or expected (marked parameters as in errors)."""
 
-    render = StructinitError.render
-    __str__ = StructinitError.__str__
+    def render(self, name_of: Optional[Callable[[str], str]] = None) -> str:
+        """The message with every marked parameter written as ``name_of(name)`` (default: the name)."""
+        return _render(self, name_of)
+
+    def __str__(self) -> str:
+        return self.render()
 
 
 class UsageError(StructinitError, ValueError):

@@ -163,7 +163,8 @@ def default_threads() -> int:
 def set_threads(threads: Optional[int]) -> None:
     """Set torch's CPU threads to ``threads`` (``None`` leaves torch as it is: what the library does
     unless asked; the commands call :func:`use_threads`)."""
-    if check_threads(threads) is None:
+    threads = check_threads(threads)
+    if threads is None:
         return
     import torch
 

@@ -106,11 +106,11 @@ class LayerInputs:
         self._h: Optional[Any] = None
         self._at = 0
         blocks = getattr(model, "blocks", None)
-        self.blocks = None
+        self.blocks: Optional[List[Any]] = None
         if blocks is not None and len(blocks) == len(self.modules) and \
                 all(_inside(m, b) for m, b in zip(self.modules, blocks)):
             self.blocks = list(blocks)
-            self._start_stream()
+            self._start_stream(self.blocks)
 
     def _eval(self, fn):
         torch = self._torch
@@ -130,16 +130,16 @@ class LayerInputs:
                 self.between()
         return self._torch.cat(out)
 
-    def _start_stream(self) -> None:
+    def _start_stream(self, blocks: List[Any]) -> None:
         """The residual stream before block 0, and the check that block 0 of it gives what the
         model's own forward gives block 1 (else every layer runs the model from its input)."""
         torch = self._torch
-        h0 = self._eval(lambda: self._chunks(lambda c: first_input(self.blocks[0], lambda: self.model(c)), self.x))
-        if len(self.blocks) > 1:
+        h0 = self._eval(lambda: self._chunks(lambda c: first_input(blocks[0], lambda: self.model(c)), self.x))
+        if len(blocks) > 1:
             probe = self.x[:4]
             try:
-                want = self._eval(lambda: first_input(self.blocks[1], lambda: self.model(probe)))
-                got = self._eval(lambda: self.blocks[0](h0[:4]))
+                want = self._eval(lambda: first_input(blocks[1], lambda: self.model(probe)))
+                got = self._eval(lambda: blocks[0](h0[:4]))
                 same = got.shape == want.shape and bool(torch.allclose(got, want, rtol=1e-4, atol=1e-5))
             except Exception:  # noqa: BLE001 - a block that needs more than the stream: run the model instead
                 same = False

@@ -141,7 +141,8 @@ class Fidelity:
         """JSON-able: shape facts, per layer and head measures, the summary (no maps)."""
 
         def arr(v):
-            return None if v is None else np.where(np.isnan(v), None, np.round(v, 6)).tolist()
+            # None as an object array: numpy's stubs take no bare None as where's value (the same array results)
+            return None if v is None else np.where(np.isnan(v), np.asarray(None), np.round(v, 6)).tolist()
 
         return {"grid": list(self.grid), "prefix": self.prefix, "filter": self.filter, "images": self.images,
                 "padding": self.padding, "window_mass": arr(self.window_mass), "hit_rate": arr(self.hit_rate),
@@ -321,7 +322,7 @@ def attention_fidelity(model, images, *, offsets: Optional[OffsetsLike] = None, 
         raise UsageError(f"{param('filter')} {filter} is larger than the {grid.describe()} grid")
     offs = _offsets_array(offsets, layers, heads) if offsets is not None else None
     window = torch.from_numpy(window_mask(grid, filter, prefix))
-    cols = None
+    cols: Optional[List[Optional[torch.Tensor]]] = None  # per layer: its targets' key columns, None without offsets
     if offs is not None:
         cols = []
         for l in range(layers):
@@ -345,8 +346,9 @@ def attention_fidelity(model, images, *, offsets: Optional[OffsetsLike] = None, 
                                  f"[{heads}, {prefix + n}, {prefix + n}]; pass {param('grid')}/{param('prefix')}")
             rows = a[:, :, prefix:, :]  # grid queries x all keys
             sums["window"][l] += (rows * window).sum(-1).mean(-1).sum(0).double()
-            if cols is not None and cols[l] is not None:
-                q = attention_quality(rows, cols[l])
+            col = cols[l] if cols is not None else None
+            if col is not None:
+                q = attention_quality(rows, col)
                 sums["hit"][l] += q["hit_rate"].sum(0).double()
                 sums["mass"][l] += q["target_mass"].sum(0).double()
             if maps is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from structinit.errors import StructinitError, UsageError, param
 CMAP = "viridis"
 
 
-def check_output(path: os.PathLike, force: bool = False, name: str = "png") -> Path:
+def check_output(path: Union[str, os.PathLike], force: bool = False, name: str = "png") -> Path:
     """``path`` as a :class:`~pathlib.Path` if a file may be written there: a non-empty name, an
     existing folder, and no existing file unless ``force`` (then a regular file only)."""
     if path is None or str(path).strip() == "":

@@ -137,6 +137,7 @@ def fidelity_table(fid, per_head: bool = False, recorded: Any = None) -> str:
             cells += measures(l, h)
             if rec:
                 if per_head:
+                    assert h is not None  # per_head: h runs over the heads
                     got = (r or {}).get("heads", {})
                     cells += [num((got.get(m) or [None] * fid.heads)[h]) for m in ("hit_rate", "target_mass")]
                 else:

@@ -25,7 +25,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
@@ -167,9 +167,9 @@ def run_exactness(grid, filter_size: int = 3, *, masses: Sequence[float] = DEFAU
     masses = [float(m) for m in masses]
     if not masses or any(not 0 < m < 1 for m in masses):
         raise UsageError(f"{param('masses')} must be numbers strictly between 0 and 1, got {masses}")
-    twice = sorted({m for m in masses if masses.count(m) > 1})
-    if twice:
-        raise UsageError(f"{param('masses')} {twice[0]:g} is given twice; the verdict compares each mass with the "
+    twice_mass = sorted({m for m in masses if masses.count(m) > 1})
+    if twice_mass:
+        raise UsageError(f"{param('masses')} {twice_mass[0]:g} is given twice; the verdict compares each mass with the "
                          "next larger one, so give each once")
     for name, value in (("channels", channels), ("out_channels", out_channels), ("filter", filter_size)):
         if value is not None and (not isinstance(value, int) or value < 1):
@@ -185,7 +185,7 @@ def run_exactness(grid, filter_size: int = 3, *, masses: Sequence[float] = DEFAU
     kernel = torch.randn(kshape, generator=gen, dtype=torch.float64)
     mask = causal_mask(grid, causal)
     shifts = window_offsets(filter_size, grid.ndim, causal)
-    rows = []
+    rows: List[Dict[str, Any]] = []
     for padding in paddings:
         conv = conv_reference(x, kernel, grid, padding, causal)
         for mass in masses:

@@ -66,7 +66,7 @@ def run_loop_bench(preset: str = "vit-digits", dataset: str = "digits", *, batch
         return build_model(ModelConfig(preset), num_classes=info.num_classes, image_size=info.image_size,
                            in_chans=info.in_chans, default_patch=info.default_patch, seed=seed).to(dev)
 
-    def lr(step):
+    def lr(step: int) -> float:
         return lr_at(step, total, int(hp["warmup_epochs"] * steps), hp["lr"], hp["min_lr"])
 
     def bare() -> float:
@@ -99,7 +99,11 @@ def run_loop_bench(preset: str = "vit-digits", dataset: str = "digits", *, batch
         for e in range(epochs):
             batches = ((prepare(x_all[i]), y_all[i]) for i in
                        (idx.to(dev) for idx in shard_batches(n, batch_size, 0, 1, seed, e)))
-            sums, _ = train_epoch(sc, batches, lambda s, first=e * steps: lr(first + s))
+
+            def lr_in_epoch(s: int, first: int = e * steps) -> float:
+                return lr(first + s)
+
+            sums, _ = train_epoch(sc, batches, lr_in_epoch)
             seen += float(sums[2])
         synchronize(dev)
         return seen / (time.perf_counter() - t0)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from structinit.errors import UsageError, param
 from structinit.geometry.grid import Grid
@@ -33,12 +33,14 @@ def run_solver_bench(grid: Grid, dim: int, heads: int, filter_size: int, layers:
                          f"{', '.join(RECIPES)}")
     if match is not None and (match not in RECIPES or match == "fast"):
         raise UsageError(f"{param('match')} must name a recipe other than fast, got {match!r}")
-    matching = match is not None and match in recipes and "fast" in recipes
+    # The recipe fast is matched to (when it runs too), else None.
+    matching = match if match is not None and match in recipes and "fast" in recipes else None
     order = list(recipes)
-    if matching and order.index(match) > order.index("fast"):
-        order.remove(match)
-        order.insert(order.index("fast"), match)
-    rows, reached = [], {}
+    if matching is not None and order.index(matching) > order.index("fast"):
+        order.remove(matching)
+        order.insert(order.index("fast"), matching)
+    rows: List[Dict[str, Any]] = []
+    reached: Dict[str, Dict[str, Any]] = {}
     for i, name in enumerate(order):
         if on_recipe:
             on_recipe(name, i, len(order))
@@ -46,8 +48,8 @@ def run_solver_bench(grid: Grid, dim: int, heads: int, filter_size: int, layers:
         if name in ("paper", "released") and iters is not None:
             params["iters"] = iters
         if name == "fast":
-            if matching:
-                params["target_mass"] = reached[match]["target_mass"]
+            if matching is not None:
+                params["target_mass"] = reached[matching]["target_mass"]
             elif target_mass is not None:
                 params["target_mass"] = target_mass
         config = SolveConfig(grid=grid, dim=dim, heads=heads, filter=filter_size, layers=layers, recipe=name,
@@ -59,8 +61,8 @@ def run_solver_bench(grid: Grid, dim: int, heads: int, filter_size: int, layers:
                "device": art.stats["device"], **art.stats["summary"]}
         reached[name] = row
         rows.append(row)
-    if matching:
-        fast, ref = reached["fast"], reached[match]
+    if matching is not None:
+        fast, ref = reached["fast"], reached[matching]
         fast[f"speedup_vs_{match}"] = ref["seconds"] / max(fast["seconds"], 1e-9)
         fast[f"mass_gap_vs_{match}"] = fast["target_mass"] - ref["target_mass"]
     return {"shape": {"grid": list(Grid(grid)), "dim": dim, "heads": heads, "filter": filter_size, "layers": layers},

@@ -11,13 +11,17 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import typer
 from typing_extensions import Annotated
 
 from structinit.errors import StructinitError
 from structinit.runtime import duration_text
+
+if TYPE_CHECKING:
+    from rich.progress import Progress as RichProgress
+    from rich.progress import TaskID
 
 # --------------------------------------------------------------------------- shared options
 
@@ -176,7 +180,8 @@ class Progress:
                  plain: bool = True, quiet: float = 2.0):
         self.label, self.enabled, self.every, self.transient, self.plain = label, enabled, every, transient, plain
         self.quiet = quiet
-        self._bar = self._task = None
+        self._bar: Optional[RichProgress] = None  # a rich bar and its task, on a terminal (both set or neither)
+        self._task: Optional[TaskID] = None
         self._start = self._last_time = time.monotonic()
         self._last_tenth = -1
         self._first: Optional[tuple] = None
@@ -203,7 +208,7 @@ class Progress:
         if label and label != self.label:
             self.label = label
             self._first = None  # a new stage: its rate is measured afresh
-        if self._bar is not None:
+        if self._bar is not None and self._task is not None:
             self._bar.update(self._task, completed=done, total=total, description=self.label)
             return
         if not self.plain:
@@ -228,7 +233,7 @@ class Progress:
             return
         self.label = label
         self._first = None  # a new stage: its rate is measured afresh
-        if self._bar is not None:
+        if self._bar is not None and self._task is not None:
             self._bar.update(self._task, description=label)
         elif self.plain and time.monotonic() - self._start >= self.quiet:
             print(f"{label} ({time.monotonic() - self._start:.1f}s)", file=sys.stderr, flush=True)

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from structinit.errors import UsageError, param
 from structinit.experiments.expand import Cell, Expansion
@@ -77,7 +77,8 @@ def check_environment(cells: List[Cell], launcher: str = "local", warn: Callable
     ``print``) may see other files and devices: a missing dataset is then one line to ``warn``."""
     from structinit.training.datasets import check_files
 
-    seen, devices = set(), {}
+    seen: Set[Tuple[str, Optional[str], bool]] = set()
+    devices: Dict[str, Cell] = {}
     for cell in cells:
         cfg = cell.config
         if cfg is None:
@@ -162,6 +163,7 @@ def presolve(cells: List[Cell], log: Callable[[str], None] = lambda m: None, dev
         result = solve(sc, device=device, threads=threads)
         if not result.cached:
             solved += 1
+            assert result.artifact.path is not None  # solve() wrote it into the cache
             log(f"solved impulse artifact {i + 1}/{len(solves)}: {result.artifact.path.name}")
     return {"artifacts": len(solves), "solved": solved, "seconds": round(time.perf_counter() - t0, 3)}
 
@@ -326,7 +328,7 @@ def run_local(ex: Expansion, cells: List[Cell], *, jobs: int = 1, threads: Optio
         summary.interrupted = True
         log("interrupted: stopping the runs at their next step (Ctrl-C again to kill them)")
         for w in workers:
-            if w.is_alive():
+            if w.is_alive() and w.pid is not None:  # a live process has a pid
                 os.kill(w.pid, signal.SIGTERM)
         deadline = time.monotonic() + stop_timeout
         try:

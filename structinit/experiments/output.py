@@ -52,7 +52,7 @@ def render_report(reports: List[GridReport], figures: bool = True, attention: Op
     files["report.md"] = "\n".join(parts)
     files["cells.csv"] = cells_csv(reports)
     files["runs.csv"] = runs_csv(reports)
-    doc = {"grids": [r.to_dict(metrics=False) for r in reports]}
+    doc: Dict[str, Any] = {"grids": [r.to_dict(metrics=False) for r in reports]}
     if attention:
         doc["attention"] = {name: [{"row": e.row, "label": e.label, "note": e.note,
                                     "fidelity": e.fidelity.to_dict() if e.fidelity is not None else None}

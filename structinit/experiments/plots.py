@@ -125,13 +125,15 @@ def accuracy_figure(rep: GridReport):
             accs = [r.final_acc for r in runs if r.final_acc is not None]
             st = rep.cells[(row, col)]
             if accs:
+                mean = st.final_mean
+                assert mean is not None  # the cell's mean is over these same finished runs
                 values += accs
                 jitter = [(k - (len(accs) - 1) / 2) * 0.08 for k in range(len(accs))]
                 ax.scatter(accs, [y + j for j in jitter], s=18, color=colors[row], alpha=0.8, zorder=3,
                            label="each seed")
-                ax.errorbar([st.final_mean], [y], xerr=[st.final_std or 0.0], fmt="|", color="black", markersize=14,
+                ax.errorbar([mean], [y], xerr=[st.final_std or 0.0], fmt="|", color="black", markersize=14,
                             capsize=4, zorder=4, label="mean ± std")
-                values += [st.final_mean - (st.final_std or 0.0), st.final_mean + (st.final_std or 0.0)]
+                values += [mean - (st.final_std or 0.0), mean + (st.final_std or 0.0)]
             if st.paper is not None:
                 values.append(st.paper)
                 ax.scatter([st.paper], [y], marker="x", color="red", s=40, zorder=5, label="the paper's number")
@@ -208,17 +210,18 @@ def learning_curve_figure(rep: GridReport):
         for i, row in enumerate(rep.rows):
             points: List[Optional[Tuple[float, float, float]]] = []
             for col in cols:
-                runs = [r for r in by_cell.get((row, col), []) if r.final_acc is not None]
+                accs = [r.final_acc for r in by_cell.get((row, col), []) if r.final_acc is not None]
                 sizes = [r.train_images for r in by_cell.get((row, col), []) if r.train_images]
-                if not runs or not sizes:
+                if not accs or not sizes:
                     points.append(None)
                     continue
                 n = sizes[0]
-                ax.scatter([n] * len(runs), [r.final_acc for r in runs], s=10, color=colors[i], alpha=0.35)
+                ax.scatter([n] * len(accs), accs, s=10, color=colors[i], alpha=0.35)
                 st = rep.cells[(row, col)]
-                values.extend([r.final_acc for r in runs] + [st.final_mean - (st.final_std or 0.0),
-                                                            st.final_mean + (st.final_std or 0.0)])
-                points.append((n, st.final_mean, st.final_std or 0.0))
+                mean = st.final_mean
+                assert mean is not None  # the cell's mean is over these same finished runs
+                values.extend(accs + [mean - (st.final_std or 0.0), mean + (st.final_std or 0.0)])
+                points.append((n, mean, st.final_std or 0.0))
             xs, means, stds = gapped_line(points)
             if xs:
                 ax.errorbar(xs, means, yerr=stds, color=colors[i], marker="o", markersize=4, capsize=3,

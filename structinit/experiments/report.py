@@ -314,7 +314,7 @@ def collect(ex: Expansion, earlier: Optional[Dict[str, RunResult]] = None,
     for row in [v.id for v in spec.row_axis.values]:
         for ci, col in enumerate(columns):
             done = [r for r in by_cell.get((row, col), []) if r.final_acc is not None]
-            final = {r.seed: r.final_acc for r in done}
+            final = {r.seed: r.final_acc for r in done if r.final_acc is not None}  # every run of done
             c = CellStats(row, col, len(done), len(by_cell.get((row, col), [])), final)
             for r in by_cell.get((row, col), []):
                 c.states[r.state] = c.states.get(r.state, 0) + 1
@@ -336,7 +336,7 @@ def collect(ex: Expansion, earlier: Optional[Dict[str, RunResult]] = None,
             c.n_paired = len(pairs)
             m, sd = mean_std(pairs)
             c.delta_mean = m
-            c.delta_se = sd / math.sqrt(len(pairs)) if pairs and len(pairs) > 1 else None
+            c.delta_se = sd / math.sqrt(len(pairs)) if sd is not None and len(pairs) > 1 else None
             if c.paper is not None and base.paper is not None:
                 c.paper_delta = c.paper - base.paper
     return GridReport(ex, runs, cells)

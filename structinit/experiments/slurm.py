@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from structinit.errors import StructinitError, UsageError, param
 from structinit.experiments.expand import Cell, Expansion
@@ -47,11 +47,14 @@ def check_time(text: str) -> str:
         raise bad()
     days, _, rest = text.rpartition("-")
     parts = [int(x) for x in rest.split(":")]
+    limits: Sequence[Tuple[str, Optional[int]]]  # each field's name and bound (None: any)
     if days:  # D-HH, D-HH:MM, D-HH:MM:SS
         limits = [("hours", 24), ("minutes", 60), ("seconds", 60)][:len(parts)]
     else:  # MM, MM:SS, HH:MM:SS
-        limits = {1: [("minutes", None)], 2: [("minutes", None), ("seconds", 60)],
-                  3: [("hours", None), ("minutes", 60), ("seconds", 60)]}[len(parts)]
+        by_fields: Dict[int, Sequence[Tuple[str, Optional[int]]]] = {
+            1: [("minutes", None)], 2: [("minutes", None), ("seconds", 60)],
+            3: [("hours", None), ("minutes", 60), ("seconds", 60)]}
+        limits = by_fields[len(parts)]
     for value, (what, top) in zip(parts, limits):
         if top is not None and value >= top:
             raise bad(f" ({what} below {top})")
@@ -104,7 +107,9 @@ class SlurmOptions:
             if not re.match(r"--?[A-Za-z]", text):
                 raise UsageError(f"{param('sbatch')} takes an sbatch option such as --constraint=a100 (one that "
                                  f"starts with -), got {line!r}")
-            name = re.match(r"--?([A-Za-z-]+)", text).group(1)
+            named = re.match(r"--?([A-Za-z-]+)", text)
+            assert named is not None  # text starts as the check above asks
+            name = named.group(1)
             if name in OWN_OPTIONS:
                 raise UsageError(f"{param('sbatch')} {text}: the launcher writes --{OWN_OPTIONS[name]} itself (one "
                                  "array task per run, its log, the stop signal); edit the written script to change it")

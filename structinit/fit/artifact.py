@@ -17,23 +17,25 @@ Example::
 
 from __future__ import annotations
 
+import os
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import numpy as np
 
 from structinit.analysis.quality import measure
 from structinit.fit.identity import fit_identity
 from structinit.fit.inputs import FitInputs
-from structinit.fit.layers import LayerWriter, fit_layers
+from structinit.fit.layers import FitTarget, LayerWriter, fit_layers
 from structinit.fit.settings import FitSettings
 from structinit.geometry.targets import causal_mask, impulse_columns
 from structinit.solver.artifact import Artifact, fit_filename, fit_key
 from structinit.solver.cache import load_or_compute
 
 
-def load_or_fit(settings: FitSettings, target, plain: Artifact, inputs: FitInputs, writer: LayerWriter,
-                seed: int = 0, cache_dir=None, progress: Optional[Callable[[int, int], None]] = None,
+def load_or_fit(settings: FitSettings, target: FitTarget, plain: Artifact, inputs: FitInputs, writer: LayerWriter,
+                seed: int = 0, cache_dir: Union[str, os.PathLike, None] = None,
+                progress: Optional[Callable[[int, int], None]] = None,
                 log: Optional[Callable[[str], None]] = None,
                 warn: Optional[Callable[[str], None]] = None) -> Tuple[Artifact, bool]:
     """``(artifact, cached)``: the fitted artifact of ``target``'s model (an
@@ -57,12 +59,14 @@ def load_or_fit(settings: FitSettings, target, plain: Artifact, inputs: FitInput
         fit_filename(plain.config, key),
         lambda: run_fit(settings, target, plain, inputs, writer, seed, identity, progress, log),
         key=key, fitted=True, cache_dir=cache_dir, warn=warn, wait=log, what="fitted")
+    assert art.fit is not None  # a fitted artifact: run_fit's, or a cached one load_or_compute checked is fitted
     art.fit = {**art.fit, "source": inputs.source, "cached": cached}  # this call's inputs, not the first fitter's
     return art, cached
 
 
-def run_fit(settings: FitSettings, target, plain: Artifact, inputs: FitInputs, writer: LayerWriter, seed: int,
-            identity: Dict[str, Any], progress=None, log=None) -> Artifact:
+def run_fit(settings: FitSettings, target: FitTarget, plain: Artifact, inputs: FitInputs, writer: LayerWriter,
+            seed: int, identity: Dict[str, Any], progress: Optional[Callable[[int, int], None]] = None,
+            log: Optional[Callable[[str], None]] = None) -> Artifact:
     """Fit every selected layer of ``target``'s model, in order, and return the fitted
     :class:`~structinit.solver.artifact.Artifact` (its ``stats`` measure the fitted Q/K on the
     pseudo input; its ``fit`` holds ``identity``, ``source`` and the fit's report)."""

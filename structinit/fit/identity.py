@@ -11,9 +11,12 @@ included (:meth:`~structinit.fit.settings.FitSettings.identity`).
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List
 
 from structinit.analysis.capture import first_input, projection_module
+
+if TYPE_CHECKING:
+    from structinit.fit.layers import FitTarget
 
 
 def tensor_digest(h, name: str, t) -> None:
@@ -65,7 +68,7 @@ def weights_digest(model, probe, last) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def fit_identity(settings, target, plain, inputs, seed: int) -> Dict[str, Any]:
+def fit_identity(settings, target: FitTarget, plain, inputs, seed: int) -> Dict[str, Any]:
     """What a fit of ``target``'s model (an :class:`~structinit.init.attention_target.AttentionTarget`) on
     ``inputs`` (:class:`~structinit.fit.inputs.FitInputs`) from the plain artifact ``plain`` with
     ``settings`` depends on (see the module docstring); its hash is the fitted artifact's key."""

@@ -14,7 +14,7 @@ prefixed (``-1``: no target, not fitted).
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from structinit.analysis.capture import LayerInputs, attention_inputs, projectio
 from structinit.errors import Notice, UsageError
 from structinit.fit import refine
 from structinit.fit.settings import FitSettings
+from structinit.geometry.grid import Grid
 from structinit.runtime import duration_text
 from structinit.solver.self_shift import add_self_term
 
@@ -33,6 +34,31 @@ SAY_ESTIMATE = 5.0
 
 #: :func:`fit_layers`' result: ``(q, k, offsets, report)``.
 FittedLayers = Tuple[np.ndarray, np.ndarray, np.ndarray, Dict[str, Any]]
+
+
+class FitTarget(Protocol):
+    """The model a fit runs on, as an :class:`~structinit.init.attention_target.AttentionTarget`
+    holds it (the fit stage comes before the init stage, so it names what it reads instead): the
+    ``model``, its detected layout ``det`` (``det.slots[i].q.key``: layer ``i``'s q weight), its
+    ``grid``, its ``depth``, the selected ``layers`` and their ``slots``."""
+
+    @property
+    def model(self) -> Any: ...
+
+    @property
+    def det(self) -> Any: ...
+
+    @property
+    def grid(self) -> Optional[Grid]: ...
+
+    @property
+    def depth(self) -> int: ...
+
+    @property
+    def layers(self) -> Sequence[int]: ...
+
+    @property
+    def slots(self) -> Iterable[Any]: ...
 
 
 class LayerWriter(Protocol):
@@ -88,7 +114,7 @@ class LayerFit:
     ``progress(done, total)`` follows every step (it may raise to stop the fit); ``log(message)``
     hears the estimated duration once the first steps are timed, and a line per layer."""
 
-    def __init__(self, settings: FitSettings, target, x, seed: int, window: int,
+    def __init__(self, settings: FitSettings, target: FitTarget, x, seed: int, window: int,
                  progress: Optional[Callable[[int, int], None]] = None, log: Optional[Callable[[str], None]] = None):
         self.settings, self.t, self.x, self.seed, self.window = settings, target, x, seed, window
         self.progress, self.log = progress, log
@@ -177,12 +203,14 @@ class LayerFit:
         from structinit.analysis.fidelity import window_mask
         from structinit.analysis.quality import attention_maps, attention_quality
 
+        grid = self.t.grid
+        assert grid is not None  # the impulse init, which fits, needs the grid (needs_grid)
         sub = x[:refine.CALIBRATION_SAMPLES]
-        prefix = int(x.shape[1]) - self.t.grid.tokens
+        prefix = int(x.shape[1]) - grid.tokens
         attn = attention_maps(sub[:, None], q[None].to(sub.device), k[None].to(sub.device),
                               None if visible is None else visible.to(sub.device))[:, :, prefix:, :]
         got = attention_quality(attn, columns[:, prefix:].to(sub.device))
-        window = torch.from_numpy(window_mask(self.t.grid, self.window, prefix)).to(attn.device)
+        window = torch.from_numpy(window_mask(grid, self.window, prefix)).to(attn.device)
         heads = {m: [round(float(v), 6) for v in got[m].mean(0)] for m in ("hit_rate", "target_mass")}
         self.measured.append({"layer": index, **{m: float(np.mean(v)) for m, v in heads.items()},
                               "window_mass": float((attn * window).sum(-1).mean()), "heads": heads})
@@ -205,7 +233,7 @@ class LayerFit:
         return out
 
 
-def fit_layers(settings: FitSettings, target, plain, x, seed: int, writer: LayerWriter,
+def fit_layers(settings: FitSettings, target: FitTarget, plain, x, seed: int, writer: LayerWriter,
                progress: Optional[Callable[[int, int], None]] = None,
                log: Optional[Callable[[str], None]] = None) -> FittedLayers:
     """Fit every selected layer of ``target``'s model on ``x``, starting from the plain artifact
@@ -230,4 +258,4 @@ def fit_layers(settings: FitSettings, target, plain, x, seed: int, writer: Layer
     return q, k, offsets, report
 
 
-__all__ = ["LayerFit", "LayerWriter", "fit_layers", "prefixed_columns", "prefixed_mask"]
+__all__ = ["FitTarget", "LayerFit", "LayerWriter", "fit_layers", "prefixed_columns", "prefixed_mask"]

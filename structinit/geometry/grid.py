@@ -13,12 +13,15 @@ from typing import Iterable, Optional, Tuple, Union
 
 from structinit.errors import UsageError, param
 
+#: What a function that takes a grid accepts: a :class:`Grid`, its sides, or one side (a sequence).
+GridLike = Union[int, Iterable[int]]
+
 
 class Grid(tuple):
     """A token grid: ``(L,)`` (a sequence) or ``(H, W)`` (an image's patch grid). A tuple, so
     ``h, w = grid`` works for 2-D grids and a grid compares equal to the tuple of its sides."""
 
-    def __new__(cls, sides: Union[int, Iterable[int]]):
+    def __new__(cls, sides: GridLike) -> Grid:
         if isinstance(sides, Grid):
             return sides
         try:

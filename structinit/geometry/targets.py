@@ -165,7 +165,6 @@ def impulse_targets(grid: Grid, offsets: np.ndarray, padding: str = "zero") -> n
     cols = impulse_columns(grid, offsets, padding)
     n = Grid(grid).tokens
     out = np.zeros(cols.shape + (n,), dtype=np.float32)
-    lead = np.indices(cols.shape)
     keep = cols >= 0
-    out[tuple(ix[keep] for ix in lead) + (cols[keep],)] = 1.0
+    out[np.nonzero(keep) + (cols[keep],)] = 1.0  # the leading indices of every kept column, then the column
     return out

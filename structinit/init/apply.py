@@ -27,13 +27,14 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Union
 
 from structinit.errors import StructinitError, UsageError, param
 from structinit.geometry.grid import Grid
 from structinit.init.attention_target import AttentionTarget
 from structinit.init.base import InitSpec
 from structinit.init.checkpoints import (
+    Checkpoint,
     CheckpointError,
     check_checkpoint_path,
     describe_state_dict,
@@ -42,6 +43,11 @@ from structinit.init.checkpoints import (
     safetensors_dict,
     save_checkpoint,
 )
+from structinit.init.impulse import ImpulseInit
+from structinit.init.layouts import Detected
+
+if TYPE_CHECKING:
+    from structinit.init.impulse_write import Prepared
 
 PE_KINDS = ("sincos",)
 #: File-name endings of checkpoints, kept after the method's name in a default output name.
@@ -65,7 +71,7 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def _output_path(path: Path, method: str, out: Optional[os.PathLike], in_place: bool, force: bool) -> Path:
+def _output_path(path: Path, method: str, out: Union[str, os.PathLike, None], in_place: bool, force: bool) -> Path:
     if in_place and out is not None:
         raise UsageError(f"give either {param('out')} or {param('in_place')}, not both")
     if in_place:
@@ -114,7 +120,7 @@ class ApplyOptions:
     ``model_name`` (a timm model) or ``config`` (a Hugging Face ``config.json``) for the model the
     checkpoint holds."""
 
-    out: Optional[os.PathLike] = None
+    out: Union[str, os.PathLike, None] = None
     in_place: bool = False
     dry_run: bool = False
     force: bool = False
@@ -124,11 +130,11 @@ class ApplyOptions:
     set_pe: Optional[str] = None
     pe_scale: Optional[float] = None
     seed: int = 0
-    cache_dir: Optional[os.PathLike] = None
+    cache_dir: Union[str, os.PathLike, None] = None
     device: str = "cpu"
     data: Any = None
     samples: Optional[int] = None
-    data_dir: Optional[os.PathLike] = None
+    data_dir: Union[str, os.PathLike, None] = None
     model_name: Optional[str] = None
     config: Optional[str] = None
 
@@ -137,8 +143,9 @@ class ApplyOptions:
         if self.set_pe is not None and self.set_pe not in PE_KINDS:
             raise UsageError(f"{param('set_pe')} must be one of {', '.join(PE_KINDS)}, got {self.set_pe!r}")
         _check_pe_scale(self.pe_scale, self.set_pe)
-        if getattr(spec, "base", "model") != "model":
-            raise UsageError(f"{spec.method} parameter {param('base')} {spec.base} resets every weight of a model; "
+        base = getattr(spec, "base", "model")
+        if base != "model":
+            raise UsageError(f"{spec.method} parameter {param('base')} {base} resets every weight of a model; "
                              "a checkpoint's weights are kept (leave base at model)")
         fits = spec.method == "impulse" and spec.uses_data
         if self.data is not None:
@@ -172,7 +179,7 @@ class LoadedCheckpoint:
     ``stat`` (an in-place replace checks the file did not change) and the ``plan`` (the report so far)."""
 
     path: Path
-    ckpt: Any
+    ckpt: Checkpoint
     views: List[AttentionTarget]
     target: Path
     stat: Optional[os.stat_result]
@@ -220,7 +227,7 @@ def load_for_apply(path: Union[str, os.PathLike], spec: InitSpec, options: Apply
     }
     if options.set_pe:
         plan["pos_embed_replaced"] = det.pos_key
-    if spec.method == "impulse" and spec.artifact is None and first.grid is not None:
+    if isinstance(spec, ImpulseInit) and spec.artifact is None and first.grid is not None:
         spec.solve_config(first.grid, first.dim, first.heads, first.depth, options.seed)  # refuses bad settings first
     return LoadedCheckpoint(path, ckpt, views, target, stat, plan)
 
@@ -231,11 +238,14 @@ def write_position_table(loaded: LoadedCheckpoint, scale: float) -> None:
     from structinit.init.pos_embed import write_sincos
 
     key = loaded.ckpt.detected.pos_key
+    assert key is not None  # load_for_apply refuses set_pe without one, and a table replaces one
     for view in loaded.views:
+        assert view.grid is not None  # the views of a table's checkpoint have their grid (need_grid)
         write_sincos(view.sd[key], view.grid, scale, name=key)
 
 
-def write_checkpoint(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOptions, prepared=None,
+def write_checkpoint(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOptions,
+                     prepared: Optional[Prepared] = None,
                      progress: Optional[Callable[[int, int], None]] = None,
                      log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
     """Initialize every copy of the model in ``loaded`` with ``spec`` and write the output file:
@@ -247,7 +257,7 @@ def write_checkpoint(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOpt
     extra: Dict[str, Any] = {}
     if prepared is not None:
         extra["artifact"], extra["cached"] = prepared.artifact, prepared.fit_cached
-    elif spec.method == "impulse":  # one solve for every copy of the model in the file
+    elif isinstance(spec, ImpulseInit):  # one solve for every copy of the model in the file
         say("solving" if spec.artifact is None else "reading the artifact")
         extra["artifact"], extra["cached"] = spec.artifact_for(first, options.seed, options.cache_dir, options.device,
                                                                progress)
@@ -285,9 +295,9 @@ def write_checkpoint(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOpt
     return plan
 
 
-def _warn_weak(spec: InitSpec, report: Dict[str, Any], plan: Dict[str, Any], det) -> None:
+def _warn_weak(spec: InitSpec, report: Dict[str, Any], plan: Dict[str, Any], det: Detected) -> None:
     """Warn when the fit left a layer weakly structured (see :func:`~structinit.init.impulse.structure_warning`)."""
-    if spec.method != "impulse":
+    if not isinstance(spec, ImpulseInit):
         return
     from structinit.init.impulse import position_hint, structure_warning
 
@@ -301,16 +311,20 @@ def _warn_weak(spec: InitSpec, report: Dict[str, Any], plan: Dict[str, Any], det
         warnings.warn(StructinitWarning(f"impulse: {weak}"), stacklevel=3)
 
 
-def _write(ckpt, path: Path, target: Path, stat: os.stat_result, in_place: bool, force: bool, plan: dict) -> None:
+def _write(ckpt: Checkpoint, path: Path, target: Path, stat: Optional[os.stat_result], in_place: bool, force: bool,
+           plan: Dict[str, Any]) -> None:
     """Write the checkpoint: a new file created exclusively (or replacing one with ``force``), or,
-    in place, a numbered backup of the input first and then the input replaced atomically."""
+    in place, a numbered backup of the input first and then the input replaced atomically.
+    ``stat``: the input's, read before it was loaded (``None`` where it could not be: the output then
+    gets the umask's permission bits, and the input is not replaced, as it cannot be told unchanged)."""
     from structinit.atomic import claim_backup
 
+    file_mode = stat.st_mode if stat is not None else None
     if not in_place:
-        save_checkpoint(ckpt, target, exclusive=not force, file_mode=stat.st_mode)
+        save_checkpoint(ckpt, target, exclusive=not force, file_mode=file_mode)
         return
     now = target.stat()
-    if (now.st_ino, now.st_mtime_ns, now.st_size) != (stat.st_ino, stat.st_mtime_ns, stat.st_size):
+    if stat is None or (now.st_ino, now.st_mtime_ns, now.st_size) != (stat.st_ino, stat.st_mtime_ns, stat.st_size):
         raise StructinitError(f"{path} changed while it was being initialized (another process?); it was not "
                               "replaced")
     try:
@@ -320,7 +334,7 @@ def _write(ckpt, path: Path, target: Path, stat: os.stat_result, in_place: bool,
                               "replaced") from None
     plan["backup"] = str(backup)
     try:
-        save_checkpoint(ckpt, target, file_mode=stat.st_mode)
+        save_checkpoint(ckpt, target, file_mode=file_mode)
     except CheckpointError:
         backup.unlink(missing_ok=True)  # the input is unchanged; the backup would only be a duplicate
         raise

@@ -159,7 +159,10 @@ class AttentionTarget:
         from structinit.init.pos_embed import pe_kind
 
         rows = self._grid_rows()
-        return None if rows is None else pe_kind(rows, self.grid)
+        if rows is None:
+            return None
+        assert self.grid is not None  # _grid_rows gives rows of a grid only
+        return pe_kind(rows, self.grid)
 
     def own_input(self):
         """The LayerNorm'd position embedding ``[N, D]`` of the target (what its first layer sees on

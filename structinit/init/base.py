@@ -13,9 +13,15 @@ import json
 import math
 import typing
 from dataclasses import dataclass
-from typing import Any, ClassVar, Dict, List, Tuple, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Tuple, Union
 
 from structinit.errors import UsageError, param
+
+if TYPE_CHECKING:
+    import os
+
+    from structinit.init.attention_target import AttentionTarget
+    from structinit.init.layouts import AttnSlot
 
 
 def parse_value(text: str) -> Any:
@@ -97,7 +103,7 @@ class InitSpec:
         """Whether :meth:`apply` needs a batch of real inputs (``data``)."""
         return False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):
             object.__setattr__(self, f.name, coerce(self.method, f.name, getattr(self, f.name), hints[f.name]))
@@ -132,17 +138,18 @@ class InitSpec:
     def canonical_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
-    def planned(self, slot) -> List[str]:
+    def planned(self, slot: AttnSlot) -> List[str]:
         """What the method replaces in one attention layer (keys with row ranges)."""
         from structinit.init.inject import label
 
         return [label(p) for p in (slot.q, slot.k, slot.q_bias, slot.k_bias) if p is not None]
 
-    def check_target(self, target) -> None:
+    def check_target(self, target: AttentionTarget) -> None:
         """Raise :class:`UsageError` if the method cannot be applied to ``target`` as it is (called
         before anything is solved or written; the default accepts every target)."""
 
-    def apply(self, target, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
+    def apply(self, target: AttentionTarget, *, seed: int = 0, cache_dir: Union[str, os.PathLike, None] = None,
+              device: str = "cpu") -> Dict[str, Any]:
         """Write the initialization into ``target`` (an :class:`~structinit.init.attention_target.AttentionTarget`)
         and return a JSON-able report."""
         raise NotImplementedError

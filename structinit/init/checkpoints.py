@@ -26,11 +26,12 @@ import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
 from structinit.errors import StructinitError, UsageError
+from structinit.geometry.grid import GridLike
 from structinit.init.layouts import Detected, detect_layout, resolve_shape
 
 #: Entries of a checkpoint dict that may hold a state dict, in order of preference.
@@ -72,13 +73,13 @@ class Checkpoint:
         return [".".join(w) or "(top level)" for w, _ in self.state_dicts]
 
 
-def output_format(path: os.PathLike) -> str:
+def output_format(path: Union[str, os.PathLike]) -> str:
     """The format a checkpoint is written in: ``safetensors`` for a ``.safetensors`` name, else
     ``torch`` (a ``torch.save`` zip)."""
     return "safetensors" if Path(path).suffix.lower() == ".safetensors" else "torch"
 
 
-def sniff_format(path: os.PathLike) -> Optional[str]:
+def sniff_format(path: Union[str, os.PathLike]) -> Optional[str]:
     """What a file holds, from its first bytes: ``torch`` (a ``torch.save`` zip, or a legacy
     pickle), ``safetensors`` (a length-prefixed JSON header), or ``None`` (neither)."""
     with open(path, "rb") as fh:
@@ -106,14 +107,14 @@ class _Stub:
     """What a torch class or function in a pickle stands for when it is read without torch:
     nothing of it is called."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: Any) -> None:
         pass
 
 
-def _stub(*args, **kwargs):
+def _stub(*args: Any, **kwargs: Any) -> _Stub:
     return _Stub()
 
 
@@ -133,14 +134,14 @@ class _Outline(pickle.Unpickler):
     """Reads a pickle's plain structure: torch's classes and functions become :class:`_Stub`,
     tensors' storages ``None``, and any other global is refused before anything of it is called."""
 
-    def find_class(self, module: str, name: str):
+    def find_class(self, module: str, name: str) -> Any:
         if module == "torch" or module.startswith("torch."):
             return _stub
         if (module, name) in _PLAIN_GLOBALS:
             return _PLAIN_GLOBALS[(module, name)]
         raise CodeRefused(f"{module}.{name}")
 
-    def persistent_load(self, pid):
+    def persistent_load(self, pid: Any) -> None:
         return None
 
 
@@ -164,7 +165,7 @@ def _pickle_bytes(path: Path) -> bytes:
         raise CheckpointError(f"{path} is not a whole torch.save file ({exc})") from None
 
 
-def pickle_outline(path: os.PathLike) -> Any:
+def pickle_outline(path: Union[str, os.PathLike]) -> Any:
     """What a ``torch.save`` file (or a plain pickle) holds, its tensors as stand-ins, read without
     torch and without running anything in it (cheap: no tensor data is read). Raises
     :class:`CheckpointError` saying why it cannot be read: empty, not a whole ``torch.save`` file,
@@ -183,7 +184,7 @@ def pickle_outline(path: os.PathLike) -> Any:
         raise CheckpointError(f"{path} is not a readable checkpoint ({type(exc).__name__}: {exc})") from None
 
 
-def code_named(path: os.PathLike) -> Optional[str]:
+def code_named(path: Union[str, os.PathLike]) -> Optional[str]:
     """The first global a pickle file (or ``torch.save`` zip) names that would run code, found
     without running anything; ``None`` when it names none or cannot be read that far."""
     try:
@@ -195,7 +196,7 @@ def code_named(path: os.PathLike) -> Optional[str]:
     return None
 
 
-def refused_for_code(path: os.PathLike, name: Optional[str]) -> str:
+def refused_for_code(path: Union[str, os.PathLike], name: Optional[str]) -> str:
     """The one line that says a pickle was refused because loading it would run code (``name``,
     when known)."""
     return (f"{path}: refusing to load a pickle that asks to run code{f': it asks for {name}' if name else ''} "
@@ -203,7 +204,7 @@ def refused_for_code(path: os.PathLike, name: Optional[str]) -> str:
             "dict (or .safetensors) from a trusted environment")
 
 
-def check_checkpoint_path(path: os.PathLike) -> Path:
+def check_checkpoint_path(path: Union[str, os.PathLike]) -> Path:
     """``path`` as a :class:`~pathlib.Path`; raises :class:`CheckpointNotFound` when it names no file
     (nothing there, or a folder)."""
     path = Path(path)
@@ -214,7 +215,7 @@ def check_checkpoint_path(path: os.PathLike) -> Path:
     return path
 
 
-def read_object(path: os.PathLike) -> Tuple[Any, str, Optional[Dict[str, str]]]:
+def read_object(path: Union[str, os.PathLike]) -> Tuple[Any, str, Optional[Dict[str, str]]]:
     """``(object, format, safetensors metadata)`` from a file, safely; raises :class:`CheckpointError`.
     The format is told by the file's content, not its name. Tensors are read onto the CPU, so a
     checkpoint saved from a GPU opens on a machine without one (and is written back from the CPU)."""
@@ -286,7 +287,7 @@ def _keys_seen(obj: Any, limit: int = 12) -> str:
 
 def find_state_dicts(obj: Any) -> List[Tuple[Tuple[str, ...], Any, Detected]]:
     """Every state dict in ``obj`` (see :data:`CONTAINER_KEYS`) with its detected layout."""
-    found = []
+    found: List[Tuple[Tuple[str, ...], Any, Detected]] = []
     if isinstance(obj, Mapping):
         det = detect_layout(obj)
         if det is not None:
@@ -300,7 +301,7 @@ def find_state_dicts(obj: Any) -> List[Tuple[Tuple[str, ...], Any, Detected]]:
     return found
 
 
-def load_checkpoint(path: os.PathLike) -> Checkpoint:
+def load_checkpoint(path: Union[str, os.PathLike]) -> Checkpoint:
     """Load ``path`` safely and detect its layout; raises :class:`CheckpointError` (unknown layouts
     list the keys seen)."""
     path = Path(path)
@@ -360,8 +361,8 @@ def _structinit_shape(ckpt: Checkpoint) -> bool:
     if not isinstance(shape, Mapping):
         return False
     try:
-        grid = Grid(shape.get("grid"))
-    except UsageError:
+        grid = Grid(shape["grid"])
+    except (KeyError, UsageError):  # no grid, or not one
         return False
     heads = shape.get("heads")
     pos_rows = None
@@ -390,7 +391,8 @@ def _timm_arch_heads(arch: str, dim: int) -> Optional[int]:
         import torch
 
         with torch.device("meta"):
-            model = timm.create_model(arch, pretrained=False)
+            # Any: its submodules are read by name (torch types every attribute Tensor | Module)
+            model: Any = timm.create_model(arch, pretrained=False)
         if getattr(model, "embed_dim", None) == dim:
             return int(model.blocks[0].attn.num_heads)
     except Exception:  # noqa: BLE001 - an unknown arch is simply no hint
@@ -398,7 +400,7 @@ def _timm_arch_heads(arch: str, dim: int) -> Optional[int]:
     return None
 
 
-def safetensors_dict(ckpt: Checkpoint, path: os.PathLike) -> Dict[str, Any]:
+def safetensors_dict(ckpt: Checkpoint, path: Union[str, os.PathLike]) -> Dict[str, Any]:
     """``ckpt.obj`` as safetensors can hold it (a flat map of names to tensors), or an error naming
     what does not fit."""
     import torch
@@ -415,7 +417,7 @@ def safetensors_dict(ckpt: Checkpoint, path: os.PathLike) -> Dict[str, Any]:
     return {k: v.detach().to("cpu").contiguous().clone() for k, v in obj.items()}
 
 
-def save_checkpoint(ckpt: Checkpoint, path: os.PathLike, *, exclusive: bool = False,
+def save_checkpoint(ckpt: Checkpoint, path: Union[str, os.PathLike], *, exclusive: bool = False,
                     file_mode: Optional[int] = None) -> Path:
     """Write ``ckpt.obj`` to ``path`` in the format its name says (:func:`output_format`),
     atomically (temp file beside it, fsync, then moved into place); on failure nothing is left
@@ -445,7 +447,7 @@ def save_checkpoint(ckpt: Checkpoint, path: os.PathLike, *, exclusive: bool = Fa
 
 # --------------------------------------------------------------------------- describe
 
-def describe_state_dict(sd: Mapping, det: Detected, heads: Optional[int] = None, grid=None,
+def describe_state_dict(sd: Mapping, det: Detected, heads: Optional[int] = None, grid: Optional[GridLike] = None,
                         offsets: Optional[np.ndarray] = None) -> Dict[str, Any]:
     """Attention quality of every layer of ``sd``, from its weights, against the impulse offset each
     head follows most (or ``offsets [layers, heads, 2]`` when known), on what its first layer sees
@@ -458,6 +460,7 @@ def describe_state_dict(sd: Mapping, det: Detected, heads: Optional[int] = None,
     from structinit.init.inject import read_qk
 
     grid, heads = resolve_shape(det, heads, grid)
+    assert grid is not None  # resolve_shape refuses a missing grid (need_grid)
     view = AttentionTarget(sd, grid, heads)
     own = view.own_input()
     kind = view.pos_embed_kind()
@@ -479,7 +482,8 @@ def describe_state_dict(sd: Mapping, det: Detected, heads: Optional[int] = None,
     return out
 
 
-def describe_checkpoint(path: os.PathLike, heads: Optional[int] = None, grid=None) -> Dict[str, Any]:
+def describe_checkpoint(path: Union[str, os.PathLike], heads: Optional[int] = None,
+                        grid: Optional[GridLike] = None) -> Dict[str, Any]:
     """Layout, shape (grid, dim, heads, depth) and per-layer attention quality of a checkpoint file.
 
     ``heads``/``grid`` are needed only where the file does not tell. Per-layer ``hit_rate``,

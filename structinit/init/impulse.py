@@ -155,8 +155,9 @@ class ImpulseInit(InitSpec):
 
     def params(self) -> Dict[str, Any]:
         out = super().params()
-        if hasattr(self.artifact, "config"):
-            out["artifact"] = str(self.artifact.path) if self.artifact.path else self.artifact.key
+        art = self.artifact
+        if art is not None and hasattr(art, "config"):
+            out["artifact"] = str(art.path) if art.path else art.key
         return out
 
     def algorithms(self) -> Dict[str, int]:

@@ -10,17 +10,25 @@ Example::
 
 from __future__ import annotations
 
+import os
 import warnings
-from typing import Any, Callable, Dict, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, MutableMapping, Optional, Sequence, Union
 
 from structinit.errors import StructinitWarning, UsageError, param
+from structinit.geometry.grid import GridLike
 from structinit.init.base import InitSpec
+from structinit.init.impulse import ImpulseInit
 from structinit.init.registry import init_spec
 
+if TYPE_CHECKING:
+    import torch
 
-def initialize(target, spec: Union[str, InitSpec], *, grid=None, heads: Optional[int] = None,
-               layers: Union[None, str, Sequence[int]] = None, seed: int = 0, cache_dir=None, device: str = "cpu",
-               data=None, progress: Optional[Callable[[int, int], None]] = None,
+
+def initialize(target: Union[torch.nn.Module, MutableMapping[str, Any]], spec: Union[str, InitSpec], *,
+               grid: Optional[GridLike] = None, heads: Optional[int] = None,
+               layers: Union[None, str, Sequence[int]] = None, seed: int = 0,
+               cache_dir: Union[str, os.PathLike, None] = None, device: str = "cpu",
+               data: Optional[torch.Tensor] = None, progress: Optional[Callable[[int, int], None]] = None,
                log: Optional[Callable[[str], None]] = None, source: Optional[str] = None,
                **params: Any) -> Dict[str, Any]:
     """Initialize a model or a state dict (written in place) with ``spec`` (a spec, or a method name
@@ -44,6 +52,7 @@ def initialize(target, spec: Union[str, InitSpec], *, grid=None, heads: Optional
     spec.check_target(t)
     if not spec.uses_data:
         return spec.apply(t, seed=seed, cache_dir=cache_dir, device=device)
+    assert isinstance(spec, ImpulseInit)  # the one method that fits to data (its apply takes the data)
     report = spec.apply(t, seed=seed, cache_dir=cache_dir, device=device, data=data, fit_progress=progress, log=log,
                         source=source)
     from structinit.init.impulse import position_hint, structure_warning
@@ -66,7 +75,8 @@ def initialize(target, spec: Union[str, InitSpec], *, grid=None, heads: Optional
     return report
 
 
-def initialize_model(model, spec: Union[str, InitSpec], *, grid=None, seed: int = 0, data=None,
+def initialize_model(model: torch.nn.Module, spec: Union[str, InitSpec], *, grid: Optional[GridLike] = None,
+                     seed: int = 0, data: Optional[torch.Tensor] = None,
                      progress: Optional[Callable[[int, int], None]] = None,
                      log: Optional[Callable[[str], None]] = None, source: Optional[str] = None,
                      **params: Any) -> Dict[str, Any]:

@@ -67,10 +67,10 @@ def write_qk(sd: MutableMapping, slot: AttnSlot, q: torch.Tensor, k: torch.Tenso
         write_part(sd, part, heads_to_rows(torch.as_tensor(w, dtype=torch.float32)))
         written.append(label(part))
     if zero_bias:
-        for part in (slot.q_bias, slot.k_bias):
-            if part is not None:
-                write_part(sd, part, torch.zeros(part.stop - part.start))
-                written.append(label(part))
+        for bias in (slot.q_bias, slot.k_bias):
+            if bias is not None:
+                write_part(sd, bias, torch.zeros(bias.stop - bias.start))
+                written.append(label(bias))
     return written
 
 
@@ -86,6 +86,7 @@ def write_vproj(sd: MutableMapping, slot: AttnSlot, w_v: torch.Tensor, w_proj: t
 
 def proj_part(sd: Mapping, slot: AttnSlot) -> Part:
     """The whole output projection of ``slot`` as a :class:`Part` (transposed for Conv1D layouts)."""
+    assert slot.proj is not None  # its callers check that the layer has one
     axis = 1 if slot.transposed else 0
     return Part(slot.proj, 0, sd[slot.proj].shape[axis], transposed=slot.transposed)
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from structinit.errors import StructinitError, UsageError, param
-from structinit.geometry.grid import Grid
+from structinit.geometry.grid import Grid, GridLike
 
 
 @dataclass(frozen=True)
@@ -215,19 +215,23 @@ def detect_layout(sd: Mapping) -> Optional[Detected]:
         slots = []
         for i, (m, _) in enumerate(hits):
             b = m.group("block")
-            parts = {}
+            parts: Dict[str, Part] = {}
+            biases: Dict[str, Optional[Part]] = {}
             for j, role in enumerate(("q", "k", "v")):
                 key = b + getattr(layout, role)
                 if key not in sd:
                     raise StructinitError(f"{layout.name}: missing tensor {key}")
-                parts[role] = _part(sd, key, j, dim, layout.fused, role, layout.transposed)
+                part = _part(sd, key, j, dim, layout.fused, role, layout.transposed)
+                assert part is not None  # its key is in sd
+                parts[role] = part
                 if len(_shape(sd[key])) != 2 or _shape(sd[key])[in_axis] != dim:
                     raise StructinitError(f"{key}: shape {list(_shape(sd[key]))} does not fit dim {dim}")
                 bias_key = b + getattr(layout, role + "_bias")
-                parts[role + "_bias"] = _part(sd, bias_key, j, dim, layout.fused, role + " bias")
+                biases[role + "_bias"] = _part(sd, bias_key, j, dim, layout.fused, role + " bias")
             proj = b + layout.proj
             slots.append(AttnSlot(index=i, block=b, proj=proj if proj in sd else None, transposed=layout.transposed,
-                                  **parts))
+                                  q=parts["q"], k=parts["k"], v=parts["v"], q_bias=biases["q_bias"],
+                                  k_bias=biases["k_bias"], v_bias=biases["v_bias"]))
         det = Detected(layout=layout, model_prefix=model, slots=slots, dim=dim)
         if layout.sequence:
             _sequence_grid(sd, det)
@@ -242,6 +246,7 @@ def detect_layout(sd: Mapping) -> Optional[Detected]:
 
 def _sequence_grid(sd: Mapping, det: Detected) -> None:
     """A sequence layout's grid: as many positions as its position-embedding table ``[P, D]`` has rows."""
+    assert det.layout.pos_embed is not None  # every sequence layout names its position table
     key = det.model_prefix + det.layout.pos_embed
     shape = _shape(sd.get(key))
     if len(shape) == 2 and shape[1] == det.dim and shape[0] > 0:
@@ -285,7 +290,7 @@ def _check_sequence_grid(det: Detected, grid: Grid) -> None:
                          f"({det.grid.tokens} positions)")
 
 
-def resolve_shape(det: Detected, heads: Optional[int] = None, grid: Optional[Grid] = None,
+def resolve_shape(det: Detected, heads: Optional[int] = None, grid: Optional[GridLike] = None,
                   need_grid: bool = True) -> Tuple[Optional[Grid], int]:
     """``(grid, heads)`` from the checkpoint and the caller's values; raises :class:`UsageError` when
     one is missing (the grid only if ``need_grid``; else it may come back ``None``) or contradicts

@@ -10,16 +10,20 @@ the same one the solvers fit attention on.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
 from structinit.errors import UsageError, param
-from structinit.geometry.grid import Grid
+from structinit.geometry.grid import Grid, GridLike
 from structinit.init.model_shape import model_grid
 
+if TYPE_CHECKING:
+    import torch
 
-def write_sincos(pe, grid, scale: float = 1.0, zero_prefix: bool = False, name: str = "pos_embed") -> str:
+
+def write_sincos(pe: torch.Tensor, grid: GridLike, scale: float = 1.0, zero_prefix: bool = False,
+                 name: str = "pos_embed") -> str:
     """Write ``scale * sincos(grid, D)`` into the last ``N`` rows of ``pe [1, prefix + N, D]`` in
     place (its own dtype and device); ``zero_prefix`` also zeroes the prefix rows. Returns what was
     replaced, e.g. ``pos_embed[0, 1:65]``.
@@ -55,7 +59,8 @@ def write_sincos(pe, grid, scale: float = 1.0, zero_prefix: bool = False, name: 
     return f"{name}[0, {start}:{pe.shape[1]}]"
 
 
-def set_sincos_pos_embed(model, grid: Optional[Grid] = None, scale: float = 1.0, zero_prefix: bool = False) -> str:
+def set_sincos_pos_embed(model: torch.nn.Module, grid: Optional[GridLike] = None, scale: float = 1.0,
+                         zero_prefix: bool = False) -> str:
     """Write the sin-cos table (times ``scale``) into ``model.pos_embed`` and freeze it
     (``requires_grad=False``); ``grid`` defaults to the model's patch grid."""
     import torch
@@ -68,7 +73,7 @@ def set_sincos_pos_embed(model, grid: Optional[Grid] = None, scale: float = 1.0,
     return written
 
 
-def pe_kind(pe, grid) -> str:
+def pe_kind(pe: torch.Tensor, grid: GridLike) -> str:
     """Which embedding ``pe [1, prefix + N, D]`` holds in its last ``N`` rows (a sequence model's
     table ``[P, D]``: in its first ``N``): ``sincos``, ``sincos xS`` (scaled by S), or ``other``."""
     import torch

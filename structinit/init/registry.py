@@ -21,7 +21,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Iterable, Mapping, Type, Union
+from typing import Any, Dict, Iterable, Mapping, Type, TypeVar, Union, overload
 
 from structinit.errors import UsageError, param
 from structinit.init.authors import Impulse2024Init, Impulse2025Init
@@ -44,6 +44,17 @@ def spec_class(method: str) -> Type[InitSpec]:
     if method not in INIT_METHODS:
         raise UsageError(f"unknown init method {param('init')} {method!r}; choose one of {', '.join(INIT_METHODS)}")
     return INIT_METHODS[method]
+
+
+_Spec = TypeVar("_Spec", bound=InitSpec)
+
+
+@overload
+def init_spec(method: _Spec, **params: Any) -> _Spec: ...
+
+
+@overload
+def init_spec(method: str, **params: Any) -> InitSpec: ...
 
 
 def init_spec(method: Union[str, InitSpec], **params: Any) -> InitSpec:

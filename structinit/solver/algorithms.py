@@ -283,7 +283,8 @@ def solve_fast(x, columns, head_dim, heads, generator, target_mass=0.3, ridge=1e
         raise UsageError(f"{param('target_mass')} must lie in (1/N, 1) = ({1.0 / n:.4g}, 1), got {target_mass}")
     gap = mass_logit_gap(min(target_mass, 0.999), n)
     inputs, first, inverse = distinct_heads(x, columns)
-    qs, ks = [None] * len(first), [None] * len(first)
+    qs: Dict[int, torch.Tensor] = {}  # by distinct head (every one of first is solved below)
+    ks: Dict[int, torch.Tensor] = {}
     # Progress in row-chunk passes of the calibration (about PASSES per head), the part that grows as N^2.
     per_head = PASSES * len(_row_chunks(n))
     done = [0, 0]  # heads finished, chunks of the current head
@@ -314,7 +315,9 @@ def solve_fast(x, columns, head_dim, heads, generator, target_mass=0.3, ridge=1e
             if progress is not None:
                 progress(done[0] * per_head, len(first) * per_head)
         del u, s, v, xl
-    return torch.stack(qs)[inverse].float(), torch.stack(ks)[inverse].float()
+    heads_solved = range(len(first))
+    return (torch.stack([qs[g] for g in heads_solved])[inverse].float(),
+            torch.stack([ks[g] for g in heads_solved])[inverse].float())
 
 
 def solve_closed_form(x, columns, head_dim, heads, generator, logit=10.0, noise_std=1.0, qk_scale=7.0, progress=None,

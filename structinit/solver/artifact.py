@@ -23,7 +23,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from structinit import __version__
 from structinit.atomic import atomic_write
 from structinit.errors import ArtifactError
 from structinit.solver.config import FORMAT, KEY_LENGTH, SolveConfig
+
+if TYPE_CHECKING:
+    from structinit.analysis.quality import Quality
 
 
 @dataclass
@@ -70,7 +73,7 @@ class Artifact:
         return {name: np.ascontiguousarray(t) for name, t in out.items()}
 
     @property
-    def quality(self):
+    def quality(self) -> Quality:
         """The solver's :class:`~structinit.analysis.quality.Quality` record (from ``stats``)."""
         from structinit.analysis.quality import Quality
 

@@ -16,7 +16,7 @@ import os
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple, Union
 
 from structinit.atomic import set_aside
 from structinit.errors import ArtifactError, Notice, StructinitError, UsageError, param
@@ -27,7 +27,7 @@ ENV_VAR = "STRUCTINIT_CACHE"
 LOCK_TIMEOUT = 3600.0
 
 
-def user_cache_dir(cache_dir: Optional[os.PathLike] = None) -> Path:
+def user_cache_dir(cache_dir: Union[str, os.PathLike, None] = None) -> Path:
     """The writable cache folder (see the module docstring for the order)."""
     if cache_dir:
         return Path(cache_dir).expanduser()
@@ -39,23 +39,25 @@ def user_cache_dir(cache_dir: Optional[os.PathLike] = None) -> Path:
 
 def shipped_cache_dir() -> Optional[Path]:
     """The folder of pre-solved artifacts inside the installed package, or ``None``."""
-    folder = resources.files("structinit").joinpath("data", "cache")
+    # One name per joinpath: Traversable takes several only from Python 3.11 (3.9's zipfile.Path takes one).
+    folder = resources.files("structinit").joinpath("data").joinpath("cache")
     return Path(str(folder)) if folder.is_dir() else None
 
 
-def search_dirs(cache_dir: Optional[os.PathLike] = None) -> List[Path]:
+def search_dirs(cache_dir: Union[str, os.PathLike, None] = None) -> List[Path]:
     """Every folder consulted, user cache first."""
     shipped = shipped_cache_dir()
     return [user_cache_dir(cache_dir)] + ([shipped] if shipped else [])
 
 
-def check_cache_dir(cache_dir: Optional[os.PathLike]) -> None:
+def check_cache_dir(cache_dir: Union[str, os.PathLike, None]) -> None:
     """A given ``cache_dir`` that exists must be a folder (a missing one is created when written)."""
     if cache_dir and Path(cache_dir).expanduser().exists() and not Path(cache_dir).expanduser().is_dir():
         raise UsageError(f"{param('cache_dir')} {cache_dir} is not a folder")
 
 
-def find_cached(filename: str, cache_dir: Optional[os.PathLike] = None, warn=None,
+def find_cached(filename: str, cache_dir: Union[str, os.PathLike, None] = None,
+                warn: Optional[Callable[[str], None]] = None,
                 expect: Optional[Tuple[str, bool]] = None) -> Optional[Artifact]:
     """Load the artifact named ``filename`` from the first folder that holds a valid copy.
 
@@ -102,7 +104,7 @@ def check_expected(art: Artifact, key: str, fitted: bool) -> None:
 
 
 def load_or_compute(filename: str, compute: Callable[[], Artifact], *, key: str, fitted: bool,
-                    cache_dir: Optional[os.PathLike] = None, force: bool = False,
+                    cache_dir: Union[str, os.PathLike, None] = None, force: bool = False,
                     warn: Optional[Callable[[str], None]] = None, wait: Optional[Callable[[str], None]] = None,
                     before: Optional[Callable[[], None]] = None, what: str = "solved") -> Tuple[Artifact, bool]:
     """``(artifact, cached)``: the artifact named ``filename`` (of ``key``; ``fitted`` or a plain
@@ -148,14 +150,14 @@ def load_or_compute(filename: str, compute: Callable[[], Artifact], *, key: str,
     return artifact, False
 
 
-def list_artifacts(cache_dir: Optional[os.PathLike] = None) -> Iterator[Path]:
+def list_artifacts(cache_dir: Union[str, os.PathLike, None] = None) -> Iterator[Path]:
     """Artifact files in every search folder (temp files and locks excluded)."""
     for folder in search_dirs(cache_dir):
         if folder.is_dir():
             yield from sorted(p for p in folder.glob("*.safetensors") if not p.name.startswith("."))
 
 
-def resolve_key(key: str, cache_dir: Optional[os.PathLike] = None) -> Optional[Path]:
+def resolve_key(key: str, cache_dir: Union[str, os.PathLike, None] = None) -> Optional[Path]:
     """The artifact file whose key (or file name) is ``key``, or ``None``."""
     for path in list_artifacts(cache_dir):
         if path.name == key or path.stem == key or path.stem.endswith("-" + key):
@@ -163,7 +165,8 @@ def resolve_key(key: str, cache_dir: Optional[os.PathLike] = None) -> Optional[P
     return None
 
 
-def resolve_artifact(spec, cache_dir: Optional[os.PathLike] = None) -> Artifact:
+def resolve_artifact(spec: Union[Artifact, str, os.PathLike],
+                     cache_dir: Union[str, os.PathLike, None] = None) -> Artifact:
     """An :class:`~structinit.solver.artifact.Artifact` from an Artifact, a file path, or a key (or
     file name) in the cache. Raises :class:`UsageError` when it names nothing."""
     if isinstance(spec, Artifact):
@@ -180,7 +183,7 @@ def resolve_artifact(spec, cache_dir: Optional[os.PathLike] = None) -> Artifact:
 
 @contextmanager
 def key_lock(folder: Path, filename: str, timeout: float = LOCK_TIMEOUT, wait: Optional[Callable[[str], None]] = None,
-             doing: str = "solving"):
+             doing: str = "solving") -> Iterator[None]:
     """Hold an exclusive lock for ``filename`` in ``folder`` while computing it; raises
     :class:`StructinitError` after ``timeout`` seconds of waiting for another holder. ``wait(message)``
     hears, once, that another process holds the lock (``doing``: ``solving``, ``fitting``), before

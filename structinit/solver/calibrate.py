@@ -58,6 +58,7 @@ def log_scale_root(mass_and_slope: MassAndSlope, target: float, lo: torch.Tensor
                 break
         nxt = (lo + hi) / 2
         if newton:
+            assert dm is not None, "newton needs the slope from mass_and_slope"
             step = u - (m - target) / dm.clamp(min=min_slope)
             nxt = torch.where((step > lo) & (step < hi) & (dm > min_slope), step, nxt)
         u = torch.where(done, u, nxt)

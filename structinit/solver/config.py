@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 import numpy as np
+import numpy.typing as npt
 
 from structinit.errors import UsageError, param
 from structinit.geometry.embedding import PSEUDO_INPUTS
@@ -62,7 +63,7 @@ class SolveConfig:
     causal: bool = False
     algorithm: Optional[int] = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         from structinit.solver.recipes import RECIPE_VERSIONS
 
         object.__setattr__(self, "grid", Grid(self.grid))
@@ -155,7 +156,7 @@ class SolveConfig:
                 "window": window_offsets(self.filter, self.grid.ndim, self.causal).tolist()}
 
 
-def embedding_digest(embedding) -> str:
+def embedding_digest(embedding: npt.ArrayLike) -> str:
     """``sha256:<hex>`` of a position embedding ``[N, D]`` as float32 (shape included): the value of
     :attr:`SolveConfig.pos_embed` for a solve on it."""
     arr = np.ascontiguousarray(np.asarray(embedding, dtype=np.float32))

@@ -13,7 +13,7 @@ import functools
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -25,6 +25,12 @@ from structinit.solver.artifact import Artifact
 from structinit.solver.cache import check_cache_dir, load_or_compute
 from structinit.solver.config import SolveConfig, embedding_digest
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    import torch
+
+    from structinit.analysis.quality import Quality
+
 
 @dataclass
 class SolveResult:
@@ -34,7 +40,8 @@ class SolveResult:
     cached: bool
 
 
-def layer_inputs(config: SolveConfig, embedding=None) -> tuple:
+def layer_inputs(config: SolveConfig,
+                 embedding: Optional[npt.ArrayLike] = None) -> Tuple[np.ndarray, Optional[np.ndarray]]:
     """``(first, rest)`` pseudo inputs ``[N, D]``; ``rest`` is ``None`` when it equals ``first``.
     ``embedding [N, D]`` is the position embedding of ``config.pos_embed`` (required when set)."""
     if config.pos_embed is not None and embedding is None:
@@ -50,7 +57,7 @@ def layer_inputs(config: SolveConfig, embedding=None) -> tuple:
     return first, rest
 
 
-def check_embedding(config: SolveConfig, embedding) -> None:
+def check_embedding(config: SolveConfig, embedding: npt.ArrayLike) -> None:
     """Raise :class:`UsageError` unless ``embedding`` is the one ``config.pos_embed`` names."""
     if config.pos_embed is None:
         raise UsageError(f"an {param('embedding')} was given but the config has no {param('pos_embed')} digest "
@@ -60,7 +67,7 @@ def check_embedding(config: SolveConfig, embedding) -> None:
                          "digest names")
 
 
-def solved_layers(config: SolveConfig) -> list:
+def solved_layers(config: SolveConfig) -> List[int]:
     """The layers that get their own solve: all of them, or (shared) the first and, when the
     following layers have another pseudo input, one more for all of them."""
     if not config.share:
@@ -197,7 +204,8 @@ def _gib(n: int) -> str:
     return f"{n / 2 ** 30:.1f} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.0f} MiB"
 
 
-def _quality(x, q, k, columns, inputs, mask=None):
+def _quality(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, columns: torch.Tensor, inputs: torch.Tensor,
+             mask: Optional[torch.Tensor] = None) -> Quality:
     """:class:`~structinit.analysis.quality.Quality` of every solved head, measuring each distinct
     (pseudo input, target, q, k) once (heads of the fast recipe that share an offset are one)."""
     from structinit.analysis.quality import MEASURES, Quality, measure
@@ -215,7 +223,8 @@ def _quality(x, q, k, columns, inputs, mask=None):
 
 
 def compute(config: SolveConfig, device: str = "auto", progress: Optional[Callable[[int, int], None]] = None,
-            threads: Optional[int] = None, embedding=None, log: Optional[Callable[[str], None]] = None) -> Artifact:
+            threads: Optional[int] = None, embedding: Optional[npt.ArrayLike] = None,
+            log: Optional[Callable[[str], None]] = None) -> Artifact:
     """Solve ``config`` now (no cache) on ``device``, batched over the solved layers x heads.
 
     ``embedding [N, D]``: the position embedding whose digest is ``config.pos_embed`` (only then).
@@ -264,16 +273,17 @@ def compute(config: SolveConfig, device: str = "auto", progress: Optional[Callab
     # Shared solves: layer 0 uses the first solve, every following layer the last one.
     index = np.array([min(i, len(solved) - 1) for i in range(L)]) if config.share else np.arange(L)
     quality = _quality(x, q, k, columns, distinct_heads(x, columns)[0], masked.get("mask")).select(index)
-    q, k = q.cpu().numpy(), k.cpu().numpy()
+    q_np, k_np = q.cpu().numpy(), k.cpu().numpy()
     stats = {"layers": quality.to_stats(), "summary": quality.summary(), "seconds": seconds,
              "device": torch.cuda.get_device_name(dev) if dev.startswith("cuda") else "cpu"}
-    return Artifact(config=config, q=q[index], k=k[index], offsets=offsets_solved[index].astype(np.int32),
+    return Artifact(config=config, q=q_np[index], k=k_np[index], offsets=offsets_solved[index].astype(np.int32),
                     pseudo_input=first, pseudo_input_rest=rest, stats=stats)
 
 
-def solve(config: SolveConfig, cache_dir: Optional[os.PathLike] = None, device: str = "auto", force: bool = False,
-          progress: Optional[Callable[[int, int], None]] = None, warn: Optional[Callable[[str], None]] = None,
-          threads: Optional[int] = None, embedding=None, log: Optional[Callable[[str], None]] = None) -> SolveResult:
+def solve(config: SolveConfig, cache_dir: Union[str, os.PathLike, None] = None, device: str = "auto",
+          force: bool = False, progress: Optional[Callable[[int, int], None]] = None,
+          warn: Optional[Callable[[str], None]] = None, threads: Optional[int] = None,
+          embedding: Optional[npt.ArrayLike] = None, log: Optional[Callable[[str], None]] = None) -> SolveResult:
     """The artifact for ``config``: from the cache if present and valid, else solved and stored.
 
     Concurrent callers with the same key solve it once (a per-key lock; ``log`` hears that this one

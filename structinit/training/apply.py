@@ -30,14 +30,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Dict, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, Union
 
 from structinit.errors import StructinitError, UsageError, param
+from structinit.geometry.grid import Grid
 from structinit.init.apply import ApplyOptions, LoadedCheckpoint, load_for_apply, write_checkpoint, write_position_table
 from structinit.init.attention_target import AttentionTarget
 from structinit.init.base import InitSpec
+from structinit.init.impulse import ImpulseInit
 from structinit.init.registry import init_spec
 from structinit.training.checkpoint_models import HF_EXTRA, transformers_installed
+
+if TYPE_CHECKING:
+    from structinit.init.impulse_write import Prepared
 
 #: Layouts whose model structinit can build and run inputs through (a ``structinit train`` run too).
 BUILDABLE = ("timm-vit", "hf-vit", "hf-vit-v5", "hf-bert", "hf-gpt2")
@@ -72,11 +77,12 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
 
         options = dataclasses.replace(options, heads=timm_heads(options.model_name))
     loaded = load_for_apply(path, spec, options)
-    fits = spec.method == "impulse" and spec.uses_data
+    impulse = spec if isinstance(spec, ImpulseInit) else None  # the one method that solves, and fits to data
+    fits = impulse is not None and impulse.uses_data
     model_path = fits and _can_fit(loaded, options)
-    table = model_path and _needs_table(spec, loaded, options)
-    if spec.method == "impulse" and options.set_pe is None and not table:
-        spec.check_embedding(loaded.first)  # a learned embedding it will not replace needs set_pe or fit_pe
+    table = model_path and impulse is not None and _needs_table(impulse, loaded, options)
+    if impulse is not None and options.set_pe is None and not table:
+        impulse.check_embedding(loaded.first)  # a learned embedding it will not replace needs set_pe or fit_pe
     if table:
         loaded.plan["pos_embed_written"] = TABLE_IN_PLACE.format(key=loaded.ckpt.detected.pos_key)
     if options.dry_run:
@@ -89,8 +95,8 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
     elif table:
         write_position_table(loaded, 1.0)
     prepared = None
-    if model_path:
-        prepared = _prepare_on_model(loaded, spec, options, say, progress, fit_progress)
+    if model_path and impulse is not None:
+        prepared = _prepare_on_model(loaded, impulse, options, say, progress, fit_progress)
     report = write_checkpoint(loaded, spec, options, prepared, progress, log)
     if fits and not model_path:
         report["data_fit"] = {"skipped": _why_no_fit(loaded)}
@@ -131,7 +137,7 @@ def _why_no_fit(loaded: LoadedCheckpoint) -> str:
     return f"not run: structinit cannot build and run the model of a {layout.name} checkpoint, {plain}"
 
 
-def _needs_table(spec, loaded: LoadedCheckpoint, options: ApplyOptions) -> bool:
+def _needs_table(spec: ImpulseInit, loaded: LoadedCheckpoint, options: ApplyOptions) -> bool:
     """Whether the sin-cos table replaces a learned position embedding, as on a model (see
     :func:`structinit.init.impulse_write.write_position`)."""
     first = loaded.first
@@ -140,16 +146,17 @@ def _needs_table(spec, loaded: LoadedCheckpoint, options: ApplyOptions) -> bool:
             and pos is not None and first.pos_embed_kind() == "other" and first.sd[pos].dim() == 3)
 
 
-def _regrid(loaded: LoadedCheckpoint, grid, options: ApplyOptions) -> None:
+def _regrid(loaded: LoadedCheckpoint, grid: Grid, options: ApplyOptions) -> None:
     """See every copy of the model in ``loaded`` on ``grid`` (a sequence's length, from its inputs)."""
     loaded.views = [AttentionTarget(view.sd, grid, view.heads, options.layers) for view in loaded.views]
     loaded.plan["grid"] = list(grid)
 
 
-def _prepare_on_model(loaded: LoadedCheckpoint, spec, options: ApplyOptions, say, progress, fit_progress):
+def _prepare_on_model(loaded: LoadedCheckpoint, spec: ImpulseInit, options: ApplyOptions, say: Callable[[str], None],
+                      progress: Optional[Callable[[int, int], None]],
+                      fit_progress: Optional[Callable[[int, int], None]]) -> Prepared:
     """Build the checkpoint's model from its first state dict (position table already written) and
     prepare the impulse init on it as ``initialize_model`` does: ``Prepared`` (the fitted artifact)."""
-    from structinit.geometry.grid import Grid
     from structinit.init.impulse_write import prepare
     from structinit.training.checkpoint_models import checkpoint_model
     from structinit.training.fit_inputs import NOISE, fit_inputs_for
@@ -170,6 +177,7 @@ def _prepare_on_model(loaded: LoadedCheckpoint, spec, options: ApplyOptions, say
     if built.kind == "sequence" and data is not None and data.dim() == 2:
         data = data.unsqueeze(1)
     view = AttentionTarget(built.model, first.grid, first.heads, options.layers)
+    assert view.grid is not None and first.grid is not None  # the impulse init needs the grid (needs_grid)
     if (tuple(view.grid), view.dim, view.depth) != (tuple(first.grid), first.dim, first.depth):
         raise StructinitError(f"the model built for {loaded.path} ({built.how}) has grid {view.grid.describe()}, dim "
                               f"{view.dim}, depth {view.depth}; the checkpoint has grid {first.grid.describe()}, dim "

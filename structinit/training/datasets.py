@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Union
 
 import numpy as np
 
@@ -182,7 +182,7 @@ def default_data_dir() -> Path:
     return Path(os.environ.get("STRUCTINIT_DATA") or "data")
 
 
-def load_dataset(name: str, data_dir: Optional[os.PathLike] = None, download: bool = False,
+def load_dataset(name: str, data_dir: Union[str, os.PathLike, None] = None, download: bool = False,
                  image_size: Optional[int] = None, shuffle_seq: bool = False) -> Data:
     """Load ``name``'s train and test splits. ``data_dir`` holds the on-disk files (torchvision's
     formats; ``imagefolder``: ``train/`` and ``val/`` with one folder per class); ``download``
@@ -215,7 +215,7 @@ def load_dataset(name: str, data_dir: Optional[os.PathLike] = None, download: bo
     return _torchvision(info, root, download)
 
 
-def check_files(name: str, data_dir: Optional[os.PathLike] = None, download: bool = False) -> None:
+def check_files(name: str, data_dir: Union[str, os.PathLike, None] = None, download: bool = False) -> None:
     """The cheap part of :func:`load_dataset`: whether ``name``'s files are where it would read
     them (nothing is read or downloaded); the same :class:`UsageError` it would raise when they are
     not. A grid checks each dataset once this way before it launches its runs."""
@@ -356,7 +356,7 @@ def read_idx(path: Path, magic: int, dims: int):
     return np.frombuffer(raw, dtype=np.uint8, offset=head).reshape(sizes)
 
 
-def fashion_files(data_dir: Optional[os.PathLike] = None) -> Dict[str, Path]:
+def fashion_files(data_dir: Union[str, os.PathLike, None] = None) -> Dict[str, Path]:
     """The four Fashion-MNIST files, gzipped or not: in ``data_dir`` (or its ``fashion-mnist``
     folder) when given, else where Debian's ``dataset-fashion-mnist`` puts them. A missing file is a
     :class:`UsageError` that says how to get them."""

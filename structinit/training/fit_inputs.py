@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 from structinit.errors import StructinitError, UsageError, param
 from structinit.fit.inputs import FitInputs
@@ -59,7 +59,7 @@ def training_images(config, n: int):
     return torch.stack([data.train[i][0] for i in range(n)])
 
 
-def fit_inputs_for(source, built, samples: int, data_dir: Optional[os.PathLike] = None) -> FitInputs:
+def fit_inputs_for(source, built, samples: int, data_dir: Union[str, os.PathLike, None] = None) -> FitInputs:
     """The batch ``source`` names (see the module docstring; a tensor is taken as it is) for the model
     ``built`` (a :class:`~structinit.training.checkpoint_models.CheckpointModel`), checked against
     what it takes; ``data_dir`` is where a named dataset is read from (refused for any other source)."""
@@ -169,8 +169,9 @@ def _folder_inputs(folder: Path, built, samples: int) -> FitInputs:
     out = []
     for f in files:
         try:
-            with Image.open(f) as im:
-                im = im.convert("L" if chans == 1 else "RGB").resize((w, h), Image.BILINEAR)
+            with Image.open(f) as src:
+                # Pillow makes its constants in a loop its stubs do not see (Image.Resampling: Pillow >= 9.1)
+                im = src.convert("L" if chans == 1 else "RGB").resize((w, h), Image.BILINEAR)  # type: ignore[attr-defined]
                 arr = np.asarray(im, dtype=np.float32) / 255.0
         except (OSError, UnidentifiedImageError) as exc:
             raise UsageError(f"{param('data')}: {f} is not a readable image ({exc})") from None

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
 from structinit.errors import UsageError, param
 from structinit.geometry.grid import Grid
@@ -207,6 +207,7 @@ def build_model(config: ModelConfig, *, num_classes: int, image_size: int, in_ch
         return _build_sequence_model(arch, num_classes=num_classes, length=image_size, in_chans=in_chans)
     grid = _grid(image_size, arch["patch"])
     family = arch["family"]
+    model: torch.nn.Module
     if family == "vit":
         from timm.models.vision_transformer import VisionTransformer
 
@@ -233,8 +234,9 @@ def build_model(config: ModelConfig, *, num_classes: int, image_size: int, in_ch
         model = ConvMixer(dim=arch["dim"], depth=arch["depth"], kernel_size=arch["kernel"], patch_size=arch["patch"],
                           in_chans=in_chans, num_classes=num_classes)
         set_convmixer_filters(model, arch["filters"], seed=seed or 0)
-    model.structinit_arch = dict(arch, grid=list(grid), image_size=image_size, in_chans=in_chans,
-                                 num_classes=num_classes)
+    # torch types Module.__setattr__ for tensors and modules; any other value is stored as a plain attribute
+    model.structinit_arch = dict(arch, grid=list(grid), image_size=image_size,  # type: ignore[assignment]
+                                 in_chans=in_chans, num_classes=num_classes)
     return model
 
 
@@ -242,14 +244,16 @@ def _build_sequence_model(arch: Dict[str, Any], *, num_classes: int, length: int
     """The ``transformer-1d`` or ``cnn-1d`` model of ``arch`` for sequences ``[B, in_chans, length]``."""
     from structinit.training.sequence_models import SequenceCNN, SequenceTransformer
 
+    model: Union[SequenceCNN, SequenceTransformer]
     if arch["family"] == "cnn-1d":
         model = SequenceCNN(length, in_chans, num_classes, dim=arch["dim"], depth=arch["depth"], kernel=arch["kernel"])
     else:
         model = SequenceTransformer(length, in_chans, num_classes, dim=arch["dim"], depth=arch["depth"],
                                     heads=arch["heads"], mlp_ratio=arch["mlp_ratio"], window=arch["window"],
                                     pos_embed=arch["pos_embed"], drop_path=arch["drop_path"])
-    model.structinit_arch = dict(arch, grid=[int(length)], length=int(length), in_chans=in_chans,
-                                 num_classes=num_classes)
+    # torch types Module.__setattr__ for tensors and modules; any other value is stored as a plain attribute
+    model.structinit_arch = dict(arch, grid=[int(length)], length=int(length),  # type: ignore[assignment]
+                                 in_chans=in_chans, num_classes=num_classes)
     return model
 
 

@@ -313,7 +313,8 @@ def _damage(run: "RunDir"):
     """``(why, files to set aside)``, or ``(None, [])`` for a sound run (see :meth:`RunDir.damage`)."""
     present = [n for n in RESULT_FILES if run.file(n).exists()]
     ck_path, final_path = run.file(run.CHECKPOINT), run.file(run.FINAL)
-    ck, ck_why = None, None
+    ck: Optional[Dict[str, Any]] = None
+    ck_why: Optional[str] = None
     if ck_path.exists():
         try:
             ck = checkpoint_info(ck_path)
@@ -328,11 +329,14 @@ def _damage(run: "RunDir"):
         pass
     key = config.get("key") if isinstance(config, dict) else None
     if ck is not None and key is not None and ck.get("key") not in (None, key):
-        ck, ck_why = None, f"{ck_path} is run {ck.get('key')}'s checkpoint, not run {key}'s"
+        ck_why = f"{ck_path} is run {ck.get('key')}'s checkpoint, not run {key}'s"
+        ck = None
     if ck_why is not None:
         return ck_why, present  # no checkpoint to resume from: everything it trained goes
     if not final_path.exists():
         return None, []
+    final: Any
+    why: Optional[str]
     try:
         final = json.loads(final_path.read_text())
     except (OSError, ValueError) as exc:
@@ -352,6 +356,7 @@ def _damage(run: "RunDir"):
         elif ck is None:
             why = f"{final_path} has no {run.CHECKPOINT} beside it"
         else:
+            assert config is not None  # key was read from it
             last = ((config.get("resolved") or {}).get("hparams") or {}).get("epochs", final.get("epochs"))
             if ck["epoch"] != last or final.get("epochs") != last:
                 why = (f"{final_path} reports {final.get('epochs')} epoch(s) and {ck_path} holds epoch "

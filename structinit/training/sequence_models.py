@@ -64,7 +64,9 @@ class SequenceTransformer(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, length, dim))
         rates = torch.linspace(0, drop_path, depth).tolist()
         norm = partial(nn.LayerNorm, eps=1e-6)
-        self.blocks = nn.Sequential(*[Block(dim, heads, mlp_ratio, qkv_bias=True, drop_path=rates[i], norm_layer=norm)
+        # timm annotates norm_layer as a class and calls it; a partial is what its own models pass
+        self.blocks = nn.Sequential(*[Block(dim, heads, mlp_ratio, qkv_bias=True, drop_path=rates[i],
+                                            norm_layer=norm)  # type: ignore[arg-type]
                                       for i in range(depth)])
         self.norm = norm(dim)
         self.head = nn.Linear(dim, num_classes)
