@@ -324,7 +324,7 @@ def _check_cell(spec: GridSpec, cfg: Dict[str, Any], where: str, long_warmup: Di
 
 
 def expand(spec: GridSpec, *, overrides: Union[Iterable[str], Dict[str, Any], None] = None,
-           seeds: Union[None, int, str, Sequence[int]] = None, runs_dir: os.PathLike = "runs",
+           seeds: Union[None, int, str, Sequence[int]] = None, runs_dir: Union[str, os.PathLike] = "runs",
            data_root: Optional[os.PathLike] = None, command: Optional[str] = None,
            only: Union[None, Sequence[str], Dict[str, Sequence[str]]] = None,
            max_runs: Optional[int] = MAX_RUNS,
