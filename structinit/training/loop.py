@@ -22,12 +22,18 @@ import json
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 from structinit.errors import StructinitError, UsageError, param
 from structinit.init.base import InitSpec
 from structinit.training.config import EXECUTION_FIELDS, TrainConfig, causal_refused
 from structinit.training.rundir import RunDir
+
+if TYPE_CHECKING:  # torch is imported where it is used: validating a config does not load it
+    import torch
+
+    from structinit.training.datasets import Data, DatasetInfo, TensorSplit
+    from structinit.training.distributed import DistContext
 
 
 @dataclass
@@ -85,7 +91,7 @@ def lr_at(step: int, total_steps: int, warmup_steps: int, lr: float, min_lr: flo
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * t))
 
 
-def epoch_permutation(n: int, seed: int, epoch: int):
+def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
     """The training order of ``epoch`` (0-based): a permutation of ``n`` from ``(seed, epoch)`` alone,
     identical on every process and after a resume."""
     import torch
@@ -93,7 +99,7 @@ def epoch_permutation(n: int, seed: int, epoch: int):
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
 
 
-def shard_batches(n: int, global_batch: int, rank: int, world: int, seed: int, epoch: int):
+def shard_batches(n: int, global_batch: int, rank: int, world: int, seed: int, epoch: int) -> Iterator[torch.Tensor]:
     """This process's index batches ``[global_batch // world]`` of ``epoch`` (drop-last): step ``s``
     of every process together covers ``perm[s * B:(s + 1) * B]``, the same global batch as one process."""
     perm = epoch_permutation(n, seed, epoch)
@@ -103,7 +109,8 @@ def shard_batches(n: int, global_batch: int, rank: int, world: int, seed: int, e
         yield perm[start:start + local]
 
 
-def build_optimizer(model, hp: Dict[str, Any]):
+def build_optimizer(model: torch.nn.Module, hp: Dict[str, Any]
+                    ) -> Tuple[torch.optim.Optimizer, List[torch.nn.Parameter]]:
     """AdamW over the trainable parameters (weight decay on matrices only): ``(optimizer, trainable)``."""
     import torch
 
@@ -117,7 +124,7 @@ def build_optimizer(model, hp: Dict[str, Any]):
     return opt, trainable
 
 
-def amp_dtype(amp: str, device: str):
+def amp_dtype(amp: str, device: str) -> Optional[torch.dtype]:
     """The autocast dtype for ``amp`` on ``device`` (``None``: full precision)."""
     import torch
 
@@ -132,17 +139,17 @@ def amp_dtype(amp: str, device: str):
 class StepContext:
     """What one optimizer step needs besides the batch."""
 
-    net: Any
-    opt: Any
-    trainable: List[Any]
-    criterion: Any
+    net: Any  # the model, or its DDP / torch.compile wrapper (which torch types as a plain callable)
+    opt: torch.optim.Optimizer
+    trainable: List[torch.nn.Parameter]
+    criterion: Callable[..., torch.Tensor]
     autocast: Callable[[], Any]
     grad_clip: float
-    scaler: Any = None
+    scaler: Optional[torch.amp.GradScaler] = None
 
 
 def train_epoch(sc: StepContext, batches: Iterable[Tuple[Any, Any]], lr_for_step: Callable[[int], float],
-                on_step: Optional[Callable[[int], None]] = None):
+                on_step: Optional[Callable[[int], None]] = None) -> Tuple[torch.Tensor, float]:
     """One pass over ``batches`` (``(x, y)`` pairs), the learning rate of step ``s`` (0-based, in
     this epoch) set to ``lr_for_step(s)`` before it and ``on_step(s + 1)`` called after it. Returns
     ``(sums, lr)``: float64 ``[loss sum, correct, count]`` on the batches' device (not yet reduced
@@ -182,7 +189,8 @@ def train_epoch(sc: StepContext, batches: Iterable[Tuple[Any, Any]], lr_for_step
     return (torch.zeros(3, dtype=torch.float64) if sums is None else sums), lr  # no batches: nothing summed
 
 
-def evaluate(model, chunks: Iterable[Tuple[Any, Any]], autocast: Callable[[], Any], device) -> Any:
+def evaluate(model: torch.nn.Module, chunks: Iterable[Tuple[Any, Any]], autocast: Callable[[], Any],
+             device: Union[str, torch.device]) -> torch.Tensor:
     """Loss sum, correct and count (float64 ``[3]`` on ``device``, not reduced) of ``model`` over
     ``chunks`` of ``(x, y)``, in inference mode."""
     import torch
@@ -202,7 +210,7 @@ def evaluate(model, chunks: Iterable[Tuple[Any, Any]], autocast: Callable[[], An
 FIDELITY_SAMPLES = 256
 
 
-def init_inputs(split, info):
+def init_inputs(split: TensorSplit, info: DatasetInfo) -> torch.Tensor:
     """The first :data:`FIDELITY_SAMPLES` training inputs of an in-memory split, as the model sees
     them (images normalized; sequences as stored): what the init fits to (``data_fit``) and where
     its attention is measured at init."""
@@ -212,7 +220,8 @@ def init_inputs(split, info):
     return x if info.is_sequence else normalize(x, info.mean, info.std)
 
 
-def impulse_fidelity(model, split, info, report: Dict[str, Any]) -> Dict[str, Any]:
+def impulse_fidelity(model: torch.nn.Module, split: TensorSplit, info: DatasetInfo,
+                     report: Dict[str, Any]) -> Dict[str, Any]:
     """The hit rate and target mass, per layer, of a freshly impulse-initialized model's attention on
     the first :data:`FIDELITY_SAMPLES` training inputs (see
     :func:`structinit.analysis.fidelity.data_attention_quality`); ``report`` is the init's report."""
@@ -253,7 +262,7 @@ def _differences(old: TrainConfig, new: TrainConfig) -> List[str]:
             if a.get(k) != b.get(k)]
 
 
-def _result_from_checkpoint(ck: Dict[str, Any], run: RunDir, ctx, key: str) -> TrainResult:
+def _result_from_checkpoint(ck: Dict[str, Any], run: RunDir, ctx: DistContext, key: str) -> TrainResult:
     """The result of a finished run, from its last checkpoint (which holds every epoch's record),
     as :func:`train` returned it (``final.json`` is not read: the checkpoint is the record)."""
     metrics = list(ck["metrics"])
@@ -333,7 +342,7 @@ class _Session:
 
     config: TrainConfig
     hp: Dict[str, Any]
-    ctx: Any
+    ctx: DistContext
     run: Optional[RunDir]
     key: str
     t_start: float
@@ -357,7 +366,7 @@ class _Initialized:
     for the model's own init); ``record`` the epoch-0 line of ``metrics.jsonl``, the init's attention
     on real inputs (``None`` when it is not measured)."""
 
-    model: Any
+    model: torch.nn.Module
     arch: Dict[str, Any]
     report: Optional[Dict[str, Any]] = None
     seconds: Optional[float] = None
@@ -472,7 +481,7 @@ def _save_epoch(s: _Session, run: RunDir, built: _Initialized, sc: StepContext, 
 
 # --------------------------------------------------------------------------- data and model
 
-def _load_data(s: _Session):
+def _load_data(s: _Session) -> Data:
     """The run's dataset with its training subset and validation split drawn (with ``download``
     under torchrun, rank 0 fetches while the others wait); refused when one global batch is larger
     than the training split."""
@@ -494,7 +503,7 @@ def _load_data(s: _Session):
     return data
 
 
-def _initialized_model(s: _Session, data, resumed: Optional[Dict[str, Any]],
+def _initialized_model(s: _Session, data: Data, resumed: Optional[Dict[str, Any]],
                        on_init: Optional[Callable[[int, int], None]]) -> _Initialized:
     """The run's model, built from its seed, with its init applied: in full when the run starts
     (:func:`_apply_init`); when it resumes from a checkpoint whose ``config.json`` (``resumed``)
@@ -534,7 +543,7 @@ def _reapply_init(built: _Initialized, config: TrainConfig, spec: InitSpec, reco
     return built
 
 
-def _apply_init(built: _Initialized, s: _Session, spec: InitSpec, data,
+def _apply_init(built: _Initialized, s: _Session, spec: InitSpec, data: Data,
                 on_init: Optional[Callable[[int, int], None]]) -> _Initialized:
     """The init (``spec``, the config's) of a run that starts: fitted to the run's first training
     inputs when it fits to data (noise inputs for a dataset read from disk), timed; an impulse
@@ -571,7 +580,7 @@ def _apply_init(built: _Initialized, s: _Session, spec: InitSpec, data,
 
 # --------------------------------------------------------------------------- training
 
-def _train_model(s: _Session, data, built: _Initialized, ck: Optional[Dict[str, Any]], *,
+def _train_model(s: _Session, data: Data, built: _Initialized, ck: Optional[Dict[str, Any]], *,
                  on_step: Optional[Callable[[int, int, int], None]],
                  on_epoch: Optional[Callable[[Dict[str, Any]], None]]) -> TrainResult:
     """Train the initialized model from its first epoch, or from checkpoint ``ck``, to the last;
@@ -620,7 +629,7 @@ def _train_model(s: _Session, data, built: _Initialized, ck: Optional[Dict[str, 
     return result
 
 
-def _step_context(s: _Session, model) -> Tuple[StepContext, Any]:
+def _step_context(s: _Session, model: torch.nn.Module) -> Tuple[StepContext, Optional[torch.dtype]]:
     """``(step context, autocast dtype)``: the model moved to the run's device, its AdamW, the
     mixed precision (``None``: full precision; fp16 on a GPU adds a grad scaler), the model wrapped
     for DDP and ``torch.compile`` as the run asks, and the loss."""
@@ -633,7 +642,7 @@ def _step_context(s: _Session, model) -> Tuple[StepContext, Any]:
     opt, trainable = build_optimizer(model, hp)
     dtype = amp_dtype(config.amp, device)
     scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 and device.startswith("cuda") else None
-    net = model
+    net: Any = model  # what the steps call: the model, wrapped for DDP and compiled as asked
     if ctx.distributed:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -641,7 +650,7 @@ def _step_context(s: _Session, model) -> Tuple[StepContext, Any]:
     if config.compile:
         net = torch.compile(net)
 
-    def autocast():
+    def autocast() -> torch.autocast:
         return torch.autocast(dev.type, dtype=dtype, enabled=dtype is not None)
 
     sc = StepContext(net=net, opt=opt, trainable=trainable, autocast=autocast, grad_clip=float(hp["grad_clip"]),
@@ -649,7 +658,7 @@ def _step_context(s: _Session, model) -> Tuple[StepContext, Any]:
     return sc, dtype
 
 
-def _restore(s: _Session, ck: Dict[str, Any], model, sc: StepContext, progress: _Progress) -> None:
+def _restore(s: _Session, ck: Dict[str, Any], model: torch.nn.Module, sc: StepContext, progress: _Progress) -> None:
     """Resume from checkpoint ``ck``: the weights, the optimizer and grad scaler, the epochs done
     and the best one, the time spent, and the RNG states (so the data order and augmentation go on
     as if never stopped)."""
@@ -679,7 +688,7 @@ class _Feed:
     split (over every process). Data held in memory is moved to the device once; data read from disk
     goes through DataLoaders with the run's ``workers``."""
 
-    def __init__(self, s: _Session, data, autocast: Callable[[], Any]):
+    def __init__(self, s: _Session, data: Data, autocast: Callable[[], Any]) -> None:
         import torch
 
         from structinit.training.augment import BatchAugment
@@ -702,13 +711,13 @@ class _Feed:
         """Optimizer steps per epoch (whole global batches; the rest of the data waits for a later epoch)."""
         return len(self.data.train) // self.global_batch
 
-    def prepare(self, x):
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
         """uint8 images normalized; sequences as stored (float, standardized)."""
         from structinit.training.augment import normalize
 
         return x if self.info.is_sequence else normalize(x, self.info.mean, self.info.std)
 
-    def batches(self, epoch: int):
+    def batches(self, epoch: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
         """This process's ``(x, y)`` batches of ``epoch`` (0-based), on the device."""
         import torch
 
@@ -720,15 +729,16 @@ class _Feed:
                 idx = idx.to(self.dev)
                 yield self.prepare(aug(self.train_x[idx])), self.train_y[idx]
         else:
-            loader = torch.utils.data.DataLoader(
-                self.data.train, batch_sampler=list(shard_batches(n, self.global_batch, ctx.rank, ctx.world,
-                                                                  self.seed, epoch)),
-                num_workers=self.workers, pin_memory=self.pin)
+            batches = list(shard_batches(n, self.global_batch, ctx.rank, ctx.world, self.seed, epoch))
+            # torch types batch_sampler as lists of indices; the loader iterates an index tensor just the same
+            loader = torch.utils.data.DataLoader(self.data.train, batch_sampler=batches,  # type: ignore[arg-type]
+                                                 num_workers=self.workers, pin_memory=self.pin)
             for x, y in loader:
                 yield x.to(self.dev, non_blocking=True), y.to(self.dev, non_blocking=True)
 
-    def evaluate(self, model, split) -> Tuple[float, float]:
-        """``(mean loss, accuracy in %)`` of ``model`` on ``split``, each process taking a slice."""
+    def evaluate(self, model: torch.nn.Module, split: Any) -> Tuple[float, float]:
+        """``(mean loss, accuracy in %)`` of ``model`` on ``split`` (one of the data's, in memory or a
+        torch ``Dataset``), each process taking a slice."""
         import torch
 
         from structinit.training import distributed as dist_
@@ -748,7 +758,7 @@ class _Feed:
         return loss / max(count, 1), 100.0 * correct / max(count, 1)
 
 
-def _train_one_epoch(s: _Session, sc: StepContext, feed: _Feed, model, progress: _Progress, epoch: int,
+def _train_one_epoch(s: _Session, sc: StepContext, feed: _Feed, model: torch.nn.Module, progress: _Progress, epoch: int,
                      on_step: Optional[Callable[[int, int, int], None]]) -> Tuple[Dict[str, Any], bool]:
     """Train ``epoch`` (0-based) and evaluate it when it is due (every ``eval_every`` epochs and the
     last): ``(its metrics.jsonl record, whether it is the new best)``; ``progress``'s best epoch is
