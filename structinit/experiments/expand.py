@@ -21,7 +21,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 from structinit.errors import UsageError, param
 from structinit.experiments.gridspec import (
@@ -158,7 +158,8 @@ class Expansion:
             axes = tuple(Axis(a["name"], tuple(AxisValue(v["id"], v["label"], v.get("settings", {}))
                                                for v in a["values"])) for a in doc["axes"])
             paper = doc.get("paper") or {}
-            spec = GridSpec(name=doc["name"], title=doc.get("title", doc["name"]), source=doc.get("source", ""),
+            title = doc["title"] if "title" in doc else doc["name"]
+            spec = GridSpec(name=doc["name"], title=title, source=doc.get("source", ""),
                             axes=axes, rows=doc["rows"], columns=tuple(doc["columns"]), seeds=tuple(doc["seeds"]),
                             settings=doc.get("settings", {}), baseline=doc.get("baseline"),
                             description=doc.get("description", ""), paper_source=paper.get("source"),
@@ -324,7 +325,7 @@ def _check_cell(spec: GridSpec, cfg: Dict[str, Any], where: str, long_warmup: Di
 
 
 def expand(spec: GridSpec, *, overrides: Union[Iterable[str], Dict[str, Any], None] = None,
-           seeds: Union[None, int, str, Sequence[int]] = None, runs_dir: os.PathLike = "runs",
+           seeds: Union[None, int, str, Sequence[int]] = None, runs_dir: Union[str, os.PathLike] = "runs",
            data_root: Optional[os.PathLike] = None, command: Optional[str] = None,
            only: Union[None, Sequence[str], Dict[str, Sequence[str]]] = None,
            max_runs: Optional[int] = MAX_RUNS,
@@ -359,7 +360,7 @@ def expand(spec: GridSpec, *, overrides: Union[Iterable[str], Dict[str, Any], No
     runs_dir = Path(runs_dir).expanduser()
     plain = {k: v for k, v in overrides.items() if not k.startswith(INIT_PARAM_PREFIX)}
     init_over = {k[len(INIT_PARAM_PREFIX):]: v for k, v in overrides.items() if k.startswith(INIT_PARAM_PREFIX)}
-    used_init_over = set()
+    used_init_over: Set[str] = set()
     _check_axes_kept(spec, plain, init_over)
 
     long_warmup: Dict[Tuple[float, int], int] = {}

@@ -46,7 +46,7 @@ import typing
 from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from structinit.errors import UsageError
 
@@ -156,7 +156,7 @@ class GridSpec:
     axes: Tuple[Axis, ...]
     rows: str
     columns: Tuple[str, ...]
-    seeds: Tuple[int, ...] = (0,)
+    seeds: Sequence[int] = (0,)  # a range when there are many (see LAZY_SEEDS)
     settings: Dict[str, Any] = field(default_factory=dict)
     baseline: Optional[str] = None
     description: str = ""
@@ -323,9 +323,9 @@ def parse_grid_text(text: str, source: str = "<grid>", default_name: str = "grid
             raise _at(source, lines.key(key) or lines.header(key), f"unknown key {key!r}{hint}; a grid has "
                       f"{', '.join(TOP_KEYS)}")
 
-    def text_field(key: str, default: Optional[str]) -> Optional[str]:
+    def text_field(key: str, default: str) -> str:
         value = doc.get(key, default)
-        if value is not None and not isinstance(value, str):
+        if not isinstance(value, str):  # TOML has no null, so only a value of another type is refused
             raise _at(source, lines.key(key), f"'{key}' must be a string, got {value!r}")
         return value
 
@@ -412,7 +412,7 @@ def _parse_axis(name: str, raw: Any, source: str, lines: _Lines, fields: Dict[st
             else:
                 raise _at(source, line, f"axis {name!r} value {i + 1} needs an 'id' (it sets no setting named "
                           f"{name!r} to name it by)")
-        values.append(AxisValue(vid, item.get("label", vid), settings, line))
+        values.append(AxisValue(vid, item["label"] if "label" in item else vid, settings, line))
     seen: Dict[str, AxisValue] = {}
     labels: Dict[str, AxisValue] = {}
     for v in values:
@@ -485,7 +485,7 @@ def _parse_paper(spec: GridSpec, paper: Any, source: str, lines: _Lines) -> None
 LAZY_SEEDS = 100_000
 
 
-def parse_seeds(value: Any, where: str = "seeds") -> Tuple[int, ...]:
+def parse_seeds(value: Any, where: str = "seeds") -> Sequence[int]:
     """Seeds from ``N`` (seeds ``0 .. N-1``), a list of seeds, or text: ``"N"``, ``"0,3,7"``, or an
     inclusive range ``"5-9"`` (one seed alone is ``"7,"`` or ``"7-7"``). A count above
     :data:`LAZY_SEEDS` gives a ``range``, which is a sequence like the tuple."""
@@ -534,7 +534,7 @@ def parse_selection(items: Sequence[str]) -> Dict[str, List[str]]:
     return out
 
 
-def restrict(spec: GridSpec, selection: Dict[str, Sequence[str]]) -> GridSpec:
+def restrict(spec: GridSpec, selection: Mapping[str, Sequence[str]]) -> GridSpec:
     """``spec`` with only the chosen values of some axes (``{axis: [value ids]}``), in the grid's
     order; the paper's numbers follow the rows and columns that are kept."""
     from structinit.errors import param

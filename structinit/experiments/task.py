@@ -38,7 +38,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from structinit.errors import StructinitError, UsageError, param
 
@@ -98,6 +98,7 @@ class Stopper:
         if not self.event.is_set():
             return
         if self.requeue and self.grace:
+            assert self.at is not None  # request() sets it before it sets the event
             done = step - self._epoch_first + 1
             per_step = (now - self._epoch_start) / max(done, 1)
             left = (steps - step) * per_step
@@ -200,7 +201,7 @@ def slurm_job() -> Optional[Dict[str, Any]]:
             "array_task_id": env.get("SLURM_ARRAY_TASK_ID"), "restart": int(env.get("SLURM_RESTART_COUNT", "0"))}
 
 
-def slurm_requeue_target(env: Optional[Dict[str, str]] = None) -> Optional[str]:
+def slurm_requeue_target(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """The name ``scontrol requeue`` takes for this job: ``ARRAYJOB_TASK`` for an array task (one
     task's own job id is the array's id, and ``scontrol`` reads that as every task of the array),
     else ``SLURM_JOB_ID``; ``None`` outside SLURM. ``env`` defaults to ``os.environ``."""
@@ -385,11 +386,14 @@ def _run_here(config, stopper: Stopper, log) -> tuple:
     def say_warning(message, category, filename, lineno, file=None, line=None):
         log(f"warning: {message}")  # one line in the run's log, not Python's two
 
+    def on_epoch(record: Dict[str, Any]) -> None:
+        log(_epoch_line(record, epochs))
+        stopper.on_epoch(record, epochs)
+
     try:
         with warnings.catch_warnings():
             warnings.showwarning = say_warning
-            result = train(config, on_step=stopper.on_step, log=log, on_init=stopper.on_init,
-                           on_epoch=lambda r: (log(_epoch_line(r, epochs)), stopper.on_epoch(r, epochs)))
+            result = train(config, on_step=stopper.on_step, log=log, on_init=stopper.on_init, on_epoch=on_epoch)
     except TaskInterrupted:
         return "interrupted", None, None
     except KeyboardInterrupt:
@@ -418,8 +422,11 @@ def _run_torchrun(config, nproc: int, stopper: Stopper, log) -> tuple:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
 
+    out = proc.stdout
+    assert out is not None  # stdout=PIPE
+
     def pump():
-        for line in proc.stdout:
+        for line in out:
             log(line.rstrip())
 
     reader = threading.Thread(target=pump, daemon=True)

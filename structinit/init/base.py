@@ -103,6 +103,11 @@ class InitSpec:
         """Whether :meth:`apply` needs a batch of real inputs (``data``)."""
         return False
 
+    def without_fit(self) -> InitSpec:
+        """This spec with its data fit off (what a resumed run re-applies besides the weights); a
+        spec that does not :attr:`use data <uses_data>` is that already."""
+        return self
+
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):

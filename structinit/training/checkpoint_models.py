@@ -33,9 +33,12 @@ import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
 
 from structinit.errors import StructinitError, UsageError, param
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -207,9 +210,14 @@ def _timm_model(ckpt, sd: Mapping, model_name: Optional[str], heads: Optional[in
     _load(model, sd, det.model_prefix, how)
     shown = ", ".join(f"{k}={kwargs[k]}" for k in ("img_size", "patch_size", "in_chans", "embed_dim", "depth"))
     grid_ = tuple(int(g) for g in model.patch_embed.grid_size)
-    return CheckpointModel(model, f"{how} ({shown}, heads={model.blocks[0].attn.num_heads})", "image",
-                           (kwargs["in_chans"], *kwargs["img_size"]), grid=grid_,
-                           heads=int(model.blocks[0].attn.num_heads))
+    return CheckpointModel(model, f"{how} ({shown}, heads={_block_heads(model)})", "image",
+                           (kwargs["in_chans"], *kwargs["img_size"]), grid=grid_, heads=_block_heads(model))
+
+
+def _block_heads(model: torch.nn.Module) -> int:
+    """The heads per layer of a timm ViT: its first block's ``attn.num_heads``."""
+    # timm's blocks is an attribute torch types as Tensor | Module (nn.Module.__getattr__): not indexable
+    return int(model.blocks[0].attn.num_heads)  # type: ignore[index, union-attr]
 
 
 def timm_heads(name: str) -> int:
@@ -220,7 +228,7 @@ def timm_heads(name: str) -> int:
         raise UsageError(f"{param('model_name')} {name!r} is not a timm model name (see timm.list_models)")
     model = timm.create_model(name, pretrained=False)
     try:
-        return int(model.blocks[0].attn.num_heads)
+        return _block_heads(model)
     except (AttributeError, IndexError):
         raise UsageError(f"{param('model_name')} {name!r} is not a ViT with blocks[i].attn") from None
 
@@ -242,7 +250,8 @@ def _named_timm_model(name: str, kwargs: Dict[str, Any], heads: Optional[int], n
             return None
         raise UsageError(f"timm cannot build {name} for the checkpoint's shape ({str(exc).splitlines()[0]})") \
             from None
-    shape = (int(model.embed_dim), len(model.blocks))
+    # timm's blocks is an attribute torch types as Tensor | Module (nn.Module.__getattr__): not Sized
+    shape = (int(model.embed_dim), len(model.blocks))  # type: ignore[arg-type]
     if shape != (kwargs["embed_dim"], kwargs["depth"]):
         if not named:
             return None
@@ -250,11 +259,11 @@ def _named_timm_model(name: str, kwargs: Dict[str, Any], heads: Optional[int], n
                          f"depth {kwargs['depth']}, {name} has dim {shape[0]} and depth {shape[1]} (name "
                          f"the model it was trained as with {param('model_name')}, or leave that out and give "
                          f"{param('heads')})")
-    if heads is not None and int(model.blocks[0].attn.num_heads) != heads:
+    if heads is not None and _block_heads(model) != heads:
         if not named:
             return None
         raise UsageError(f"{param('heads')} {heads} contradicts {name}, which has "
-                         f"{model.blocks[0].attn.num_heads} heads")
+                         f"{_block_heads(model)} heads")
     return model
 
 

@@ -296,7 +296,8 @@ def _model_config(model: Any, settings: Dict[str, Any]) -> ModelConfig:
     return ModelConfig(name=model, **settings)
 
 
-def _init_spec(init: Any, params: Optional[Dict[str, Any]], spelling: Optional[Tuple[InitSpec, Dict[str, Any]]]):
+def _init_spec(init: Any, params: Optional[Dict[str, Any]], spelling: Optional[Tuple[InitSpec, Dict[str, Any]]]
+               ) -> Tuple[Optional[InitSpec], Optional[Tuple[InitSpec, Dict[str, Any]]]]:
     """``(spec, spelling)`` of ``init`` (``None``, a method's name or an :class:`InitSpec`) and the
     ``params`` given with it; ``spelling`` (the config's ``init_spelling``) is kept while it spells
     the spec."""

@@ -22,11 +22,18 @@ import json
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 from structinit.errors import StructinitError, UsageError, param
+from structinit.init.base import InitSpec
 from structinit.training.config import EXECUTION_FIELDS, TrainConfig, causal_refused
 from structinit.training.rundir import RunDir
+
+if TYPE_CHECKING:  # torch is imported where it is used: validating a config does not load it
+    import torch
+
+    from structinit.training.datasets import Data, DatasetInfo, TensorSplit
+    from structinit.training.distributed import DistContext
 
 
 @dataclass
@@ -84,7 +91,7 @@ def lr_at(step: int, total_steps: int, warmup_steps: int, lr: float, min_lr: flo
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * t))
 
 
-def epoch_permutation(n: int, seed: int, epoch: int):
+def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
     """The training order of ``epoch`` (0-based): a permutation of ``n`` from ``(seed, epoch)`` alone,
     identical on every process and after a resume."""
     import torch
@@ -92,7 +99,7 @@ def epoch_permutation(n: int, seed: int, epoch: int):
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
 
 
-def shard_batches(n: int, global_batch: int, rank: int, world: int, seed: int, epoch: int):
+def shard_batches(n: int, global_batch: int, rank: int, world: int, seed: int, epoch: int) -> Iterator[torch.Tensor]:
     """This process's index batches ``[global_batch // world]`` of ``epoch`` (drop-last): step ``s``
     of every process together covers ``perm[s * B:(s + 1) * B]``, the same global batch as one process."""
     perm = epoch_permutation(n, seed, epoch)
@@ -102,7 +109,8 @@ def shard_batches(n: int, global_batch: int, rank: int, world: int, seed: int, e
         yield perm[start:start + local]
 
 
-def build_optimizer(model, hp: Dict[str, Any]):
+def build_optimizer(model: torch.nn.Module, hp: Dict[str, Any]
+                    ) -> Tuple[torch.optim.Optimizer, List[torch.nn.Parameter]]:
     """AdamW over the trainable parameters (weight decay on matrices only): ``(optimizer, trainable)``."""
     import torch
 
@@ -116,7 +124,7 @@ def build_optimizer(model, hp: Dict[str, Any]):
     return opt, trainable
 
 
-def amp_dtype(amp: str, device: str):
+def amp_dtype(amp: str, device: str) -> Optional[torch.dtype]:
     """The autocast dtype for ``amp`` on ``device`` (``None``: full precision)."""
     import torch
 
@@ -131,21 +139,21 @@ def amp_dtype(amp: str, device: str):
 class StepContext:
     """What one optimizer step needs besides the batch."""
 
-    net: Any
-    opt: Any
-    trainable: List[Any]
-    criterion: Any
+    net: Any  # the model, or its DDP / torch.compile wrapper (which torch types as a plain callable)
+    opt: torch.optim.Optimizer
+    trainable: List[torch.nn.Parameter]
+    criterion: Callable[..., torch.Tensor]
     autocast: Callable[[], Any]
     grad_clip: float
-    scaler: Any = None
+    scaler: Optional[torch.amp.GradScaler] = None
 
 
 def train_epoch(sc: StepContext, batches: Iterable[Tuple[Any, Any]], lr_for_step: Callable[[int], float],
-                on_step: Optional[Callable[[int, int], None]] = None):
+                on_step: Optional[Callable[[int], None]] = None) -> Tuple[torch.Tensor, float]:
     """One pass over ``batches`` (``(x, y)`` pairs), the learning rate of step ``s`` (0-based, in
-    this epoch) set to ``lr_for_step(s)`` before it. Returns ``(sums, lr)``: float64 ``[loss sum,
-    correct, count]`` on the batches' device (not yet reduced over processes; on the CPU when there
-    are none) and the last lr (NaN when there are none)."""
+    this epoch) set to ``lr_for_step(s)`` before it and ``on_step(s + 1)`` called after it. Returns
+    ``(sums, lr)``: float64 ``[loss sum, correct, count]`` on the batches' device (not yet reduced
+    over processes; on the CPU when there are none) and the last lr (NaN when there are none)."""
     import torch
 
     sc.net.train()
@@ -181,7 +189,8 @@ def train_epoch(sc: StepContext, batches: Iterable[Tuple[Any, Any]], lr_for_step
     return (torch.zeros(3, dtype=torch.float64) if sums is None else sums), lr  # no batches: nothing summed
 
 
-def evaluate(model, chunks: Iterable[Tuple[Any, Any]], autocast: Callable[[], Any], device) -> Any:
+def evaluate(model: torch.nn.Module, chunks: Iterable[Tuple[Any, Any]], autocast: Callable[[], Any],
+             device: Union[str, torch.device]) -> torch.Tensor:
     """Loss sum, correct and count (float64 ``[3]`` on ``device``, not reduced) of ``model`` over
     ``chunks`` of ``(x, y)``, in inference mode."""
     import torch
@@ -201,7 +210,7 @@ def evaluate(model, chunks: Iterable[Tuple[Any, Any]], autocast: Callable[[], An
 FIDELITY_SAMPLES = 256
 
 
-def init_inputs(split, info):
+def init_inputs(split: TensorSplit, info: DatasetInfo) -> torch.Tensor:
     """The first :data:`FIDELITY_SAMPLES` training inputs of an in-memory split, as the model sees
     them (images normalized; sequences as stored): what the init fits to (``data_fit``) and where
     its attention is measured at init."""
@@ -211,7 +220,8 @@ def init_inputs(split, info):
     return x if info.is_sequence else normalize(x, info.mean, info.std)
 
 
-def impulse_fidelity(model, split, info, report: Dict[str, Any]) -> Dict[str, Any]:
+def impulse_fidelity(model: torch.nn.Module, split: TensorSplit, info: DatasetInfo,
+                     report: Dict[str, Any]) -> Dict[str, Any]:
     """The hit rate and target mass, per layer, of a freshly impulse-initialized model's attention on
     the first :data:`FIDELITY_SAMPLES` training inputs (see
     :func:`structinit.analysis.fidelity.data_attention_quality`); ``report`` is the init's report."""
@@ -252,7 +262,7 @@ def _differences(old: TrainConfig, new: TrainConfig) -> List[str]:
             if a.get(k) != b.get(k)]
 
 
-def _result_from_checkpoint(ck: Dict[str, Any], run: RunDir, ctx, key: str) -> TrainResult:
+def _result_from_checkpoint(ck: Dict[str, Any], run: RunDir, ctx: DistContext, key: str) -> TrainResult:
     """The result of a finished run, from its last checkpoint (which holds every epoch's record),
     as :func:`train` returned it (``final.json`` is not read: the checkpoint is the record)."""
     metrics = list(ck["metrics"])
@@ -292,7 +302,7 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
     key = config.key
     run = RunDir(config.out) if config.out else None
     ctx = dist_.setup(config.device)
-    locked = False
+    locked: Optional[RunDir] = None  # the run folder while this process holds its lock
     try:
         if hp["batch_size"] % ctx.world:
             raise UsageError(f"{param('batch_size')} {hp['batch_size']} (the global batch) is not divisible by "
@@ -303,13 +313,13 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
             _refuse_taken(run, config)  # before the lock, which would leave its file in someone else's folder
             if ctx.main:
                 run.lock()  # a second process writing this folder is refused here, naming it
-                locked = True
-                _make_sound(s)
-            old, ck = _open_run(s)
-        epochs = int(hp["epochs"])
-        if ck is not None and int(ck["epoch"]) >= epochs and run.state == "finished":
-            s.say(f"{run.path} finished all {epochs} epochs already")
-            return _result_from_checkpoint(ck, run, ctx, key)
+                locked = run
+                _make_sound(s, run)
+            old, ck = _open_run(s, run)
+            epochs = int(hp["epochs"])
+            if ck is not None and int(ck["epoch"]) >= epochs and run.state == "finished":
+                s.say(f"{run.path} finished all {epochs} epochs already")
+                return _result_from_checkpoint(ck, run, ctx, key)
         data = _load_data(s)
         built = _initialized_model(s, data, resumed=old if ck is not None else None, on_init=on_init)
         return _train_model(s, data, built, ck, on_step=on_step, on_epoch=on_epoch)
@@ -318,8 +328,8 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
             run.discard_unstarted()  # a run that failed before its first checkpoint leaves nothing behind
         raise
     finally:
-        if locked:
-            run.unlock()
+        if locked is not None:
+            locked.unlock()
         dist_.teardown(ctx)
 
 
@@ -332,16 +342,16 @@ class _Session:
 
     config: TrainConfig
     hp: Dict[str, Any]
-    ctx: Any
+    ctx: DistContext
     run: Optional[RunDir]
     key: str
     t_start: float
     say: Callable[[str], None]
 
     @property
-    def writes(self) -> bool:
-        """Whether this process writes the run's files (rank 0 of a run with a folder)."""
-        return self.run is not None and self.ctx.main
+    def writer(self) -> Optional[RunDir]:
+        """The run folder when this process writes the run's files (rank 0 of a run with a folder), else ``None``."""
+        return self.run if self.ctx.main else None
 
     @property
     def epochs(self) -> int:
@@ -356,7 +366,7 @@ class _Initialized:
     for the model's own init); ``record`` the epoch-0 line of ``metrics.jsonl``, the init's attention
     on real inputs (``None`` when it is not measured)."""
 
-    model: Any
+    model: torch.nn.Module
     arch: Dict[str, Any]
     report: Optional[Dict[str, Any]] = None
     seconds: Optional[float] = None
@@ -391,10 +401,9 @@ class _Progress:
 
 # --------------------------------------------------------------------------- the run folder
 
-def _make_sound(s: _Session) -> None:
+def _make_sound(s: _Session, run: RunDir) -> None:
     """On rank 0, with the lock held: refuse a folder another run took in the meantime; when
-    resuming, set a damaged folder's files aside (saying where)."""
-    run = s.run
+    resuming, set a damaged folder's files aside (saying where). ``run`` is ``s.run``."""
     _refuse_taken(run, s.config)
     if s.config.resume:
         why = run.damage()
@@ -405,13 +414,13 @@ def _make_sound(s: _Session) -> None:
                   + ("resuming from its checkpoint" if run.file(run.CHECKPOINT).exists() else "training it afresh"))
 
 
-def _open_run(s: _Session) -> Tuple[Optional[Dict[str, Any]], Optional[Dict[str, Any]]]:
+def _open_run(s: _Session, run: RunDir) -> Tuple[Optional[Dict[str, Any]], Optional[Dict[str, Any]]]:
     """``(config.json, checkpoint)`` of the run being resumed (``None`` each when there is none),
     read by every process once rank 0 has made the folder sound; resuming with settings that change
-    what is computed is refused, naming them."""
+    what is computed is refused, naming them. ``run`` is ``s.run``."""
     from structinit.training import distributed as dist_
 
-    run, config = s.run, s.config
+    config = s.config
     dist_.barrier(s.ctx)  # the other processes read the folder once rank 0 has made it sound
     old = run.read_config() if config.resume else None
     if old is not None:
@@ -427,13 +436,13 @@ def _open_run(s: _Session) -> Tuple[Optional[Dict[str, Any]], Optional[Dict[str,
     return old, ck
 
 
-def _write_start(s: _Session, built: _Initialized, progress: _Progress, resolved: Dict[str, Any]) -> None:
+def _write_start(s: _Session, run: RunDir, built: _Initialized, progress: _Progress, resolved: Dict[str, Any]) -> None:
     """Rank 0 writes the run's ``config.json`` (settings, key, ``resolved`` setup, the init and its
     report) and ``metrics.jsonl`` as the checkpoint has it (the epoch-0 line is the init's, rebuilt),
-    and drops a ``final.json`` the run will write anew."""
+    and drops a ``final.json`` the run will write anew. ``run`` is ``s.run``."""
     from structinit import __version__
 
-    run, spec = s.run, s.config.init
+    spec = s.config.init
     run.create()
     run.write_config({"config": s.config.to_dict(), "key": s.key, "resolved": resolved,
                       "init": spec.to_dict() if spec is not None else None, "init_report": built.report,
@@ -445,10 +454,11 @@ def _write_start(s: _Session, built: _Initialized, progress: _Progress, resolved
         run.clear_final()
 
 
-def _save_epoch(s: _Session, built: _Initialized, sc: StepContext, progress: _Progress, params: Dict[str, int],
-                epoch: int, improved: bool) -> None:
-    """Rank 0 saves ``checkpoint.pt`` after ``epoch`` (1-based: the epochs done; everything a resume
-    needs, RNG states included) and, when it ``improved`` on the best epoch, ``best.pt``."""
+def _save_epoch(s: _Session, run: RunDir, built: _Initialized, sc: StepContext, progress: _Progress,
+                params: Dict[str, int], epoch: int, improved: bool) -> None:
+    """Rank 0 saves ``checkpoint.pt`` into ``run`` (``s.run``) after ``epoch`` (1-based: the epochs
+    done; everything a resume needs, RNG states included) and, when it ``improved`` on the best
+    epoch, ``best.pt``."""
     import torch
 
     config, device = s.config, s.ctx.device
@@ -463,15 +473,15 @@ def _save_epoch(s: _Session, built: _Initialized, sc: StepContext, progress: _Pr
              "rng": {"torch": torch.get_rng_state(),
                      "cuda": torch.cuda.get_rng_state() if device.startswith("cuda") else None}}
     if improved:
-        s.run.save_best({"state_dict": state["state_dict"], "epoch": epoch, "arch": config.model.name,
-                         "shape": shape, "args": config.to_dict(), "test_acc": progress.best_acc,
-                         "selected_on": progress.best_on})
-    s.run.save_checkpoint(state)
+        run.save_best({"state_dict": state["state_dict"], "epoch": epoch, "arch": config.model.name,
+                       "shape": shape, "args": config.to_dict(), "test_acc": progress.best_acc,
+                       "selected_on": progress.best_on})
+    run.save_checkpoint(state)
 
 
 # --------------------------------------------------------------------------- data and model
 
-def _load_data(s: _Session):
+def _load_data(s: _Session) -> Data:
     """The run's dataset with its training subset and validation split drawn (with ``download``
     under torchrun, rank 0 fetches while the others wait); refused when one global batch is larger
     than the training split."""
@@ -493,7 +503,7 @@ def _load_data(s: _Session):
     return data
 
 
-def _initialized_model(s: _Session, data, resumed: Optional[Dict[str, Any]],
+def _initialized_model(s: _Session, data: Data, resumed: Optional[Dict[str, Any]],
                        on_init: Optional[Callable[[int, int], None]]) -> _Initialized:
     """The run's model, built from its seed, with its init applied: in full when the run starts
     (:func:`_apply_init`); when it resumes from a checkpoint whose ``config.json`` (``resumed``)
@@ -508,23 +518,24 @@ def _initialized_model(s: _Session, data, resumed: Optional[Dict[str, Any]],
     model = build_model(config.model, num_classes=info.num_classes, image_size=info.image_size,
                         in_chans=info.in_chans, default_patch=info.default_patch, seed=config.seed)
     built = _Initialized(model, model.structinit_arch)
-    recorded = (resumed or {}).get("init_report")
-    if config.init is None:
+    started = resumed or {}
+    recorded = started.get("init_report")
+    spec = config.init
+    if spec is None:
         return built
     if recorded is not None:
-        return _reapply_init(built, config, recorded, resumed.get("init_seconds"))
-    return _apply_init(built, s, data, on_init)
+        return _reapply_init(built, config, spec, recorded, started.get("init_seconds"))
+    return _apply_init(built, s, spec, data, on_init)
 
 
-def _reapply_init(built: _Initialized, config: TrainConfig, recorded: Dict[str, Any],
+def _reapply_init(built: _Initialized, config: TrainConfig, spec: InitSpec, recorded: Dict[str, Any],
                   seconds: Optional[float]) -> _Initialized:
     """Resumed: the checkpoint holds every weight, so the init runs only for what it sets besides
     them (which parameters train, such as a position embedding it makes learnable), without its data
     fit; the run keeps the report (``recorded``), the time and the epoch-0 attention it recorded when
-    it started."""
+    it started. ``spec`` is ``config.init``."""
     from structinit.init.initialize import initialize_model
 
-    spec = config.init
     initialize_model(built.model, spec.without_fit() if spec.uses_data else spec, seed=config.seed)
     built.report, built.seconds = recorded, seconds
     if recorded.get("data_attention") is not None:
@@ -532,16 +543,18 @@ def _reapply_init(built: _Initialized, config: TrainConfig, recorded: Dict[str, 
     return built
 
 
-def _apply_init(built: _Initialized, s: _Session, data, on_init: Optional[Callable[[int, int], None]]) -> _Initialized:
-    """The init of a run that starts: fitted to the run's first training inputs when it fits to
-    data (noise inputs for a dataset read from disk), timed; an impulse init's attention is then
-    measured on those inputs (:func:`impulse_fidelity`) for the report and the epoch-0 record."""
+def _apply_init(built: _Initialized, s: _Session, spec: InitSpec, data: Data,
+                on_init: Optional[Callable[[int, int], None]]) -> _Initialized:
+    """The init (``spec``, the config's) of a run that starts: fitted to the run's first training
+    inputs when it fits to data (noise inputs for a dataset read from disk), timed; an impulse
+    init's attention is then measured on those inputs (:func:`impulse_fidelity`) for the report and
+    the epoch-0 record."""
     from structinit.init.initialize import initialize_model
     from structinit.init.registry import IMPULSE_METHODS
 
     config, info, say = s.config, data.info, s.say
     fit_to = None
-    if config.init.uses_data:
+    if spec.uses_data:
         if info.in_memory:
             fit_to = init_inputs(data.train, info)
         else:
@@ -550,7 +563,7 @@ def _apply_init(built: _Initialized, s: _Session, data, on_init: Optional[Callab
     t_init = time.perf_counter()
     source = (f"{config.dataset}: the run's first {int(fit_to.shape[0])} training inputs"
               if fit_to is not None else None)
-    report = initialize_model(built.model, config.init, seed=config.seed, data=fit_to,
+    report = initialize_model(built.model, spec, seed=config.seed, data=fit_to,
                               progress=on_init if s.ctx.main else None, log=say, source=source)
     built.report, built.seconds = report, time.perf_counter() - t_init
     solved = report.get("artifact") or {}
@@ -567,7 +580,7 @@ def _apply_init(built: _Initialized, s: _Session, data, on_init: Optional[Callab
 
 # --------------------------------------------------------------------------- training
 
-def _train_model(s: _Session, data, built: _Initialized, ck: Optional[Dict[str, Any]], *,
+def _train_model(s: _Session, data: Data, built: _Initialized, ck: Optional[Dict[str, Any]], *,
                  on_step: Optional[Callable[[int, int, int], None]],
                  on_epoch: Optional[Callable[[Dict[str, Any]], None]]) -> TrainResult:
     """Train the initialized model from its first epoch, or from checkpoint ``ck``, to the last;
@@ -592,8 +605,9 @@ def _train_model(s: _Session, data, built: _Initialized, ck: Optional[Dict[str, 
                 "train_images": n_train, "val_images": len(data.val) if data.val is not None else 0,
                 "steps_per_epoch": steps, "world_size": ctx.world, "device": ctx.device,
                 "amp": str(dtype).replace("torch.", "") if dtype else "off"}
-    if s.writes:
-        _write_start(s, built, progress, resolved)
+    writer = s.writer
+    if writer is not None:
+        _write_start(s, writer, built, progress, resolved)
     dist_.barrier(ctx)
     init = s.config.init.method if s.config.init is not None else "default"
     s.say(f"{s.config.model.name} ({params['trainable']:,} trainable params) on {s.config.dataset} "
@@ -603,19 +617,19 @@ def _train_model(s: _Session, data, built: _Initialized, ck: Optional[Dict[str, 
     for epoch in range(progress.start_epoch, s.epochs):
         record, improved = _train_one_epoch(s, sc, feed, built.model, progress, epoch, on_step)
         progress.metrics.append(record)
-        if s.writes:
-            s.run.append_metrics(record)
-            _save_epoch(s, built, sc, progress, params, epoch + 1, improved)
+        if writer is not None:
+            writer.append_metrics(record)
+            _save_epoch(s, writer, built, sc, progress, params, epoch + 1, improved)
         if on_epoch and ctx.main:
             on_epoch(record)
         dist_.barrier(ctx)
     result = _result(s, progress, built, params)
-    if s.writes:
-        s.run.write_final(result.summary())
+    if writer is not None:
+        writer.write_final(result.summary())
     return result
 
 
-def _step_context(s: _Session, model) -> Tuple[StepContext, Any]:
+def _step_context(s: _Session, model: torch.nn.Module) -> Tuple[StepContext, Optional[torch.dtype]]:
     """``(step context, autocast dtype)``: the model moved to the run's device, its AdamW, the
     mixed precision (``None``: full precision; fp16 on a GPU adds a grad scaler), the model wrapped
     for DDP and ``torch.compile`` as the run asks, and the loss."""
@@ -628,7 +642,7 @@ def _step_context(s: _Session, model) -> Tuple[StepContext, Any]:
     opt, trainable = build_optimizer(model, hp)
     dtype = amp_dtype(config.amp, device)
     scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 and device.startswith("cuda") else None
-    net = model
+    net: Any = model  # what the steps call: the model, wrapped for DDP and compiled as asked
     if ctx.distributed:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -636,7 +650,7 @@ def _step_context(s: _Session, model) -> Tuple[StepContext, Any]:
     if config.compile:
         net = torch.compile(net)
 
-    def autocast():
+    def autocast() -> torch.autocast:
         return torch.autocast(dev.type, dtype=dtype, enabled=dtype is not None)
 
     sc = StepContext(net=net, opt=opt, trainable=trainable, autocast=autocast, grad_clip=float(hp["grad_clip"]),
@@ -644,7 +658,7 @@ def _step_context(s: _Session, model) -> Tuple[StepContext, Any]:
     return sc, dtype
 
 
-def _restore(s: _Session, ck: Dict[str, Any], model, sc: StepContext, progress: _Progress) -> None:
+def _restore(s: _Session, ck: Dict[str, Any], model: torch.nn.Module, sc: StepContext, progress: _Progress) -> None:
     """Resume from checkpoint ``ck``: the weights, the optimizer and grad scaler, the epochs done
     and the best one, the time spent, and the RNG states (so the data order and augmentation go on
     as if never stopped)."""
@@ -664,6 +678,7 @@ def _restore(s: _Session, ck: Dict[str, Any], model, sc: StepContext, progress: 
         torch.set_rng_state(rng["torch"])
     if s.ctx.device.startswith("cuda") and rng.get("cuda") is not None:
         torch.cuda.set_rng_state(rng["cuda"])
+    assert s.run is not None  # a checkpoint is read from the run's folder
     s.say(f"resuming {s.run.path} after epoch {progress.start_epoch}/{s.epochs}")
 
 
@@ -673,7 +688,7 @@ class _Feed:
     split (over every process). Data held in memory is moved to the device once; data read from disk
     goes through DataLoaders with the run's ``workers``."""
 
-    def __init__(self, s: _Session, data, autocast: Callable[[], Any]):
+    def __init__(self, s: _Session, data: Data, autocast: Callable[[], Any]) -> None:
         import torch
 
         from structinit.training.augment import BatchAugment
@@ -696,31 +711,34 @@ class _Feed:
         """Optimizer steps per epoch (whole global batches; the rest of the data waits for a later epoch)."""
         return len(self.data.train) // self.global_batch
 
-    def prepare(self, x):
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
         """uint8 images normalized; sequences as stored (float, standardized)."""
         from structinit.training.augment import normalize
 
         return x if self.info.is_sequence else normalize(x, self.info.mean, self.info.std)
 
-    def batches(self, epoch: int):
+    def batches(self, epoch: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
         """This process's ``(x, y)`` batches of ``epoch`` (0-based), on the device."""
         import torch
 
         n, ctx = len(self.data.train), self.ctx
         if self.info.in_memory:
+            aug = self.aug
+            assert aug is not None  # made for data held in memory
             for idx in shard_batches(n, self.global_batch, ctx.rank, ctx.world, self.seed, epoch):
                 idx = idx.to(self.dev)
-                yield self.prepare(self.aug(self.train_x[idx])), self.train_y[idx]
+                yield self.prepare(aug(self.train_x[idx])), self.train_y[idx]
         else:
-            loader = torch.utils.data.DataLoader(
-                self.data.train, batch_sampler=list(shard_batches(n, self.global_batch, ctx.rank, ctx.world,
-                                                                  self.seed, epoch)),
-                num_workers=self.workers, pin_memory=self.pin)
+            batches = list(shard_batches(n, self.global_batch, ctx.rank, ctx.world, self.seed, epoch))
+            # torch types batch_sampler as lists of indices; the loader iterates an index tensor just the same
+            loader = torch.utils.data.DataLoader(self.data.train, batch_sampler=batches,  # type: ignore[arg-type]
+                                                 num_workers=self.workers, pin_memory=self.pin)
             for x, y in loader:
                 yield x.to(self.dev, non_blocking=True), y.to(self.dev, non_blocking=True)
 
-    def evaluate(self, model, split) -> Tuple[float, float]:
-        """``(mean loss, accuracy in %)`` of ``model`` on ``split``, each process taking a slice."""
+    def evaluate(self, model: torch.nn.Module, split: Any) -> Tuple[float, float]:
+        """``(mean loss, accuracy in %)`` of ``model`` on ``split`` (one of the data's, in memory or a
+        torch ``Dataset``), each process taking a slice."""
         import torch
 
         from structinit.training import distributed as dist_
@@ -740,7 +758,7 @@ class _Feed:
         return loss / max(count, 1), 100.0 * correct / max(count, 1)
 
 
-def _train_one_epoch(s: _Session, sc: StepContext, feed: _Feed, model, progress: _Progress, epoch: int,
+def _train_one_epoch(s: _Session, sc: StepContext, feed: _Feed, model: torch.nn.Module, progress: _Progress, epoch: int,
                      on_step: Optional[Callable[[int, int, int], None]]) -> Tuple[Dict[str, Any], bool]:
     """Train ``epoch`` (0-based) and evaluate it when it is due (every ``eval_every`` epochs and the
     last): ``(its metrics.jsonl record, whether it is the new best)``; ``progress``'s best epoch is
@@ -756,10 +774,8 @@ def _train_one_epoch(s: _Session, sc: StepContext, feed: _Feed, model, progress:
     def lr_for_step(step: int) -> float:
         return lr_at(first_step + step, total_steps, warmup_steps, hp["lr"], hp["min_lr"])
 
-    def step_done(step: int) -> None:
-        on_step(epoch + 1, step, steps)
-
-    sums, lr = train_epoch(sc, feed.batches(epoch), lr_for_step, on_step=step_done if on_step and ctx.main else None)
+    step_done = _epoch_steps(on_step, epoch + 1, steps) if on_step and ctx.main else None
+    sums, lr = train_epoch(sc, feed.batches(epoch), lr_for_step, on_step=step_done)
     t_train = _now(device) - t0
     tr_loss, tr_correct, tr_count = dist_.all_reduce_sum(ctx, sums).tolist()
     if not math.isfinite(tr_loss):
@@ -779,6 +795,11 @@ def _train_one_epoch(s: _Session, sc: StepContext, feed: _Feed, model, progress:
             improved = True
     record["epoch_seconds"] = _now(device) - t0
     return record, improved
+
+
+def _epoch_steps(on_step: Callable[[int, int, int], None], epoch: int, steps: int) -> Callable[[int], None]:
+    """``on_step(epoch, step, steps)`` as :func:`train_epoch` calls it, with the step alone (``epoch`` 1-based)."""
+    return lambda step: on_step(epoch, step, steps)
 
 
 def _result(s: _Session, progress: _Progress, built: _Initialized, params: Dict[str, int]) -> TrainResult:

@@ -115,8 +115,10 @@ def run_model(path, data_dir=None, cache_dir=None) -> InspectedModel:
         except RuntimeError as exc:
             raise StructinitError(f"the weights in {path} do not fit the model its settings describe: "
                                   f"{str(exc).splitlines()[0]}") from None
-    elif isinstance(doc.get("init_report"), dict):
-        recorded = doc["init_report"].get("data_attention")
+    else:
+        assert doc is not None  # no checkpoint file: path is a run folder, whose config.json was read
+        if isinstance(doc.get("init_report"), dict):
+            recorded = doc["init_report"].get("data_attention")
     return InspectedModel(config, model, report, info, source="checkpoint" if ck is not None else "init",
                           epoch=int(ck["epoch"]) if ck is not None else 0,
                           config_path=str(folder / RunDir.CONFIG) if doc is not None else None, recorded=recorded)

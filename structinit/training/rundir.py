@@ -29,7 +29,7 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from structinit.atomic import atomic_write
 from structinit.errors import StructinitError, UsageError, param
@@ -67,7 +67,7 @@ class RunDir:
 
     CONFIG, METRICS, CHECKPOINT, BEST, FINAL = "config.json", "metrics.jsonl", "checkpoint.pt", "best.pt", "final.json"
 
-    def __init__(self, path: os.PathLike):
+    def __init__(self, path: Union[str, os.PathLike]):
         if str(path).strip() == "":
             raise UsageError(f"{param('out')} needs a folder name")
         self.path = Path(path)
@@ -296,7 +296,7 @@ def _remove_empty(folders: List[Path]) -> None:
             break
 
 
-def checkpoint_info(path: os.PathLike) -> Dict[str, Any]:
+def checkpoint_info(path: Union[str, os.PathLike]) -> Dict[str, Any]:
     """A training checkpoint's plain fields (``epoch``, ``key``, ``format``, ...; tensors as
     stand-ins), read without torch and without running anything in the file. Raises
     :class:`StructinitError` saying why it cannot be read (empty, not a ``torch.save`` zip, cut
@@ -366,7 +366,7 @@ def _damage(run: "RunDir"):
     return why, ([run.FINAL] if ck is not None else present)
 
 
-def _read_torch(path: os.PathLike, map_location) -> Any:
+def _read_torch(path: Union[str, os.PathLike], map_location) -> Any:
     """``torch.load(path, weights_only=True)``; every failure is one :class:`StructinitError` line."""
     import torch
 
@@ -385,7 +385,7 @@ def _read_torch(path: os.PathLike, map_location) -> Any:
     raise StructinitError(f"cannot read checkpoint {path}: {why}")
 
 
-def load_train_checkpoint(path: os.PathLike, map_location="cpu") -> Dict[str, Any]:
+def load_train_checkpoint(path: Union[str, os.PathLike], map_location="cpu") -> Dict[str, Any]:
     """A ``checkpoint.pt`` written by :func:`structinit.train` (read with ``weights_only=True``)."""
     ck = _read_torch(path, map_location)
     if not isinstance(ck, dict) or ck.get("format") != CHECKPOINT_FORMAT:
@@ -393,7 +393,7 @@ def load_train_checkpoint(path: os.PathLike, map_location="cpu") -> Dict[str, An
     return ck
 
 
-def load_run_weights(path: os.PathLike, map_location="cpu") -> Dict[str, Any]:
+def load_run_weights(path: Union[str, os.PathLike], map_location="cpu") -> Dict[str, Any]:
     """The weights a training run wrote: its ``checkpoint.pt`` (the last finished epoch) or
     ``best.pt`` (the best one), each holding ``state_dict``, ``epoch`` and ``args`` (the run's
     settings). An unreadable file raises :class:`StructinitError`; a readable one that ``train``
@@ -407,7 +407,7 @@ def load_run_weights(path: os.PathLike, map_location="cpu") -> Dict[str, Any]:
     return ck
 
 
-def _unreadable(exc: BaseException, path: Optional[os.PathLike] = None) -> str:
+def _unreadable(exc: BaseException, path: Union[str, os.PathLike, None] = None) -> str:
     """Why ``torch.load(weights_only=True)`` failed, in one line (torch's own messages run to a
     page and suggest ``weights_only=False``, which would run whatever the file holds)."""
     from structinit.init.checkpoints import code_named, is_cut_short
