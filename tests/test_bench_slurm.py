@@ -13,10 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from grids import DIGITS, expand_text, variant
 
 from structinit.errors import UsageError
-from structinit.experiments.expand import expand
-from structinit.experiments.gridspec import parse_grid_text
 from structinit.experiments.launch import prepare
 from structinit.experiments.slurm import SlurmOptions, render_script, write_job
 from structinit.training.rundir import RunDir
@@ -27,32 +26,12 @@ DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "sin
 # two cores. The impulse fit on 16 images (not 256: the fit is not what this tests); ~10 s per
 # epoch on a busy 2-core machine, long enough to requeue a task and to signal the other one while
 # they train.
-GRID = """\
-name = "slurm-tiny"
-title = "Tiny digits grid on SLURM"
-seeds = 1
-rows = "init"
-[settings]
-model = "vit-digits"
-dataset = "digits"
-epochs = 2
-batch_size = 8
-warmup_epochs = 0.5
-lr = 0.002
-val_size = 100
-[[axes.init]]
-id = "mimetic"
-init = "mimetic"
-[[axes.init]]
-id = "impulse"
-init = "impulse"
-init_params = { data_fit_samples = 16 }
-"""
+GRID = variant(DIGITS, name="slurm-tiny", title="Tiny digits grid on SLURM", batch_size=8, warmup_epochs=0.5,
+               lr=0.002, val_size=100, append="init_params = { data_fit_samples = 16 }\n")  # the impulse value's
 
 
 def mini_expansion(tmp_path):
-    return expand(parse_grid_text(GRID, "grid.toml", "slurm-tiny"), runs_dir=tmp_path / "runs",
-                  command="structinit bench grid grid.toml")
+    return expand_text(GRID, tmp_path / "runs", file="grid.toml", command="structinit bench grid grid.toml")
 
 
 def test_the_job_script_asks_for_what_was_given(tmp_path):

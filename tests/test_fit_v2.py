@@ -5,6 +5,7 @@ to what its docstring says, and the whole fit to a replay of its steps."""
 import numpy as np
 import pytest
 import torch
+from grids import DIGITS, variant
 
 from structinit.analysis.capture import LayerInputs, attention_inputs, projection_module
 from structinit.errors import UsageError
@@ -252,21 +253,13 @@ def test_the_fit_reports_each_layer_and_its_progress(digits):
     assert steps[-1] == (24, 24) and [d for d, _ in steps] == sorted(d for d, _ in steps)
 
 
-LONG_FIT = """\
-name = "long-fit"
-title = "One run whose init fits for minutes"
-seeds = 1
-rows = "init"
-[settings]
-model = "vit-digits"
-dataset = "digits"
-train_size = 64
-epochs = 1
+LONG_FIT = variant(DIGITS, name="long-fit", title="One run whose init fits for minutes", train_size=64, epochs=1,
+                   axes="""\
 [[axes.init]]
 id = "impulse"
 init = "impulse"
 init_params = { data_fit = 1000000 }
-"""
+""")
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from grids import DIGITS, variant
 
 from structinit.errors import UsageError
 
@@ -685,10 +686,7 @@ def _example_inputs(folder: Path, examples):
         torch.save(BertModel(BertConfig(**small)).state_dict(), folder / "bert.pt")  # 512 positions
         torch.save(GPT2LMHeadModel(GPT2Config(n_embd=48, n_layer=2, n_head=12, vocab_size=50)).state_dict(),
                    folder / "gpt2.pt")  # 1024 positions
-    (folder / "my-grid.toml").write_text(
-        'name = "my-grid"\nseeds = 1\nrows = "init"\n[settings]\nmodel = "vit-digits"\ndataset = "digits"\n'
-        'epochs = 1\n[[axes.init]]\nid = "mimetic"\ninit = "mimetic"\n[[axes.init]]\nid = "impulse"\n'
-        'init = "impulse"\n')
+    (folder / "my-grid.toml").write_text(variant(DIGITS, name="my-grid", epochs=1))
 
 
 def _commands():

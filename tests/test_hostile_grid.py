@@ -8,31 +8,18 @@ import os
 from pathlib import Path
 
 import pytest
+from grids import DIGITS, variant
 
 REPO = Path(__file__).resolve().parents[1]
-GRID = """\
-name = "g"
-title = "A grid"
-seeds = 2
-rows = "init"
-[settings]
-model = "vit-digits"
-dataset = "digits"
-epochs = 1
-warmup_epochs = 0.5
-[[axes.init]]
-id = "mimetic"
-init = "mimetic"
-[[axes.init]]
-id = "impulse"
-init = "impulse"
+# three init methods, two of them impulse inits that differ in one setting, by two training-set sizes
+GRID = variant(DIGITS, name="g", title="A grid", seeds=2, epochs=1, warmup_epochs=0.5, append="""\
 [[axes.init]]
 id = "impulse-5"
 init = "impulse"
 init_params = { filter = 5 }
 [axes]
 train_size = [100, 200]
-"""
+""")
 
 
 def files(folder: Path) -> dict:

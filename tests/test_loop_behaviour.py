@@ -579,8 +579,8 @@ def test_the_impulse_inits_attention_on_real_inputs_is_metrics_epoch_zero(tmp_pa
     """An impulse run writes its init's attention on real training inputs as metrics.jsonl's first
     line (epoch 0): once, also after a resume; the readers of epoch records (RunDir, bench status
     and bench report) skip it."""
-    from structinit.experiments.expand import expand
-    from structinit.experiments.gridspec import parse_grid_text
+    from grids import TINY_GRID, expand_text, variant
+
     from structinit.experiments.launch import prepare
     from structinit.experiments.report import collect
     from structinit.experiments.status import run_status
@@ -600,20 +600,8 @@ def test_the_impulse_inits_attention_on_real_inputs_is_metrics_epoch_zero(tmp_pa
     assert lines[0]["init_attention"] == result.init_report["data_attention"] == first
     assert [r["epoch"] for r in RunDir(out).read_metrics()] == [1, 2] and result.epochs == 2
 
-    grid = parse_grid_text("""name = "one"
-title = "One impulse run"
-seeds = 1
-rows = "init"
-columns = ["train_size"]
-[settings]
-model = "vit-digits"
-dataset = "digits"
-patch = 2
-depth = 1
-dim = 32
-heads = 2
-epochs = 2
-batch_size = 32
+    text = variant(TINY_GRID, name="one", title="One impulse run", seeds=1, columns=["train_size"], lr=None,
+                   warmup_epochs=None, axes="""\
 [[axes.init]]
 id = "impulse"
 init = "impulse"
@@ -621,8 +609,8 @@ init_params = { data_fit = 0 }
 [[axes.train_size]]
 id = "320"
 train_size = 320
-""", "one.toml", "one")
-    ex = expand(grid, runs_dir=tmp_path / "runs")
+""")
+    ex = expand_text(text, tmp_path / "runs")
     (cell,) = prepare(ex)
     assert run_task(ex.run_dir(cell), threads=1).state == "finished"
     assert (ex.run_dir(cell) / "metrics.jsonl").read_text().startswith('{"epoch": 0, "init_attention": ')
