@@ -83,6 +83,26 @@ def made(tmp_path_factory):
     return d
 
 
+@pytest.fixture(scope="module")
+def plain_fit(made, tmp_path_factory):
+    """A user cache with what ``apply plain.pt --heads 4`` solves and fits (the solve for its two
+    layers and the noise fit of its weights), made once for the module."""
+    from conftest import run_cli
+
+    cache = tmp_path_factory.mktemp("plain-fit") / "cache"
+    r = run_cli("apply", made / "plain.pt", "--heads", HEADS, "--out", cache.parent / "o.pt",
+                env={"STRUCTINIT_CACHE": cache})
+    assert r.returncode == 0 and len(list(cache.glob("*-fit-*.safetensors"))) == 1, r.stderr
+    return cache
+
+
+@pytest.fixture
+def fitted(plain_fit, cache_dir):
+    """This test's user cache starts with plain.pt's solve and noise fit: the test is about files and
+    messages, and applying plain.pt reads the fit instead of computing it again (seconds each)."""
+    shutil.copytree(plain_fit, cache_dir, dirs_exist_ok=True)
+
+
 @pytest.fixture
 def work(made, tmp_path, cli):
     """A folder with copies of the checkpoints, and ``run(*args)``: the CLI run inside it (the user
@@ -175,6 +195,7 @@ def run_with_file_limit(args, limit_bytes, cwd, env=None):
 
 # --------------------------------------------------------------------------- silently wrong, now right or refused
 
+@pytest.mark.slow  # the default noise fit and a solve for a learned embedding: seconds on one core
 def test_learned_position_embedding_is_refused_fitted_or_replaced_and_reported_truthfully(work):
     import timm  # noqa: F401
 
@@ -286,7 +307,8 @@ def test_a_class_token_grid_is_asked_for_not_guessed(work):
     one_error(work("apply", "rect.pth", "--heads", HEADS, "--dry-run"), 2, "--grid", "13x13", "168 tokens")
     one_error(work("apply", "rect.pth", "--heads", HEADS, "--grid", "10x10"), 2, "100 tokens", "169 rows")
     assert files(work.path) == before
-    r = work("apply", "rect.pth", "--heads", HEADS, "--grid", "14x12", "--set-pe", "sincos", "--out", "r.pth")
+    r = work("apply", "rect.pth", "--heads", HEADS, "--grid", "14x12", "--set-pe", "sincos", "--out", "r.pth",
+             "--data-fit", "0")  # the plain solve: a fit on 168 tokens takes seconds and is not what this tests
     assert r.returncode == 0, r.stderr
     new = torch.load(work.path / "r.pth", weights_only=True)
     assert torch.equal(new["pos_embed"][0, 0], sd["pos_embed"][0, 0])  # the class token's row is kept
@@ -310,8 +332,8 @@ def test_in_place_never_overwrites_a_backup_and_keeps_the_file_mode(work):
     original = src.read_bytes()
     (work.path / "plain.pt.bak.2").write_bytes(b"the user's own file")
     outs = []
-    for _ in range(3):
-        r = work("apply", "plain.pt", "--heads", HEADS, "--in-place", "--json")
+    for _ in range(3):  # the plain solve: each apply changes the weights, so each would fit again (seconds)
+        r = work("apply", "plain.pt", "--heads", HEADS, "--data-fit", "0", "--in-place", "--json")
         assert r.returncode == 0, r.stderr
         outs.append(json.loads(r.stdout)["backup"])
         assert (src.stat().st_mode & 0o777) == 0o600
@@ -319,10 +341,11 @@ def test_in_place_never_overwrites_a_backup_and_keeps_the_file_mode(work):
     assert (work.path / "plain.pt.bak").read_bytes() == original
     assert (work.path / "plain.pt.bak.2").read_bytes() == b"the user's own file"
     assert all((Path(b).stat().st_mode & 0o777) == 0o600 for b in outs)
-    out = work("apply", "plain.pt", "--heads", HEADS, "--out", "copy.pt")
+    out = work("apply", "plain.pt", "--heads", HEADS, "--data-fit", "0", "--out", "copy.pt")
     assert out.returncode == 0 and (work.path / "copy.pt").stat().st_mode & 0o777 == 0o600
 
 
+@pytest.mark.usefixtures("fitted")
 def test_the_output_format_follows_the_output_name(work):
     from safetensors.torch import load_file
 
@@ -330,7 +353,7 @@ def test_the_output_format_follows_the_output_name(work):
     assert r.returncode == 0, r.stderr
     st = load_file(work.path / "o.safetensors")
     r = work("apply", "o.safetensors", "--heads", HEADS, "--out", "back.pth", "--artifact", SHIPPED_KEY,
-             "--layers", "0-1")
+             "--layers", "0-1", "--data-fit", "0")  # its weights are new: a fit would take seconds
     assert r.returncode == 0, r.stderr
     assert (work.path / "back.pth").read_bytes()[:4] == b"PK\x03\x04"  # a torch.save zip
     back = torch.load(work.path / "back.pth", weights_only=True)
@@ -343,6 +366,7 @@ def test_the_output_format_follows_the_output_name(work):
     assert work("inspect", "misnamed.pth", "--heads", HEADS).returncode == 0
 
 
+@pytest.mark.usefixtures("fitted")
 def test_existing_outputs_are_refused_unless_forced(work):
     (work.path / "taken.pt").write_bytes(b"keep me")
     (work.path / "plain.impulse.pt").write_bytes(b"keep me too")
@@ -358,6 +382,7 @@ def test_existing_outputs_are_refused_unless_forced(work):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("fitted")
 def test_concurrent_writers_to_one_name_one_wins_and_the_others_are_told(work, cache_dir):
     work("solve", "--tokens", 64, "--dim", DIM, "--heads", HEADS, "--layers", 2)  # both then read the cache
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "STRUCTINIT_CACHE": str(cache_dir)}
@@ -502,6 +527,7 @@ def test_a_malicious_pickle_is_named_and_nothing_else_is_printed(made, tmp_path)
     assert not (made / "pwned").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["evil.pth"]
 
 
+@pytest.mark.usefixtures("fitted")
 def test_in_place_through_a_symlink_replaces_the_file_and_keeps_the_link(work):
     real = work.path / "real.pt"
     shutil.copy2(work.path / "plain.pt", real)
@@ -521,6 +547,7 @@ def test_a_solve_that_cannot_fit_is_refused_before_it_starts(work, cache_dir):
 # --------------------------------------------------------------------------- full and read-only disks
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("fitted")
 def test_full_disk(work, tmp_path_factory):
     disk = tmp_path_factory.mktemp("full") / "disk"
     with small_disk(disk, "16k"):
@@ -538,6 +565,7 @@ def test_full_disk(work, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("fitted")
 def test_files_past_a_size_limit_fail_cleanly(work):
     """The full-disk cases without a mount: RLIMIT_FSIZE makes every write past the limit fail."""
     import matplotlib.font_manager  # noqa: F401  (its font cache exists before the limited runs)
@@ -552,6 +580,7 @@ def test_files_past_a_size_limit_fail_cleanly(work):
         assert files(work.path) == before and not (work.path / "run").exists()
 
 
+@pytest.mark.usefixtures("fitted")
 def test_read_only_disk(work, made, tmp_path_factory):
     disk = tmp_path_factory.mktemp("ro") / "disk"
     with read_only_disk(disk, content=[made / "plain.pt"]):
@@ -573,7 +602,7 @@ def test_read_only_disk(work, made, tmp_path_factory):
 def test_a_half_precision_sin_cos_table_is_still_the_table(work):
     sd = {k: v.half() for k, v in timm_vit().state_dict().items()}
     torch.save(sd, work.path / "half.pt")
-    r = work("apply", "half.pt", "--heads", HEADS, "--json")
+    r = work("apply", "half.pt", "--heads", HEADS, "--data-fit", "0", "--json")  # the table is read before any fit
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["measured_on"] == "pos_embed (sincos), LayerNorm'd"
 
