@@ -27,6 +27,7 @@ def test_bench_fit_times_each_version_against_training_steps(cli):
     assert text.returncode == 0 and "inputs noise [8, 1, 8, 8]" in text.stdout and " -" in text.stdout
 
 
+@pytest.mark.slow  # two repeats of two real training loops: seconds on one core
 def test_bench_loop_compares_trains_loop_with_a_bare_one(cli):
     # the synthetic set's 512 images, not digits' 1,437: the loops' arithmetic is what is tested
     r = cli("bench", "loop", "--dataset", "synthetic", "--epochs", "1", "--repeats", "2", "--batch-size", "256",

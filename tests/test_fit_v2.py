@@ -264,7 +264,7 @@ init_params = { data_fit = 1000000 }
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGUSR2", "Ctrl-C"])
-def test_a_stop_request_ends_a_long_fit_within_two_seconds_and_leaves_the_run_to_start_afresh(tmp_path, how):
+def test_a_stop_request_ends_a_long_fit_within_two_seconds_and_leaves_the_run_to_start_afresh(tmp_path, how, cli):
     """A launcher's SIGTERM, SLURM's USR2 (to ``bench run``) and Ctrl-C (to ``train``) stop the init's
     data fit at its next step: no run files, no fitted artifact, and the task says it was interrupted."""
     import json
@@ -279,8 +279,8 @@ def test_a_stop_request_ends_a_long_fit_within_two_seconds_and_leaves_the_run_to
     (tmp_path / "grid.toml").write_text(LONG_FIT)
     env = dict(os.environ, PYTHONPATH=str(REPO), STRUCTINIT_CACHE=str(tmp_path / "cache"))
     run = [sys.executable, "-m", "structinit"]
-    subprocess.run(run + ["bench", "grid", "grid.toml", "--launcher", "print"], cwd=tmp_path, env=env, check=True,
-                   capture_output=True)
+    prepared = cli("bench", "grid", "grid.toml", "--launcher", "print", cwd=tmp_path, env=env)  # in process
+    assert prepared.returncode == 0, prepared.stderr
     folder = next(p for p in (tmp_path / "runs").iterdir() if len(p.name) == 12)
     if how == "Ctrl-C":
         out = tmp_path / "direct"

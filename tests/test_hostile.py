@@ -749,18 +749,25 @@ STAND_INS = {
         "structinit bench fit --model vit-digits --dataset digits --versions 1,2 --threads 1 --steps 5 --samples 32",
         "version 1's 300 steps on 256 digits take minutes on a slow machine; the flags are the example's"),
     "structinit bench fit --model vit-t --image-size 32 --in-chans 3 --threads 1": (
-        "structinit bench fit --model vit-t --image-size 32 --in-chans 3 --threads 1 --steps 5 --samples 16 "
-        "--train-steps 1", "the ViT-T shape's fit and training steps take minutes on a slow machine"),
+        "structinit bench fit --model vit-t --image-size 16 --in-chans 3 --threads 1 --steps 5 --samples 16 "
+        "--train-steps 1", "the ViT-T shape's fit and training steps take minutes on a slow machine: one timed "
+        "training step of batch 64 at 32x32 (256 tokens) alone is 15 s of CPU, at 16x16 (64 tokens) a quarter"),
+    "structinit bench loop --model vit-digits --dataset digits --threads 1": (
+        "structinit bench loop --model vit-digits --dataset digits --threads 1 --epochs 1 --repeats 1",
+        "three repeats of two epochs of each loop take half a minute of CPU; the flags are the example's"),
     "structinit apply runs/digits/checkpoint.pt --out imp.pt --data digits": (
         None, "names a train run's checkpoint (tested in test_apply_data, on a checkpoint train writes)"),
 }
-#: The impulse data fit's batch in the examples that run it (train and inspect with ``--init
-#: impulse``, and the quick grid): the default 256 images cost minutes per layer on a slow 2-core
-#: machine, and these tests are about the example's flags and files. The fit itself is tested in
-#: test_data_fit and test_inspect_data.
+#: The impulse data fit in the examples that run it (train and inspect with ``--init impulse``,
+#: apply, and the quick grid): 16 images (train, inspect, the grid) and 30 Adam steps a layer where
+#: the example sets neither. The default 256 images cost minutes per layer on a slow 2-core machine,
+#: the default 300 steps seconds a layer on any (23 s of CPU for apply's ViT-T example), and these
+#: tests are about the example's flags and files. The fit itself is tested in test_data_fit,
+#: test_inspect_data and test_apply_data.
 FIT_SAMPLES = 16
+FIT_STEPS = 30
 FIT_PARAM = ["-p", f"data_fit_samples={FIT_SAMPLES}"]
-FIT_SET = ["--set", f"init_params.data_fit_samples={FIT_SAMPLES}"]
+FIT_SET = ["--set", f"init_params.data_fit_samples={FIT_SAMPLES}", "--set", f"init_params.data_fit={FIT_STEPS}"]
 #: The training images of train's digits examples that name no --train-size: what an example
 #: tests is its flags and the files it writes, and a full epoch of digits at the default model is
 #: a minute on a slow machine. Learning itself is tested in test_train.
@@ -771,6 +778,33 @@ TRAIN_SIZE = ["--train-size", "200"]
 #: `--attention` would build every one of their methods' models.
 PRINTED = ["--out", "printed"]
 TOGETHER = {("bench", "grid"): [("bench", "grid"), ("bench", "report")]}
+
+
+def _as_run(line, folder):
+    """How this test runs help example ``line`` in ``folder``: ``(argv, redirect)``, the example's
+    words with its stand-in and the flags above, and the file its stdout is redirected to (``None``
+    for none); ``None`` for an example that is not run here."""
+    line = STAND_INS.get(line, (line, ""))[0]
+    if line is None:
+        return None
+    argv = shlex.split(line)
+    redirect = None
+    if ">" in argv:  # a shell redirect of stdout
+        argv, redirect = argv[:argv.index(">")], folder / argv[argv.index(">") + 1]
+    fits = "impulse" in argv and "--resume" not in argv
+    if argv[1:2] in (["train"], ["inspect"]) and fits:
+        argv = [*argv, *FIT_PARAM]
+        if not any(word.startswith("data_fit=") for word in argv):
+            argv = [*argv, "-p", f"data_fit={FIT_STEPS}"]
+    if argv[1:2] == ["apply"] and not {"--data-fit", "--dry-run"} & set(argv):
+        argv = [*argv, "--data-fit", str(FIT_STEPS)]
+    if argv[1:2] == ["train"] and "digits" in argv and "--train-size" not in argv and "--resume" not in argv:
+        argv = [*argv, *TRAIN_SIZE]
+    if argv[1:3] == ["bench", "grid"] and "print" in argv:
+        argv = [*argv, *PRINTED]
+    if argv[1:3] in (["bench", "grid"], ["bench", "report"]) and "init=mimetic,impulse" in argv:
+        argv = [*argv, *FIT_SET]  # the quick grid, as bench report's example reads it
+    return argv, redirect
 
 
 def _groups():
@@ -790,21 +824,10 @@ def test_every_help_example_runs_as_written(paths, tmp_path, cli):
     _example_inputs(tmp_path, examples)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     for line in examples:
-        line = STAND_INS.get(line, (line, ""))[0]
-        if line is None:
+        run = _as_run(line, tmp_path)
+        if run is None:
             continue
-        argv = shlex.split(line)
-        redirect = None
-        if ">" in argv:  # a shell redirect of stdout
-            argv, redirect = argv[:argv.index(">")], tmp_path / argv[argv.index(">") + 1]
-        if argv[1:2] in (["train"], ["inspect"]) and "impulse" in argv and "--resume" not in argv:
-            argv = [*argv, *FIT_PARAM]
-        if argv[1:2] == ["train"] and "digits" in argv and "--train-size" not in argv and "--resume" not in argv:
-            argv = [*argv, *TRAIN_SIZE]
-        if argv[1:3] == ["bench", "grid"] and "print" in argv:
-            argv = [*argv, *PRINTED]
-        if argv[1:3] in (["bench", "grid"], ["bench", "report"]) and "init=mimetic,impulse" in argv:
-            argv = [*argv, *FIT_SET]  # the quick grid, as bench report's example reads it
+        argv, redirect = run
         if argv[0] == "torchrun":
             exe = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
             r = subprocess.run([exe, *argv[1:]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

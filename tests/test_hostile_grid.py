@@ -166,14 +166,14 @@ def test_exactness_that_cannot_fit_in_memory_is_refused_before_it_allocates(tmp_
 
 
 def test_train_warns_once_when_the_warm_up_outlasts_the_training(tmp_path, cli):  # S29
-    r = cli("train", "--dataset", "synthetic", "--epochs", "1", "--batch-size", "128", "--warmup-epochs", "50",
-            cwd=tmp_path)
+    r = cli("train", "--dataset", "synthetic", "--depth", "1", "--epochs", "1", "--batch-size", "128",
+            "--warmup-epochs", "50", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     warnings = [line for line in r.stderr.splitlines() if line.startswith("warning: ")]
     assert warnings == ["warning: warm up for 50 epochs but train for only 1: the learning rate never reaches its "
                         "peak (set --warmup-epochs too)"]
-    r = cli("train", "--dataset", "synthetic", "--epochs", "2", "--batch-size", "128", "--warmup-epochs", "1",
-            cwd=tmp_path)
+    r = cli("train", "--dataset", "synthetic", "--depth", "1", "--epochs", "2", "--batch-size", "128",
+            "--warmup-epochs", "1", cwd=tmp_path)
     assert r.returncode == 0 and "warning" not in r.stderr
 
 

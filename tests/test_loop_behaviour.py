@@ -565,7 +565,7 @@ def test_resuming_from_a_corrupt_checkpoint_is_one_error_line(tmp_path, cli):
     out = tmp_path / "run"
     out.mkdir()
     (out / "checkpoint.pt").write_bytes(b"\x80\x02garbage")
-    r = cli("train", "--epochs", "1", "--out", out, "--resume", "--threads", "1")
+    r = cli("train", "--epochs", "1", "--train-size", "100", "--out", out, "--resume", "--threads", "1")
     # a damaged run: its checkpoint set aside (kept), said in one line, the run trained afresh
     aside = [p for p in out.iterdir() if p.name.startswith("damaged-")]
     assert r.returncode == 0 and len(aside) == 1, r.stderr

@@ -174,7 +174,8 @@ def test_damaged_runs_are_counted_listed_and_retrained_with_their_files_kept(gri
 
 
 def test_a_zero_byte_checkpoint_is_set_aside_and_the_run_starts_afresh(tmp_path, cli):
-    args = ["train", "--dataset", "synthetic", "--epochs", "1", "--batch-size", "128", "--out", tmp_path / "D"]
+    args = ["train", "--dataset", "synthetic", "--epochs", "1", "--batch-size", "128", "--depth", "1",  # one block
+            "--out", tmp_path / "D"]
     assert cli(*args).returncode == 0
     for name in ("final.json", "best.pt"):
         (tmp_path / "D" / name).unlink()
@@ -189,7 +190,8 @@ def test_a_zero_byte_checkpoint_is_set_aside_and_the_run_starts_afresh(tmp_path,
 
 
 def test_a_checkpoint_that_would_run_code_is_refused_unrun_and_set_aside(tmp_path, cli):
-    args = ["train", "--dataset", "synthetic", "--epochs", "1", "--batch-size", "128", "--out", tmp_path / "D"]
+    args = ["train", "--dataset", "synthetic", "--epochs", "1", "--batch-size", "128", "--depth", "1",  # one block
+            "--out", tmp_path / "D"]
     assert cli(*args).returncode == 0
 
     class Evil:
@@ -226,8 +228,8 @@ def test_a_pickle_that_carries_code_is_named_as_refused_not_as_truncated(tmp_pat
 
 
 def test_resume_with_other_settings_names_them_as_options_not_python_dicts(tmp_path, cli):
-    args = ["train", "--dataset", "synthetic", "--epochs", "1", "--batch-size", "128", "--init", "impulse",
-            "-p", "data_fit=0", "--out", tmp_path / "D"]
+    args = ["train", "--dataset", "synthetic", "--epochs", "1", "--batch-size", "128", "--depth", "1", "--init",
+            "impulse", "-p", "data_fit=0", "--out", tmp_path / "D"]
     assert cli(*args).returncode == 0
     line = one_error(cli(*args[:-2], "-p", "filter=5", "--out", tmp_path / "D", "--resume"), 2)
     assert "init_params.filter 3 in the run, 5 now" in line and "{" not in line and "'" not in line
