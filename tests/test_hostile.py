@@ -768,9 +768,10 @@ FIT_SAMPLES = 16
 FIT_STEPS = 30
 FIT_PARAM = ["-p", f"data_fit_samples={FIT_SAMPLES}"]
 FIT_SET = ["--set", f"init_params.data_fit_samples={FIT_SAMPLES}", "--set", f"init_params.data_fit={FIT_STEPS}"]
-#: The training images of train's digits examples that name no --train-size: what an example
-#: tests is its flags and the files it writes, and a full epoch of digits at the default model is
-#: a minute on a slow machine. Learning itself is tested in test_train.
+#: The training images of train's digits and MNIST-1D examples that name no --train-size: what an
+#: example tests is its flags and the files it writes, and a full epoch of digits at the default
+#: model is a minute on a slow machine (MNIST-1D's 4,000 sequences, seconds). Learning itself is
+#: tested in test_train and test_mnist1d.
 TRAIN_SIZE = ["--train-size", "200"]
 #: bench report's examples read the runs of bench grid's quick example, so the two commands'
 #: examples run in one test, grid's first. bench grid's print examples write their run folders
@@ -798,7 +799,7 @@ def _as_run(line, folder):
             argv = [*argv, "-p", f"data_fit={FIT_STEPS}"]
     if argv[1:2] == ["apply"] and not {"--data-fit", "--dry-run"} & set(argv):
         argv = [*argv, "--data-fit", str(FIT_STEPS)]
-    if argv[1:2] == ["train"] and "digits" in argv and "--train-size" not in argv and "--resume" not in argv:
+    if argv[1:2] == ["train"] and {"digits", "mnist1d"} & set(argv) and not {"--train-size", "--resume"} & set(argv):
         argv = [*argv, *TRAIN_SIZE]
     if argv[1:3] == ["bench", "grid"] and "print" in argv:
         argv = [*argv, *PRINTED]
