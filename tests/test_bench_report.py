@@ -170,6 +170,7 @@ def test_the_cli_report_prints_writes_and_refuses(grid_runs, tmp_path, cli):
     assert r.returncode == 0 and "(2/3)" in r.stdout  # seed 2 was never run: every cell is short of it
 
 
+@pytest.mark.slow  # reads the module's seven trained runs, as the other report tests do
 def test_an_earlier_runs_csv_stands_in_for_run_folders_that_are_gone(grid_runs, tmp_path):
     """A report's runs.csv gives back, by run key, the runs whose folders were removed: the cells
     and paired differences equal those of the folders themselves; keys not in the grid are ignored."""
