@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import digits_images, vit_digits
 
 from structinit.analysis.fidelity import (
     attention_fidelity,
@@ -16,9 +17,6 @@ from structinit.analysis.fidelity import (
 )
 from structinit.errors import UsageError
 from structinit.init.specs import initialize_model
-from structinit.training.augment import normalize
-from structinit.training.datasets import load_dataset
-from structinit.training.models import ModelConfig, build_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 # The impulse inits here are the solve alone (data_fit=0): what is tested is the measurement of a
@@ -27,13 +25,11 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def digits_batch():
-    data = load_dataset("digits")
-    info = data.info
-    return normalize(data.train.images[:48], info.mean, info.std)
+    return digits_images(48)
 
 
 def vit(pool="avg", seed=0):
-    return build_model(ModelConfig("vit-digits", pool=pool), num_classes=10, image_size=8, in_chans=1, seed=seed)
+    return vit_digits(seed, pool=pool)
 
 
 def manual_attention(block, x):

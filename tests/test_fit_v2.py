@@ -5,6 +5,7 @@ to what its docstring says, and the whole fit to a replay of its steps."""
 import numpy as np
 import pytest
 import torch
+from conftest import digits_images, vit_digits
 from grids import DIGITS, variant
 
 from structinit.analysis.capture import LayerInputs, attention_inputs, projection_module
@@ -24,21 +25,16 @@ from structinit.init.impulse import ImpulseInit
 from structinit.init.inject import heads_to_rows, read_qk, rows_to_heads
 from structinit.init.specs import init_spec, initialize_model
 from structinit.init.target import AttentionTarget
-from structinit.training.augment import normalize
-from structinit.training.datasets import load_dataset
-from structinit.training.models import ModelConfig, build_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
 def digits():
-    data = load_dataset("digits")
-    return normalize(data.train.images[:48], data.info.mean, data.info.std)
+    return digits_images(48)
 
 
-def vit(seed=0):
-    return build_model(ModelConfig("vit-digits"), num_classes=10, image_size=8, in_chans=1, seed=seed)
+vit = vit_digits
 
 
 def problem(seed=0, b=6, n=9, dim=12, heads=3, d=4):
