@@ -656,17 +656,24 @@ def test_a_dataset_that_must_not_be_flipped_is_never_flipped():
     assert flip.metrics[-1]["test_acc"] == plain.metrics[-1]["test_acc"]
 
 
-def test_the_data_seed_and_the_shuffled_positions_reach_the_data_the_run_trains_on(tmp_path):
-    """``data_seed`` picks the training subset (``seed`` when unset) and ``shuffle_seq`` permutes
-    a sequence's positions: the first epoch's loss shows which data the run saw."""
-    def loss(**kw):
-        return train(TrainConfig(epochs=1, init="mimetic", seed=0, **{**QUICK, **kw})).metrics[-1]["train_loss"]
+def first_epoch_loss(**settings):
+    """The first epoch's training loss of a mimetic run of ``QUICK`` with ``settings``: it shows which
+    data the run saw."""
+    return train(TrainConfig(epochs=1, init="mimetic", seed=0, **{**QUICK, **settings})).metrics[-1]["train_loss"]
 
-    default = loss()
-    assert loss(data_seed=0) == default and loss(data_seed=5) != default
+
+def test_the_data_seed_reaches_the_data_the_run_trains_on(tmp_path):
+    """``data_seed`` picks the training subset (``seed`` when unset)."""
+    default = first_epoch_loss()
+    assert first_epoch_loss(data_seed=0) == default and first_epoch_loss(data_seed=5) != default
+
+
+@pytest.mark.slow  # MNIST-1D is generated afresh on each load: 2-3 s of CPU each, twice
+def test_the_shuffled_positions_reach_the_data_the_run_trains_on(tmp_path):
+    """``shuffle_seq`` permutes a sequence's positions."""
     seq = dict(model="transformer-1d", dataset="mnist1d", depth=1, dim=16, heads=2, patch=None, train_size=64,
                batch_size=16, val_size=0)
-    assert loss(**seq, shuffle_seq=True) != loss(**seq)
+    assert first_epoch_loss(**seq, shuffle_seq=True) != first_epoch_loss(**seq)
 
 
 def test_a_run_killed_before_its_first_checkpoint_fits_its_init_again_on_resume(tmp_path):
