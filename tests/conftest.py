@@ -114,3 +114,21 @@ def digest(path) -> str:
     import hashlib
 
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def digits_images(n, split="train"):
+    """The first ``n`` images of sklearn's digits ``split`` (train or test), normalized as the digits
+    runs normalize them: real inputs for a data fit or a measurement."""
+    from structinit.training.augment import normalize
+    from structinit.training.datasets import load_dataset
+
+    data = load_dataset("digits")
+    return normalize(getattr(data, split).images[:n], data.info.mean, data.info.std)
+
+
+def vit_digits(seed=0, **preset):
+    """The ``vit-digits`` model (8x8 digits, patch 1: 64 tokens, dim 64, 4 blocks of 4 heads) built with
+    ``seed``; ``preset`` overrides the preset's settings (``pool="token"``)."""
+    from structinit.training.models import ModelConfig, build_model
+
+    return build_model(ModelConfig("vit-digits", **preset), num_classes=10, image_size=8, in_chans=1, seed=seed)

@@ -147,7 +147,7 @@ def test_in_place_keeps_a_backup(tmp_path):
     src = tmp_path / "vit.pt"
     torch.save(paper_vit().state_dict(), src)
     before = src.read_bytes()
-    rep = apply_checkpoint(src, heads=HEADS, in_place=True)
+    rep = apply_checkpoint(src, heads=HEADS, in_place=True, data_fit=0)  # the solve alone: the fit is not tested here
     assert rep["output"] == str(src) and Path(rep["backup"]).read_bytes() == before
     assert src.read_bytes() != before
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["vit.pt", "vit.pt.bak"]

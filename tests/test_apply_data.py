@@ -65,6 +65,7 @@ def assert_same_attention_weights(got, want, keys):
         torch.testing.assert_close(got[k].float(), want[k].float(), rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow  # a training run and the default fit on 256 digits: seconds on one core
 def test_a_structinit_train_checkpoint_gets_the_fit_train_would_give(tmp_path, cli, digits):
     from structinit.training.config import TrainConfig
     from structinit.training.loop import init_inputs, train
@@ -93,6 +94,7 @@ def test_a_structinit_train_checkpoint_gets_the_fit_train_would_give(tmp_path, c
     assert min(held_out_hits(written, rep, digits[1])) >= 0.9
 
 
+@pytest.mark.slow  # the default fit on 96 digits, then two applies that read it: seconds on one core
 def test_timms_train_checkpoint_and_a_bare_state_dict_get_the_fit_of_the_model_they_hold(tmp_path, cli, digits):
     """timm's train.py saves ``arch`` (a registered model name) and its ``args`` beside the weights
     and the EMA; a bare state dict tells everything but the heads, which --heads gives."""
@@ -208,6 +210,7 @@ def test_bert_and_gpt2_folders_take_token_ids_and_gpt2_needs_causal_offsets(tmp_
     assert r.returncode == 2 and "token ids must lie in 0..99" in r.stderr
 
 
+@pytest.mark.slow  # a training run on MNIST-1D and the default fit: seconds on one core
 def test_a_1d_transformer_on_mnist1d_gets_the_fit_of_its_run(tmp_path, cli):
     from structinit.training.config import TrainConfig
     from structinit.training.loop import train
@@ -285,6 +288,7 @@ def test_a_checkpoint_without_a_model_to_build_is_refused(tmp_path, cli, digits)
     assert not (tmp_path / "o.pt").exists()
 
 
+@pytest.mark.slow  # the default noise fit (256 inputs x 300 steps a layer): seconds on one core
 def test_without_data_the_noise_fit_is_written_and_one_line_says_so(tmp_path, cli, bare_checkpoint):
     r = cli("apply", bare_checkpoint, "--heads", "4", "--out", tmp_path / "o.pt")
     assert r.returncode == 0, r.stderr
@@ -335,7 +339,7 @@ def test_a_folder_of_images_is_read_resized_and_standardized(tmp_path, cli, bare
                           "and std")
     assert float(got.x.mean()) == pytest.approx(0, abs=1e-5) and float(got.x.std()) == pytest.approx(1, abs=0.01)
     r = cli("apply", bare_checkpoint, "--heads", "4", "--data", tmp_path / "images", "--out", tmp_path / "o.pt",
-            "--json")
+            "--data-fit", "20", "--json")  # 20 fit steps: what is tested is the images read, not the fit
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert rep["data_fit"]["samples"] == 24 and rep["data_source"].endswith("24 images, resized to 8x8 and "

@@ -77,6 +77,7 @@ def hits_per_layer(model, x, offsets, grid=(8, 8)):
     return out
 
 
+@pytest.mark.slow  # the default noise fit, as the issue asks: seconds on one core
 @pytest.mark.parametrize("class_token, sincos", [(False, False), (True, False), (False, True)],
                          ids=["stock", "stock-class-token", "sincos"])
 def test_apply_with_no_option_writes_the_librarys_init_and_it_holds_on_held_out_digits(tmp_path, cli, held_out,
@@ -112,6 +113,7 @@ def test_apply_with_no_option_writes_the_librarys_init_and_it_holds_on_held_out_
     assert changed == attn | (set() if sincos else {"pos_embed"})  # the Q/K biases are zero, as timm made them
 
 
+@pytest.mark.slow  # the default noise fit: seconds on one core
 def test_the_committed_no_data_rows_are_what_apply_writes_with_no_option(tmp_path):
     """docs/results/stock-models' `impulse-noise` rows (the fit on noise inputs) are what `structinit
     apply` writes with no option on a checkpoint of the same model: the run's init, as train makes

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import vit_digits
 
 from structinit.init.initialize import initialize_model
 from structinit.solver.artifact import read_artifact
@@ -17,10 +18,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 FIT = dict(data_fit=10, filter=5)  # a shape whose plain solve is not shipped: every artifact is the user cache's
 
 
-def vit(seed=0):
-    from structinit.training.models import ModelConfig, build_model
-
-    return build_model(ModelConfig("vit-digits"), num_classes=10, image_size=8, in_chans=1, seed=seed)
+vit = vit_digits
 
 
 @pytest.fixture

@@ -6,22 +6,9 @@ import re
 import shlex
 
 import pytest
+from grids import DIGITS, variant
 
-GRID = """\
-name = "cli"
-seeds = 1
-rows = "init"
-[settings]
-model = "vit-digits"
-dataset = "digits"
-epochs = 2
-[[axes.init]]
-id = "mimetic"
-init = "mimetic"
-[[axes.init]]
-id = "impulse"
-init = "impulse"
-"""
+GRID = variant(DIGITS, name="cli")
 
 
 def one_error(r, code=2):

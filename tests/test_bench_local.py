@@ -11,42 +11,15 @@ import time
 from pathlib import Path
 
 import pytest
+from grids import TINY_GRID, expand_text, variant
 
-from structinit.experiments.expand import expand
-from structinit.experiments.gridspec import parse_grid_text
 from structinit.experiments.launch import prepare
 from structinit.experiments.status import grid_status, run_status
 from structinit.training.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = """\
-name = "tiny"
-title = "Tiny digits grid"
-seeds = 2
-rows = "init"
-baseline = "mimetic"
-[settings]
-model = "vit-digits"
-dataset = "digits"
-patch = 2
-depth = 1
-dim = 32
-heads = 2
-lr = 0.01
-batch_size = 32
-epochs = 2
-warmup_epochs = 0.5
-val_size = 100
-[[axes.init]]
-id = "mimetic"
-label = "Mimetic"
-init = "mimetic"
-[[axes.init]]
-id = "impulse"
-label = "Impulse"
-init = "impulse"
-init_params = { data_fit = 30 }
-"""
+TINY = variant(TINY_GRID, baseline="mimetic", val_size=100,
+               append="init_params = { data_fit = 30 }\n")  # the impulse value's: a short data fit
 
 
 def structinit(*args, cwd, timeout=1200, **kw):
@@ -120,7 +93,7 @@ def test_local_grid_runs_every_run_once_and_a_rerun_launches_nothing(tmp_path):
 def test_a_warning_of_the_library_is_one_line_of_the_runs_log(tmp_path):
     # one step of data fit leaves the init partly structured: the library warns, the log says it once
     weak = TINY.replace("data_fit = 30", "data_fit = 1")
-    ex = expand(parse_grid_text(weak, "tiny.toml", "tiny"), overrides=["epochs=1"], seeds=1, runs_dir=tmp_path)
+    ex = expand_text(weak, tmp_path, overrides=["epochs=1"], seeds=1)
     run = next(ex.run_dir(k) for k in prepare(ex) if "impulse" in (ex.run_dir(k) / "config.json").read_text())
     r = structinit("bench", "run", run, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -158,7 +131,7 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_continues(tmp_path):
 @pytest.mark.slow
 def test_a_task_stopped_by_sigterm_resumes_from_its_checkpoint(tmp_path):
     # 12 epochs: the run must outlive a second task's start (seconds on a busy machine)
-    ex = expand(parse_grid_text(TINY, "tiny.toml", "tiny"), overrides=["epochs=12"], seeds=1, runs_dir=tmp_path)
+    ex = expand_text(TINY, tmp_path, overrides=["epochs=12"], seeds=1)
     run = ex.run_dir(prepare(ex)[0])
     proc = popen("bench", "run", run, "--threads", "1", cwd=tmp_path)
     wait_for(lambda: len(epochs_of(run)) >= 2)
@@ -182,7 +155,7 @@ def test_a_task_stopped_by_sigterm_resumes_from_its_checkpoint(tmp_path):
 def test_a_failing_run_is_reported_and_retried(tmp_path):
     # a batch larger than the training set: found by train itself, once the data is loaded (a dataset
     # missing for every run is refused before launch: tests/test_hostile_grid.py)
-    grid = TINY.replace("val_size = 100\n", "val_size = 100\ntrain_size = 16\n")
+    grid = variant(TINY, train_size=16)
     (tmp_path / "bad.toml").write_text(grid)
     r = structinit("bench", "grid", "bad.toml", "--seeds", "1", cwd=tmp_path)
     assert r.returncode == 1 and "Traceback" not in r.stderr
@@ -190,14 +163,14 @@ def test_a_failing_run_is_reported_and_retried(tmp_path):
     st = structinit("bench", "grid", "bad.toml", "--seeds", "1", "--status", cwd=tmp_path)
     assert st.returncode == 0 and "0 finished, 0 running, 2 failed, 0 pending" in st.stdout
     assert st.stdout.count("is larger than the 16 training images") == 2
-    ex = expand(parse_grid_text(grid, "bad.toml", "bad"), seeds=1, runs_dir=tmp_path / "runs")
+    ex = expand_text(grid, tmp_path / "runs", file="bad.toml", seeds=1)
     assert grid_status(ex).counts["failed"] == 2
     assert len(prepare(ex)) == 2  # a rerun retries failed runs
 
 
 @pytest.mark.slow
 def test_a_task_with_two_processes_trains_under_torchrun(tmp_path):
-    ex = expand(parse_grid_text(TINY, "tiny.toml", "tiny"), seeds=1, runs_dir=tmp_path, only=["init=mimetic"])
+    ex = expand_text(TINY, tmp_path, seeds=1, only=["init=mimetic"])
     run = ex.run_dir(prepare(ex)[0])
     r = structinit("bench", "run", run, "--nproc", "2", "--threads", "1", "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr

@@ -10,75 +10,36 @@ import math
 import statistics
 
 import pytest
-import torch
+from grids import MIMETIC_KAIMING, TINY_GRID, expand_text, train_grid, variant
 
 from structinit.errors import UsageError
 from structinit.experiments.expand import expand
-from structinit.experiments.gridspec import parse_grid_text
-from structinit.experiments.launch import prepare
 from structinit.experiments.output import render_report, write_report
 from structinit.experiments.report import collect, markdown, reports_for_folder
-from structinit.experiments.task import run_task
 
-GRID = """\
-name = "mini"
-title = "Mini digits grid"
-seeds = 2
-rows = "init"
-columns = ["train_size"]
-baseline = "mimetic"
-[settings]
-model = "vit-digits"
-dataset = "digits"
-patch = 2
-depth = 1
-dim = 32
-heads = 2
-lr = 0.01
-batch_size = 32
-epochs = 2
-warmup_epochs = 0.5
-val_size = 100
-[[axes.init]]
-id = "mimetic"
-label = "Mimetic"
-init = "mimetic"
-[[axes.init]]
-id = "kaiming"
-label = "Kaiming"
-init = "kaiming"
+SIZES = """\
 [[axes.train_size]]
 id = "200"
 train_size = 200
 [[axes.train_size]]
 id = "all"
 label = "all (1337)"
+"""
+GRID = variant(TINY_GRID, name="mini", title="Mini digits grid", columns=["train_size"], baseline="mimetic",
+               val_size=100, axes=MIMETIC_KAIMING + SIZES, append="""\
 [paper]
 source = "a made-up table"
 values.mimetic = [70.0, 90.0]
 values.kaiming = [65.5, nan]
-"""
-
-
-def run_all_but(ex, pending):
-    """Train every run of ``ex`` on one torch thread except the cells for which ``pending(cell)`` holds."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for cell in prepare(ex):
-            if not pending(cell):
-                assert run_task(ex.run_dir(cell), threads=1).state == "finished"
-    finally:
-        torch.set_num_threads(old)
-    return ex
+""")
 
 
 @pytest.fixture(scope="module")
 def grid_runs(tmp_path_factory):
     """The mini grid with every run finished but Kaiming / all / seed 1 (left pending)."""
     runs = tmp_path_factory.mktemp("report") / "runs"
-    ex = expand(parse_grid_text(GRID, "mini.toml", "mini"), runs_dir=runs, command="structinit bench grid mini.toml")
-    return run_all_but(ex, lambda cell: (cell.row, cell.column, cell.seed) == ("kaiming", ("all",), 1))
+    ex = expand_text(GRID, runs, command="structinit bench grid mini.toml")
+    return train_grid(ex, skip=lambda cell: (cell.row, cell.column, cell.seed) == ("kaiming", ("all",), 1))
 
 
 def finals(ex, row, col):
@@ -209,6 +170,7 @@ def test_the_cli_report_prints_writes_and_refuses(grid_runs, tmp_path, cli):
     assert r.returncode == 0 and "(2/3)" in r.stdout  # seed 2 was never run: every cell is short of it
 
 
+@pytest.mark.slow  # reads the module's seven trained runs, as the other report tests do
 def test_an_earlier_runs_csv_stands_in_for_run_folders_that_are_gone(grid_runs, tmp_path):
     """A report's runs.csv gives back, by run key, the runs whose folders were removed: the cells
     and paired differences equal those of the folders themselves; keys not in the grid are ignored."""
@@ -300,7 +262,7 @@ def test_the_learning_curve_figure_leaves_a_gap_for_a_missing_size(tmp_path):
     """A real grid of three sizes whose middle size was never run: the line has no segment across it."""
     from structinit.experiments.plots import learning_curve_figure
 
-    text = GRID.split("[[axes.init]]")[0].replace("seeds = 2", "seeds = 1") + """\
+    text = variant(GRID, seeds=1, axes="""\
 [[axes.init]]
 id = "mimetic"
 label = "Mimetic"
@@ -314,9 +276,9 @@ train_size = 200
 [[axes.train_size]]
 id = "400"
 train_size = 400
-"""
-    ex = expand(parse_grid_text(text, "gap.toml", "gap"), runs_dir=tmp_path / "runs", command="test")
-    rep = collect(run_all_but(ex, lambda cell: cell.column == ("200",)))
+""")
+    ex = expand_text(text, tmp_path / "runs", file="gap.toml", command="test")
+    rep = collect(train_grid(ex, skip=lambda cell: cell.column == ("200",)))
     (line,) = [ln for ln in learning_curve_figure(rep).axes[0].get_lines() if ln.get_linestyle() == "-"]  # not the caps
     xs = [float(x) for x in line.get_xdata()]
     assert xs[0] == 100 and math.isnan(xs[1]) and xs[2] == 400

@@ -13,10 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from grids import DIGITS, expand_text, variant
 
 from structinit.errors import UsageError
-from structinit.experiments.expand import expand
-from structinit.experiments.gridspec import parse_grid_text
 from structinit.experiments.launch import prepare
 from structinit.experiments.slurm import SlurmOptions, render_script, write_job
 from structinit.training.rundir import RunDir
@@ -27,32 +26,12 @@ DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "sin
 # two cores. The impulse fit on 16 images (not 256: the fit is not what this tests); ~10 s per
 # epoch on a busy 2-core machine, long enough to requeue a task and to signal the other one while
 # they train.
-GRID = """\
-name = "slurm-tiny"
-title = "Tiny digits grid on SLURM"
-seeds = 1
-rows = "init"
-[settings]
-model = "vit-digits"
-dataset = "digits"
-epochs = 2
-batch_size = 8
-warmup_epochs = 0.5
-lr = 0.002
-val_size = 100
-[[axes.init]]
-id = "mimetic"
-init = "mimetic"
-[[axes.init]]
-id = "impulse"
-init = "impulse"
-init_params = { data_fit_samples = 16 }
-"""
+GRID = variant(DIGITS, name="slurm-tiny", title="Tiny digits grid on SLURM", batch_size=8, warmup_epochs=0.5,
+               lr=0.002, val_size=100, append="init_params = { data_fit_samples = 16 }\n")  # the impulse value's
 
 
 def mini_expansion(tmp_path):
-    return expand(parse_grid_text(GRID, "grid.toml", "slurm-tiny"), runs_dir=tmp_path / "runs",
-                  command="structinit bench grid grid.toml")
+    return expand_text(GRID, tmp_path / "runs", file="grid.toml", command="structinit bench grid grid.toml")
 
 
 def test_the_job_script_asks_for_what_was_given(tmp_path):
@@ -406,27 +385,20 @@ def test_a_grid_on_slurm_survives_requeue_and_the_time_limit_signal(cluster, tmp
     assert not list((refused / "runs" / "slurm").iterdir())
 
 
-# 20 runs that differ only in their learning rate: the same model (seed 0) and the same first
-# training inputs, so the same impulse data fit. One step of training each: what is counted is fits.
-SHARED = """\
-name = "slurm-shared-fit"
-title = "Twenty runs of one model and batch"
-seeds = 1
-rows = "lr"
-[settings]
-model = "vit-digits"
-dataset = "digits"
-init = "impulse"
-init_params = { data_fit_samples = 16, data_fit = 100 }
-train_size = 16
-batch_size = 16
-epochs = 1
-warmup_epochs = 0
-""" + "".join(f'[[axes.lr]]\nid = "{i}"\nlr = {0.001 * (i + 1):.3f}\n' for i in range(20))
+# Runs that differ only in their learning rate: the same model (seed 0) and the same first training
+# inputs, so the same impulse data fit. One step of training each: what is counted is fits. Six
+# tasks on the node's CPUs (two on a 2-core machine): the first ones start together and race for
+# the fit, the later ones find it written. Each task starts Python and torch afresh (about 9 s on a
+# loaded 2-core machine), so twenty took three minutes of this test's four.
+SHARED_TASKS = 6
+SHARED = variant(DIGITS, name="slurm-shared-fit", title="Runs of one model and batch", rows="lr", epochs=1,
+                 init="impulse", init_params={"data_fit_samples": 16, "data_fit": 100}, train_size=16,
+                 batch_size=16, warmup_epochs=0,
+                 axes="".join(f'[[axes.lr]]\nid = "{i}"\nlr = {0.001 * (i + 1):.3f}\n' for i in range(SHARED_TASKS)))
 
 
 def shared_fit(cluster, folder):
-    """A SLURM array of 20 tasks with one model seed and one batch fits once; the other tasks read
+    """A SLURM array of tasks with one model seed and one batch fits once; the other tasks read
     the fitted artifact the first wrote (under its lock), and every run starts from the same Q/K."""
     folder.mkdir()
     (folder / "grid.toml").write_text(SHARED)
@@ -436,7 +408,7 @@ def shared_fit(cluster, folder):
     assert r.returncode == 0, r.stderr
     job = json.loads(r.stdout)["job_id"]
     runs = [p for p in (folder / "runs").iterdir() if len(p.name) == 12]
-    assert len(runs) == 20
+    assert len(runs) == SHARED_TASKS
     deadline = time.monotonic() + 2400
     while squeue(cluster, job) and time.monotonic() < deadline:
         for jid, state, reason in squeue(cluster, job):
@@ -444,7 +416,7 @@ def shared_fit(cluster, folder):
                 cluster.run("scontrol", "release", jid, check=False)
         time.sleep(2)
     states = [json.loads((run / "task.json").read_text())["state"] for run in runs if (run / "task.json").exists()]
-    assert states == ["finished"] * 20, f"{states}\n{cluster.diagnose(job)}"
+    assert states == ["finished"] * SHARED_TASKS, f"{states}\n{cluster.diagnose(job)}"
     fitted = [run for run in runs if "data fit: layer" in (run / "log.txt").read_text()]
     assert len(fitted) == 1, [run.name for run in fitted]  # the others read what it wrote
     assert len(list(cache.glob("*-fit-*.safetensors"))) == 1
@@ -453,4 +425,4 @@ def shared_fit(cluster, folder):
     assert len(keys) == 1
     cached = [json.loads((run / "config.json").read_text())["init_report"]["data_fit"]["artifact"]["cached"]
               for run in runs]
-    assert sorted(cached) == [False] + [True] * 19
+    assert sorted(cached) == [False] + [True] * (SHARED_TASKS - 1)

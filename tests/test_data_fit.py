@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from conftest import digits_images, vit_digits
 
 from structinit.analysis.capture import attention_inputs
 from structinit.analysis.fidelity import data_attention_quality
@@ -19,7 +20,6 @@ from structinit.init.impulse import ImpulseInit
 from structinit.init.initialize import initialize, initialize_model
 from structinit.init.inject import read_qk
 from structinit.init.registry import init_spec
-from structinit.training.augment import normalize
 from structinit.training.config import TrainConfig
 from structinit.training.datasets import load_dataset
 from structinit.training.models import ModelConfig, build_model
@@ -29,15 +29,10 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def digits():
-    data = load_dataset("digits")
-    info = data.info
-    fit = normalize(data.train.images[:64], info.mean, info.std)
-    held_out = normalize(data.test.images[:64], info.mean, info.std)
-    return fit, held_out
+    return digits_images(64), digits_images(64, "test")  # to fit on, and held out
 
 
-def vit(seed=0):
-    return build_model(ModelConfig("vit-digits"), num_classes=10, image_size=8, in_chans=1, seed=seed)
+vit = vit_digits
 
 
 def real_quality(model, report, x):

@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import digits_images, vit_digits
 
 from structinit.analysis.fidelity import (
     attention_fidelity,
@@ -16,22 +17,19 @@ from structinit.analysis.fidelity import (
 )
 from structinit.errors import UsageError
 from structinit.init.initialize import initialize_model
-from structinit.training.augment import normalize
-from structinit.training.datasets import load_dataset
-from structinit.training.models import ModelConfig, build_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# The impulse inits here are the solve alone (data_fit=0): what is tested is the measurement of a
+# model's attention, and the default noise fit would cost seconds each.
 
 
 @pytest.fixture(scope="module")
 def digits_batch():
-    data = load_dataset("digits")
-    info = data.info
-    return normalize(data.train.images[:48], info.mean, info.std)
+    return digits_images(48)
 
 
 def vit(pool="avg", seed=0):
-    return build_model(ModelConfig("vit-digits", pool=pool), num_classes=10, image_size=8, in_chans=1, seed=seed)
+    return vit_digits(seed, pool=pool)
 
 
 def manual_attention(block, x):
@@ -76,7 +74,7 @@ def test_capture_leaves_the_model_as_it_was(digits_batch):
 def test_zero_patch_embedding_gives_the_pseudo_input_measures(digits_batch):
     """With the patch embedding zeroed, layer 1 sees LayerNorm(PE) exactly: the solver's pseudo input."""
     model = vit()
-    report = initialize_model(model, "impulse", seed=0)
+    report = initialize_model(model, "impulse", seed=0, data_fit=0)  # the solve alone: its pseudo input
     with torch.no_grad():
         model.patch_embed.proj.weight.zero_()
         model.patch_embed.proj.bias.zero_()
@@ -95,7 +93,7 @@ def test_zero_patch_embedding_gives_the_pseudo_input_measures(digits_batch):
 
 def test_measures_match_a_hand_count(digits_batch):
     model = vit(seed=1)
-    report = initialize_model(model, "impulse", seed=1)
+    report = initialize_model(model, "impulse", seed=1, data_fit=0)
     offsets = offsets_from_report(report)
     fid = attention_fidelity(model, digits_batch, offsets=offsets, filter=3)
     attn = capture_attention(model, digits_batch)
@@ -130,7 +128,7 @@ def test_window_mask_counts_the_window():
 
 def test_class_token_is_a_prefix_token(digits_batch):
     model = vit(pool="token")
-    report = initialize_model(model, "impulse")
+    report = initialize_model(model, "impulse", data_fit=0)
     fid = attention_fidelity(model, digits_batch[:8], offsets=offsets_from_report(report))
     assert fid.prefix == 1 and fid.maps.shape == (4, 4, 65, 65) and fid.grid_maps().shape == (4, 4, 64, 64)
     assert fid.to_dict()["layers"][0]["hit_rate"] is not None

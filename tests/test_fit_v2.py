@@ -5,6 +5,8 @@ to what its docstring says, and the whole fit to a replay of its steps."""
 import numpy as np
 import pytest
 import torch
+from conftest import digits_images, vit_digits
+from grids import DIGITS, variant
 
 from structinit.analysis.capture import LayerInputs, attention_inputs, projection_module
 from structinit.errors import UsageError
@@ -24,21 +26,16 @@ from structinit.init.impulse import ImpulseInit
 from structinit.init.initialize import initialize_model
 from structinit.init.inject import heads_to_rows, read_qk, rows_to_heads
 from structinit.init.registry import init_spec
-from structinit.training.augment import normalize
-from structinit.training.datasets import load_dataset
-from structinit.training.models import ModelConfig, build_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
 def digits():
-    data = load_dataset("digits")
-    return normalize(data.train.images[:48], data.info.mean, data.info.std)
+    return digits_images(48)
 
 
-def vit(seed=0):
-    return build_model(ModelConfig("vit-digits"), num_classes=10, image_size=8, in_chans=1, seed=seed)
+vit = vit_digits
 
 
 def problem(seed=0, b=6, n=9, dim=12, heads=3, d=4):
@@ -253,26 +250,18 @@ def test_the_fit_reports_each_layer_and_its_progress(digits):
     assert steps[-1] == (24, 24) and [d for d, _ in steps] == sorted(d for d, _ in steps)
 
 
-LONG_FIT = """\
-name = "long-fit"
-title = "One run whose init fits for minutes"
-seeds = 1
-rows = "init"
-[settings]
-model = "vit-digits"
-dataset = "digits"
-train_size = 64
-epochs = 1
+LONG_FIT = variant(DIGITS, name="long-fit", title="One run whose init fits for minutes", train_size=64, epochs=1,
+                   axes="""\
 [[axes.init]]
 id = "impulse"
 init = "impulse"
 init_params = { data_fit = 1000000 }
-"""
+""")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGUSR2", "Ctrl-C"])
-def test_a_stop_request_ends_a_long_fit_within_two_seconds_and_leaves_the_run_to_start_afresh(tmp_path, how):
+def test_a_stop_request_ends_a_long_fit_within_two_seconds_and_leaves_the_run_to_start_afresh(tmp_path, how, cli):
     """A launcher's SIGTERM, SLURM's USR2 (to ``bench run``) and Ctrl-C (to ``train``) stop the init's
     data fit at its next step: no run files, no fitted artifact, and the task says it was interrupted."""
     import json
@@ -287,8 +276,8 @@ def test_a_stop_request_ends_a_long_fit_within_two_seconds_and_leaves_the_run_to
     (tmp_path / "grid.toml").write_text(LONG_FIT)
     env = dict(os.environ, PYTHONPATH=str(REPO), STRUCTINIT_CACHE=str(tmp_path / "cache"))
     run = [sys.executable, "-m", "structinit"]
-    subprocess.run(run + ["bench", "grid", "grid.toml", "--launcher", "print"], cwd=tmp_path, env=env, check=True,
-                   capture_output=True)
+    prepared = cli("bench", "grid", "grid.toml", "--launcher", "print", cwd=tmp_path, env=env)  # in process
+    assert prepared.returncode == 0, prepared.stderr
     folder = next(p for p in (tmp_path / "runs").iterdir() if len(p.name) == 12)
     if how == "Ctrl-C":
         out = tmp_path / "direct"

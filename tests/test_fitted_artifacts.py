@@ -7,15 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import digits_images, vit_digits
 
 from structinit.errors import ArtifactError
 from structinit.fit import artifact as fitted_artifact
 from structinit.fit import identity
 from structinit.init.initialize import initialize_model
 from structinit.solver.artifact import read_artifact
-from structinit.training.augment import normalize
 from structinit.training.datasets import load_dataset
-from structinit.training.models import ModelConfig, build_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 FIT = dict(data_fit=8)
@@ -23,12 +22,10 @@ FIT = dict(data_fit=8)
 
 @pytest.fixture(scope="module")
 def digits():
-    data = load_dataset("digits")
-    return normalize(data.train.images[:40], data.info.mean, data.info.std)
+    return digits_images(40)
 
 
-def vit(seed=0):
-    return build_model(ModelConfig("vit-digits"), num_classes=10, image_size=8, in_chans=1, seed=seed)
+vit = vit_digits
 
 
 def fitted_key(report):

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from grids import TINY_GRID, variant
 
 from structinit.solver.config import SolveConfig
 from structinit.solver.run import compute
@@ -132,21 +133,7 @@ def test_torchrun_joins_an_nccl_group_on_the_gpu(tmp_path):
 
 def test_a_local_grid_shares_the_gpu_between_workers(cli, tmp_path):
     grid = tmp_path / "grid.toml"
-    grid.write_text("""name = "gpu-tiny"
-seeds = 2
-rows = "init"
-[settings]
-model = "vit-digits"
-dataset = "digits"
-patch = 2
-depth = 1
-dim = 32
-heads = 2
-batch_size = 32
-epochs = 2
-[axes]
-init = ["mimetic", "impulse"]
-""")
+    grid.write_text(variant(TINY_GRID, name="gpu-tiny", title=None, lr=None, warmup_epochs=None))
     out = cli("bench", "grid", str(grid), "--out", str(tmp_path / "runs"), "--jobs", "2", "--threads", "1", "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)

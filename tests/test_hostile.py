@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from grids import DIGITS, variant
 
 from structinit.errors import UsageError
 
@@ -80,6 +81,26 @@ def made(tmp_path_factory):
 
     torch.save({"state_dict": {"x": torch.zeros(1)}, "payload": Evil()}, d / "evil.pth")
     return d
+
+
+@pytest.fixture(scope="module")
+def plain_fit(made, tmp_path_factory):
+    """A user cache with what ``apply plain.pt --heads 4`` solves and fits (the solve for its two
+    layers and the noise fit of its weights), made once for the module."""
+    from conftest import run_cli
+
+    cache = tmp_path_factory.mktemp("plain-fit") / "cache"
+    r = run_cli("apply", made / "plain.pt", "--heads", HEADS, "--out", cache.parent / "o.pt",
+                env={"STRUCTINIT_CACHE": cache})
+    assert r.returncode == 0 and len(list(cache.glob("*-fit-*.safetensors"))) == 1, r.stderr
+    return cache
+
+
+@pytest.fixture
+def fitted(plain_fit, cache_dir):
+    """This test's user cache starts with plain.pt's solve and noise fit: the test is about files and
+    messages, and applying plain.pt reads the fit instead of computing it again (seconds each)."""
+    shutil.copytree(plain_fit, cache_dir, dirs_exist_ok=True)
 
 
 @pytest.fixture
@@ -174,6 +195,7 @@ def run_with_file_limit(args, limit_bytes, cwd, env=None):
 
 # --------------------------------------------------------------------------- silently wrong, now right or refused
 
+@pytest.mark.slow  # the default noise fit and a solve for a learned embedding: seconds on one core
 def test_learned_position_embedding_is_refused_fitted_or_replaced_and_reported_truthfully(work):
     import timm  # noqa: F401
 
@@ -285,7 +307,8 @@ def test_a_class_token_grid_is_asked_for_not_guessed(work):
     one_error(work("apply", "rect.pth", "--heads", HEADS, "--dry-run"), 2, "--grid", "13x13", "168 tokens")
     one_error(work("apply", "rect.pth", "--heads", HEADS, "--grid", "10x10"), 2, "100 tokens", "169 rows")
     assert files(work.path) == before
-    r = work("apply", "rect.pth", "--heads", HEADS, "--grid", "14x12", "--set-pe", "sincos", "--out", "r.pth")
+    r = work("apply", "rect.pth", "--heads", HEADS, "--grid", "14x12", "--set-pe", "sincos", "--out", "r.pth",
+             "--data-fit", "0")  # the plain solve: a fit on 168 tokens takes seconds and is not what this tests
     assert r.returncode == 0, r.stderr
     new = torch.load(work.path / "r.pth", weights_only=True)
     assert torch.equal(new["pos_embed"][0, 0], sd["pos_embed"][0, 0])  # the class token's row is kept
@@ -309,8 +332,8 @@ def test_in_place_never_overwrites_a_backup_and_keeps_the_file_mode(work):
     original = src.read_bytes()
     (work.path / "plain.pt.bak.2").write_bytes(b"the user's own file")
     outs = []
-    for _ in range(3):
-        r = work("apply", "plain.pt", "--heads", HEADS, "--in-place", "--json")
+    for _ in range(3):  # the plain solve: each apply changes the weights, so each would fit again (seconds)
+        r = work("apply", "plain.pt", "--heads", HEADS, "--data-fit", "0", "--in-place", "--json")
         assert r.returncode == 0, r.stderr
         outs.append(json.loads(r.stdout)["backup"])
         assert (src.stat().st_mode & 0o777) == 0o600
@@ -318,10 +341,11 @@ def test_in_place_never_overwrites_a_backup_and_keeps_the_file_mode(work):
     assert (work.path / "plain.pt.bak").read_bytes() == original
     assert (work.path / "plain.pt.bak.2").read_bytes() == b"the user's own file"
     assert all((Path(b).stat().st_mode & 0o777) == 0o600 for b in outs)
-    out = work("apply", "plain.pt", "--heads", HEADS, "--out", "copy.pt")
+    out = work("apply", "plain.pt", "--heads", HEADS, "--data-fit", "0", "--out", "copy.pt")
     assert out.returncode == 0 and (work.path / "copy.pt").stat().st_mode & 0o777 == 0o600
 
 
+@pytest.mark.usefixtures("fitted")
 def test_the_output_format_follows_the_output_name(work):
     from safetensors.torch import load_file
 
@@ -329,7 +353,7 @@ def test_the_output_format_follows_the_output_name(work):
     assert r.returncode == 0, r.stderr
     st = load_file(work.path / "o.safetensors")
     r = work("apply", "o.safetensors", "--heads", HEADS, "--out", "back.pth", "--artifact", SHIPPED_KEY,
-             "--layers", "0-1")
+             "--layers", "0-1", "--data-fit", "0")  # its weights are new: a fit would take seconds
     assert r.returncode == 0, r.stderr
     assert (work.path / "back.pth").read_bytes()[:4] == b"PK\x03\x04"  # a torch.save zip
     back = torch.load(work.path / "back.pth", weights_only=True)
@@ -342,6 +366,7 @@ def test_the_output_format_follows_the_output_name(work):
     assert work("inspect", "misnamed.pth", "--heads", HEADS).returncode == 0
 
 
+@pytest.mark.usefixtures("fitted")
 def test_existing_outputs_are_refused_unless_forced(work):
     (work.path / "taken.pt").write_bytes(b"keep me")
     (work.path / "plain.impulse.pt").write_bytes(b"keep me too")
@@ -357,6 +382,7 @@ def test_existing_outputs_are_refused_unless_forced(work):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("fitted")
 def test_concurrent_writers_to_one_name_one_wins_and_the_others_are_told(work, cache_dir):
     work("solve", "--tokens", 64, "--dim", DIM, "--heads", HEADS, "--layers", 2)  # both then read the cache
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "STRUCTINIT_CACHE": str(cache_dir)}
@@ -501,6 +527,7 @@ def test_a_malicious_pickle_is_named_and_nothing_else_is_printed(made, tmp_path)
     assert not (made / "pwned").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["evil.pth"]
 
 
+@pytest.mark.usefixtures("fitted")
 def test_in_place_through_a_symlink_replaces_the_file_and_keeps_the_link(work):
     real = work.path / "real.pt"
     shutil.copy2(work.path / "plain.pt", real)
@@ -520,6 +547,7 @@ def test_a_solve_that_cannot_fit_is_refused_before_it_starts(work, cache_dir):
 # --------------------------------------------------------------------------- full and read-only disks
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("fitted")
 def test_full_disk(work, tmp_path_factory):
     disk = tmp_path_factory.mktemp("full") / "disk"
     with small_disk(disk, "16k"):
@@ -537,6 +565,7 @@ def test_full_disk(work, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("fitted")
 def test_files_past_a_size_limit_fail_cleanly(work):
     """The full-disk cases without a mount: RLIMIT_FSIZE makes every write past the limit fail."""
     import matplotlib.font_manager  # noqa: F401  (its font cache exists before the limited runs)
@@ -551,6 +580,7 @@ def test_files_past_a_size_limit_fail_cleanly(work):
         assert files(work.path) == before and not (work.path / "run").exists()
 
 
+@pytest.mark.usefixtures("fitted")
 def test_read_only_disk(work, made, tmp_path_factory):
     disk = tmp_path_factory.mktemp("ro") / "disk"
     with read_only_disk(disk, content=[made / "plain.pt"]):
@@ -572,7 +602,7 @@ def test_read_only_disk(work, made, tmp_path_factory):
 def test_a_half_precision_sin_cos_table_is_still_the_table(work):
     sd = {k: v.half() for k, v in timm_vit().state_dict().items()}
     torch.save(sd, work.path / "half.pt")
-    r = work("apply", "half.pt", "--heads", HEADS, "--json")
+    r = work("apply", "half.pt", "--heads", HEADS, "--data-fit", "0", "--json")  # the table is read before any fit
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["measured_on"] == "pos_embed (sincos), LayerNorm'd"
 
@@ -685,10 +715,7 @@ def _example_inputs(folder: Path, examples):
         torch.save(BertModel(BertConfig(**small)).state_dict(), folder / "bert.pt")  # 512 positions
         torch.save(GPT2LMHeadModel(GPT2Config(n_embd=48, n_layer=2, n_head=12, vocab_size=50)).state_dict(),
                    folder / "gpt2.pt")  # 1024 positions
-    (folder / "my-grid.toml").write_text(
-        'name = "my-grid"\nseeds = 1\nrows = "init"\n[settings]\nmodel = "vit-digits"\ndataset = "digits"\n'
-        'epochs = 1\n[[axes.init]]\nid = "mimetic"\ninit = "mimetic"\n[[axes.init]]\nid = "impulse"\n'
-        'init = "impulse"\n')
+    (folder / "my-grid.toml").write_text(variant(DIGITS, name="my-grid", epochs=1))
 
 
 def _commands():
@@ -722,21 +749,29 @@ STAND_INS = {
         "structinit bench fit --model vit-digits --dataset digits --versions 1,2 --threads 1 --steps 5 --samples 32",
         "version 1's 300 steps on 256 digits take minutes on a slow machine; the flags are the example's"),
     "structinit bench fit --model vit-t --image-size 32 --in-chans 3 --threads 1": (
-        "structinit bench fit --model vit-t --image-size 32 --in-chans 3 --threads 1 --steps 5 --samples 16 "
-        "--train-steps 1", "the ViT-T shape's fit and training steps take minutes on a slow machine"),
+        "structinit bench fit --model vit-t --image-size 16 --in-chans 3 --threads 1 --steps 5 --samples 16 "
+        "--train-steps 1", "the ViT-T shape's fit and training steps take minutes on a slow machine: one timed "
+        "training step of batch 64 at 32x32 (256 tokens) alone is 15 s of CPU, at 16x16 (64 tokens) a quarter"),
+    "structinit bench loop --model vit-digits --dataset digits --threads 1": (
+        "structinit bench loop --model vit-digits --dataset digits --threads 1 --epochs 1 --repeats 1",
+        "three repeats of two epochs of each loop take half a minute of CPU; the flags are the example's"),
     "structinit apply runs/digits/checkpoint.pt --out imp.pt --data digits": (
         None, "names a train run's checkpoint (tested in test_apply_data, on a checkpoint train writes)"),
 }
-#: The impulse data fit's batch in the examples that run it (train and inspect with ``--init
-#: impulse``, and the quick grid): the default 256 images cost minutes per layer on a slow 2-core
-#: machine, and these tests are about the example's flags and files. The fit itself is tested in
-#: test_data_fit and test_inspect_data.
+#: The impulse data fit in the examples that run it (train and inspect with ``--init impulse``,
+#: apply, and the quick grid): 16 images (train, inspect, the grid) and 30 Adam steps a layer where
+#: the example sets neither. The default 256 images cost minutes per layer on a slow 2-core machine,
+#: the default 300 steps seconds a layer on any (23 s of CPU for apply's ViT-T example), and these
+#: tests are about the example's flags and files. The fit itself is tested in test_data_fit,
+#: test_inspect_data and test_apply_data.
 FIT_SAMPLES = 16
+FIT_STEPS = 30
 FIT_PARAM = ["-p", f"data_fit_samples={FIT_SAMPLES}"]
-FIT_SET = ["--set", f"init_params.data_fit_samples={FIT_SAMPLES}"]
-#: The training images of train's digits examples that name no --train-size: what an example
-#: tests is its flags and the files it writes, and a full epoch of digits at the default model is
-#: a minute on a slow machine. Learning itself is tested in test_train.
+FIT_SET = ["--set", f"init_params.data_fit_samples={FIT_SAMPLES}", "--set", f"init_params.data_fit={FIT_STEPS}"]
+#: The training images of train's digits and MNIST-1D examples that name no --train-size: what an
+#: example tests is its flags and the files it writes, and a full epoch of digits at the default
+#: model is a minute on a slow machine (MNIST-1D's 4,000 sequences, seconds). Learning itself is
+#: tested in test_train and test_mnist1d.
 TRAIN_SIZE = ["--train-size", "200"]
 #: bench report's examples read the runs of bench grid's quick example, so the two commands'
 #: examples run in one test, grid's first. bench grid's print examples write their run folders
@@ -744,6 +779,33 @@ TRAIN_SIZE = ["--train-size", "200"]
 #: `--attention` would build every one of their methods' models.
 PRINTED = ["--out", "printed"]
 TOGETHER = {("bench", "grid"): [("bench", "grid"), ("bench", "report")]}
+
+
+def _as_run(line, folder):
+    """How this test runs help example ``line`` in ``folder``: ``(argv, redirect)``, the example's
+    words with its stand-in and the flags above, and the file its stdout is redirected to (``None``
+    for none); ``None`` for an example that is not run here."""
+    line = STAND_INS.get(line, (line, ""))[0]
+    if line is None:
+        return None
+    argv = shlex.split(line)
+    redirect = None
+    if ">" in argv:  # a shell redirect of stdout
+        argv, redirect = argv[:argv.index(">")], folder / argv[argv.index(">") + 1]
+    fits = "impulse" in argv and "--resume" not in argv
+    if argv[1:2] in (["train"], ["inspect"]) and fits:
+        argv = [*argv, *FIT_PARAM]
+        if not any(word.startswith("data_fit=") for word in argv):
+            argv = [*argv, "-p", f"data_fit={FIT_STEPS}"]
+    if argv[1:2] == ["apply"] and not {"--data-fit", "--dry-run"} & set(argv):
+        argv = [*argv, "--data-fit", str(FIT_STEPS)]
+    if argv[1:2] == ["train"] and {"digits", "mnist1d"} & set(argv) and not {"--train-size", "--resume"} & set(argv):
+        argv = [*argv, *TRAIN_SIZE]
+    if argv[1:3] == ["bench", "grid"] and "print" in argv:
+        argv = [*argv, *PRINTED]
+    if argv[1:3] in (["bench", "grid"], ["bench", "report"]) and "init=mimetic,impulse" in argv:
+        argv = [*argv, *FIT_SET]  # the quick grid, as bench report's example reads it
+    return argv, redirect
 
 
 def _groups():
@@ -763,21 +825,10 @@ def test_every_help_example_runs_as_written(paths, tmp_path, cli):
     _example_inputs(tmp_path, examples)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     for line in examples:
-        line = STAND_INS.get(line, (line, ""))[0]
-        if line is None:
+        run = _as_run(line, tmp_path)
+        if run is None:
             continue
-        argv = shlex.split(line)
-        redirect = None
-        if ">" in argv:  # a shell redirect of stdout
-            argv, redirect = argv[:argv.index(">")], tmp_path / argv[argv.index(">") + 1]
-        if argv[1:2] in (["train"], ["inspect"]) and "impulse" in argv and "--resume" not in argv:
-            argv = [*argv, *FIT_PARAM]
-        if argv[1:2] == ["train"] and "digits" in argv and "--train-size" not in argv and "--resume" not in argv:
-            argv = [*argv, *TRAIN_SIZE]
-        if argv[1:3] == ["bench", "grid"] and "print" in argv:
-            argv = [*argv, *PRINTED]
-        if argv[1:3] in (["bench", "grid"], ["bench", "report"]) and "init=mimetic,impulse" in argv:
-            argv = [*argv, *FIT_SET]  # the quick grid, as bench report's example reads it
+        argv, redirect = run
         if argv[0] == "torchrun":
             exe = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
             r = subprocess.run([exe, *argv[1:]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

@@ -8,31 +8,18 @@ import os
 from pathlib import Path
 
 import pytest
+from grids import DIGITS, variant
 
 REPO = Path(__file__).resolve().parents[1]
-GRID = """\
-name = "g"
-title = "A grid"
-seeds = 2
-rows = "init"
-[settings]
-model = "vit-digits"
-dataset = "digits"
-epochs = 1
-warmup_epochs = 0.5
-[[axes.init]]
-id = "mimetic"
-init = "mimetic"
-[[axes.init]]
-id = "impulse"
-init = "impulse"
+# three init methods, two of them impulse inits that differ in one setting, by two training-set sizes
+GRID = variant(DIGITS, name="g", title="A grid", seeds=2, epochs=1, warmup_epochs=0.5, append="""\
 [[axes.init]]
 id = "impulse-5"
 init = "impulse"
 init_params = { filter = 5 }
 [axes]
 train_size = [100, 200]
-"""
+""")
 
 
 def files(folder: Path) -> dict:
@@ -179,14 +166,14 @@ def test_exactness_that_cannot_fit_in_memory_is_refused_before_it_allocates(tmp_
 
 
 def test_train_warns_once_when_the_warm_up_outlasts_the_training(tmp_path, cli):  # S29
-    r = cli("train", "--dataset", "synthetic", "--epochs", "1", "--batch-size", "128", "--warmup-epochs", "50",
-            cwd=tmp_path)
+    r = cli("train", "--dataset", "synthetic", "--depth", "1", "--epochs", "1", "--batch-size", "128",
+            "--warmup-epochs", "50", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     warnings = [line for line in r.stderr.splitlines() if line.startswith("warning: ")]
     assert warnings == ["warning: warm up for 50 epochs but train for only 1: the learning rate never reaches its "
                         "peak (set --warmup-epochs too)"]
-    r = cli("train", "--dataset", "synthetic", "--epochs", "2", "--batch-size", "128", "--warmup-epochs", "1",
-            cwd=tmp_path)
+    r = cli("train", "--dataset", "synthetic", "--depth", "1", "--epochs", "2", "--batch-size", "128",
+            "--warmup-epochs", "1", cwd=tmp_path)
     assert r.returncode == 0 and "warning" not in r.stderr
 
 

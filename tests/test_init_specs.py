@@ -226,7 +226,7 @@ def test_initialize_model_passes_grid_and_seed_on():
     assert torch.equal(m1.blocks[0].attn.qkv.weight, m2.blocks[0].attn.qkv.weight)
     assert not torch.equal(m1.blocks[0].attn.qkv.weight, m3.blocks[0].attn.qkv.weight)
     # the grid given wins over the model's; pe_scale writes the sin-cos table the solve assumes
-    rep = initialize_model(_vit(), "impulse", grid=(2, 8), filter=1, pe_scale=1.0)
+    rep = initialize_model(_vit(), "impulse", grid=(2, 8), filter=1, pe_scale=1.0, data_fit=0)  # the solve's grid
     assert rep["grid"] == [2, 8] and rep["artifact"]["config"]["grid"] == [2, 8]
     assert rendered(initialize_model, {"a": 1}, "mimetic") == ("initialize_model needs an nn.Module; use initialize() "
                                                                "for a state dict")

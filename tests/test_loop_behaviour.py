@@ -565,7 +565,7 @@ def test_resuming_from_a_corrupt_checkpoint_is_one_error_line(tmp_path, cli):
     out = tmp_path / "run"
     out.mkdir()
     (out / "checkpoint.pt").write_bytes(b"\x80\x02garbage")
-    r = cli("train", "--epochs", "1", "--out", out, "--resume", "--threads", "1")
+    r = cli("train", "--epochs", "1", "--train-size", "100", "--out", out, "--resume", "--threads", "1")
     # a damaged run: its checkpoint set aside (kept), said in one line, the run trained afresh
     aside = [p for p in out.iterdir() if p.name.startswith("damaged-")]
     assert r.returncode == 0 and len(aside) == 1, r.stderr
@@ -579,8 +579,8 @@ def test_the_impulse_inits_attention_on_real_inputs_is_metrics_epoch_zero(tmp_pa
     """An impulse run writes its init's attention on real training inputs as metrics.jsonl's first
     line (epoch 0): once, also after a resume; the readers of epoch records (RunDir, bench status
     and bench report) skip it."""
-    from structinit.experiments.expand import expand
-    from structinit.experiments.gridspec import parse_grid_text
+    from grids import TINY_GRID, expand_text, variant
+
     from structinit.experiments.launch import prepare
     from structinit.experiments.report import collect
     from structinit.experiments.status import run_status
@@ -600,20 +600,8 @@ def test_the_impulse_inits_attention_on_real_inputs_is_metrics_epoch_zero(tmp_pa
     assert lines[0]["init_attention"] == result.init_report["data_attention"] == first
     assert [r["epoch"] for r in RunDir(out).read_metrics()] == [1, 2] and result.epochs == 2
 
-    grid = parse_grid_text("""name = "one"
-title = "One impulse run"
-seeds = 1
-rows = "init"
-columns = ["train_size"]
-[settings]
-model = "vit-digits"
-dataset = "digits"
-patch = 2
-depth = 1
-dim = 32
-heads = 2
-epochs = 2
-batch_size = 32
+    text = variant(TINY_GRID, name="one", title="One impulse run", seeds=1, columns=["train_size"], lr=None,
+                   warmup_epochs=None, axes="""\
 [[axes.init]]
 id = "impulse"
 init = "impulse"
@@ -621,8 +609,8 @@ init_params = { data_fit = 0 }
 [[axes.train_size]]
 id = "320"
 train_size = 320
-""", "one.toml", "one")
-    ex = expand(grid, runs_dir=tmp_path / "runs")
+""")
+    ex = expand_text(text, tmp_path / "runs")
     (cell,) = prepare(ex)
     assert run_task(ex.run_dir(cell), threads=1).state == "finished"
     assert (ex.run_dir(cell) / "metrics.jsonl").read_text().startswith('{"epoch": 0, "init_attention": ')
@@ -668,17 +656,24 @@ def test_a_dataset_that_must_not_be_flipped_is_never_flipped():
     assert flip.metrics[-1]["test_acc"] == plain.metrics[-1]["test_acc"]
 
 
-def test_the_data_seed_and_the_shuffled_positions_reach_the_data_the_run_trains_on(tmp_path):
-    """``data_seed`` picks the training subset (``seed`` when unset) and ``shuffle_seq`` permutes
-    a sequence's positions: the first epoch's loss shows which data the run saw."""
-    def loss(**kw):
-        return train(TrainConfig(epochs=1, init="mimetic", seed=0, **{**QUICK, **kw})).metrics[-1]["train_loss"]
+def first_epoch_loss(**settings):
+    """The first epoch's training loss of a mimetic run of ``QUICK`` with ``settings``: it shows which
+    data the run saw."""
+    return train(TrainConfig(epochs=1, init="mimetic", seed=0, **{**QUICK, **settings})).metrics[-1]["train_loss"]
 
-    default = loss()
-    assert loss(data_seed=0) == default and loss(data_seed=5) != default
+
+def test_the_data_seed_reaches_the_data_the_run_trains_on(tmp_path):
+    """``data_seed`` picks the training subset (``seed`` when unset)."""
+    default = first_epoch_loss()
+    assert first_epoch_loss(data_seed=0) == default and first_epoch_loss(data_seed=5) != default
+
+
+@pytest.mark.slow  # MNIST-1D is generated afresh on each load: 2-3 s of CPU each, twice
+def test_the_shuffled_positions_reach_the_data_the_run_trains_on(tmp_path):
+    """``shuffle_seq`` permutes a sequence's positions."""
     seq = dict(model="transformer-1d", dataset="mnist1d", depth=1, dim=16, heads=2, patch=None, train_size=64,
                batch_size=16, val_size=0)
-    assert loss(**seq, shuffle_seq=True) != loss(**seq)
+    assert first_epoch_loss(**seq, shuffle_seq=True) != first_epoch_loss(**seq)
 
 
 def test_a_run_killed_before_its_first_checkpoint_fits_its_init_again_on_resume(tmp_path):

@@ -8,37 +8,12 @@ import io
 import json
 
 import pytest
-import torch
+from grids import DIGITS, MIMETIC_KAIMING, TINY_GRID, expand_text, trained_grid, variant
 
-from structinit.experiments.expand import expand
-from structinit.experiments.gridspec import parse_grid_text
 from structinit.experiments.launch import prepare
 from structinit.experiments.report import collect, markdown, reports_for_folder
-from structinit.experiments.task import run_task
 
-GRID = """\
-name = "h"
-title = "Honest grid"
-seeds = 2
-rows = "init"
-columns = ["size"]
-[settings]
-model = "vit-digits"
-dataset = "digits"
-patch = 2
-depth = 1
-dim = 32
-heads = 2
-lr = 0.01
-batch_size = 32
-epochs = 1
-warmup_epochs = 0.5
-[[axes.init]]
-id = "mimetic"
-init = "mimetic"
-[[axes.init]]
-id = "kaiming"
-init = "kaiming"
+GRID = variant(TINY_GRID, name="h", title="Honest grid", columns=["size"], epochs=1, axes=MIMETIC_KAIMING + """\
 [[axes.size]]
 id = "64"
 train_size = 64
@@ -47,24 +22,17 @@ id = "big-batch"
 label = "64, batch 128"
 train_size = 64
 batch_size = 128
-"""
+""")
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The grid with Mimetic / 64 finished on both seeds, Kaiming / 64 on seed 0 only, and every
     run of the big-batch column failed (a batch larger than the training set: train refuses it)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("honest")
-    (root / "h.toml").write_text(GRID)
-    ex = expand(parse_grid_text(GRID, "h.toml", "h"), runs_dir=root / "runs", command="structinit bench grid h.toml")
-    for cell in prepare(ex):
-        if (cell.row, cell.seed) == ("kaiming", 1) and cell.column == ("64",):
-            continue
-        want = "failed" if cell.column == ("big-batch",) else "finished"
-        assert run_task(ex.run_dir(cell), threads=1).state == want
-    torch.set_num_threads(old)
+    ex = trained_grid(root, GRID, file="h.toml",
+                      skip=lambda cell: (cell.row, cell.seed, cell.column) == ("kaiming", 1, ("64",)),
+                      state=lambda cell: "failed" if cell.column == ("big-batch",) else "finished")
     return root, ex
 
 
@@ -90,8 +58,7 @@ def _cells_csv(rep):
 
 def test_the_best_epoch_names_the_split_before_anything_finished(tmp_path):
     for val, says in ((0, "the test split itself (optimistic: no validation split)"), (100, "the validation split")):
-        text = GRID.replace("epochs = 1", f"epochs = 1\nval_size = {val}")
-        ex = expand(parse_grid_text(text, "h.toml", "h"), runs_dir=tmp_path / f"runs{val}")
+        ex = expand_text(variant(GRID, val_size=val), tmp_path / f"runs{val}")
         prepare(ex)
         md = markdown(collect(ex))
         assert "Best epoch chosen" not in md
@@ -107,7 +74,7 @@ def test_two_expansions_of_one_grid_name_are_reported_apart(runs, tmp_path, cli)
 
     shutil.copytree(root, tmp_path / "w")
     w = tmp_path / "w"
-    (w / "h.toml").write_text(GRID.replace("lr = 0.01", "lr = 0.02"))  # the grid file edited, same name
+    (w / "h.toml").write_text(variant(GRID, lr=0.02))  # the grid file edited, same name
     r = cli("bench", "grid", "h.toml", "--launcher", "print", "--only", "size=64", cwd=w)
     assert r.returncode == 0, r.stderr
     manifests = sorted(p.stem for p in (w / "runs" / "grids").glob("h-*.json"))
@@ -136,7 +103,7 @@ def test_a_forced_report_replaces_the_earlier_one_whole(runs, tmp_path, cli):  #
 
     shutil.copytree(root, tmp_path / "w")
     w = tmp_path / "w"
-    (w / "other.toml").write_text(GRID.replace('name = "h"', 'name = "other"').replace("seeds = 2", "seeds = 1"))
+    (w / "other.toml").write_text(variant(GRID, name="other", seeds=1))
     assert cli("bench", "grid", "other.toml", "--only", "size=64", "--launcher", "print", cwd=w).returncode == 0
     (w / "rep").mkdir()
     (w / "rep" / "notes.txt").write_text("mine")
@@ -170,15 +137,7 @@ def test_accuracy_panels_share_one_scale_and_the_legend_is_outside_the_data(runs
     assert all(len(line) <= 26 for line in wrap(label).splitlines()) and wrap(label).replace("\n", " ") == label
 
 
-SPARSE = """\
-name = "sparse"
-title = "Sparse grid"
-seeds = 2
-rows = "init"
-columns = ["size"]
-[settings]
-model = "vit-digits"
-dataset = "digits"
+SPARSE = variant(DIGITS, name="sparse", title="Sparse grid", seeds=2, columns=["size"], epochs=None, axes="""\
 [[axes.init]]
 id = "mimetic"
 init = "mimetic"
@@ -199,7 +158,7 @@ train_size = 250
 id = "500"
 label = "500 images, never run"
 train_size = 500
-"""
+""")
 
 
 def test_the_accuracy_figure_draws_no_empty_panel_or_row(tmp_path):
@@ -209,7 +168,7 @@ def test_the_accuracy_figure_draws_no_empty_panel_or_row(tmp_path):
     from structinit.experiments.plots import accuracy_figure
     from structinit.experiments.report import RunResult
 
-    ex = expand(parse_grid_text(SPARSE, "sparse.toml", "sparse"), runs_dir=tmp_path / "runs")
+    ex = expand_text(SPARSE, tmp_path / "runs")
     assert accuracy_figure(collect(ex)) is None  # nothing finished: no figure at all
     done = {("mimetic", ("100",), 0): 61.0, ("mimetic", ("100",), 1): 63.0, ("kaiming", ("250",), 0): 55.0}
     earlier = {c.key: RunResult(c.key, c.row, c.column, c.seed, "finished", final_acc=done[c.row, c.column, c.seed])
@@ -246,11 +205,17 @@ def test_attention_figures_have_one_colour_scale(tmp_path):
         assert len(scales(fig)) == 1 and len(colour_bars(fig)) == 1
     assert max(scales(attention_figure(attn, (4, 4), query=5)))[1] == pytest.approx(0.9 + 0.1 / n)
 
-    grid = (GRID.split("[[axes.init]]")[0].replace('columns = ["size"]\n', "")
-            + '[[axes.init]]\nid = "tn"\nlabel = "Trunc normal, the model\'s own init, with a label much longer than a '
-            'panel"\ninit = "trunc-normal"\n[[axes.init]]\nid = "imp"\ninit = "impulse"\n'
-            'init_params = { data_fit = 0 }\n')
-    ex = expand(parse_grid_text(grid, "a.toml", "a"), runs_dir=tmp_path / "runs")
+    grid = variant(GRID, columns=None, axes="""\
+[[axes.init]]
+id = "tn"
+label = "Trunc normal, the model's own init, with a label much longer than a panel"
+init = "trunc-normal"
+[[axes.init]]
+id = "imp"
+init = "impulse"
+init_params = { data_fit = 0 }
+""")
+    ex = expand_text(grid, tmp_path / "runs", file="a.toml")
     fig = attention_grid_figure(grid_attention(ex, images=8))
     assert len(scales(fig)) == 1 and len(colour_bars(fig)) == 1  # a uniform map is not drawn bright
     titles = [ax.get_title() for ax in fig.axes if ax.get_images()]

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from grids import MIMETIC_KAIMING, TINY_GRID, expand_text, trained_grid, variant
 
-from structinit.experiments.expand import expand
-from structinit.experiments.gridspec import parse_grid_text
 from structinit.experiments.launch import prepare
 from structinit.experiments.report import collect, markdown, reports_for_folder
 from structinit.experiments.status import grid_status, status_text
@@ -25,32 +24,7 @@ from structinit.experiments.task import run_task
 from structinit.training.rundir import RunBusy, RunDir
 
 REPO = Path(__file__).resolve().parents[1]
-GRID = """\
-name = "tiny"
-title = "Tiny digits grid"
-seeds = 3
-rows = "init"
-[settings]
-model = "vit-digits"
-dataset = "digits"
-patch = 2
-depth = 1
-dim = 32
-heads = 2
-lr = 0.01
-batch_size = 32
-train_size = 64
-epochs = 1
-warmup_epochs = 0.5
-[[axes.init]]
-id = "mimetic"
-label = "Mimetic"
-init = "mimetic"
-[[axes.init]]
-id = "kaiming"
-label = "Kaiming"
-init = "kaiming"
-"""
+GRID = variant(TINY_GRID, seeds=3, train_size=64, epochs=1, axes=MIMETIC_KAIMING)
 
 
 def sha(path: Path) -> str:
@@ -70,15 +44,8 @@ def one_error(r, code, *needles):
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """The tiny grid with all six runs finished, in a folder the tests copy before they damage it."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("integrity")
-    (root / "grid.toml").write_text(GRID)
-    ex = expand(parse_grid_text(GRID, "grid.toml", "tiny"), runs_dir=root / "runs",
-                command="structinit bench grid grid.toml")
-    for cell in prepare(ex):
-        assert run_task(ex.run_dir(cell), threads=1).state == "finished"
-    torch.set_num_threads(old)
+    trained_grid(root, GRID)
     return root
 
 
@@ -87,8 +54,7 @@ def grid(finished, tmp_path):
     """A copy of the finished grid (``grid.toml`` and ``runs/``) and its expansion there."""
     shutil.copytree(finished, tmp_path / "g")
     folder = tmp_path / "g"
-    ex = expand(parse_grid_text(GRID, "grid.toml", "tiny"), runs_dir=folder / "runs",
-                command="structinit bench grid grid.toml")
+    ex = expand_text(GRID, folder / "runs", file="grid.toml", command="structinit bench grid grid.toml")
     return folder, ex
 
 
@@ -208,7 +174,8 @@ def test_damaged_runs_are_counted_listed_and_retrained_with_their_files_kept(gri
 
 
 def test_a_zero_byte_checkpoint_is_set_aside_and_the_run_starts_afresh(tmp_path, cli):
-    args = ["train", "--dataset", "synthetic", "--epochs", "1", "--batch-size", "128", "--out", tmp_path / "D"]
+    args = ["train", "--dataset", "synthetic", "--epochs", "1", "--batch-size", "128", "--depth", "1",  # one block
+            "--out", tmp_path / "D"]
     assert cli(*args).returncode == 0
     for name in ("final.json", "best.pt"):
         (tmp_path / "D" / name).unlink()
@@ -223,7 +190,8 @@ def test_a_zero_byte_checkpoint_is_set_aside_and_the_run_starts_afresh(tmp_path,
 
 
 def test_a_checkpoint_that_would_run_code_is_refused_unrun_and_set_aside(tmp_path, cli):
-    args = ["train", "--dataset", "synthetic", "--epochs", "1", "--batch-size", "128", "--out", tmp_path / "D"]
+    args = ["train", "--dataset", "synthetic", "--epochs", "1", "--batch-size", "128", "--depth", "1",  # one block
+            "--out", tmp_path / "D"]
     assert cli(*args).returncode == 0
 
     class Evil:
@@ -260,8 +228,8 @@ def test_a_pickle_that_carries_code_is_named_as_refused_not_as_truncated(tmp_pat
 
 
 def test_resume_with_other_settings_names_them_as_options_not_python_dicts(tmp_path, cli):
-    args = ["train", "--dataset", "synthetic", "--epochs", "1", "--batch-size", "128", "--init", "impulse",
-            "-p", "data_fit=0", "--out", tmp_path / "D"]
+    args = ["train", "--dataset", "synthetic", "--epochs", "1", "--batch-size", "128", "--depth", "1", "--init",
+            "impulse", "-p", "data_fit=0", "--out", tmp_path / "D"]
     assert cli(*args).returncode == 0
     line = one_error(cli(*args[:-2], "-p", "filter=5", "--out", tmp_path / "D", "--resume"), 2)
     assert "init_params.filter 3 in the run, 5 now" in line and "{" not in line and "'" not in line
@@ -272,7 +240,7 @@ def test_resume_with_other_settings_names_them_as_options_not_python_dicts(tmp_p
 def test_a_damaged_manifest_is_written_anew_and_never_breaks_another_grids_report(grid, cli):
     folder, ex = grid
     other = folder / "other.toml"
-    other.write_text(GRID.replace('name = "tiny"', 'name = "other"').replace("seeds = 3", "seeds = 1"))
+    other.write_text(variant(GRID, name="other", seeds=1))
     r = cli("bench", "grid", "other.toml", "--out", "runs", cwd=folder)  # its runs are the tiny grid's seed 0
     assert r.returncode == 0 and "nothing to launch" in r.stdout, r.stderr
     manifest = ex.manifest_path

@@ -9,6 +9,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from conftest import digits_images, vit_digits
 
 from structinit.analysis.capture import attention_inputs
 from structinit.analysis.fidelity import data_attention_quality
@@ -17,23 +18,17 @@ from structinit.geometry.grid import Grid
 from structinit.init.initialize import initialize_model
 from structinit.init.registry import init_spec
 from structinit.solver.self_shift import add_self_term
-from structinit.training.augment import normalize
-from structinit.training.datasets import load_dataset
-from structinit.training.models import ModelConfig, build_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
 def digits():
-    data = load_dataset("digits")
-    info = data.info
-    return (normalize(data.train.images[:32], info.mean, info.std),
-            normalize(data.test.images[:64], info.mean, info.std))
+    return digits_images(32), digits_images(64, "test")
 
 
 def vit():
-    return build_model(ModelConfig("vit-digits"), num_classes=10, image_size=8, in_chans=1, seed=0)
+    return vit_digits(0)
 
 
 def test_the_mix_of_a_projector_head_is_known_in_closed_form():

@@ -92,12 +92,12 @@ def test_a_recipe_version_is_in_the_keys_from_version_2_on(monkeypatch):
 def test_a_report_refuses_to_pool_runs_of_different_versions(tmp_path, cli):
     """Two seeds of one row, one made before runs recorded their versions: refused without
     --mixed-versions, reported with it; the versions go into runs.csv."""
+    from grids import DIGITS, trained_grid, variant
+
     grid = tmp_path / "grid.toml"
-    grid.write_text('name = "versions"\ntitle = "versions"\nseeds = 2\nrows = "init"\n[settings]\nmodel = '
-                    '"vit-digits"\ndataset = "digits"\ntrain_size = 32\nepochs = 1\nbatch_size = 16\n'
-                    '[[axes.init]]\nid = "mimetic"\ninit = "mimetic"\n')
-    r = cli("bench", "grid", grid, "--out", tmp_path / "runs", "--threads", "1")
-    assert r.returncode == 0, r.stderr
+    # trained in this process (bench grid's local launcher would start a process a run)
+    trained_grid(tmp_path, variant(DIGITS, name="versions", title="versions", seeds=2, train_size=32, epochs=1,
+                                   batch_size=16, axes='[[axes.init]]\nid = "mimetic"\ninit = "mimetic"\n'))
     ok = cli("bench", "report", grid, "--out", tmp_path / "runs", "--json")
     assert ok.returncode == 0, ok.stderr
     runs = json.loads(ok.stdout)["grids"][0]["runs"]
