@@ -2,6 +2,7 @@
 measurements for docs/bench-fit.md, not asserted here), and their refusals."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +40,43 @@ def test_bench_loop_compares_trains_loop_with_a_bare_one(cli):
     assert all(v > 0 for v in doc["bare"] + doc["train_epoch"])
 
 
+def test_bench_fit_times_the_solve_the_data_free_fit_and_profiles_a_fit(cli, tmp_path):
+    """The GPU check's options on a tiny shape: the training steps at another batch in bf16, the plain
+    solve uncached and cached (each also in training steps), the fit without data beside the fit with
+    it (neither read from a cache), and a profile of a short fit written where asked."""
+    prof = tmp_path / "prof"
+    r = cli("bench", "fit", "--image-size", "8", "--in-chans", "1", "--patch", "2", "--samples", "8", "--steps", "5",
+            "--train-steps", "1", "--train-batch", "8", "--amp", "bf16", "--data-free", "--profile", str(prof),
+            "--profile-steps", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["shape"]["grid"] == [4, 4] and doc["train_batch"] == 8 and doc["amp"] == "bfloat16"
+    step, solve = doc["train_step_seconds"], doc["solve"]
+    assert solve["device"] == "cpu" and solve["layers_solved"] >= 1 and solve["seconds"] > 0
+    assert solve["train_steps"] == pytest.approx(solve["seconds"] / step)
+    assert solve["cached_train_steps"] == pytest.approx(solve["cached_seconds"] / step)
+    (given,), (free,) = doc["rows"], doc["data_free_rows"]
+    assert (given["inputs"], free["inputs"]) == ("data", "noise") and not given["cached"] and not free["cached"]
+    assert free["version"] == given["version"] == 2 and free["steps"] == 5 and free["seconds"] >= free["fit_seconds"]
+    p = doc["profile"]
+    assert p["steps"] == 3 and p["dir"] == str(prof) and p["kernel_launches"] == 0 and p["matmuls"]["calls"] > 0
+    assert sorted(f.name for f in prof.iterdir()) == ["fit-ops.txt", "fit-trace.json.gz"]
+    assert "by op and input shapes" in (prof / "fit-ops.txt").read_text()
+    skip = cli("bench", "fit", "--image-size", "8", "--in-chans", "1", "--samples", "8", "--steps", "2",
+               "--train-steps", "1", "--profile", str(tmp_path / "none"), "--profile-over", "1000")
+    assert skip.returncode == 0 and "profile: skipped (the init took" in skip.stdout
+    assert not (tmp_path / "none").exists()
+
+
+@pytest.mark.filterwarnings("ignore:impulse. the data fit left:UserWarning")
+def test_the_uncached_solve_is_solved_even_where_the_package_ships_it(tmp_path):
+    from structinit.benchmarks.fit import run_fit_bench
+
+    doc = run_fit_bench("vit-digits", dataset="digits", samples=8, steps=2, train_steps=1, cache_dir=tmp_path)
+    assert doc["solve"]["shipped"] is True and (tmp_path / doc["solve"]["artifact"]).is_file()
+    assert "data_free_rows" not in doc and "profile" not in doc and doc["amp"] == "off" and doc["train_batch"] == 64
+
+
 @pytest.mark.parametrize("args, message", [
     (["fit", "--versions", "3"], "versions must be among 1, 2, got 3"),
     (["fit", "--versions", "two"], "--versions takes comma-separated integers, got 'two'"),
@@ -46,8 +84,13 @@ def test_bench_loop_compares_trains_loop_with_a_bare_one(cli):
     (["fit", "--dataset", "digits", "--image-size", "8"], "--image-size and --in-chans shape the noise images"),
     (["fit", "--dataset", "mnist1d"], "the fit benchmark takes an in-memory image dataset"),
     (["loop", "--batch-size", "5000"], "--batch-size 5000 is larger than the 1437 training images of digits"),
+    (["fit", "--amp", "fp8"], "error: unknown --amp 'fp8'; choose one of auto, bf16, fp16, off"),
+    (["fit", "--dataset", "digits", "--patch", "2"], "--patch sets the patch on noise images; --dataset digits has"),
+    (["fit", "--profile-over", "2"], "error: --profile-over and --profile-steps need --profile DIR"),
+    (["fit", "--profile", "pyproject.toml"], "error: --profile pyproject.toml is not a folder"),
 ])
-def test_bad_benchmark_settings_are_one_line(cli, args, message):
+def test_bad_benchmark_settings_are_one_line(cli, args, message, monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # pyproject.toml: a file, not a folder
     r = cli("bench", *args)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
