@@ -77,6 +77,17 @@ def test_the_uncached_solve_is_solved_even_where_the_package_ships_it(tmp_path):
     assert "data_free_rows" not in doc and "profile" not in doc and doc["amp"] == "off" and doc["train_batch"] == 64
 
 
+def test_bench_loop_times_timms_own_model_in_a_third_loop(cli):
+    r = cli("bench", "loop", "--dataset", "noise", "--image-size", "8", "--in-chans", "1", "--images", "128",
+            "--batch-size", "64", "--epochs", "1", "--repeats", "2", "--timm-model", "test_vit", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["dataset"] == "noise [128, 1, 8, 8]" and doc["images"] == 128 and doc["timm_model"] == "test_vit"
+    assert len(doc["timm_bare"]) == len(doc["timm_ratio"]) == 2 and all(v > 0 for v in doc["timm_bare"])
+    assert doc["timm_ratio"] == pytest.approx([o / t for o, t in zip(doc["train_epoch"], doc["timm_bare"])])
+    assert doc["timm_ratio_median"] == pytest.approx(sum(doc["timm_ratio"]) / 2)
+
+
 @pytest.mark.parametrize("args, message", [
     (["fit", "--versions", "3"], "versions must be among 1, 2, got 3"),
     (["fit", "--versions", "two"], "--versions takes comma-separated integers, got 'two'"),
@@ -88,6 +99,11 @@ def test_the_uncached_solve_is_solved_even_where_the_package_ships_it(tmp_path):
     (["fit", "--dataset", "digits", "--patch", "2"], "--patch sets the patch on noise images; --dataset digits has"),
     (["fit", "--profile-over", "2"], "error: --profile-over and --profile-steps need --profile DIR"),
     (["fit", "--profile", "pyproject.toml"], "error: --profile pyproject.toml is not a folder"),
+    (["loop", "--amp", "fp8"], "error: unknown --amp 'fp8'; choose one of auto, bf16, fp16, off"),
+    (["loop", "--images", "8"], "--image-size, --in-chans and --images shape the noise images; --dataset digits"),
+    (["loop", "--dataset", "noise", "--images", "8"], "--batch-size 64 is larger than the 8 training images of noise"),
+    (["loop", "--timm-model", "no_such_vit"], "error: unknown --timm-model 'no_such_vit': not a timm model name"),
+    (["loop", "--timm-model", "test_resnet"], "error: --timm-model test_resnet: timm cannot build it at 8x8, patch 1"),
 ])
 def test_bad_benchmark_settings_are_one_line(cli, args, message, monkeypatch):
     monkeypatch.chdir(Path(__file__).resolve().parents[1])  # pyproject.toml: a file, not a folder
