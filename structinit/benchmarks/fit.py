@@ -205,6 +205,36 @@ def profile_summary(averages, seconds: float) -> Dict[str, Any]:
                      "self_cpu_seconds": e.self_cpu_time_total / 1e6} for e in top]}
 
 
+def _check_fit_bench(dataset: Optional[str], patch: Optional[int], versions: Sequence[int], *, amp: str,
+                     profile_dir, profile_over: float, **counts: int) -> None:
+    """Refuse :func:`run_fit_bench`'s bad settings (a :class:`UsageError` naming the parameter) before
+    anything is built; ``counts``: the settings that must be at least 1."""
+    from structinit.fit.settings import FIT_VERSIONS
+    from structinit.training.config import AMP_MODES
+
+    bad = [v for v in versions if v not in FIT_VERSIONS]
+    if bad or not versions:
+        raise UsageError(f"{param('versions')} must be among {', '.join(map(str, FIT_VERSIONS))}, got "
+                         f"{', '.join(map(str, versions)) or '(none)'}")
+    repeated = sorted({v for v in versions if list(versions).count(v) > 1})
+    if repeated:  # each version is one row: a repeat would time the same fit twice, as a second row
+        raise UsageError(f"{param('versions')} names version {', '.join(map(str, repeated))} more than once; each "
+                         "version is timed once")
+    for name, value in counts.items():
+        if value < 1:
+            raise UsageError(f"{param(name)} must be at least 1, got {value}")
+    if amp not in AMP_MODES:
+        raise UsageError(f"unknown {param('amp')} {amp!r}; choose one of {', '.join(AMP_MODES)}")
+    if patch is not None and patch < 1:
+        raise UsageError(f"{param('patch')} must be at least 1, got {patch}")
+    if patch is not None and dataset is not None:
+        raise UsageError(f"{param('patch')} sets the patch on noise images; {param('dataset')} {dataset} has its own")
+    if profile_over < 0:
+        raise UsageError(f"{param('profile_over')} must be at least 0 seconds, got {profile_over}")
+    if profile_dir is not None and Path(profile_dir).exists() and not Path(profile_dir).is_dir():
+        raise UsageError(f"{param('profile_dir')} {profile_dir} is not a folder")
+
+
 def run_fit_bench(preset: str = "vit-digits", *, dataset: Optional[str] = None, image_size: int = 32,
                   in_chans: int = 3, patch: Optional[int] = None, versions: Sequence[int] = (2,),
                   samples: int = 256, train_steps: int = 10, train_batch: int = 64, amp: str = "off",
@@ -238,35 +268,13 @@ def run_fit_bench(preset: str = "vit-digits", *, dataset: Optional[str] = None, 
 
     import torch
 
-    from structinit.fit.settings import FIT_VERSIONS
     from structinit.init.initialize import initialize_model
     from structinit.runtime import resolve_device
-    from structinit.training.config import AMP_MODES
     from structinit.training.loop import amp_dtype
 
-    bad = [v for v in versions if v not in FIT_VERSIONS]
-    if bad or not versions:
-        raise UsageError(f"{param('versions')} must be among {', '.join(map(str, FIT_VERSIONS))}, got "
-                         f"{', '.join(map(str, versions)) or '(none)'}")
-    repeated = sorted({v for v in versions if list(versions).count(v) > 1})
-    if repeated:  # each version is one row: a repeat would time the same fit twice, as a second row
-        raise UsageError(f"{param('versions')} names version {', '.join(map(str, repeated))} more than once; each "
-                         "version is timed once")
-    for name, value in (("samples", samples), ("train_steps", train_steps), ("train_batch", train_batch),
-                        ("steps", steps), ("profile_steps", profile_steps)):
-        if value < 1:
-            raise UsageError(f"{param(name)} must be at least 1, got {value}")
-    if amp not in AMP_MODES:
-        raise UsageError(f"unknown {param('amp')} {amp!r}; choose one of {', '.join(AMP_MODES)}")
-    if patch is not None and patch < 1:
-        raise UsageError(f"{param('patch')} must be at least 1, got {patch}")
-    if patch is not None and dataset is not None:
-        raise UsageError(f"{param('patch')} sets the patch on noise images; {param('dataset')} {dataset} has its own")
-    if profile_over < 0:
-        raise UsageError(f"{param('profile_over')} must be at least 0 seconds, got {profile_over}")
-    if profile_dir is not None and Path(profile_dir).exists() and not Path(profile_dir).is_dir():
-        raise UsageError(f"{param('profile_dir')} {profile_dir} is not a folder")
-
+    _check_fit_bench(dataset, patch, versions, samples=samples, train_steps=train_steps,
+                     train_batch=train_batch, steps=steps, profile_steps=profile_steps, amp=amp,
+                     profile_dir=profile_dir, profile_over=profile_over)
     dev = resolve_device(device)
     dtype = amp_dtype(amp, dev)
     say = progress or (lambda message: None)
@@ -290,6 +298,7 @@ def run_fit_bench(preset: str = "vit-digits", *, dataset: Optional[str] = None, 
         solve.update(cached_seconds=cached_seconds, train_steps=solve["seconds"] / step,
                      cached_train_steps=cached_seconds / step)
         plain_path = solve.pop("path")
+
         def fit(version: int, data) -> Dict[str, Any]:
             m = fresh()
             # without data the fit runs on noise of the model's input shape and logs one line saying so
@@ -304,25 +313,21 @@ def run_fit_bench(preset: str = "vit-digits", *, dataset: Optional[str] = None, 
             rows.append(fit(v, x))
         out["rows"] = rows
         if data_free:
-            free = []
-            for v in versions:
-                say(f"data fit version {v} without data (noise of the model's input shape)")
-                free.append(fit(v, None))
-            out["data_free_rows"] = free
+            say("the same fits without data (on noise of the model's input shape)")
+            out["data_free_rows"] = [fit(v, None) for v in versions]
         if profile_dir is not None:
             first = rows[0]
             if first["seconds"] > profile_over:
                 say(f"profiling data fit version {first['version']}")
                 out["profile"] = _profiled_fit(fresh(), x, version=first["version"], steps=profile_steps,
-                                               samples=samples,
-                                               seed=seed, plain_path=plain_path, dev=dev, out_dir=Path(profile_dir))
+                                               samples=samples, seed=seed, plain_path=plain_path, dev=dev,
+                                               out_dir=Path(profile_dir))
             else:
-                out["profile"] = {"skipped": f"the init took {first['seconds']:.2f} s, not over "
-                                             f"{profile_over:g} s"}
+                out["profile"] = {"skipped": f"the init took {first['seconds']:.2f} s, not over {profile_over:g} s"}
     inputs = dataset or f"noise [{samples}, {in_chans}, {image_size}, {image_size}]"
-    where = torch.cuda.get_device_name(dev) if dev.startswith("cuda") else "cpu"
     return {"shape": {"preset": preset, "grid": arch["grid"], "dim": arch["dim"], "heads": arch["heads"],
-                      "depth": arch["depth"], "inputs": inputs, "threads": torch.get_num_threads(), "device": where},
+                      "depth": arch["depth"], "inputs": inputs, "threads": torch.get_num_threads(),
+                      "device": torch.cuda.get_device_name(dev) if dev.startswith("cuda") else "cpu"},
             "train_step_seconds": step, "train_batch": train_batch,
             "amp": str(dtype).replace("torch.", "") if dtype else "off", "solve": solve, **out}
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable, Dict, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from structinit.errors import UsageError, param
 from structinit.runtime import synchronize
@@ -41,6 +42,91 @@ def _noise_data(images: int, image_size: int, in_chans: int, seed: int):
     y = torch.randint(0, 10, (images,), generator=gen)
     info = DatasetInfo("noise", 10, image_size, in_chans, (0.0,) * in_chans, (1.0,) * in_chans, 2, False, "none")
     return x, y, info
+
+
+@dataclass
+class _Recipe:
+    """What both loops share: the data (on ``dev``), batch, epochs, seed, ``train``'s hyperparameters
+    ``hp`` (optimizer, clipping, schedule), the autocast ``dtype`` (``None``: full precision) and
+    ``norm`` (``(mean, std)`` applied to each batch, as ``train`` does; ``None``: the inputs as they are)."""
+
+    x: Any
+    y: Any
+    batch_size: int
+    epochs: int
+    seed: int
+    dev: str
+    hp: Dict[str, Any]
+    dtype: Any
+    norm: Optional[Tuple[Sequence[float], Sequence[float]]]
+
+    @property
+    def steps(self) -> int:
+        return self.x.shape[0] // self.batch_size
+
+    def lr(self, step: int) -> float:
+        from structinit.training.loop import lr_at
+
+        hp = self.hp
+        return lr_at(step, self.steps * self.epochs, int(hp["warmup_epochs"] * self.steps), hp["lr"], hp["min_lr"])
+
+    def autocast(self):
+        import torch
+
+        return torch.autocast(torch.device(self.dev).type, dtype=self.dtype, enabled=self.dtype is not None)
+
+    def batches(self, epoch: int):
+        """``(inputs, labels)`` of each batch of ``epoch``, in ``train``'s order, normalized as it does."""
+        from structinit.training.augment import normalize
+        from structinit.training.loop import shard_batches
+
+        for idx in shard_batches(self.x.shape[0], self.batch_size, 0, 1, self.seed, epoch):
+            idx = idx.to(self.dev)
+            x = self.x[idx]
+            yield (x if self.norm is None else normalize(x, *self.norm)), self.y[idx]
+
+    def bare(self, model) -> float:
+        """Images/s of a bare PyTorch loop of the recipe training ``model``."""
+        import torch
+
+        from structinit.training.loop import build_optimizer
+
+        opt, trainable = build_optimizer(model, self.hp)
+        crit = torch.nn.CrossEntropyLoss()
+        model.train()
+        t0, step = time.perf_counter(), 0
+        for e in range(self.epochs):
+            for x, y in self.batches(e):
+                for group in opt.param_groups:
+                    group["lr"] = self.lr(step)
+                with self.autocast():
+                    loss = crit(model(x).float(), y)
+                opt.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(trainable, self.hp["grad_clip"])
+                opt.step()
+                step += 1
+        synchronize(self.dev)
+        return step * self.batch_size / (time.perf_counter() - t0)
+
+    def train_loop(self, model) -> float:
+        """Images/s of ``train``'s epoch loop (:func:`~structinit.training.loop.train_epoch`) training ``model``."""
+        import torch
+
+        from structinit.training.loop import StepContext, build_optimizer, train_epoch
+
+        opt, trainable = build_optimizer(model, self.hp)
+        sc = StepContext(net=model, opt=opt, trainable=trainable, criterion=torch.nn.CrossEntropyLoss(),
+                         autocast=self.autocast, grad_clip=float(self.hp["grad_clip"]))
+        t0, seen = time.perf_counter(), 0.0
+        for e in range(self.epochs):
+            def lr_in_epoch(s: int, first: int = e * self.steps) -> float:
+                return self.lr(first + s)
+
+            sums, _ = train_epoch(sc, self.batches(e), lr_in_epoch)
+            seen += float(sums[2])
+        synchronize(self.dev)
+        return seen / (time.perf_counter() - t0)
 
 
 def timm_vit(name: str, *, num_classes: int, image_size: int, in_chans: int, patch: int, seed: int = 0):
@@ -65,6 +151,47 @@ def timm_vit(name: str, *, num_classes: int, image_size: int, in_chans: int, pat
                          "such as vit_tiny_patch16_224") from None
 
 
+def _check_loop_bench(dataset: Optional[str], amp: str, timm_model: Optional[str], **counts: Optional[int]) -> None:
+    """Refuse :func:`run_loop_bench`'s bad settings (a :class:`UsageError` naming the parameter) before
+    any data is read; ``counts``: the settings that must be at least 1 where given."""
+    from structinit.training.config import AMP_MODES
+    from structinit.training.datasets import dataset_info
+
+    for name, value in counts.items():
+        if value is not None and value < 1:
+            raise UsageError(f"{param(name)} must be at least 1, got {value}")
+    if amp not in AMP_MODES:
+        raise UsageError(f"unknown {param('amp')} {amp!r}; choose one of {', '.join(AMP_MODES)}")
+    if dataset is None:
+        return
+    if any(counts[k] is not None for k in ("image_size", "in_chans", "images")):
+        raise UsageError(f"{param('image_size')}, {param('in_chans')} and {param('images')} shape the noise "
+                         f"images; {param('dataset')} {dataset} has its own")
+    info = dataset_info(dataset)
+    if not info.in_memory:
+        raise UsageError(f"{param('dataset')} {dataset}: the loop benchmark takes an in-memory dataset")
+    if timm_model is not None and info.is_sequence:
+        raise UsageError(f"{param('timm_model')} trains timm's image model; {param('dataset')} {dataset} is a "
+                         "sequence dataset")
+
+
+def _alternate(loops: Dict[str, Callable[[], float]], repeats: int, say: Callable[[str], None]) -> Dict[str, Any]:
+    """Run each of ``loops`` (images/s; ``bare`` and ``train_epoch`` first) once a repeat, in turn,
+    ``repeats`` times: ``{name: [images/s per repeat]}``, ``ratio`` (train_epoch / bare of each
+    repeat), ``timm_ratio`` (train_epoch / timm_bare) where a ``timm_bare`` loop runs, and the
+    median of each list as ``NAME_median``."""
+    out: Dict[str, Any] = {name: [] for name in loops}
+    for r in range(repeats):
+        say(f"repeat {r + 1}/{repeats}")
+        for name, loop in loops.items():
+            out[name].append(loop())
+    out["ratio"] = [o / b for o, b in zip(out["train_epoch"], out["bare"])]
+    if "timm_bare" in out:
+        out["timm_ratio"] = [o / t for o, t in zip(out["train_epoch"], out["timm_bare"])]
+    out.update({f"{name}_median": statistics.median(values) for name, values in list(out.items())})
+    return out
+
+
 def run_loop_bench(preset: str = "vit-digits", dataset: Optional[str] = "digits", *, batch_size: int = 64,
                    epochs: int = 2, repeats: int = 3, seed: int = 0, device: str = "cpu", amp: str = "auto",
                    data_dir=None, image_size: Optional[int] = None, in_chans: Optional[int] = None,
@@ -83,52 +210,30 @@ def run_loop_bench(preset: str = "vit-digits", dataset: Optional[str] = "digits"
     import torch
 
     from structinit.runtime import resolve_device
-    from structinit.training.augment import normalize
-    from structinit.training.config import AMP_MODES, TrainConfig
+    from structinit.training.config import TrainConfig
     from structinit.training.datasets import dataset_info, load_dataset
-    from structinit.training.loop import StepContext, amp_dtype, build_optimizer, lr_at, shard_batches, train_epoch
+    from structinit.training.loop import amp_dtype
     from structinit.training.models import ModelConfig, build_model
 
-    for name, value in (("batch_size", batch_size), ("epochs", epochs), ("repeats", repeats),
-                        ("image_size", image_size), ("in_chans", in_chans), ("images", images)):
-        if value is not None and value < 1:
-            raise UsageError(f"{param(name)} must be at least 1, got {value}")
-    if amp not in AMP_MODES:
-        raise UsageError(f"unknown {param('amp')} {amp!r}; choose one of {', '.join(AMP_MODES)}")
-    if dataset is not None:
-        if image_size is not None or in_chans is not None or images is not None:
-            raise UsageError(f"{param('image_size')}, {param('in_chans')} and {param('images')} shape the noise "
-                             f"images; {param('dataset')} {dataset} has its own")
-        info = dataset_info(dataset)
-        if not info.in_memory:
-            raise UsageError(f"{param('dataset')} {dataset}: the loop benchmark takes an in-memory dataset")
-    if timm_model is not None and dataset is not None and info.is_sequence:
-        raise UsageError(f"{param('timm_model')} trains timm's image model; {param('dataset')} {dataset} is a "
-                         "sequence dataset")
+    _check_loop_bench(dataset, amp, timm_model, batch_size=batch_size, epochs=epochs, repeats=repeats,
+                      image_size=image_size, in_chans=in_chans, images=images)
     say = progress or (lambda message: None)
     dev = resolve_device(device)
     dtype = amp_dtype(amp, dev)
-
-    def autocast():
-        return torch.autocast(torch.device(dev).type, dtype=dtype, enabled=dtype is not None)
 
     if dataset is None:
         x_cpu, y_cpu, info = _noise_data(images or 10_000, image_size or 32, in_chans or 3, seed)
         data_name = f"noise [{x_cpu.shape[0]}, {info.in_chans}, {info.image_size}, {info.image_size}]"
     else:
-        data = load_dataset(dataset, data_dir)
+        info, data = dataset_info(dataset), load_dataset(dataset, data_dir)
         x_cpu, y_cpu, data_name = data.train.images, data.train.labels, dataset
-    x_all, y_all = x_cpu.to(dev), y_cpu.to(dev)
-    n = x_all.shape[0]
+    n = x_cpu.shape[0]
     if batch_size > n:
         raise UsageError(f"{param('batch_size')} {batch_size} is larger than the {n} training images of {data_name}")
     # noise images train with the library's defaults (those of a dataset without its own, such as cifar10)
     hp = TrainConfig(model=preset, dataset=dataset or "cifar10", batch_size=batch_size).hparams()
-    steps = n // batch_size
-    total = steps * epochs
-
-    def prepare(x):
-        return x if info.is_sequence or dataset is None else normalize(x, info.mean, info.std)
+    recipe = _Recipe(x_cpu.to(dev), y_cpu.to(dev), batch_size, epochs, seed, dev, hp, dtype,
+                     None if info.is_sequence or dataset is None else (info.mean, info.std))
 
     def fresh():
         return build_model(ModelConfig(preset), num_classes=info.num_classes, image_size=info.image_size,
@@ -140,71 +245,16 @@ def run_loop_bench(preset: str = "vit-digits", dataset: Optional[str] = "digits"
         return timm_vit(timm_model, num_classes=info.num_classes, image_size=info.image_size,
                         in_chans=info.in_chans, patch=patch, seed=seed).to(dev)
 
-    def lr(step: int) -> float:
-        return lr_at(step, total, int(hp["warmup_epochs"] * steps), hp["lr"], hp["min_lr"])
-
-    def bare(build: Callable[[], Any] = fresh) -> float:
-        model = build()
-        opt, trainable = build_optimizer(model, hp)
-        crit = torch.nn.CrossEntropyLoss()
-        model.train()
-        t0, step = time.perf_counter(), 0
-        for e in range(epochs):
-            for idx in shard_batches(n, batch_size, 0, 1, seed, e):
-                for group in opt.param_groups:
-                    group["lr"] = lr(step)
-                idx = idx.to(dev)
-                with autocast():
-                    loss = crit(model(prepare(x_all[idx])).float(), y_all[idx])
-                opt.zero_grad()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(trainable, hp["grad_clip"])
-                opt.step()
-                step += 1
-        synchronize(dev)
-        return total * batch_size / (time.perf_counter() - t0)
-
-    def ours() -> float:
-        model = fresh()
-        opt, trainable = build_optimizer(model, hp)
-        sc = StepContext(net=model, opt=opt, trainable=trainable, criterion=torch.nn.CrossEntropyLoss(),
-                         autocast=autocast, grad_clip=float(hp["grad_clip"]))
-        t0, seen = time.perf_counter(), 0.0
-        for e in range(epochs):
-            batches = ((prepare(x_all[i]), y_all[i]) for i in
-                       (idx.to(dev) for idx in shard_batches(n, batch_size, 0, 1, seed, e)))
-
-            def lr_in_epoch(s: int, first: int = e * steps) -> float:
-                return lr(first + s)
-
-            sums, _ = train_epoch(sc, batches, lr_in_epoch)
-            seen += float(sums[2])
-        synchronize(dev)
-        return seen / (time.perf_counter() - t0)
-
-    if timm_model is not None:
-        timm_fresh()  # a name timm cannot build is refused before any loop runs
     out: Dict[str, Any] = {"preset": preset, "dataset": data_name, "batch_size": batch_size, "epochs": epochs,
                            "images": n, "threads": torch.get_num_threads(),
                            "amp": str(dtype).replace("torch.", "") if dtype else "off",
-                           "device": torch.cuda.get_device_name(dev) if dev.startswith("cuda") else "cpu",
-                           "bare": [], "train_epoch": [], "ratio": []}
-    series = ["bare", "train_epoch", "ratio"]
+                           "device": torch.cuda.get_device_name(dev) if dev.startswith("cuda") else "cpu"}
+    loops = {"bare": lambda: recipe.bare(fresh()), "train_epoch": lambda: recipe.train_loop(fresh())}
     if timm_model is not None:
-        out.update(timm_model=timm_model, timm_bare=[], timm_ratio=[])
-        series += ["timm_bare", "timm_ratio"]
-    for r in range(repeats):
-        say(f"repeat {r + 1}/{repeats}")
-        b, o = bare(), ours()
-        out["bare"].append(b)
-        out["train_epoch"].append(o)
-        out["ratio"].append(o / b)
-        if timm_model is not None:
-            t = bare(timm_fresh)
-            out["timm_bare"].append(t)
-            out["timm_ratio"].append(o / t)
-    for key in series:
-        out[f"{key}_median"] = statistics.median(out[key])
+        timm_fresh()  # a name timm cannot build is refused before any loop runs
+        out["timm_model"] = timm_model
+        loops["timm_bare"] = lambda: recipe.bare(timm_fresh())
+    out.update(_alternate(loops, repeats, say))
     return out
 
 
