@@ -2,6 +2,7 @@
 measurements for docs/bench-fit.md, not asserted here), and their refusals."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +40,54 @@ def test_bench_loop_compares_trains_loop_with_a_bare_one(cli):
     assert all(v > 0 for v in doc["bare"] + doc["train_epoch"])
 
 
+def test_bench_fit_times_the_solve_the_data_free_fit_and_profiles_a_fit(cli, tmp_path):
+    """The GPU check's options on a tiny shape: the training steps at another batch in bf16, the plain
+    solve uncached and cached (each also in training steps), the fit without data beside the fit with
+    it (neither read from a cache), and a profile of a short fit written where asked."""
+    prof = tmp_path / "prof"
+    r = cli("bench", "fit", "--image-size", "8", "--in-chans", "1", "--patch", "2", "--samples", "8", "--steps", "5",
+            "--train-steps", "1", "--train-batch", "8", "--amp", "bf16", "--data-free", "--profile", str(prof),
+            "--profile-steps", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["shape"]["grid"] == [4, 4] and doc["train_batch"] == 8 and doc["amp"] == "bfloat16"
+    step, solve = doc["train_step_seconds"], doc["solve"]
+    assert solve["device"] == "cpu" and solve["layers_solved"] >= 1 and solve["seconds"] > 0
+    assert solve["train_steps"] == pytest.approx(solve["seconds"] / step)
+    assert solve["cached_train_steps"] == pytest.approx(solve["cached_seconds"] / step)
+    (given,), (free,) = doc["rows"], doc["data_free_rows"]
+    assert (given["inputs"], free["inputs"]) == ("data", "noise") and not given["cached"] and not free["cached"]
+    assert free["version"] == given["version"] == 2 and free["steps"] == 5 and free["seconds"] >= free["fit_seconds"]
+    p = doc["profile"]
+    assert p["steps"] == 3 and p["dir"] == str(prof) and p["kernel_launches"] == 0 and p["matmuls"]["calls"] > 0
+    assert sorted(f.name for f in prof.iterdir()) == ["fit-ops.txt", "fit-trace.json.gz"]
+    assert "by op and input shapes" in (prof / "fit-ops.txt").read_text()
+    skip = cli("bench", "fit", "--image-size", "8", "--in-chans", "1", "--samples", "8", "--steps", "2",
+               "--train-steps", "1", "--profile", str(tmp_path / "none"), "--profile-over", "1000")
+    assert skip.returncode == 0 and "profile: skipped (the init took" in skip.stdout
+    assert not (tmp_path / "none").exists()
+
+
+@pytest.mark.filterwarnings("ignore:impulse. the data fit left:UserWarning")
+def test_the_uncached_solve_is_solved_even_where_the_package_ships_it(tmp_path):
+    from structinit.benchmarks.fit import run_fit_bench
+
+    doc = run_fit_bench("vit-digits", dataset="digits", samples=8, steps=2, train_steps=1, cache_dir=tmp_path)
+    assert doc["solve"]["shipped"] is True and (tmp_path / doc["solve"]["artifact"]).is_file()
+    assert "data_free_rows" not in doc and "profile" not in doc and doc["amp"] == "off" and doc["train_batch"] == 64
+
+
+def test_bench_loop_times_timms_own_model_in_a_third_loop(cli):
+    r = cli("bench", "loop", "--dataset", "noise", "--image-size", "8", "--in-chans", "1", "--images", "128",
+            "--batch-size", "64", "--epochs", "1", "--repeats", "2", "--timm-model", "test_vit", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["dataset"] == "noise [128, 1, 8, 8]" and doc["images"] == 128 and doc["timm_model"] == "test_vit"
+    assert len(doc["timm_bare"]) == len(doc["timm_ratio"]) == 2 and all(v > 0 for v in doc["timm_bare"])
+    assert doc["timm_ratio"] == pytest.approx([o / t for o, t in zip(doc["train_epoch"], doc["timm_bare"])])
+    assert doc["timm_ratio_median"] == pytest.approx(sum(doc["timm_ratio"]) / 2)
+
+
 @pytest.mark.parametrize("args, message", [
     (["fit", "--versions", "3"], "versions must be among 1, 2, got 3"),
     (["fit", "--versions", "two"], "--versions takes comma-separated integers, got 'two'"),
@@ -46,29 +95,48 @@ def test_bench_loop_compares_trains_loop_with_a_bare_one(cli):
     (["fit", "--dataset", "digits", "--image-size", "8"], "--image-size and --in-chans shape the noise images"),
     (["fit", "--dataset", "mnist1d"], "the fit benchmark takes an in-memory image dataset"),
     (["loop", "--batch-size", "5000"], "--batch-size 5000 is larger than the 1437 training images of digits"),
+    (["fit", "--amp", "fp8"], "error: unknown --amp 'fp8'; choose one of auto, bf16, fp16, off"),
+    (["fit", "--dataset", "digits", "--patch", "2"], "--patch sets the patch on noise images; --dataset digits has"),
+    (["fit", "--profile-over", "2"], "error: --profile-over and --profile-steps need --profile DIR"),
+    (["fit", "--profile", "pyproject.toml"], "error: --profile pyproject.toml is not a folder"),
+    (["loop", "--amp", "fp8"], "error: unknown --amp 'fp8'; choose one of auto, bf16, fp16, off"),
+    (["loop", "--images", "8"], "--image-size, --in-chans and --images shape the noise images; --dataset digits"),
+    (["loop", "--dataset", "noise", "--images", "8"], "--batch-size 64 is larger than the 8 training images of noise"),
+    (["loop", "--timm-model", "no_such_vit"], "error: unknown --timm-model 'no_such_vit': not a timm model name"),
+    (["loop", "--timm-model", "test_resnet"], "error: --timm-model test_resnet: timm cannot build it at 8x8, patch 1"),
 ])
-def test_bad_benchmark_settings_are_one_line(cli, args, message):
+def test_bad_benchmark_settings_are_one_line(cli, args, message, monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # pyproject.toml: a file, not a folder
     r = cli("bench", *args)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.slow
 def test_the_device_check_script_runs_its_steps_and_summarizes_them(tmp_path):
-    """scripts/device-check.sh in its CPU smoke mode: every step runs, and summary.json/.md say what
-    each measured (on a GPU the same script adds the GPU tests and measures at the ViT-T/S shapes)."""
+    """scripts/device-check.sh in its CPU smoke mode: every step runs, and device-check.json and
+    summary.md say what each measured, on the CPU, without judging the GPU's floors (on a GPU the same
+    script adds the GPU tests and measures at the ViT-T and ViT-S/16 shapes)."""
     import os
     import subprocess
-    from pathlib import Path
+    import sys
 
     repo = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, DEVICE="cpu", QUICK="1", OUT=str(tmp_path / "out"))
-    r = subprocess.run(["bash", str(repo / "scripts" / "device-check.sh")], cwd=repo, env=env, capture_output=True,
-                       text=True, timeout=900)
+    out = tmp_path / "out"
+    env = dict(os.environ, DEVICE="cpu", QUICK="1", PYTHON=sys.executable)
+    r = subprocess.run(["bash", str(repo / "scripts" / "device-check.sh"), str(out)], cwd=repo, env=env,
+                       capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr
-    doc = json.loads((tmp_path / "out" / "summary.json").read_text())
+    doc = json.loads((out / "device-check.json").read_text())
     assert [(s["step"], s["exit"]) for s in doc["steps"]] == [("solver", 0), ("fit-vit-t", 0), ("fit-vit-s", 0),
                                                               ("loop", 0)]
-    assert doc["fit_vit_t"]["rows"][0]["version"] == 2 and doc["loop"]["ratio_median"] > 0
-    assert {r["recipe"] for r in doc["solver"]["rows"]} == {"fast", "paper"}
-    md = (tmp_path / "out" / "summary.md").read_text()
-    assert md.startswith("# structinit device check, ") and "Training loop (vit-digits, digits" in md
+    assert doc["device"].startswith("cpu (no GPU)") and doc["quick"] is True and doc["gpu_tests"] is None
+    assert doc["fit_vit_t_seconds"] > 0 and doc["fit_vit_t_training_steps"] > 0 and doc["date"]
+    assert doc["fit_vit_t_data_free_seconds"] > 0 and doc["fit_vit_s_solve_uncached_seconds"] > 0
+    assert doc["train_vs_bare_loop"] > 0 and doc["train_vs_timm_loop"] > 0
+    assert set(doc["floors"].values()) == {None}  # a CPU smoke test judges no floor
+    assert doc["raw"]["fit-vit-s"]["shape"]["grid"] == [4, 4] and doc["raw"]["loop"]["timm_model"] == \
+        "vit_tiny_patch16_224"
+    assert {r["recipe"] for r in doc["raw"]["solver"]["rows"]} == {"fast", "paper"}
+    assert (out / "profile-vit-t" / "fit-ops.txt").is_file()
+    md = (out / "summary.md").read_text()
+    assert md.startswith("# structinit device check, ") and "Device: cpu (no GPU)" in md and "| loop | 0 |" in md

@@ -65,7 +65,7 @@ def build_app() -> typer.Typer:
     bench_app.command("solver", epilog=bench_solver.EXAMPLES)(handle_errors(bench_solver.bench_solver, solve.ALIASES))
     bench_app.command("exactness", epilog=bench_exactness.EXAMPLES)(handle_errors(bench_exactness.bench_exactness,
                                                                                   bench_exactness.ALIASES))
-    bench_app.command("fit", epilog=bench_fit.EXAMPLES)(handle_errors(bench_fit.bench_fit))
+    bench_app.command("fit", epilog=bench_fit.EXAMPLES)(handle_errors(bench_fit.bench_fit, bench_fit.ALIASES))
     bench_app.command("loop", epilog=bench_loop.EXAMPLES)(handle_errors(bench_loop.bench_loop))
     grid_aliases = bench_options.ALIASES
     bench_app.command("grid", epilog=bench_grid.EXAMPLES)(handle_errors(bench_grid.bench_grid, grid_aliases))

@@ -3,16 +3,22 @@ steps of the same model (a thin layer over :func:`structinit.benchmarks.fit.run_
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
 from typing_extensions import Annotated
 
-from structinit.cli.common import Device, JsonOut, Progress, Seed, Threads, emit_json, examples
+from structinit.cli.common import Device, JsonOut, Progress, Seed, Threads, emit_json, examples, path_arg
+
+#: Library parameters this command spells with another flag.
+ALIASES = {"profile_dir": "--profile"}
 
 EXAMPLES = examples(
     'structinit bench fit --model vit-digits --dataset digits --versions 1,2 --threads 1   # real digits',
     'structinit bench fit --model vit-t --image-size 32 --in-chans 3 --threads 1          # ViT-T shape, noise',
+    'structinit bench fit --model vit-s --image-size 224 --patch 16 --train-batch 128 --amp bf16 --data-free '
+    '--device cuda --profile prof --profile-over 2   # ViT-S/16 at 224 on a GPU',
 )
 
 
@@ -25,12 +31,30 @@ def bench_fit(
                                                       show_default="32")] = None,
     in_chans: Annotated[Optional[int], typer.Option("--in-chans", min=1, help="Noise images: channels.",
                                                     show_default="3")] = None,
+    patch: Annotated[Optional[int], typer.Option("--patch", min=1, help="Noise images: the model's patch size "
+                                                 "(ViT-S/16 at 224: --image-size 224 --patch 16).",
+                                                 show_default="2")] = None,
     versions: Annotated[str, typer.Option("--versions", help="Data fit versions to time, comma-separated.")] = "2",
     samples: Annotated[int, typer.Option("--samples", min=1, help="Inputs the fit gets.")] = 256,
     steps: Annotated[int, typer.Option("--steps", min=1, help="The fit's Adam steps (fewer: to time a slow "
                                        "version's steps; the init then is not the default).")] = 300,
-    train_steps: Annotated[int, typer.Option("--train-steps", min=1, help="Training steps (batch 64) timed as the "
+    train_steps: Annotated[int, typer.Option("--train-steps", min=1, help="Training steps timed as the "
                                              "unit.")] = 10,
+    train_batch: Annotated[int, typer.Option("--train-batch", min=1, help="Batch size of those training "
+                                             "steps.")] = 64,
+    amp: Annotated[str, typer.Option("--amp", help="Mixed precision of those training steps, as train's: off, "
+                                     "bf16, fp16, or auto (bf16/fp16 on a GPU, off on the CPU).")] = "off",
+    data_free: Annotated[bool, typer.Option("--data-free", help="Also time each fit without data (on noise "
+                                            "inputs of the model's input shape, as initialize_model(model, "
+                                            "\"impulse\") fits).")] = False,
+    profile: Annotated[Optional[Path], typer.Option("--profile", help="Profile the first version's fit once "
+                                                    "more (torch.profiler) into this folder: fit-ops.txt, "
+                                                    "fit-trace.json.gz.", parser=path_arg, metavar="DIR")] = None,
+    profile_over: Annotated[float, typer.Option("--profile-over", min=0.0, help="With --profile: only when that "
+                                                "init took longer than this many seconds.")] = 0.0,
+    profile_steps: Annotated[int, typer.Option("--profile-steps", min=1, help="With --profile: the profiled fit's "
+                                               "Adam steps (every phase of the fit, fewer steps: a small "
+                                               "profile).")] = 30,
     seed: Seed = 0,
     device: Device = "cpu",
     threads: Threads = None,
@@ -43,6 +67,8 @@ def bench_fit(
 
     if dataset is not None and (image_size is not None or in_chans is not None):
         raise UsageError("--image-size and --in-chans shape the noise images; --dataset has its own")
+    if profile is None and (profile_over or profile_steps != 30):
+        raise UsageError("--profile-over and --profile-steps need --profile DIR")
     try:
         wanted = [int(v) for v in versions.split(",") if v.strip()]
     except ValueError:
@@ -50,8 +76,10 @@ def bench_fit(
     use_threads(threads)
     with Progress("bench fit", enabled=not json_out) as bar:
         result = run_fit_bench(model, dataset=dataset, image_size=image_size or 32, in_chans=in_chans or 3,
-                               versions=wanted, samples=samples, train_steps=train_steps, steps=steps, seed=seed,
-                               device=device,
+                               patch=patch, versions=wanted, samples=samples, train_steps=train_steps,
+                               train_batch=train_batch, amp=amp, steps=steps, seed=seed, device=device,
+                               data_free=data_free, profile_dir=profile, profile_over=profile_over,
+                               profile_steps=profile_steps,
                                progress=bar.stage)
     if json_out:
         emit_json(result)

@@ -13,12 +13,15 @@ from structinit.cli.common import Device, JsonOut, Progress, Seed, Threads, emit
 
 EXAMPLES = examples(
     'structinit bench loop --model vit-digits --dataset digits --threads 1',
+    'structinit bench loop --model vit-t --dataset noise --image-size 32 --batch-size 128 --amp bf16 '
+    '--timm-model vit_tiny_patch16_224 --device cuda   # ViT-T at 32x32 against timm\'s own',
 )
 
 
 def bench_loop(
     model: Annotated[str, typer.Option("--model", help="A preset (see structinit train --help).")] = "vit-digits",
-    dataset: Annotated[str, typer.Option("--dataset", help="An in-memory dataset.")] = "digits",
+    dataset: Annotated[str, typer.Option("--dataset", help="An in-memory dataset, or noise: Gaussian noise images "
+                                         "(--image-size, --in-chans, --images) with random labels.")] = "digits",
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", min=1, help="Batch size.")] = 64,
     epochs: Annotated[int, typer.Option("--epochs", "-e", min=1, help="Epochs a repeat.")] = 2,
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Repeats of each loop, alternating.")] = 3,
@@ -28,6 +31,16 @@ def bench_loop(
                                      "the CPU), bf16, fp16 or off.")] = "auto",
     data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="Where the dataset's files are.",
                                                      show_default="the dataset's default")] = None,
+    image_size: Annotated[Optional[int], typer.Option("--image-size", min=1, help="Noise images: side.",
+                                                      show_default="32")] = None,
+    in_chans: Annotated[Optional[int], typer.Option("--in-chans", min=1, help="Noise images: channels.",
+                                                    show_default="3")] = None,
+    images: Annotated[Optional[int], typer.Option("--images", min=1, help="Noise images: how many (an epoch).",
+                                                  show_default="10000")] = None,
+    timm_model: Annotated[Optional[str], typer.Option("--timm-model", help="Also time the bare loop on timm's "
+                                                      "model of this name (e.g. vit_tiny_patch16_224), built at "
+                                                      "the data's size and the preset's patch, without a class "
+                                                      "token, average-pooled.")] = None,
     threads: Threads = None,
     json_out: JsonOut = False,
 ):
@@ -37,8 +50,10 @@ def bench_loop(
 
     use_threads(threads)
     with Progress("bench loop", enabled=not json_out) as bar:
-        result = run_loop_bench(model, dataset, batch_size=batch_size, epochs=epochs, repeats=repeats, seed=seed,
-                                device=device, amp=amp, data_dir=data_dir, progress=bar.stage)
+        result = run_loop_bench(model, None if dataset == "noise" else dataset, batch_size=batch_size,
+                                epochs=epochs, repeats=repeats, seed=seed, device=device, amp=amp, data_dir=data_dir,
+                                image_size=image_size, in_chans=in_chans, images=images, timm_model=timm_model,
+                                progress=bar.stage)
     if json_out:
         emit_json(result)
     else:
