@@ -235,6 +235,34 @@ def _check_fit_bench(dataset: Optional[str], patch: Optional[int], versions: Seq
         raise UsageError(f"{param('profile_dir')} {profile_dir} is not a folder")
 
 
+def _time_solve_and_step(model, x, seed: int, cache, dev: str, train_steps: int, train_batch: int, dtype,
+                         say: Callable[[str], None]):
+    """``(solve, step)``: the plain solve timed uncached and cached (``solve``, its ``path`` included)
+    and one training step's seconds (``step``) of ``model`` on ``x``."""
+    from structinit.init.initialize import initialize_model
+
+    say("solving the plain artifact (nothing cached)")
+    solve = _plain_solve(model, seed, cache)
+    say("the plain init from the cache")
+    _, cached_seconds = _timed(lambda: initialize_model(model, "impulse", seed=seed, data_fit=0,
+                                                        cache_dir=cache), dev)
+    say(f"timing {train_steps} training steps at batch {train_batch}")
+    step = train_step_seconds(model, x, train_steps, train_batch, dtype)
+    solve.update(cached_seconds=cached_seconds, train_steps=solve["seconds"] / step,
+                 cached_train_steps=cached_seconds / step)
+    return solve, step
+
+
+def _shape_row(preset: str, arch: Dict[str, Any], inputs: str, dev: str) -> Dict[str, Any]:
+    """The benchmark's ``shape``: the model's preset and attention shape, its inputs, the torch threads
+    and the device's name."""
+    import torch
+
+    return {"preset": preset, "grid": arch["grid"], "dim": arch["dim"], "heads": arch["heads"],
+            "depth": arch["depth"], "inputs": inputs, "threads": torch.get_num_threads(),
+            "device": torch.cuda.get_device_name(dev) if dev.startswith("cuda") else "cpu"}
+
+
 def run_fit_bench(preset: str = "vit-digits", *, dataset: Optional[str] = None, image_size: int = 32,
                   in_chans: int = 3, patch: Optional[int] = None, versions: Sequence[int] = (2,),
                   samples: int = 256, train_steps: int = 10, train_batch: int = 64, amp: str = "off",
@@ -260,13 +288,10 @@ def run_fit_bench(preset: str = "vit-digits", *, dataset: Optional[str] = None, 
     ``hit_rate``/``min_layer_hit_rate`` on the batch (real inputs only), ``step_images``.
 
     ``profile_dir``: when the first version's init (with data) took over ``profile_over`` seconds,
-    that fit runs once more, with ``profile_steps`` Adam steps (30: every phase of the fit, a tenth of
-    its steps, so that the profile stays small), under torch.profiler and ``profile_dir`` gets
-    ``fit-ops.txt`` (the ops' table, also by input shape) and ``fit-trace.json.gz`` (a Chrome trace);
-    ``profile`` is :func:`profile_summary` of it (with ``steps``), or says why it was skipped."""
+    that fit runs again for ``profile_steps`` Adam steps under torch.profiler (``fit-ops.txt``, the
+    ops' table, and ``fit-trace.json.gz``, a Chrome trace); ``profile`` is :func:`profile_summary`
+    of it, or says why it was skipped."""
     import tempfile
-
-    import torch
 
     from structinit.init.initialize import initialize_model
     from structinit.runtime import resolve_device
@@ -288,15 +313,7 @@ def run_fit_bench(preset: str = "vit-digits", *, dataset: Optional[str] = None, 
     out: Dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as scratch:
         cache = cache_dir or scratch
-        say("solving the plain artifact (nothing cached)")
-        solve = _plain_solve(model, seed, cache)
-        say("the plain init from the cache")
-        _, cached_seconds = _timed(lambda: initialize_model(model, "impulse", seed=seed, data_fit=0,
-                                                            cache_dir=cache), dev)
-        say(f"timing {train_steps} training steps at batch {train_batch}")
-        step = train_step_seconds(model, x, train_steps, train_batch, dtype)
-        solve.update(cached_seconds=cached_seconds, train_steps=solve["seconds"] / step,
-                     cached_train_steps=cached_seconds / step)
+        solve, step = _time_solve_and_step(model, x, seed, cache, dev, train_steps, train_batch, dtype, say)
         plain_path = solve.pop("path")
 
         def fit(version: int, data) -> Dict[str, Any]:
@@ -325,9 +342,7 @@ def run_fit_bench(preset: str = "vit-digits", *, dataset: Optional[str] = None, 
             else:
                 out["profile"] = {"skipped": f"the init took {first['seconds']:.2f} s, not over {profile_over:g} s"}
     inputs = dataset or f"noise [{samples}, {in_chans}, {image_size}, {image_size}]"
-    return {"shape": {"preset": preset, "grid": arch["grid"], "dim": arch["dim"], "heads": arch["heads"],
-                      "depth": arch["depth"], "inputs": inputs, "threads": torch.get_num_threads(),
-                      "device": torch.cuda.get_device_name(dev) if dev.startswith("cuda") else "cpu"},
+    return {"shape": _shape_row(preset, arch, inputs, dev),
             "train_step_seconds": step, "train_batch": train_batch,
             "amp": str(dtype).replace("torch.", "") if dtype else "off", "solve": solve, **out}
 
