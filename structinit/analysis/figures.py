@@ -10,8 +10,9 @@ needed) and written with :func:`save_png`, atomically, never over an existing fi
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -203,85 +204,124 @@ def fidelity_figure(fid, query: Optional[int] = None, layers: Optional[Sequence[
     compare at a glance. Panel titles give the head's hit rate, target mass and window share over
     all queries and inputs."""
     from matplotlib.figure import Figure
-    from matplotlib.patches import Rectangle
 
     rows = list(layers) if layers is not None else shown_layers(fid.layers)
     bad = [l for l in rows if not 0 <= l < fid.layers]
     if bad:
         raise UsageError(f"{param('layers')} {bad} are out of range: the model has {fid.layers} attention layers")
-    seq = fid.grid.ndim == 1
-    q = int(query) if query is not None else None
-    from structinit.analysis.fidelity import centre_query
-
-    q = centre_query(fid.grid) if q is None else q
-    qmaps = fid.query_maps(q)  # [layers, heads, *grid]
-    targets = fid.targets(q)
-    offsets = fid.offsets
-    lo = -(fid.filter // 2)
+    view = _FidelityPanels.of(fid, query, rows)
     heads = fid.heads
-    fig = Figure(figsize=(2.9 * heads + 1.2, (3.6 if seq else 3.3) * len(rows) + 1.5), layout="constrained")
+    fig = Figure(figsize=(2.9 * heads + 1.2, (3.6 if view.seq else 3.3) * len(rows) + 1.5), layout="constrained")
     axes = fig.subplots(len(rows), heads, squeeze=False)
-    if seq:
-        dxs = [int(d) for d in offsets[..., 1].ravel() if d != -9999] if offsets is not None else []
-        reach = band_reach(fid.grid.tokens, dxs)
-        bands = fid.grid_maps()
-    gh, gw = fid.grid.hw
-    qy, qx = divmod(q, gw)
-    if seq:
-        all_panels = {l: [relative_band(bands[l, h], reach, fid.padding) for h in range(heads)] for l in rows}
-    else:
-        all_panels = {l: [qmaps[l, h] for h in range(heads)] for l in rows}
-    top = max(max(float(np.nanmax(p)) if np.isfinite(p).any() else 0.0 for ps in all_panels.values() for p in ps),
-              1e-12)  # one scale for the figure
     for i, l in enumerate(rows):
-        panels = all_panels[l]
         for h in range(heads):
-            ax = axes[i, h]
-            has_offset = offsets is not None and not (offsets[l] == -9999).any()
-            text = f"layer {l}, head {h}"
-            if has_offset:
-                dy, dx = (int(v) for v in offsets[l, h])
-                text += f": offset dx={dx:+d}" if seq else f": offset ({dy:+d},{dx:+d})"
-            stats = [f"window {fid.window_mass[l, h]:.2f}"]
-            if fid.hit_rate is not None and not np.isnan(fid.hit_rate[l, h]):
-                stats = [f"hit {fid.hit_rate[l, h]:.2f}", f"mass {fid.target_mass[l, h]:.2f}", *stats]
-            ax.set_title(text + "\n" + ", ".join(stats), fontsize=8)
-            if seq:
-                im = ax.imshow(panels[h], cmap=CMAP, vmin=0, vmax=top, aspect="auto", interpolation="nearest",
-                               extent=(-reach - 0.5, reach + 0.5, fid.grid.tokens - 0.5, -0.5))
-                if has_offset:
-                    for edge in (dx - 0.5, dx + 0.5):
-                        ax.axvline(edge, color="red", linestyle="--", linewidth=1)
-                ax.set_xlabel("relative position (key - query)", fontsize=7)
-                ax.set_ylabel("query position", fontsize=7)
-            else:
-                im = ax.imshow(panels[h], cmap=CMAP, vmin=0, vmax=top, interpolation="nearest")
-                ax.plot(qx, qy, marker="s", markersize=8, markerfacecolor="none", markeredgecolor="white",
-                        markeredgewidth=1.5)
-                ax.add_patch(Rectangle((qx + lo - 0.5, qy + lo - 0.5), fid.filter, fid.filter, fill=False,
-                                       edgecolor="white", linestyle="--", linewidth=1))
-                if targets is not None and targets[l, h, 0] >= 0:
-                    ty, tx = (int(v) for v in targets[l, h])
-                    ax.plot(tx, ty, marker="o", markersize=10, markerfacecolor="none", markeredgecolor="red",
-                            markeredgewidth=2)
-                ax.set_xlabel("key column x", fontsize=7)
-                ax.set_ylabel("key row y", fontsize=7)
-            ax.tick_params(labelsize=6)
+            im = view.draw(axes[i, h], l, h)
     cb = fig.colorbar(im, ax=list(axes.ravel()), shrink=0.6)
     cb.set_label("attention weight (one scale for every panel)", fontsize=7)
     cb.ax.tick_params(labelsize=6)
-    solved = offsets is not None
-    if seq:
-        what = (f"each head's attention by relative position (key - query), for every query position of the "
-                f"{fid.grid.tokens}-token sequence"
-                + ("; the solved offset between dashed red lines" if solved else ""))
-    else:
-        what = (f"the attention of query token {q} (row {qy}, col {qx}; white square) over the {gh}x{gw} grid of "
-                f"keys; dashed box: the {fid.filter}x{fid.filter} window"
-                + ("; red circle: the query's target under the head's solved offset" if solved else ""))
-    window = f"{fid.filter} positions around the query" if seq else f"{fid.filter}x{fid.filter} window"
-    measured = "hit rate and target mass on its solved offset and its share" if solved else "share"
-    fig.suptitle(f"{title}\nrows: layers {', '.join(map(str, rows))} of 0-{fid.layers - 1}, averaged over "
-                 f"{fid.images} real inputs\n{what}\npanel titles: the head's {measured} of attention in the "
-                 f"{window}, over all queries and inputs", fontsize=9)
+    fig.suptitle(view.suptitle(title, rows), fontsize=9)
     return fig
+
+
+@dataclass
+class _FidelityPanels:
+    """What the panels of :func:`fidelity_figure` show. ``fid``: the Fidelity; ``q``: the query token
+    (row-major); ``panels[layer][head]``: the query's ``[H, W]`` map on an image grid, the head's
+    ``[L, 2 * reach + 1]`` band on a sequence; ``top``: the figure's one colour scale (its largest
+    weight); ``targets``: ``[layers, heads, 2]`` the query's target ``(y, x)`` per head, or ``None``."""
+
+    fid: Any
+    seq: bool
+    q: int
+    targets: Optional[np.ndarray]
+    panels: Dict[int, List[np.ndarray]]
+    top: float
+    reach: int = 0
+
+    @classmethod
+    def of(cls, fid: Any, query: Optional[int], rows: List[int]) -> "_FidelityPanels":
+        from structinit.analysis.fidelity import centre_query
+
+        seq = fid.grid.ndim == 1
+        q = centre_query(fid.grid) if query is None else int(query)
+        qmaps = fid.query_maps(q)  # [layers, heads, *grid]
+        targets = fid.targets(q)
+        offsets = fid.offsets
+        reach = 0
+        if seq:
+            dxs = [int(d) for d in offsets[..., 1].ravel() if d != -9999] if offsets is not None else []
+            reach = band_reach(fid.grid.tokens, dxs)
+            bands = fid.grid_maps()
+            panels = {l: [relative_band(bands[l, h], reach, fid.padding) for h in range(fid.heads)] for l in rows}
+        else:
+            panels = {l: [qmaps[l, h] for h in range(fid.heads)] for l in rows}
+        top = max(max(float(np.nanmax(p)) if np.isfinite(p).any() else 0.0 for ps in panels.values() for p in ps),
+                  1e-12)  # one scale for the figure
+        return cls(fid, seq, q, targets, panels, top, reach)
+
+    def draw(self, ax: Any, l: int, h: int) -> Any:
+        """Draw head ``h`` of layer ``l`` into ``ax``; returns its image (for the colour bar)."""
+        fid, offsets = self.fid, self.fid.offsets
+        has_offset = offsets is not None and not (offsets[l] == -9999).any()
+        text = f"layer {l}, head {h}"
+        if has_offset:
+            dy, dx = (int(v) for v in offsets[l, h])
+            text += f": offset dx={dx:+d}" if self.seq else f": offset ({dy:+d},{dx:+d})"
+        stats = [f"window {fid.window_mass[l, h]:.2f}"]
+        if fid.hit_rate is not None and not np.isnan(fid.hit_rate[l, h]):
+            stats = [f"hit {fid.hit_rate[l, h]:.2f}", f"mass {fid.target_mass[l, h]:.2f}", *stats]
+        ax.set_title(text + "\n" + ", ".join(stats), fontsize=8)
+        if self.seq:
+            reach = self.reach
+            im = ax.imshow(self.panels[l][h], cmap=CMAP, vmin=0, vmax=self.top, aspect="auto",
+                           interpolation="nearest", extent=(-reach - 0.5, reach + 0.5, fid.grid.tokens - 0.5, -0.5))
+            if has_offset:
+                for edge in (dx - 0.5, dx + 0.5):
+                    ax.axvline(edge, color="red", linestyle="--", linewidth=1)
+            ax.set_xlabel("relative position (key - query)", fontsize=7)
+            ax.set_ylabel("query position", fontsize=7)
+        else:
+            im = self._draw_grid_panel(ax, l, h)
+        ax.tick_params(labelsize=6)
+        return im
+
+    def _draw_grid_panel(self, ax: Any, l: int, h: int) -> Any:
+        """An image grid's panel: the query's map, the query (white square), its window (dashed) and
+        the head's target (red circle)."""
+        from matplotlib.patches import Rectangle
+
+        fid, targets = self.fid, self.targets
+        qy, qx = divmod(self.q, fid.grid.hw[1])
+        lo = -(fid.filter // 2)
+        im = ax.imshow(self.panels[l][h], cmap=CMAP, vmin=0, vmax=self.top, interpolation="nearest")
+        ax.plot(qx, qy, marker="s", markersize=8, markerfacecolor="none", markeredgecolor="white",
+                markeredgewidth=1.5)
+        ax.add_patch(Rectangle((qx + lo - 0.5, qy + lo - 0.5), fid.filter, fid.filter, fill=False,
+                               edgecolor="white", linestyle="--", linewidth=1))
+        if targets is not None and targets[l, h, 0] >= 0:
+            ty, tx = (int(v) for v in targets[l, h])
+            ax.plot(tx, ty, marker="o", markersize=10, markerfacecolor="none", markeredgecolor="red",
+                    markeredgewidth=2)
+        ax.set_xlabel("key column x", fontsize=7)
+        ax.set_ylabel("key row y", fontsize=7)
+        return im
+
+    def suptitle(self, title: str, rows: List[int]) -> str:
+        """The figure's title: ``title``, the layers shown, what a panel shows and what its title measures."""
+        fid, q = self.fid, self.q
+        gh, gw = fid.grid.hw
+        qy, qx = divmod(q, gw)
+        solved = fid.offsets is not None
+        if self.seq:
+            what = (f"each head's attention by relative position (key - query), for every query position of the "
+                    f"{fid.grid.tokens}-token sequence"
+                    + ("; the solved offset between dashed red lines" if solved else ""))
+        else:
+            what = (f"the attention of query token {q} (row {qy}, col {qx}; white square) over the {gh}x{gw} grid "
+                    f"of keys; dashed box: the {fid.filter}x{fid.filter} window"
+                    + ("; red circle: the query's target under the head's solved offset" if solved else ""))
+        window = f"{fid.filter} positions around the query" if self.seq else f"{fid.filter}x{fid.filter} window"
+        measured = "hit rate and target mass on its solved offset and its share" if solved else "share"
+        return (f"{title}\nrows: layers {', '.join(map(str, rows))} of 0-{fid.layers - 1}, averaged over "
+                f"{fid.images} real inputs\n{what}\npanel titles: the head's {measured} of attention in the "
+                f"{window}, over all queries and inputs")

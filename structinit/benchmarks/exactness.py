@@ -25,7 +25,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -149,12 +150,49 @@ def run_exactness(grid, filter_size: int = 3, *, masses: Sequence[float] = DEFAU
     """
     import torch
 
-    from structinit.analysis.quality import attention_maps
-    from structinit.geometry.targets import causal_mask, impulse_columns, window_offsets
+    from structinit.geometry.targets import causal_mask, window_offsets
     from structinit.solver.config import SolveConfig
     from structinit.solver.run import compute
 
     grid = Grid(grid)
+    paddings, masses = _check_arguments(grid, paddings, masses, channels, out_channels, filter_size, causal)
+    heads = filter_size if grid.ndim == 1 else filter_size * filter_size
+    dim = dim or default_dim(grid, heads)
+    out_channels = out_channels or channels
+    _check_memory(grid, heads, dim, filter_size, channels, out_channels, padding=paddings[0], device=device,
+                  causal=causal, ridge=ridge, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(grid.tokens, channels, generator=gen, dtype=torch.float64)
+    kshape = (out_channels, channels) + (filter_size,) * grid.ndim
+    kernel = torch.randn(kshape, generator=gen, dtype=torch.float64)
+    inputs = _Inputs(grid, causal, x, kernel, causal_mask(grid, causal), window_offsets(filter_size, grid.ndim, causal))
+    rows: List[Dict[str, Any]] = []
+    for padding in paddings:
+        conv = conv_reference(x, kernel, grid, padding, causal)
+        for mass in masses:
+            config = SolveConfig(grid=grid, dim=dim, heads=heads, filter=filter_size, recipe="fast",
+                                 params={"target_mass": mass, "ridge": ridge}, padding=padding,
+                                 offset_order="centre", seed=seed, causal=causal)
+            row = inputs.compare(compute(config, device), padding, mass, conv)
+            rows.append(row)
+            if on_row:
+                on_row(row)
+    monotone = {}
+    for padding in paddings:
+        errs = [r["rel_error"] for r in sorted((r for r in rows if r["padding"] == padding),
+                                               key=lambda r: r["target_mass"])]
+        monotone[padding] = all(b < a for a, b in zip(errs, errs[1:]))
+    setup = {"grid": list(grid), "tokens": grid.tokens, "filter": filter_size, "heads": heads, "dim": dim,
+             "head_dim": dim // heads, "channels": channels, "out_channels": out_channels, "causal": causal,
+             "seed": seed, "recipe": "fast", "ridge": ridge, "offset_order": "centre"}
+    return {"setup": setup, "rows": rows, "monotone": monotone}
+
+
+def _check_arguments(grid: Grid, paddings: Iterable[str], masses: Sequence[float], channels: int,
+                     out_channels: Optional[int], filter_size: int, causal: bool) -> Tuple[List[str], List[float]]:
+    """:func:`run_exactness`'s paddings and masses as lists, each checked (known, given once; masses
+    strictly between 0 and 1), and the channel counts and filter (positive integers); raises
+    :class:`UsageError` naming the first that is not."""
     paddings = list(paddings)
     for p in paddings:
         check_choice("padding", p, PADDINGS)
@@ -174,52 +212,46 @@ def run_exactness(grid, filter_size: int = 3, *, masses: Sequence[float] = DEFAU
     for name, value in (("channels", channels), ("out_channels", out_channels), ("filter", filter_size)):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise UsageError(f"{param(name)} must be a positive integer, got {value!r}")
-    heads = filter_size if grid.ndim == 1 else filter_size * filter_size
-    dim = dim or default_dim(grid, heads)
-    out_channels = out_channels or channels
-    _check_memory(grid, heads, dim, filter_size, channels, out_channels, padding=paddings[0], device=device,
-                  causal=causal, ridge=ridge, seed=seed)
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(grid.tokens, channels, generator=gen, dtype=torch.float64)
-    kshape = (out_channels, channels) + (filter_size,) * grid.ndim
-    kernel = torch.randn(kshape, generator=gen, dtype=torch.float64)
-    mask = causal_mask(grid, causal)
-    shifts = window_offsets(filter_size, grid.ndim, causal)
-    rows: List[Dict[str, Any]] = []
-    for padding in paddings:
-        conv = conv_reference(x, kernel, grid, padding, causal)
-        for mass in masses:
-            config = SolveConfig(grid=grid, dim=dim, heads=heads, filter=filter_size, recipe="fast",
-                                 params={"target_mass": mass, "ridge": ridge}, padding=padding,
-                                 offset_order="centre", seed=seed, causal=causal)
-            art = compute(config, device)
-            offsets = art.offsets[0]
-            if sorted(map(tuple, offsets.tolist())) != sorted(map(tuple, shifts.tolist())):
-                raise StructinitError(f"the solve did not give one head per shift: {offsets.tolist()}")
-            attn = attention_maps(torch.from_numpy(art.pseudo_input).unsqueeze(0), torch.from_numpy(art.q[0]),
-                                  torch.from_numpy(art.k[0]), mask).double()
-            out = attention_conv(attn, x, kernel_taps(kernel, offsets, causal))
-            inside = (impulse_columns(grid, offsets, padding) >= 0).all(0)  # every shift lands in the grid
-            keep = torch.from_numpy(inside)
-            diff = (out - conv)[keep]
-            row = {"padding": padding, "target_mass": mass,
-                   "reached_mass": float(art.stats["summary"]["target_mass"]),
-                   "hit_rate": float(art.stats["summary"]["hit_rate"]),
-                   "rel_error": float(diff.norm() / conv[keep].norm().clamp(min=1e-300)),
-                   "max_abs_error": float(diff.abs().max()) if diff.numel() else 0.0,
-                   "positions": int(keep.sum()), "seconds": float(art.stats["seconds"])}
-            rows.append(row)
-            if on_row:
-                on_row(row)
-    monotone = {}
-    for padding in paddings:
-        errs = [r["rel_error"] for r in sorted((r for r in rows if r["padding"] == padding),
-                                               key=lambda r: r["target_mass"])]
-        monotone[padding] = all(b < a for a, b in zip(errs, errs[1:]))
-    setup = {"grid": list(grid), "tokens": grid.tokens, "filter": filter_size, "heads": heads, "dim": dim,
-             "head_dim": dim // heads, "channels": channels, "out_channels": out_channels, "causal": causal,
-             "seed": seed, "recipe": "fast", "ridge": ridge, "offset_order": "centre"}
-    return {"setup": setup, "rows": rows, "monotone": monotone}
+    return paddings, masses
+
+
+@dataclass
+class _Inputs:
+    """What every row of :func:`run_exactness` compares on: the tokens ``x: [N, C_in]`` and the
+    ``kernel: [C_out, C_in, f(, f)]`` (float64), the attention ``mask`` (``causal``; ``None`` when
+    not) and the window's ``shifts: [heads, 2]``, one head each."""
+
+    grid: Grid
+    causal: bool
+    x: Any
+    kernel: Any
+    mask: Any
+    shifts: np.ndarray
+
+    def compare(self, art: Any, padding: str, mass: float, conv: Any) -> Dict[str, Any]:
+        """One row: the attention of the solved artifact ``art`` (at ``mass``, with ``padding``) through
+        the kernel's taps, against the convolution ``conv: [N, C_out]`` on the positions where every
+        shift lands inside the grid."""
+        import torch
+
+        from structinit.analysis.quality import attention_maps
+        from structinit.geometry.targets import impulse_columns
+
+        offsets = art.offsets[0]
+        if sorted(map(tuple, offsets.tolist())) != sorted(map(tuple, self.shifts.tolist())):
+            raise StructinitError(f"the solve did not give one head per shift: {offsets.tolist()}")
+        attn = attention_maps(torch.from_numpy(art.pseudo_input).unsqueeze(0), torch.from_numpy(art.q[0]),
+                              torch.from_numpy(art.k[0]), self.mask).double()
+        out = attention_conv(attn, self.x, kernel_taps(self.kernel, offsets, self.causal))
+        inside = (impulse_columns(self.grid, offsets, padding) >= 0).all(0)  # every shift lands in the grid
+        keep = torch.from_numpy(inside)
+        diff = (out - conv)[keep]
+        return {"padding": padding, "target_mass": mass,
+                "reached_mass": float(art.stats["summary"]["target_mass"]),
+                "hit_rate": float(art.stats["summary"]["hit_rate"]),
+                "rel_error": float(diff.norm() / conv[keep].norm().clamp(min=1e-300)),
+                "max_abs_error": float(diff.abs().max()) if diff.numel() else 0.0,
+                "positions": int(keep.sum()), "seconds": float(art.stats["seconds"])}
 
 
 def exactness_table(result: Dict) -> str:

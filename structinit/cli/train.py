@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import typer
 from typing_extensions import Annotated
 
 from structinit.cli.common import Device, JsonOut, Out, Progress, Threads, emit_json, examples, path_arg
+
+if TYPE_CHECKING:
+    from structinit.training.loop import TrainResult
 
 EXAMPLES = examples(
     'structinit train --dataset digits --init impulse --epochs 2 --out runs/digits-imp',
@@ -227,14 +230,27 @@ def train(
     under torchrun (DDP; NCCL on GPUs, gloo on CPU); only rank 0 writes and prints.
     """
     fields = _config_fields(dict(locals()))  # first: the command's parameters alone
+    if resume and out is not None:
+        fields = _with_run_settings(ctx, fields, out)
+    result = _train_with_progress(fields, threads)
+    if result is None:  # a process of torchrun other than rank 0: it prints nothing
+        return
+    if json_out:
+        emit_json(result.summary())
+        return
+    typer.echo(result_line(result))
+
+
+def _train_with_progress(fields: Dict[str, Any], threads: Optional[int]) -> Optional[TrainResult]:
+    """Run :func:`structinit.training.loop.train` on ``TrainConfig(**fields)`` with ``threads`` torch
+    threads, behind a progress bar with the epoch lines and a long warm-up's warning logged above it.
+    Returns its result on rank 0 (or without torchrun), ``None`` on the other ranks."""
     from structinit.errors import StructinitError
     from structinit.runtime import use_threads
     from structinit.training.config import TrainConfig, long_warmup
     from structinit.training.distributed import launched_by_torchrun
     from structinit.training.loop import train as run_training
 
-    if resume and out is not None:
-        fields = _with_run_settings(ctx, fields, out)
     config = TrainConfig(**fields)
     hp = config.validate()  # before torch is imported
     n_epochs = int(hp["epochs"])
@@ -251,12 +267,7 @@ def train(
 
         result = run_training(config, on_step=on_step, on_epoch=lambda r: bar.log(_fmt(r, n_epochs)), log=bar.log,
                               on_init=lambda d, n: bar.update(d, n, "init: data fit"))
-    if not rank0:
-        return
-    if json_out:
-        emit_json(result.summary())
-        return
-    typer.echo(result_line(result))
+    return result if rank0 else None
 
 
 def _config_fields(given: dict) -> dict:

@@ -271,9 +271,7 @@ def run_local(ex: Expansion, cells: List[Cell], *, jobs: int = 1, threads: Optio
     t0 = time.perf_counter()
     jobs = min(jobs, max(len(cells), 1))
     default_threads = max(1, cpu_count() // jobs)
-    outcomes: Dict[str, int] = {}
-    runs: List[Dict[str, Any]] = []
-    summary = LocalSummary(len(cells), outcomes, 0.0, 0.0, jobs, threads or default_threads)
+    summary = LocalSummary(len(cells), {}, 0.0, 0.0, jobs, threads or default_threads)
     if not cells:
         return summary
     ctx = mp.get_context("spawn")
@@ -287,57 +285,17 @@ def run_local(ex: Expansion, cells: List[Cell], *, jobs: int = 1, threads: Optio
                for _ in range(jobs)]
     for w in workers:
         w.start()
-    done = 0
-    total = len(cells)
+    got = _Results(ex, results, by_path, summary, log, progress, total=len(cells))
     if progress:
-        progress(0, total)
-
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
-
-    old_term = signal.signal(signal.SIGTERM, on_term) if threading.current_thread() is threading.main_thread() \
-        else None
-
-    def collect(block: float) -> bool:
-        nonlocal done
-        try:
-            kind, path, outcome = results.get(timeout=block)
-        except queue.Empty:
-            return False
-        if kind == "start":
-            return True
-        done += 1
-        outcomes[outcome["state"]] = outcomes.get(outcome["state"], 0) + 1
-        summary.train_seconds += outcome.get("train_seconds") or 0.0
-        cell = by_path.get(path)
-        outcome["cell"] = ex.describe(cell) if cell else path
-        runs.append(outcome)
-        acc = f"final {outcome['final_acc']:.2f}%" if outcome.get("final_acc") is not None else ""
-        err = f": {outcome['error']}" if outcome.get("error") else ""
-        log(f"[{done}/{total}] {outcome['state']} {outcome['cell']} {acc} ({outcome['seconds']:.1f}s) {path}{err}")
-        if progress:
-            progress(done, total)
-        return True
-
+        progress(0, got.total)
+    old_term = _sigterm_interrupts()
     try:
-        while done < total and any(w.is_alive() for w in workers):
-            collect(0.5)
-        while collect(0.2):  # results sent just before the workers exited
+        while got.done < got.total and any(w.is_alive() for w in workers):
+            got.collect(0.5)
+        while got.collect(0.2):  # results sent just before the workers exited
             pass
     except KeyboardInterrupt:
-        summary.interrupted = True
-        log("interrupted: stopping the runs at their next step (Ctrl-C again to kill them)")
-        for w in workers:
-            if w.is_alive() and w.pid is not None:  # a live process has a pid
-                os.kill(w.pid, signal.SIGTERM)
-        deadline = time.monotonic() + stop_timeout
-        try:
-            while any(w.is_alive() for w in workers) and time.monotonic() < deadline:
-                collect(0.2)
-            while collect(0.2):
-                pass
-        except KeyboardInterrupt:
-            pass
+        _stop_workers(workers, got, stop_timeout)
     finally:
         for w in workers:
             if w.is_alive():
@@ -345,13 +303,81 @@ def run_local(ex: Expansion, cells: List[Cell], *, jobs: int = 1, threads: Optio
             w.join(timeout=5)
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
-    lost = total - done
+    lost = got.total - got.done
     if lost and not summary.interrupted:
-        outcomes["failed"] = outcomes.get("failed", 0) + lost
+        summary.outcomes["failed"] = summary.outcomes.get("failed", 0) + lost
         log(f"{lost} run(s) got no result: a worker process died (out of memory?); see their log.txt")
-    summary.runs = runs
     summary.wall_seconds = time.perf_counter() - t0
     return summary
+
+
+def _sigterm_interrupts() -> Any:
+    """In the main thread, make SIGTERM raise KeyboardInterrupt (as Ctrl-C does); returns the
+    handler it replaced, ``None`` elsewhere (where signals cannot be handled)."""
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        return signal.signal(signal.SIGTERM, on_term)
+    return None
+
+
+@dataclass
+class _Results:
+    """What :func:`run_local` has heard from its workers: ``done`` of ``total`` runs finished, each
+    outcome counted into ``summary`` (its ``outcomes``, ``train_seconds`` and ``runs``), logged and
+    reported to ``progress``. ``by_path``: the cell of each run folder."""
+
+    ex: Expansion
+    results: Any  # the workers' queue of ("start" | "done", path, outcome)
+    by_path: Dict[str, Cell]
+    summary: LocalSummary
+    log: Callable[[str], None]
+    progress: Optional[Callable[[int, int], None]]
+    total: int
+    done: int = 0
+
+    def collect(self, block: float) -> bool:
+        """Take one message, waiting up to ``block`` seconds; ``False`` when none came."""
+        try:
+            kind, path, outcome = self.results.get(timeout=block)
+        except queue.Empty:
+            return False
+        if kind == "start":
+            return True
+        self.done += 1
+        outcomes = self.summary.outcomes
+        outcomes[outcome["state"]] = outcomes.get(outcome["state"], 0) + 1
+        self.summary.train_seconds += outcome.get("train_seconds") or 0.0
+        cell = self.by_path.get(path)
+        outcome["cell"] = self.ex.describe(cell) if cell else path
+        self.summary.runs.append(outcome)
+        acc = f"final {outcome['final_acc']:.2f}%" if outcome.get("final_acc") is not None else ""
+        err = f": {outcome['error']}" if outcome.get("error") else ""
+        self.log(f"[{self.done}/{self.total}] {outcome['state']} {outcome['cell']} {acc} ({outcome['seconds']:.1f}s) "
+                 f"{path}{err}")
+        if self.progress:
+            self.progress(self.done, self.total)
+        return True
+
+
+def _stop_workers(workers: List[Any], got: _Results, stop_timeout: float) -> None:
+    """After Ctrl-C or SIGTERM: mark the launch interrupted, ask every live worker to stop at its
+    next step (SIGTERM), and collect what they send for up to ``stop_timeout`` seconds (a second
+    Ctrl-C ends the wait; the caller then kills them)."""
+    got.summary.interrupted = True
+    got.log("interrupted: stopping the runs at their next step (Ctrl-C again to kill them)")
+    for w in workers:
+        if w.is_alive() and w.pid is not None:  # a live process has a pid
+            os.kill(w.pid, signal.SIGTERM)
+    deadline = time.monotonic() + stop_timeout
+    try:
+        while any(w.is_alive() for w in workers) and time.monotonic() < deadline:
+            got.collect(0.2)
+        while got.collect(0.2):
+            pass
+    except KeyboardInterrupt:
+        pass
 
 
 __all__ = ["prepare", "check_environment", "presolve", "impulse_solves", "print_commands", "run_local",

@@ -23,7 +23,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from structinit.errors import UsageError, param
 from structinit.experiments.expand import Cell, Expansion, load_manifests, pick_manifest
@@ -435,11 +435,48 @@ def _table(header: List[str], rows: List[List[str]]) -> str:
 
 def markdown(rep: GridReport, figures: Optional[Dict[str, str]] = None, heading: int = 2) -> str:
     """The report of one grid as markdown (``figures``: name -> file name, linked below the tables)."""
-    s, ex = rep.spec, rep.ex
+    s = rep.spec
     h = "#" * heading
+    has_paper = any(c.paper is not None for c in rep.cells.values())
+    lines = _intro_lines(rep, h)
+    lines += _final_lines(rep, h, has_paper)
+    if s.baseline is not None:
+        lines += _delta_lines(rep, h, has_paper)
+    if any(c.val_mean is not None for c in rep.cells.values()):
+        lines += [f"{h}# Final-epoch validation accuracy (%)", "",
+                  "On the images held out of training (the same for every seed): the split to make choices on; "
+                  "mean ± std.", ""]
+        lines += [_grid_table(rep, _spread_rows(rep, lambda c: (c.val_mean, c.val_std))), ""]
+    lines += _best_lines(rep, h)
+    if s.paper_note:
+        lines += [f"Paper: {s.paper_note}.", ""]
+    problems = rep.problems()
+    if problems:
+        lines += [f"{h}# Problems", ""] + [f"- {p}" for p in problems] + [""]
+    if figures:
+        lines += [f"{h}# Figures", ""] + [f"![{name}]({fname})" for name, fname in figures.items()] + [""]
+    return "\n".join(lines)
+
+
+def _grid_table(rep: GridReport, body: List[List[str]]) -> str:
+    """A table of the grid: a header of the row axis and the column labels above ``body`` (one list
+    per row: its label, then one text per column)."""
+    return _table([rep.spec.rows.replace("_", " ")] + [rep.ex.column_label(c) for c in rep.columns], body)
+
+
+def _spread_rows(rep: GridReport,
+                 stat: Callable[[CellStats], Tuple[Optional[float], Optional[float]]]) -> List[List[str]]:
+    """Every row's label and, per column, ``mean ± std`` of ``stat(cell)`` (a (mean, std) pair)."""
+    return [[rep.ex.row_label(r)] + [_spread(*stat(c), c.n, c.expected)
+                                     for c in (rep.cells[(r, col)] for col in rep.columns)] for r in rep.rows]
+
+
+def _intro_lines(rep: GridReport, h: str) -> List[str]:
+    """The title and what the tables are of: the grid, its command, the runs taken from an earlier
+    report's runs.csv, the seeds and states, the settings changed, the devices trained on."""
+    s, ex = rep.spec, rep.ex
     counts = rep.counts()
     total = sum(counts.values())
-    has_paper = any(c.paper is not None for c in rep.cells.values())
     lines = [f"{h} {s.title}" + (f" ({rep.name})" if rep.name != s.name else ""), ""]
     if rep.name != s.name:
         lines += [f"One of several expansions of grid {s.name} in `{ex.runs_dir}` (its file or options changed between "
@@ -461,69 +498,60 @@ def markdown(rep: GridReport, figures: Optional[Dict[str, str]] = None, heading:
               f"Runs in `{ex.runs_dir}`." + (f" Settings changed for the whole grid: "
                                              f"{', '.join(f'{k}={v}' for k, v in ex.overrides.items())}."
                                              if ex.overrides else ""), ""]
-    lines += device_lines(rep)
-    col_labels = [ex.column_label(c) for c in rep.columns]
-    row_title = s.rows.replace("_", " ")
+    return lines + device_lines(rep)
 
-    lines += [f"{h}# Final-epoch test accuracy (%)", "",
-              "Mean ± standard deviation over the seeds that finished; (k/n): k of n seeds finished (one seed "
-              "alone has no ±); pending, running or failed (0/n): none finished yet, and what its runs are doing."
-              + (f" [x]: the paper's number ({s.paper_source})." if has_paper else ""), ""]
-    body = [[ex.row_label(r)] + [_cell_text(rep.cells[(r, c)], has_paper) for c in rep.columns] for r in rep.rows]
-    lines += [_table([row_title] + col_labels, body), ""]
 
-    if s.baseline is not None:
-        base = ex.row_label(s.baseline)
-        lines += [f"{h}# Difference to {base} (percentage points)", "",
-                  f"Paired by seed: the mean over seeds of (method − {base}) with its standard error; (k): seeds "
-                  "finished in both." + (" [x]: the paper's difference." if has_paper else ""), ""]
-        body = []
-        for r in rep.rows:
-            if r == s.baseline:
-                continue
-            row = [ex.row_label(r)]
-            for c in rep.columns:
-                st = rep.cells[(r, c)]
-                if st.delta_mean is None:
-                    text = "—"
-                else:
-                    text = _num(st.delta_mean, True) + (f" ± {st.delta_se:.2f}" if st.delta_se is not None else "")
-                    text += f" ({st.n_paired})"
-                if has_paper and st.paper_delta is not None:
-                    text += f" [{st.paper_delta:+.2f}]"
-                row.append(text)
-            body.append(row)
-        lines += [_table([row_title] + col_labels, body), ""]
+def _final_lines(rep: GridReport, h: str, has_paper: bool) -> List[str]:
+    """The headline table: final-epoch test accuracy, ``[x]`` the paper's number where it has one."""
+    lines = [f"{h}# Final-epoch test accuracy (%)", "",
+             "Mean ± standard deviation over the seeds that finished; (k/n): k of n seeds finished (one seed "
+             "alone has no ±); pending, running or failed (0/n): none finished yet, and what its runs are doing."
+             + (f" [x]: the paper's number ({rep.spec.paper_source})." if has_paper else ""), ""]
+    body = [[rep.ex.row_label(r)] + [_cell_text(rep.cells[(r, c)], has_paper) for c in rep.columns]
+            for r in rep.rows]
+    return lines + [_grid_table(rep, body), ""]
 
-    if any(c.val_mean is not None for c in rep.cells.values()):
-        lines += [f"{h}# Final-epoch validation accuracy (%)", "",
-                  "On the images held out of training (the same for every seed): the split to make choices on; "
-                  "mean ± std.", ""]
-        body = [[ex.row_label(r)] + [_spread(c.val_mean, c.val_std, c.n, c.expected)
-                                     for c in (rep.cells[(r, col)] for col in rep.columns)] for r in rep.rows]
-        lines += [_table([row_title] + col_labels, body), ""]
 
+def _delta_lines(rep: GridReport, h: str, has_paper: bool) -> List[str]:
+    """The difference of every row but the baseline to the baseline, paired by seed (the grid has a
+    baseline)."""
+    s, ex = rep.spec, rep.ex
+    base = ex.row_label(s.baseline)
+    lines = [f"{h}# Difference to {base} (percentage points)", "",
+             f"Paired by seed: the mean over seeds of (method − {base}) with its standard error; (k): seeds "
+             "finished in both." + (" [x]: the paper's difference." if has_paper else ""), ""]
+    body = []
+    for r in rep.rows:
+        if r == s.baseline:
+            continue
+        row = [ex.row_label(r)]
+        for c in rep.columns:
+            st = rep.cells[(r, c)]
+            if st.delta_mean is None:
+                text = "—"
+            else:
+                text = _num(st.delta_mean, True) + (f" ± {st.delta_se:.2f}" if st.delta_se is not None else "")
+                text += f" ({st.n_paired})"
+            if has_paper and st.paper_delta is not None:
+                text += f" [{st.paper_delta:+.2f}]"
+            row.append(text)
+        body.append(row)
+    return lines + [_grid_table(rep, body), ""]
+
+
+def _best_lines(rep: GridReport, h: str) -> List[str]:
+    """The best epoch's test accuracy, saying which split chose the epoch (before anything finished:
+    which split the runs will choose on)."""
     ons = sorted({c.best_on for c in rep.cells.values() if c.best_on})
     if not ons:  # nothing finished yet: say what the runs will choose on
         held = _held_out(rep)
         ons = ["val"] if held else ["test"] if held is False else ["val", "test"]
     chosen = {"val": "the validation split", "test": "the test split itself (optimistic: no validation split)"}
-    lines += [f"{h}# Best epoch (%)", "",
-              "Test accuracy at the evaluated epoch with the best accuracy on "
-              + " / ".join(chosen.get(o, o) for o in ons) + "; mean ± std. The final epoch above is the headline.",
-              ""]
-    body = [[ex.row_label(r)] + [_spread(c.best_mean, c.best_std, c.n, c.expected)
-                                 for c in (rep.cells[(r, col)] for col in rep.columns)] for r in rep.rows]
-    lines += [_table([row_title] + col_labels, body), ""]
-
-    if s.paper_note:
-        lines += [f"Paper: {s.paper_note}.", ""]
-    problems = rep.problems()
-    if problems:
-        lines += [f"{h}# Problems", ""] + [f"- {p}" for p in problems] + [""]
-    if figures:
-        lines += [f"{h}# Figures", ""] + [f"![{name}]({fname})" for name, fname in figures.items()] + [""]
-    return "\n".join(lines)
+    lines = [f"{h}# Best epoch (%)", "",
+             "Test accuracy at the evaluated epoch with the best accuracy on "
+             + " / ".join(chosen.get(o, o) for o in ons) + "; mean ± std. The final epoch above is the headline.",
+             ""]
+    return lines + [_grid_table(rep, _spread_rows(rep, lambda c: (c.best_mean, c.best_std))), ""]
 
 
 def cells_csv(reports: List[GridReport]) -> str:
