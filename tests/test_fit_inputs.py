@@ -41,6 +41,8 @@ def test_the_input_shape_a_model_tells():
     assert model_input_shape(hf) == (3, 32, 32)
     hf.config = SimpleNamespace(num_channels=1, image_size=(24, 16))
     assert model_input_shape(hf) == (1, 24, 16)
+    hf.config = SimpleNamespace(num_channels=3)  # channels but no image size
+    assert model_input_shape(hf) is None
     hf.config = SimpleNamespace(vocab_size=100)  # a model of token ids
     assert model_input_shape(hf) is None
     assert model_input_shape(Bare()) is None
@@ -55,6 +57,9 @@ def test_noise_inputs_are_seeded_standard_normal_and_named():
     assert abs(float(a.x.mean())) < 0.1 and abs(float(a.x.std()) - 1) < 0.1
     assert a.source == "noise: 64 Gaussian inputs N(0, 1) of shape [1, 8, 8] (no data)"
     assert a.identity() == {"inputs": {"kind": "noise", "seed": 3, "samples": 64, "shape": [1, 8, 8]}}
+    # seed 0 is a seed: its identity is not another seed's (a fit on it must not be read for seed 1)
+    zero, one = noise_inputs((1, 8, 8), 64, seed=0).identity(), noise_inputs((1, 8, 8), 64, seed=1).identity()
+    assert zero["inputs"]["seed"] == 0 and one["inputs"]["seed"] == 1
 
 
 @pytest.mark.parametrize("source, want", [(None, "a batch of 5 inputs"), ("mine", "mine")])

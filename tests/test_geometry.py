@@ -184,6 +184,13 @@ def test_centre_offsets_cycle_and_repeat_per_layer():
     order = [kernel_offset(k, 3) for k in centre_first_order(3)]
     assert [tuple(o) for o in off[0]] == order + order[:2]  # cycling past 9 heads
     assert (off == off[0]).all()  # every layer the same
+
+
+def test_centre_offsets_on_a_causal_sequence_look_only_back():
+    off = draw_offsets(3, heads=3, layers=2, seed=0, order="centre", ndim=1, causal=True)
+    assert [tuple(o) for o in off[1]] == [(0, 0), (0, -1), (0, -2)]  # the current token, then the past
+    both = draw_offsets(3, heads=3, layers=1, seed=0, order="centre", ndim=1)
+    assert [tuple(o) for o in both[0]] == [(0, 0), (0, -1), (0, 1)]
     assert message(draw_offsets, 3, 2, 1, 0, "spiral") == ("unknown <offset_order> 'spiral'; choose one of random, "
                                                             "centre")
 
