@@ -464,3 +464,13 @@ def test_an_artifact_fitted_to_one_embedding_is_refused_for_a_model_with_another
         "the <artifact> was solved for another position embedding than the target's pos_embed; solve again with "
         "<fit_pe>")
     assert initialize_model(learned(0), "impulse", artifact=path, data_fit=0, cache_dir=tmp_path)["layers"]
+
+
+def test_a_prefix_token_sees_and_is_seen_by_every_token():
+    from structinit.fit.layers import prefixed_mask
+
+    grid = np.array([[True, False], [False, True]])
+    full = prefixed_mask(grid, 3)  # one class token first
+    assert full.dtype == torch.bool
+    assert full.tolist() == [[True, True, True], [True, True, False], [True, False, True]]
+    assert prefixed_mask(grid, 2).tolist() == grid.tolist() and prefixed_mask(None, 3) is None

@@ -54,6 +54,23 @@ def test_the_same_fit_is_read_from_the_cache_and_writes_the_same_weights(digits,
     assert ident["plain"] == first["artifact"]["key"] and ident["samples"] == 40 and ident["layers"] == [0, 1, 2, 3]
     assert ident["fit"]["data_fit"] == 8 and ident["fit"]["data_fit_version"] == 2 and ident["seed"] == 0
     assert art.q.shape == (4, 4, 64, 16) and art.offsets.shape == (4, 4, 2)
+    assert ident["fit"] == {"data_fit": 8, "data_fit_mass": 0.6, "data_fit_l2": 1e-4, "data_fit_lr": 1e-2,
+                            "data_fit_norm": 5.0, "data_fit_samples": 256, "data_fit_version": 2, "data_fit_batch": 0,
+                            "self_weight": 0.0, "mimetic_vproj": True, "alpha2": 0.4, "beta2": 0.4,
+                            "calibrated_to": 0.3}
+    assert ident["weights"].startswith("sha256:") and len(ident["weights"]) == len("sha256:") + 64
+    assert art.stats["measured_on"] == "the pseudo input (the fitted Q/K)" and art.stats["seconds"] > 0
+    assert len(art.stats["layers"]) == 4
+
+
+def test_the_fit_settings_identity_names_every_setting_by_its_parameter():
+    from structinit.fit.settings import FitSettings
+
+    s = FitSettings(steps=1, mass=0.2, l2=0.3, lr=0.4, norm=0.5, samples=6, version=1, batch=7, self_weight=0.8,
+                    calibrated_to=0.9, writes={"mimetic_vproj": False})
+    assert s.identity() == {"data_fit": 1, "data_fit_mass": 0.2, "data_fit_l2": 0.3, "data_fit_lr": 0.4,
+                            "data_fit_norm": 0.5, "data_fit_samples": 6, "data_fit_version": 1, "data_fit_batch": 7,
+                            "self_weight": 0.8, "mimetic_vproj": False, "calibrated_to": 0.9}
 
 
 def test_the_key_follows_what_the_fit_reads_and_nothing_else(digits):
