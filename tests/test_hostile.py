@@ -757,6 +757,14 @@ STAND_INS = {
         "three repeats of two epochs of each loop take half a minute of CPU; the flags are the example's"),
     "structinit apply runs/digits/checkpoint.pt --out imp.pt --data digits": (
         None, "names a train run's checkpoint (tested in test_apply_data, on a checkpoint train writes)"),
+    "structinit bench fit --model vit-s --image-size 224 --patch 16 --train-batch 128 --amp bf16 --data-free "
+    "--device cuda --profile prof --profile-over 2": (
+        None, "needs a CUDA GPU (scripts/device-check.sh runs it); the same flags on the CPU are tested in "
+        "test_bench_speed"),
+    "structinit bench loop --model vit-t --dataset noise --image-size 32 --batch-size 128 --amp bf16 "
+    "--timm-model vit_tiny_patch16_224 --device cuda": (
+        None, "needs a CUDA GPU (scripts/device-check.sh runs it); --timm-model and --dataset noise on the CPU "
+        "are tested in test_bench_speed"),
 }
 #: The impulse data fit in the examples that run it (train and inspect with ``--init impulse``,
 #: apply, and the quick grid): 16 images (train, inspect, the grid) and 30 Adam steps a layer where
