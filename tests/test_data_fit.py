@@ -474,3 +474,17 @@ def test_a_prefix_token_sees_and_is_seen_by_every_token():
     assert full.dtype == torch.bool
     assert full.tolist() == [[True, True, True], [True, True, False], [True, False, True]]
     assert prefixed_mask(grid, 2).tolist() == grid.tolist() and prefixed_mask(None, 3) is None
+
+
+def test_a_partly_structured_fit_warns_where_it_is_called_and_names_a_stronger_table(tmp_path):
+    from structinit.errors import StructinitWarning
+
+    x = digits_images(8)
+    for pe_scale, want in ((None, "pe_scale=2: the sin-cos table x2"), (1.5, "pe_scale=3: the sin-cos table x3")):
+        extra = {} if pe_scale is None else {"pe_scale": pe_scale}
+        with pytest.warns(StructinitWarning) as caught:
+            initialize_model(vit_digits(), "impulse", data=x, seed=0, data_fit=1, cache_dir=tmp_path, **extra)
+        weak = [w for w in caught if "only partly structured" in str(w.message)]
+        assert len(weak) == 1 and str(weak[0].message).startswith("impulse: the data fit left layer")
+        assert f"a stronger position signal ({want}; compare on validation)" in str(weak[0].message)
+        assert weak[0].filename == __file__  # said where initialize_model is called, not inside structinit

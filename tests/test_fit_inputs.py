@@ -70,3 +70,19 @@ def test_a_batch_given_is_cut_to_the_samples_and_named(source, want):
     ident = got.identity()
     assert set(ident) == {"batch", "samples"} and ident["samples"] == 5 and ident["batch"].startswith("sha256:")
     assert data_inputs(x, 9).source == "a batch of 7 inputs"
+
+
+def test_the_token_grid_and_heads_a_hugging_face_config_tells():
+    from structinit.errors import UsageError
+    from structinit.init.model_shape import model_grid, model_heads
+
+    hf = Bare()
+    hf.config = SimpleNamespace(image_size=32, patch_size=4, num_attention_heads=3)
+    assert model_grid(hf) == (8, 8) and model_heads(hf) == 3
+    hf.config = SimpleNamespace(image_size=(24, 16), patch_size=(4, 8))  # rectangular images and patches
+    assert model_grid(hf) == (6, 2)
+    hf.config = SimpleNamespace(patch_size=4)  # no image size: the grid must be given
+    with pytest.raises(UsageError, match="grid"):
+        model_grid(hf)
+    with pytest.raises(UsageError, match="heads"):
+        model_heads(Bare())
