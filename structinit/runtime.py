@@ -62,6 +62,15 @@ def synchronize(device) -> None:
         torch.cuda.synchronize(device)
 
 
+def device_name(device) -> str:
+    """The name a report gives ``device``: the CUDA card's (``NVIDIA H100 80GB HBM3``, say), else ``cpu``."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        return str(torch.cuda.get_device_name(device))
+    return "cpu"
+
+
 def check_threads(threads: Optional[int]) -> Optional[int]:
     """``threads`` if ``None`` (the default policy) or a positive integer, else a :class:`UsageError`."""
     if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):

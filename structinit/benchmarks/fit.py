@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from structinit.errors import StructinitError, StructinitWarning, UsageError, param
-from structinit.runtime import synchronize
+from structinit.runtime import device_name, synchronize
 
 #: CUDA runtime calls counted as kernel launches and as host waits by :func:`profile_summary`.
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
@@ -260,7 +260,7 @@ def _shape_row(preset: str, arch: Dict[str, Any], inputs: str, dev: str) -> Dict
 
     return {"preset": preset, "grid": arch["grid"], "dim": arch["dim"], "heads": arch["heads"],
             "depth": arch["depth"], "inputs": inputs, "threads": torch.get_num_threads(),
-            "device": torch.cuda.get_device_name(dev) if dev.startswith("cuda") else "cpu"}
+            "device": device_name(dev)}
 
 
 def run_fit_bench(preset: str = "vit-digits", *, dataset: Optional[str] = None, image_size: int = 32,
@@ -295,7 +295,7 @@ def run_fit_bench(preset: str = "vit-digits", *, dataset: Optional[str] = None, 
 
     from structinit.init.initialize import initialize_model
     from structinit.runtime import resolve_device
-    from structinit.training.loop import amp_dtype
+    from structinit.training.loop import amp_dtype, amp_name
 
     _check_fit_bench(dataset, patch, versions, samples=samples, train_steps=train_steps,
                      train_batch=train_batch, steps=steps, profile_steps=profile_steps, amp=amp,
@@ -344,7 +344,7 @@ def run_fit_bench(preset: str = "vit-digits", *, dataset: Optional[str] = None, 
     inputs = dataset or f"noise [{samples}, {in_chans}, {image_size}, {image_size}]"
     return {"shape": _shape_row(preset, arch, inputs, dev),
             "train_step_seconds": step, "train_batch": train_batch,
-            "amp": str(dtype).replace("torch.", "") if dtype else "off", "solve": solve, **out}
+            "amp": amp_name(dtype), "solve": solve, **out}
 
 
 def fit_bench_table(result: Dict[str, Any]) -> str:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from structinit.errors import UsageError, param
-from structinit.runtime import synchronize
+from structinit.runtime import device_name, synchronize
 
 
 def _noise_data(images: int, image_size: int, in_chans: int, seed: int):
@@ -212,7 +212,7 @@ def run_loop_bench(preset: str = "vit-digits", dataset: Optional[str] = "digits"
     from structinit.runtime import resolve_device
     from structinit.training.config import TrainConfig
     from structinit.training.datasets import dataset_info, load_dataset
-    from structinit.training.loop import amp_dtype
+    from structinit.training.loop import amp_dtype, amp_name
     from structinit.training.models import ModelConfig, build_model
 
     _check_loop_bench(dataset, amp, timm_model, batch_size=batch_size, epochs=epochs, repeats=repeats,
@@ -247,8 +247,8 @@ def run_loop_bench(preset: str = "vit-digits", dataset: Optional[str] = "digits"
 
     out: Dict[str, Any] = {"preset": preset, "dataset": data_name, "batch_size": batch_size, "epochs": epochs,
                            "images": n, "threads": torch.get_num_threads(),
-                           "amp": str(dtype).replace("torch.", "") if dtype else "off",
-                           "device": torch.cuda.get_device_name(dev) if dev.startswith("cuda") else "cpu"}
+                           "amp": amp_name(dtype),
+                           "device": device_name(dev)}
     loops = {"bare": lambda: recipe.bare(fresh()), "train_epoch": lambda: recipe.train_loop(fresh())}
     if timm_model is not None:
         timm_fresh()  # a name timm cannot build is refused before any loop runs

@@ -20,7 +20,7 @@ import numpy as np
 from structinit.errors import StructinitError, UsageError, param
 from structinit.geometry.embedding import pseudo_input
 from structinit.geometry.targets import causal_mask, draw_offsets, impulse_columns
-from structinit.runtime import check_device, check_threads, duration_text, resolve_device, set_threads
+from structinit.runtime import check_device, check_threads, device_name, duration_text, resolve_device, set_threads
 from structinit.solver.artifact import Artifact
 from structinit.solver.cache import check_cache_dir, load_or_compute
 from structinit.solver.config import SolveConfig, embedding_digest
@@ -275,7 +275,7 @@ def compute(config: SolveConfig, device: str = "auto", progress: Optional[Callab
     quality = _quality(x, q, k, columns, distinct_heads(x, columns)[0], masked.get("mask")).select(index)
     q_np, k_np = q.cpu().numpy(), k.cpu().numpy()
     stats = {"layers": quality.to_stats(), "summary": quality.summary(), "seconds": seconds,
-             "device": torch.cuda.get_device_name(dev) if dev.startswith("cuda") else "cpu"}
+             "device": device_name(dev)}
     return Artifact(config=config, q=q_np[index], k=k_np[index], offsets=offsets_solved[index].astype(np.int32),
                     pseudo_input=first, pseudo_input_rest=rest, stats=stats)
 

@@ -135,6 +135,11 @@ def amp_dtype(amp: str, device: str) -> Optional[torch.dtype]:
     return torch.bfloat16
 
 
+def amp_name(dtype: Optional[torch.dtype]) -> str:
+    """How a report names an autocast dtype of :func:`amp_dtype`: ``bfloat16``, ``float16`` or ``off``."""
+    return str(dtype).replace("torch.", "") if dtype is not None else "off"
+
+
 @dataclass
 class StepContext:
     """What one optimizer step needs besides the batch."""
@@ -604,7 +609,7 @@ def _train_model(s: _Session, data: Data, built: _Initialized, ck: Optional[Dict
     resolved = {"hparams": s.hp, "model": built.arch, "dataset": dataclasses.asdict(info), "params": params,
                 "train_images": n_train, "val_images": len(data.val) if data.val is not None else 0,
                 "steps_per_epoch": steps, "world_size": ctx.world, "device": ctx.device,
-                "amp": str(dtype).replace("torch.", "") if dtype else "off"}
+                "amp": amp_name(dtype)}
     writer = s.writer
     if writer is not None:
         _write_start(s, writer, built, progress, resolved)
