@@ -466,6 +466,37 @@ def test_an_artifact_fitted_to_one_embedding_is_refused_for_a_model_with_another
     assert initialize_model(learned(0), "impulse", artifact=path, data_fit=0, cache_dir=tmp_path)["layers"]
 
 
+def test_a_given_artifact_is_checked_by_its_own_pseudo_input_not_the_spec_default(tmp_path):
+    """A model with a learned position embedding takes Q/K solved on Gaussian pseudo inputs (they
+    assume no table), given by path or as an Artifact; the same given as the table's solve is refused.
+    The check reads the artifact's pseudo input, not the spec's default ('pe')."""
+    import timm
+
+    from structinit.init.attention_target import AttentionTarget
+    from structinit.solver.run import solve
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", img_size=8, patch_size=2, in_chans=1, embed_dim=32, depth=1,
+                              num_heads=4, class_token=False, global_pool="avg", num_classes=10)
+    t = AttentionTarget(model)
+    assert t.pos_embed_kind() == "other"
+    gaussian = solve(init_spec("impulse", pseudo_input="gaussian").solve_config(t.grid, 32, 4, 1),
+                     cache_dir=tmp_path).artifact
+    table = solve(init_spec("impulse").solve_config(t.grid, 32, 4, 1), cache_dir=tmp_path).artifact
+    spec = init_spec("impulse", data_fit=0)
+    assert spec.apply(AttentionTarget(model), artifact=gaussian)["layers"]
+    assert initialize_model(model, "impulse", artifact=gaussian.path, data_fit=0, cache_dir=tmp_path)["layers"]
+    with pytest.raises(UsageError, match="is not the sin-cos table the impulse solve assumes"):
+        spec.apply(AttentionTarget(model), artifact=table)
+
+
+def test_fit_pe_needs_a_pe_pseudo_input_and_says_which_parameter():
+    with pytest.raises(UsageError) as e:
+        init_spec("impulse", fit_pe=True, pseudo_input="gaussian")
+    assert e.value.render(lambda n: f"<{n}>") == (
+        "impulse parameter <fit_pe> needs a 'pe' <pseudo_input>, got 'gaussian'")
+
+
 def test_a_prefix_token_sees_and_is_seen_by_every_token():
     from structinit.fit.layers import prefixed_mask
 
@@ -477,6 +508,9 @@ def test_a_prefix_token_sees_and_is_seen_by_every_token():
 
 
 def test_a_partly_structured_fit_warns_where_it_is_called_and_names_a_stronger_table(tmp_path):
+    from pathlib import Path
+
+    import structinit
     from structinit.errors import StructinitWarning
 
     x = digits_images(8)
@@ -487,4 +521,37 @@ def test_a_partly_structured_fit_warns_where_it_is_called_and_names_a_stronger_t
         weak = [w for w in caught if "only partly structured" in str(w.message)]
         assert len(weak) == 1 and str(weak[0].message).startswith("impulse: the data fit left layer")
         assert f"a stronger position signal ({want}; compare on validation)" in str(weak[0].message)
-        assert weak[0].filename == __file__  # said where initialize_model is called, not inside structinit
+        # said where initialize_model is called, not inside structinit (the mutation pass's wrapper between
+        # the two is not structinit's either)
+        package = Path(structinit.__file__).resolve().parent
+        assert package not in Path(weak[0].filename).resolve().parents
+
+
+def test_a_model_that_does_not_tell_its_input_shape_gets_the_plain_solve_and_a_warning_asking_for_data(tmp_path):
+    from structinit.errors import StructinitWarning
+
+    model = vit()
+    model.patch_embed.img_size = None  # no input shape to draw noise of
+    with pytest.warns(StructinitWarning) as caught:
+        report = initialize_model(model, "impulse", seed=0, cache_dir=tmp_path)
+    said = [str(w.message) for w in caught if "data_fit" in str(w.message)]
+    assert said == ["impulse data_fit not run: the model does not tell its input shape (a model of token ids?) and no "
+                    "inputs were given, so Q/K are the plain solve on the position embedding alone, which real inputs "
+                    "mostly wash out; give data"]
+    assert report["data_fit"]["skipped"] == said[0].removeprefix("impulse data_fit ")
+
+
+def test_the_solve_reports_its_progress_through_apply(tmp_path):
+    """``apply(progress=...)`` follows the solve (the fast recipe's calibration passes): called with
+    a growing ``done`` of a fixed ``total``; a cached artifact solves nothing and reports nothing."""
+    from structinit.init.attention_target import AttentionTarget
+
+    seen = []
+    spec = init_spec("impulse", data_fit=0)
+    model = vit(dim=48, depth=1)  # a shape the package ships no artifact for: it is solved here
+    spec.apply(AttentionTarget(model), cache_dir=tmp_path, progress=lambda done, total: seen.append((done, total)))
+    assert len(seen) > 1 and len({total for _, total in seen}) == 1
+    assert [done for done, _ in seen] == sorted(done for done, _ in seen) and seen[-1][0] <= seen[-1][1]
+    again = []
+    spec.apply(AttentionTarget(model), cache_dir=tmp_path, progress=lambda done, total: again.append(done))
+    assert again == []

@@ -325,10 +325,11 @@ def _hf_model(ckpt, sd: Mapping, config: Optional[str], grid) -> CheckpointModel
         except Exception as exc:  # noqa: BLE001 - transformers' own failure, in one line
             raise UsageError(f"transformers cannot build {cls.__name__} from {path} with the checkpoint's weights "
                              f"({str(exc).strip().splitlines()[0][:200]})") from None
-    problems = [f"{what}: {', '.join(keys[:5])}" for what, keys in
-                (("tensors the model does not have", info.get("unexpected_keys") or []),
-                 ("tensors the checkpoint lacks", info.get("missing_keys") or []),
-                 ("tensors of another shape", [str(m) for m in info.get("mismatched_keys") or []])) if keys]
+    # transformers 4 reports lists, 5 sets: sorted, so the message names the same tensors every time
+    problems = [f"{what}: {', '.join(sorted(str(k) for k in keys)[:5])}" for what, keys in
+                (("tensors the model does not have", info.get("unexpected_keys") or ()),
+                 ("tensors the checkpoint lacks", info.get("missing_keys") or ()),
+                 ("tensors of another shape", info.get("mismatched_keys") or ())) if keys]
     if problems:
         raise UsageError(f"the checkpoint's weights do not fit the {cls.__name__} of {path} ({'; '.join(problems)})")
     model.eval()

@@ -1,0 +1,130 @@
+"""Building a checkpoint's model (``structinit.training.checkpoint_models``) and reading the data
+fit's real inputs for it (``structinit.training.fit_inputs``): what a checkpoint's tensors tell, what
+they do not, and what each kind of ``--data`` source becomes."""
+
+import numpy as np
+import pytest
+import torch
+
+from structinit.errors import UsageError
+from structinit.init.checkpoints import load_checkpoint
+from structinit.training.checkpoint_models import checkpoint_model, timm_vit_kwargs
+from structinit.training.fit_inputs import fit_inputs_for
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def rendered(call, *args, **kwargs) -> str:
+    with pytest.raises(UsageError) as e:
+        call(*args, **kwargs)
+    return e.value.render(lambda n: f"<{n}>")
+
+
+def timm_vit(**kwargs):
+    from timm.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    settings = dict(img_size=8, patch_size=2, in_chans=1, embed_dim=32, depth=2, num_heads=4, num_classes=10)
+    return VisionTransformer(**{**settings, **kwargs}).eval()
+
+
+def saved(model, path):
+    torch.save(model.state_dict(), path)
+    return load_checkpoint(path)
+
+
+def test_register_tokens_are_counted_and_the_built_model_is_the_saved_one(tmp_path):
+    """A timm ViT with a class token and a register token: the model built from the tensors alone
+    has both, and computes what the saved model computes."""
+    model = timm_vit(reg_tokens=1)
+    built = checkpoint_model(saved(model, tmp_path / "reg.pt"), heads=4)
+    assert built.model.num_prefix_tokens == 2 and built.model.reg_token.shape == (1, 1, 32)
+    x = torch.randn(3, 1, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(built.model(x), model(x), rtol=0, atol=1e-6)
+    assert timm_vit_kwargs(model.state_dict(), "", (4, 4))["reg_tokens"] == 1
+    assert timm_vit_kwargs(timm_vit().state_dict(), "", (4, 4))["reg_tokens"] == 0
+
+
+def test_what_the_tensors_do_not_tell_is_asked_for_by_name(tmp_path):
+    sd = timm_vit().state_dict()
+    assert rendered(timm_vit_kwargs, sd, "", None) == (
+        "the checkpoint does not tell its token grid (position embedding rows 17, 1 prefix token(s)); give it with "
+        "<grid>")
+    assert rendered(timm_vit_kwargs, {"blocks.0.attn.qkv.weight": torch.zeros(96, 32)}, "", (4, 4)) == (
+        "the checkpoint has no 2-D patch embedding (patch_embed.proj.weight [D, C, p, p]); it is not a timm "
+        "VisionTransformer")
+    assert rendered(checkpoint_model, saved(timm_vit(), tmp_path / "a.pt")) == (
+        "the checkpoint does not tell its number of heads; give it with <heads> (it must divide dim 32), or name "
+        "the timm model with <model_name>")
+
+
+@pytest.fixture
+def rgb(tmp_path):
+    """A three-channel timm ViT checkpoint (16x16 inputs) and its built model."""
+    return checkpoint_model(saved(timm_vit(img_size=16, patch_size=4, in_chans=3), tmp_path / "rgb.pt"), heads=4)
+
+
+def test_a_folder_of_colour_images_keeps_each_channel_in_its_place(tmp_path, rgb):
+    """RGB images of the model's own size: channel c of input i is the image's channel c, scaled to
+    [0, 1] and standardized per channel over the batch (no resize, so exact)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, size=(5, 16, 16, 3), dtype=np.uint8)
+    pixels[..., 1] //= 4  # the channels differ in scale, so a mixed-up axis shows
+    (tmp_path / "img").mkdir()
+    for i, p in enumerate(pixels):
+        Image.fromarray(p, "RGB").save(tmp_path / "img" / f"{i}.png")
+    got = fit_inputs_for(str(tmp_path / "img"), rgb, samples=5)
+    want = torch.from_numpy(pixels.astype(np.float32) / 255.0).permute(0, 3, 1, 2)
+    want = (want - want.mean(dim=(0, 2, 3), keepdim=True)) / want.std(dim=(0, 2, 3), keepdim=True)
+    torch.testing.assert_close(got.x, want, rtol=0, atol=1e-5)
+    assert got.source == f"{tmp_path / 'img'}: 5 images, resized to 16x16 and standardized with their own mean and std"
+
+
+def test_data_dir_beside_a_folder_or_a_tensor_file_is_refused(tmp_path, rgb):
+    (tmp_path / "img").mkdir()
+    torch.save(torch.zeros(2, 3, 16, 16), tmp_path / "x.pt")
+    assert rendered(fit_inputs_for, str(tmp_path / "img"), rgb, 4, data_dir=tmp_path) == (
+        f"<data_dir> is where a named dataset is read from; <data> is the image folder {tmp_path / 'img'}, so it "
+        "would do nothing")
+    assert rendered(fit_inputs_for, str(tmp_path / "x.pt"), rgb, 4, data_dir=tmp_path) == (
+        f"<data_dir> is where a named dataset is read from; <data> is the tensor file {tmp_path / 'x.pt'}, so it "
+        "would do nothing")
+
+
+def test_a_safetensors_file_of_several_tensors_needs_one_named_inputs(tmp_path, rgb):
+    from safetensors.torch import save_file
+
+    x = torch.randn(4, 3, 16, 16)
+    save_file({"a": x, "b": x.clone()}, str(tmp_path / "two.safetensors"))
+    assert rendered(fit_inputs_for, str(tmp_path / "two.safetensors"), rgb, 4) == (
+        f"<data> {tmp_path / 'two.safetensors'} holds 2 tensors; name the inputs 'inputs'")
+    save_file({"a": x * 0, "inputs": x}, str(tmp_path / "named.safetensors"))
+    torch.testing.assert_close(fit_inputs_for(str(tmp_path / "named.safetensors"), rgb, 4).x, x, rtol=0, atol=0)
+
+
+@pytest.mark.slow  # transformers takes ~14 s to import
+def test_a_hugging_face_checkpoint_missing_a_tensor_is_refused_naming_it(tmp_path):
+    """A ViT folder from save_pretrained whose weights file lost one LayerNorm: transformers would
+    fill it with a fresh init; the model is refused, naming the tensor."""
+    from safetensors.torch import load_file, save_file
+    from transformers import ViTConfig, ViTModel
+
+    cfg = ViTConfig(image_size=8, patch_size=2, num_channels=1, hidden_size=32, num_hidden_layers=1,
+                    num_attention_heads=4, intermediate_size=64)
+    ViTModel(cfg).save_pretrained(tmp_path / "hf")
+    weights = tmp_path / "hf" / "model.safetensors"
+    tensors = load_file(str(weights))
+    assert checkpoint_model(load_checkpoint(weights)).heads == 4  # whole, it builds
+    lost = next(k for k in tensors if k.endswith("layernorm.weight") and "layer." not in k)
+    save_file({k: v for k, v in tensors.items() if k != lost}, str(weights), metadata={"format": "pt"})
+    msg = rendered(checkpoint_model, load_checkpoint(weights))
+    assert msg.startswith(f"the checkpoint's weights do not fit the ViTModel of {tmp_path / 'hf' / 'config.json'} "
+                          "(tensors the checkpoint lacks: "), msg
+    assert lost.split(".")[-2] in msg
+    save_file({**tensors, "extra.weight": torch.zeros(2)}, str(weights), metadata={"format": "pt"})
+    assert rendered(checkpoint_model, load_checkpoint(weights)) == (
+        f"the checkpoint's weights do not fit the ViTModel of {tmp_path / 'hf' / 'config.json'} (tensors the model "
+        "does not have: extra.weight)")
