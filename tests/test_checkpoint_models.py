@@ -106,7 +106,7 @@ def test_a_safetensors_file_of_several_tensors_needs_one_named_inputs(tmp_path, 
 
 
 @pytest.mark.slow  # transformers takes ~14 s to import
-def test_a_hugging_face_checkpoint_missing_a_tensor_is_refused_naming_it(tmp_path):
+def test_a_hugging_face_checkpoint_missing_a_tensor_is_refused_naming_it(tmp_path, cli_process):
     """A ViT folder from save_pretrained whose weights file lost one LayerNorm: transformers would
     fill it with a fresh init; the model is refused, naming the tensor."""
     from safetensors.torch import load_file, save_file
@@ -124,6 +124,9 @@ def test_a_hugging_face_checkpoint_missing_a_tensor_is_refused_naming_it(tmp_pat
     assert msg.startswith(f"the checkpoint's weights do not fit the ViTModel of {tmp_path / 'hf' / 'config.json'} "
                           "(tensors the checkpoint lacks: "), msg
     assert lost.split(".")[-2] in msg
+    r = cli_process("apply", weights, "--out", tmp_path / "o.safetensors")  # transformers' own table stays quiet
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [f"error: {msg}".replace("<", "").replace(">", "")]
+    assert not (tmp_path / "o.safetensors").exists()
     save_file({**tensors, "extra.weight": torch.zeros(2)}, str(weights), metadata={"format": "pt"})
     assert rendered(checkpoint_model, load_checkpoint(weights)) == (
         f"the checkpoint's weights do not fit the ViTModel of {tmp_path / 'hf' / 'config.json'} (tensors the model "

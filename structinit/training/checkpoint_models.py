@@ -320,11 +320,16 @@ def _hf_model(ckpt, sd: Mapping, config: Optional[str], grid) -> CheckpointModel
         (Path(tmp) / "config.json").write_text(json.dumps(cfg))
         tensors = {k: torch.as_tensor(v).detach().contiguous().clone() for k, v in sd.items() if isinstance(k, str)}
         save_file(tensors, str(Path(tmp) / "model.safetensors"))
+        # transformers 5 prints a table of missing and unexpected weights; the refusal below names them in one line
+        verbosity = transformers.utils.logging.get_verbosity()
+        transformers.utils.logging.set_verbosity_error()
         try:
             model, info = cls.from_pretrained(tmp, output_loading_info=True, local_files_only=True)
         except Exception as exc:  # noqa: BLE001 - transformers' own failure, in one line
             raise UsageError(f"transformers cannot build {cls.__name__} from {path} with the checkpoint's weights "
                              f"({str(exc).strip().splitlines()[0][:200]})") from None
+        finally:
+            transformers.utils.logging.set_verbosity(verbosity)
     # transformers 4 reports lists, 5 sets: sorted, so the message names the same tensors every time
     problems = [f"{what}: {', '.join(sorted(str(k) for k in keys)[:5])}" for what, keys in
                 (("tensors the model does not have", info.get("unexpected_keys") or ()),
