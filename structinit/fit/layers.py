@@ -63,7 +63,11 @@ class FitTarget(Protocol):
 
 class LayerWriter(Protocol):
     """Writes a layer of the model being fitted (``slot``: the layer's
-    :class:`~structinit.init.layouts.AttnSlot`)."""
+    :class:`~structinit.init.layouts.AttnSlot`). ``reads``: an orthonormal basis ``[D, k]`` of the
+    directions Q/K may read (the fit then runs on the layer inputs projected onto it), or ``None``
+    for the whole stream."""
+
+    reads: Any
 
     def prepare(self, slot) -> Tuple[Any, Any]:
         """Write the layer's starting Q/K and what the init writes beside them; return the Q/K read back."""
@@ -171,6 +175,10 @@ class LayerFit:
             self.steps_started = time.perf_counter()
         columns = prefixed_columns(cols, x.shape[1])
         visible = prefixed_mask(mask, x.shape[1])
+        reads = getattr(writer, "reads", None)
+        if reads is not None:  # Q/K read only a subspace: fit in its coordinates, write back into the stream
+            x = x @ reads.to(x.device)
+            q, k = reads.T @ q, reads.T @ k
         if s.version == 1:
             q, k = refine.refine_qk(x, q, k, columns, steps=s.steps, mass=s.mass, l2=s.l2, lr=s.lr, norm=s.norm,
                                     mask=visible)
@@ -184,9 +192,11 @@ class LayerFit:
             q, k = add_self_term(q, k, s.self_weight)
         calibrate = refine.calibrate_on_batch if s.version == 1 else refine.calibrate
         q, k = calibrate(x, q, k, columns, s.calibrated_to, visible)
-        writer.write(slot, q, k)
         if s.version > 1:
             self.measure(slot.index, x, q, k, columns, visible)
+        if reads is not None:
+            q, k = reads @ q, reads @ k
+        writer.write(slot, q, k)
         self.tick()
         took = time.perf_counter() - start
         self.seconds += took

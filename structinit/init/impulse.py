@@ -138,11 +138,13 @@ class ImpulseInit(InitSpec):
     data_fit_inputs: str = "data"
     pe_factor: Optional[float] = None
     base: str = "model"
+    position_subspace: bool = False
+    position_dims: int = 0
 
     #: Parameters added after run keys were in use: left out of :meth:`to_dict` at their defaults.
     optional_defaults = ("data_fit", "data_fit_mass", "data_fit_l2", "data_fit_lr", "data_fit_norm",
                          "data_fit_samples", "self_weight", "data_fit_version", "data_fit_batch", "data_fit_inputs",
-                         "pe_factor", "base")
+                         "pe_factor", "base", "position_subspace", "position_dims")
     #: ``data_fit`` was 0 (off) when run keys began to carry it: a key leaves out 0, not the default;
     #: ``data_fit_version`` was 1 before it was a parameter: keys leave out 1, so version 1's runs keep
     #: theirs and version 2 gets keys of its own.
@@ -264,15 +266,20 @@ class ImpulseInit(InitSpec):
         weights, which its checkpoint holds): ``data_fit=0`` and the fit-only parameters at rest."""
         return dataclasses.replace(self, data_fit=0, data_fit_inputs="data", data_fit_batch=0)
 
-    def fit_settings(self):
-        """The data fit's :class:`~structinit.fit.settings.FitSettings` from this spec's parameters."""
+    def fit_settings(self, subspace=None):
+        """The data fit's :class:`~structinit.fit.settings.FitSettings` from this spec's parameters
+        (``subspace``: the target's :class:`~structinit.init.position_subspace.PositionSubspace`,
+        whose size and gain change what each layer sees)."""
         from structinit.fit.settings import FitSettings
 
+        writes = {"mimetic_vproj": self.mimetic_vproj, "alpha2": self.alpha2, "beta2": self.beta2}
+        if subspace is not None:
+            writes.update(position_dims=subspace.dims, position_gain=round(subspace.gain, 9))
         return FitSettings(steps=self.data_fit, mass=self.data_fit_mass, l2=self.data_fit_l2, lr=self.data_fit_lr,
                            norm=self.data_fit_norm, samples=self.data_fit_samples, version=self.data_fit_version,
                            batch=self.data_fit_batch, self_weight=self.self_weight,
                            calibrated_to=self.calibration_mass(),
-                           writes={"mimetic_vproj": self.mimetic_vproj, "alpha2": self.alpha2, "beta2": self.beta2})
+                           writes=writes)
 
     def calibration_mass(self) -> float:
         """The mean attention on the target token that ``data_fit`` calibrates each head to:

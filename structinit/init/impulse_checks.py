@@ -77,6 +77,7 @@ def check_impulse_params(spec) -> None:
         raise UsageError(f"impulse parameter {param('data_fit_batch')} sets the images of a version-2 fit step, "
                          f"and {why}: leave it out")
     check_choice("base", spec.base, BASES)
+    check_subspace_params(spec)
     check_recipe(spec.recipe)
     recipe_params(spec.recipe, {**spec.recipe_params, "target_mass": spec.target_mass}
                   if spec.target_mass is not None else spec.recipe_params)  # refuse bad values now
@@ -100,4 +101,18 @@ def check_impulse_params(spec) -> None:
                              f"{spec.pseudo_input!r}")
 
 
-__all__ = ["check_artifact", "check_causal", "check_impulse_params"]
+def check_subspace_params(spec) -> None:
+    """``position_dims`` sizes the subspace ``position_subspace`` turns on, and the subspace writes
+    its own table: it excludes ``fit_pe`` and a given ``artifact``."""
+    spec.check_positive("position_dims", allow_zero=True)
+    if spec.position_dims and not spec.position_subspace:
+        raise UsageError(f"impulse parameter {param('position_dims')} sizes the position subspace, which is off: "
+                         "give position_subspace=true, or leave position_dims out")
+    if spec.position_subspace:
+        for other in ("fit_pe", "artifact"):
+            if getattr(spec, other):
+                raise UsageError(f"impulse parameters {param('position_subspace')} and {param(other)} exclude each "
+                                 "other: the subspace writes its own position table and solves for it")
+
+
+__all__ = ["check_artifact", "check_causal", "check_impulse_params", "check_subspace_params"]

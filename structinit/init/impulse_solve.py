@@ -35,13 +35,13 @@ def artifact_for(spec, t, seed: int = 0, cache_dir=None, device: str = "cpu", pr
         art, cached = resolve_artifact(spec.artifact, cache_dir), None
     else:
         embedding = None
-        if spec.fit_pe:
+        if spec.fit_pe or spec.position_subspace:  # the embedding it has, or the subspace's table just written
             embedding = t.pos_embed()
             if embedding is None:
                 raise UsageError(f"impulse parameter {param('fit_pe')}: the {t.layout} target has no position "
                                  "embedding to fit")
         config = solve_config(spec, t.grid, t.dim, t.heads, t.depth, seed, embedding)  # refuses bad settings
-        if not spec.fit_pe:
+        if embedding is None:
             check_embedding(spec, t)
         result = solve(config, cache_dir=cache_dir, device=device, progress=progress, embedding=embedding)
         art, cached = result.artifact, result.cached

@@ -26,6 +26,7 @@ from structinit.init.impulse_checks import check_artifact, check_causal
 from structinit.init.inject import read_qk, write_qk, write_vproj
 from structinit.init.mimetic import mimetic_v_proj
 from structinit.init.pos_embed import write_sincos
+from structinit.init.position_subspace import PositionSubspace
 from structinit.solver.self_shift import add_self_term
 
 #: The scale of the sin-cos table written in place of a learned position embedding (see ``pe_scale``).
@@ -53,16 +54,22 @@ class Prepared:
     pos_embed_written: Optional[str] = None
     pe_scale: Optional[float] = None
     base_reset: Optional[int] = None
+    subspace: Optional[PositionSubspace] = None
 
 
 class ImpulseWriter:
     """Writes one target's layers for the fit (:class:`~structinit.fit.layers.LayerWriter`) and
     after it: the plain solve's Q/K and mimetic V/proj drawn from ``generator(seed + 1)`` in layer
-    order, so that every pass over the layers writes the same V/proj."""
+    order, so that every pass over the layers writes the same V/proj. With a position ``subspace``
+    each layer's writes into the stream are projected out of it (projections are idempotent, so a
+    second pass writes the same), and :attr:`reads` tells the fit to read only the subspace."""
 
-    def __init__(self, spec, target, artifact, seed: int):
+    def __init__(self, spec, target, artifact, seed: int, subspace: Optional[PositionSubspace] = None):
         self.spec, self.t, self.artifact = spec, target, artifact
         self.gen = generator(seed + 1)
+        self.subspace = subspace
+        #: The basis ``[D, k]`` Q/K may read (``None``: the whole stream).
+        self.reads = subspace.basis if subspace is not None else None
 
     def place(self, slot):
         """Write ``artifact``'s Q/K of layer ``slot`` (and mimetic V/proj): ``(keys written, q, k)``
@@ -75,6 +82,8 @@ class ImpulseWriter:
         if self.spec.mimetic_vproj:
             w_v, w_p, _ = mimetic_v_proj(t.dim, self.spec.alpha2, self.spec.beta2, self.gen)
             keys += write_vproj(t.sd, slot, w_v, w_p)
+        if self.subspace is not None:
+            self.subspace.project_layer(t, slot)
         rq, rk = read_qk(t.sd, slot, t.heads)
         return keys, rq, rk
 
@@ -156,7 +165,13 @@ def prepare(spec, t, *, seed: int = 0, cache_dir=None, device: str = "cpu", arti
     given_fit = artifact is not None and bool(getattr(artifact, "fit", None))
     base_reset = apply_base(t, spec.base, seed, spec.method)
     inputs, skipped = fit_inputs(spec, t, data, seed, source) if not given_fit else (None, None)
-    pe_written, pe_scale = write_position(spec, t, artifact)
+    subspace = None
+    if spec.position_subspace:
+        subspace = PositionSubspace.for_target(t, spec.position_dims, spec.pe_scale, seed)
+        pe_written, pe_scale = subspace.write_table(t), spec.pe_scale
+        subspace.project_embedding(t)
+    else:
+        pe_written, pe_scale = write_position(spec, t, artifact)
     if artifact is None:
         artifact, cached = spec.artifact_for(t, seed, cache_dir, device, progress)
     elif check_pe:
@@ -165,10 +180,10 @@ def prepare(spec, t, *, seed: int = 0, cache_dir=None, device: str = "cpu", arti
     check_artifact(plain, t.grid, t.dim, t.heads, t.layers)
     check_causal(t, plain.config.causal)
     out = Prepared(artifact, plain, cached, inputs=inputs, skipped=skipped, pos_embed_written=pe_written,
-                   pe_scale=pe_scale, base_reset=base_reset)
+                   pe_scale=pe_scale, base_reset=base_reset, subspace=subspace)
     if inputs is not None:
-        out.artifact, out.fit_cached = load_or_fit(spec.fit_settings(), t, plain, inputs,
-                                                   ImpulseWriter(spec, t, plain, seed), seed, cache_dir,
+        out.artifact, out.fit_cached = load_or_fit(spec.fit_settings(subspace), t, plain, inputs,
+                                                   ImpulseWriter(spec, t, plain, seed, subspace), seed, cache_dir,
                                                    fit_progress, log)
     elif given_fit:
         out.fit_cached = cached
@@ -184,7 +199,7 @@ def write(spec, t, prepared: Prepared, seed: int) -> Dict[str, Any]:
     art = prepared.artifact
     mask = causal_mask(art.config.grid, art.config.causal)
     own = t.own_input()
-    writer = ImpulseWriter(spec, t, art, seed)
+    writer = ImpulseWriter(spec, t, art, seed, prepared.subspace)
     solved = art.stats.get("layers", [])
     rows = []
     for slot in t.slots:
@@ -257,6 +272,7 @@ def report(spec, t, prepared: Prepared, rows, own: bool) -> Dict[str, Any]:
                           "config": plain.config.to_dict()}),
             "mimetic_vproj": spec.mimetic_vproj, "pe_scale": spec.pe_scale, "fit_pe": spec.fit_pe,
             "pos_embed_written": prepared.pos_embed_written,
+            **({"position_subspace": prepared.subspace.record()} if prepared.subspace is not None else {}),
             "self_weight": spec.self_weight, "data_fit": fit_record(spec, prepared),
             **({"base_reset": prepared.base_reset} if prepared.base_reset is not None else {}),
             "measured_on": measured_on, "layers": rows,

@@ -63,6 +63,12 @@ class Layout:
     transposed: bool = False  # weights stored ``[in, out]`` (Conv1D), parts are column blocks
     sequence: bool = False  # position embedding ``[positions, D]``: a 1-D grid
     causal: Optional[bool] = False  # the model's own attention mask: True causal, False none, None unknown
+    #: What writes into the residual stream (a position subspace keeps it out of its directions): the
+    #: token embedding's tensors, relative to ``{model}`` (weights ``[D, ...]``, bias ``[D]``), and each
+    #: layer's, relative to ``{block}`` (the attention output projection and the MLP's output, weights
+    #: and biases). Empty where structinit does not know them.
+    embed: Tuple[str, ...] = ()
+    writers: Tuple[str, ...] = ()
 
     @property
     def fused(self) -> bool:
@@ -70,24 +76,30 @@ class Layout:
 
 
 _HF_PREFIX = ("embeddings.cls_token", "embeddings.distillation_token")
+_HF_EMBED = ("embeddings.patch_embeddings.projection.weight", "embeddings.patch_embeddings.projection.bias")
 
 LAYOUTS: Tuple[Layout, ...] = (
     Layout("timm-vit", "timm VisionTransformer (fused qkv)",
            r"^(?P<block>(?P<model>(?:.*\.)?)blocks\.(?P<layer>\d+)\.)attn\.qkv\.weight$",
            "attn.qkv.weight", "attn.qkv.weight", "attn.qkv.weight",
            "attn.qkv.bias", "attn.qkv.bias", "attn.qkv.bias", "attn.proj.weight",
-           pos_embed="pos_embed", prefix_tokens=("cls_token", "reg_token"), causal=None),
+           pos_embed="pos_embed", prefix_tokens=("cls_token", "reg_token"), causal=None,
+           embed=("patch_embed.proj.weight", "patch_embed.proj.bias"),
+           writers=("attn.proj.weight", "attn.proj.bias", "mlp.fc2.weight", "mlp.fc2.bias")),
     Layout("hf-vit", "Hugging Face transformers ViT/DeiT (separate query/key/value)",
            r"^(?P<block>(?P<model>(?:.*\.)?)encoder\.layer\.(?P<layer>\d+)\.)attention\.attention\.query\.weight$",
            "attention.attention.query.weight", "attention.attention.key.weight", "attention.attention.value.weight",
            "attention.attention.query.bias", "attention.attention.key.bias", "attention.attention.value.bias",
            "attention.output.dense.weight",
-           pos_embed="embeddings.position_embeddings", prefix_tokens=_HF_PREFIX),
+           pos_embed="embeddings.position_embeddings", prefix_tokens=_HF_PREFIX, embed=_HF_EMBED,
+           writers=("attention.output.dense.weight", "attention.output.dense.bias", "output.dense.weight",
+                    "output.dense.bias")),
     Layout("hf-vit-v5", "Hugging Face transformers 5 ViT, in-memory names (q_proj/k_proj/v_proj)",
            r"^(?P<block>(?P<model>(?:.*\.)?)layers\.(?P<layer>\d+)\.)attention\.q_proj\.weight$",
            "attention.q_proj.weight", "attention.k_proj.weight", "attention.v_proj.weight",
            "attention.q_proj.bias", "attention.k_proj.bias", "attention.v_proj.bias", "attention.o_proj.weight",
-           pos_embed="embeddings.position_embeddings", prefix_tokens=_HF_PREFIX),
+           pos_embed="embeddings.position_embeddings", prefix_tokens=_HF_PREFIX, embed=_HF_EMBED,
+           writers=("attention.o_proj.weight", "attention.o_proj.bias", "mlp.fc2.weight", "mlp.fc2.bias")),
     Layout("hf-bert", "Hugging Face transformers BERT-style encoder (separate query/key/value)",
            r"^(?P<block>(?P<model>(?:.*\.)?)encoder\.layer\.(?P<layer>\d+)\.)attention\.self\.query\.weight$",
            "attention.self.query.weight", "attention.self.key.weight", "attention.self.value.weight",

@@ -1,0 +1,213 @@
+"""The position subspace (``position_subspace=true``): k directions of the residual stream hold the
+position table alone at init, every writer of the stream is projected out of them, and Q/K read
+only them, so that a model whose tokens carry more content dimensions than its stream (16x16x3
+patches in ViT-T/S/B; here 8x8x3 patches into dim 48) is structured in every layer on real images
+no fit saw. Checked on real timm and Hugging Face models, with the attention measured by the
+test's own hooks, and on crops of a real photo (scikit-learn's sample images)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from structinit.errors import UsageError
+from structinit.geometry.embedding import sincos
+from structinit.init.initialize import initialize, initialize_model
+from structinit.init.position_subspace import auto_dims, subspace_basis
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+DIM, HEADS, DEPTH = 48, 3, 3
+FIT = dict(data_fit=100)
+
+
+def big_patch_vit(seed=0, dim=DIM, heads=HEADS):
+    """A stock timm ViT (class token, learned position embedding) whose 8x8x3 patches (192 values)
+    exceed its residual stream (dim 48): the 16x16-patch regime at 32 pixels, a 4x4 grid."""
+    import timm
+
+    torch.manual_seed(seed)
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=dim,
+                             depth=DEPTH, num_heads=heads, num_classes=10)
+
+
+@pytest.fixture(scope="module")
+def photo_crops():
+    """64 real 32-pixel crops of scikit-learn's first sample photo (128-pixel crops averaged 4x4),
+    normalized per channel: inputs no fit in this file sees."""
+    from sklearn.datasets import load_sample_images
+
+    img = torch.from_numpy(load_sample_images().images[0]).permute(2, 0, 1).float() / 255
+    rng = np.random.default_rng(1)
+    out = []
+    for _ in range(64):
+        y, x = rng.integers(0, img.shape[1] - 128), rng.integers(0, img.shape[2] - 128)
+        out.append(torch.nn.functional.avg_pool2d(img[None, :, y:y + 128, x:x + 128], 4)[0])
+    x = torch.stack(out)
+    return (x - x.mean((0, 2, 3), keepdim=True)) / x.std((0, 2, 3), keepdim=True)
+
+
+def hits_per_layer(model, x, report):
+    """Share of grid query rows whose attention's argmax is the head's offset, per layer, from the
+    qkv outputs caught by forward hooks of the test's own."""
+    seen = []
+    hooks = [blk.attn.qkv.register_forward_hook(lambda m, i, o: seen.append(o.detach())) for blk in model.blocks]
+    model.eval()
+    with torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    gh, gw = report["grid"]
+    heads, out = report["heads"], []
+    for qkv, layer in zip(seen, report["layers"]):
+        b, t, three_d = qkv.shape
+        d = three_d // 3 // heads
+        q, k, _ = qkv.reshape(b, t, 3, heads, d).permute(2, 0, 3, 1, 4)
+        attn = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d), -1)
+        prefix = t - gh * gw
+        hit = total = 0
+        for head, (dy, dx) in enumerate(layer["offsets"]):
+            for y in range(gh):
+                for x_ in range(gw):
+                    if 0 <= y + dy < gh and 0 <= x_ + dx < gw:
+                        row = attn[:, head, prefix + y * gw + x_]
+                        hit += int((row.argmax(-1) == prefix + (y + dy) * gw + x_ + dx).sum())
+                        total += row.shape[0]
+        out.append(hit / total)
+    return out
+
+
+def test_the_default_size_is_the_head_dim_at_most_a_quarter_of_the_stream():
+    assert auto_dims(192, 3) == 48 and auto_dims(384, 6) == 64 and auto_dims(768, 12) == 64
+    assert auto_dims(64, 4) == 16 and auto_dims(48, 3) == 12 and auto_dims(32, 2) == 8
+    assert auto_dims(64, 4, ndim=1) == 16 and auto_dims(40, 8, ndim=1) == 4 and auto_dims(40, 8) == 4
+
+
+def test_the_basis_is_orthonormal_seeded_and_leaves_layernorms_mean_alone():
+    b = subspace_basis(48, 12, seed=0)
+    assert b.shape == (48, 12)
+    assert torch.allclose(b.T @ b, torch.eye(12), atol=1e-5)
+    assert float((torch.ones(48) @ b).abs().max()) < 1e-5  # the all-ones direction is outside it
+    assert torch.equal(b, subspace_basis(48, 12, seed=0)) and not torch.allclose(b, subspace_basis(48, 12, seed=1))
+
+
+def test_the_subspace_holds_the_table_alone_and_qk_read_only_it():
+    model = big_patch_vit()
+    report = initialize_model(model, "impulse", position_subspace=True, **FIT)
+    k = report["position_subspace"]["dims"]
+    gain = report["position_subspace"]["gain"]
+    assert k == 12 and gain == pytest.approx(2.0)  # sqrt(48 / 12): the energy of the full table x1
+    b = subspace_basis(DIM, k, seed=0)
+    sd = model.state_dict()
+    table = gain * torch.from_numpy(sincos((4, 4), k)) @ b.T
+    assert torch.allclose(sd["pos_embed"][0, 1:], table, atol=1e-5)
+
+    def outside(w, transposed=False):  # the largest component of an output inside the subspace
+        rows = w.reshape(w.shape[0], -1) if w.dim() > 1 and not (w.dim() == 3 and w.shape[0] == 1) else w
+        if w.dim() == 3 and w.shape[0] == 1:
+            return float((w[0] @ b).abs().max())
+        if rows.dim() == 1:
+            return float((rows @ b).abs().max())
+        return float((b.T @ rows).abs().max())
+
+    writers = ["patch_embed.proj.weight", "patch_embed.proj.bias", "cls_token"]
+    for i in range(DEPTH):
+        writers += [f"blocks.{i}.attn.proj.weight", f"blocks.{i}.attn.proj.bias", f"blocks.{i}.mlp.fc2.weight",
+                    f"blocks.{i}.mlp.fc2.bias"]
+    for key in writers:
+        assert outside(sd[key]) < 1e-5, key
+        assert key in report["position_subspace"]["projected"], key
+    assert float((sd["pos_embed"][0, :1] @ b).abs().max()) < 1e-5  # the class token's row too
+    for i in range(DEPTH):
+        w = sd[f"blocks.{i}.attn.qkv.weight"][:2 * DIM]  # q and k rows: each reads x @ row
+        assert torch.allclose(w @ b @ b.T, w, atol=1e-5), i  # nothing outside the subspace
+        assert float(sd[f"blocks.{i}.attn.qkv.bias"][:2 * DIM].abs().max()) == 0.0
+
+
+def test_where_content_fills_the_stream_only_the_subspace_structures_every_layer(photo_crops):
+    whole = big_patch_vit()
+    rep_whole = initialize_model(whole, "impulse", **FIT)
+    sub = big_patch_vit()
+    rep_sub = initialize_model(sub, "impulse", position_subspace=True, **FIT)
+    got_whole = hits_per_layer(whole, photo_crops, rep_whole)
+    got_sub = hits_per_layer(sub, photo_crops, rep_sub)
+    assert min(got_sub) >= 0.95, got_sub
+    assert max(got_whole) < 0.8, got_whole  # the same fit on the whole stream: content wins
+    fit = [r["hit_rate"] for r in rep_sub["data_fit"]["layers"]]  # on its own noise inputs
+    assert min(fit) >= 0.95 and len(fit) == DEPTH
+
+
+def test_the_subspace_is_written_the_same_on_every_path_and_seeded():
+    a, b, c = big_patch_vit(), big_patch_vit(), big_patch_vit()
+    initialize_model(a, "impulse", position_subspace=True, **FIT)
+    initialize_model(b, "impulse", position_subspace=True, **FIT)  # the fitted artifact from the cache
+    initialize_model(c, "impulse", position_subspace=True, seed=1, **FIT)
+    for key, value in a.state_dict().items():  # a's fit projected its layers once more: equal to rounding
+        assert torch.allclose(value, b.state_dict()[key], atol=1e-6), key
+    assert not torch.allclose(a.state_dict()["pos_embed"], c.state_dict()["pos_embed"])  # another basis
+
+
+def test_its_size_is_a_parameter_and_its_keys_are_new():
+    from structinit.init.registry import init_spec
+
+    plain = init_spec("impulse")
+    assert "position_subspace" not in plain.to_dict()["params"]  # committed run keys stay what they were
+    assert "position_dims" not in plain.to_dict()["params"]
+    on = init_spec("impulse", position_subspace=True)
+    assert on.to_dict()["params"]["position_subspace"] is True and on.canonical_json() != plain.canonical_json()
+    model = big_patch_vit()
+    report = initialize_model(model, "impulse", position_subspace=True, position_dims=8, **FIT)
+    assert report["position_subspace"]["dims"] == 8 and report["position_subspace"]["gain"] == pytest.approx(
+        math.sqrt(DIM / 8))
+
+
+@pytest.mark.parametrize("params, words", [
+    (dict(position_dims=16), "position_dims sizes the position subspace, which is off"),
+    (dict(position_subspace=True, fit_pe=True), "position_subspace and fit_pe exclude each other"),
+    (dict(position_subspace=True, position_dims=-4), "position_dims must be non-negative"),
+])
+def test_settings_that_cannot_go_together_are_refused(params, words):
+    from structinit.init.registry import init_spec
+
+    with pytest.raises(UsageError, match=words):
+        init_spec("impulse", **params)
+
+
+@pytest.mark.parametrize("dims", [6, 48, 47])
+def test_a_size_the_stream_cannot_take_is_refused_naming_it(dims):
+    with pytest.raises(UsageError, match="position_dims must be a positive multiple of 4 below the model's dim 48"):
+        initialize_model(big_patch_vit(), "impulse", position_subspace=True, position_dims=dims, **FIT)
+
+
+def test_a_layout_whose_writers_are_unknown_is_refused():
+    mha = torch.nn.MultiheadAttention(16, 2)
+    sd = {f"layer.{k}": v for k, v in mha.state_dict().items()}
+    with pytest.raises(UsageError, match="position_subspace needs a model whose position embedding and stream "
+                                         "writers structinit knows"):
+        initialize(sd, "impulse", grid=(4, 4), heads=2, position_subspace=True)
+
+
+def test_a_hugging_face_vit_gets_its_own_writers_projected(photo_crops):
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(0)
+    cfg = ViTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=DIM, num_hidden_layers=2,
+                    num_attention_heads=HEADS, intermediate_size=96, num_labels=10)
+    model = ViTForImageClassification(cfg)
+    report = initialize_model(model, "impulse", position_subspace=True, **FIT)
+    k = report["position_subspace"]["dims"]
+    b = subspace_basis(DIM, k, seed=0)
+    sd = model.state_dict()
+    projected = report["position_subspace"]["projected"]
+    mlp_out = [key for key in projected if key.endswith("weight") and "attention" not in key and "patch" not in key]
+    assert len(mlp_out) == 2  # each layer's MLP output, whatever transformers calls it
+    for key in projected:
+        w = sd[key]
+        if w.dim() == 3:
+            assert float((w[0] @ b).abs().max()) < 1e-5, key
+        elif w.dim() == 1:
+            assert float((w @ b).abs().max()) < 1e-5, key
+        else:
+            assert float((b.T @ w.reshape(w.shape[0], -1)).abs().max()) < 1e-5, key
+    fit = [r["hit_rate"] for r in report["data_fit"]["layers"]]
+    assert min(fit) >= 0.95, fit
