@@ -284,3 +284,71 @@ train_size = 400
     assert xs[0] == 100 and math.isnan(xs[1]) and xs[2] == 400
     ys = [float(y) for y in line.get_ydata()]
     assert ys[0] == pytest.approx(rep.cells[("mimetic", ("100",))].final_mean) and math.isnan(ys[1])
+
+
+SAME_BASE = """\
+name = "bases"
+seeds = 3
+rows = "init"
+columns = ["train_size"]
+baseline = "mimetic"
+[settings]
+model = "vit-digits"
+dataset = "digits"
+epochs = 2
+[[axes.init]]
+id = "mimetic"
+init = "mimetic"
+[[axes.init]]
+id = "impulse"
+init = "impulse"
+[[axes.init]]
+id = "mimetic-mlp"
+init = "mimetic"
+init_params = { base = "pytorch-mlp" }
+[[axes.init]]
+id = "impulse-mlp"
+init = "impulse"
+init_params = { base = "pytorch-mlp" }
+[[axes.init]]
+id = "authors"
+init = "impulse-2024"
+[[axes.train_size]]
+id = "100"
+train_size = 100
+"""
+
+
+def test_every_init_is_paired_with_the_baseline_on_its_own_base(tmp_path):
+    """impulse on the MLP base is paired with mimetic on the MLP base, never with mimetic on the
+    model's base (4.5 points of base); the authors' recipe (PyTorch's base everywhere) has no
+    mimetic on its base in this grid, so it gets no difference rather than one across bases; and
+    the init shown at its own best base is the base chosen on validation."""
+    from structinit.experiments.gridspec import parse_grid_text
+    from structinit.experiments.report import markdown, read_runs_csv
+
+    ex = expand(parse_grid_text(SAME_BASE, "bases.toml"), runs_dir=tmp_path / "runs")
+    finals = {"mimetic": (70, 71, 72), "impulse": (71, 72, 73), "mimetic-mlp": (75, 75, 75),
+              "impulse-mlp": (75.5, 75.5, 76.5), "authors": (60, 61, 62)}
+    vals = {"mimetic": 80, "impulse": 81, "mimetic-mlp": 79, "impulse-mlp": 82, "authors": 50}
+    lines = ["grid,key,row_id,column_id,seed,state,final_acc,best_acc,best_epoch,best_on,final_val_acc,epochs,"
+             "train_images,wall_seconds,problem,algorithms,device"]
+    for c in ex.cells:
+        lines.append(f"bases,{c.key},{c.row},100,{c.seed},finished,{finals[c.row][c.seed]},,,,{vals[c.row]},2,100,1,,,")
+    (tmp_path / "runs.csv").write_text("\n".join(lines) + "\n")
+    rep = collect(ex, earlier=read_runs_csv(tmp_path / "runs.csv"), mixed_versions=True)
+    cell = {r: rep.cells[(r, ("100",))] for r in finals}
+    assert cell["impulse"].paired_with == "mimetic" and cell["impulse"].delta_mean == pytest.approx(1.0)
+    assert cell["impulse-mlp"].paired_with == "mimetic-mlp"
+    assert cell["impulse-mlp"].delta_mean == pytest.approx(0.8333333, abs=1e-6)  # not +4.5 across bases
+    assert cell["impulse-mlp"].base == "pytorch-mlp" and cell["authors"].base == "pytorch"
+    assert cell["authors"].delta_mean is None and cell["authors"].paired_with is None
+    assert cell["mimetic-mlp"].delta_mean is None  # the baseline of its base
+    text = markdown(rep)
+    assert "Difference to mimetic on the same base (percentage points)" in text
+    assert "| impulse-mlp [pytorch-mlp] vs mimetic-mlp | +0.83 ± 0.33 (3) |" in text
+    assert "| authors [pytorch] | — |" in text and "| mimetic-mlp [pytorch-mlp]" not in text.split("Each init")[0].split(
+        "Difference")[1]
+    own = text.split("Each init at its own best base")[1]
+    assert "| mimetic (bases: model, pytorch-mlp) | 71.00 ± 1.00 [model] |" in own  # val 80 beats 79
+    assert "| impulse (bases: model, pytorch-mlp) | 75.83 ± 0.58 [pytorch-mlp] |" in own  # val 82 beats 81

@@ -127,17 +127,27 @@ def test_the_structure_warning_names_the_worst_layer_and_puts_the_position_hint_
     def plain(message):  # parameter names are marked in library messages; str() of an error writes them plainly
         return StructinitError(message).render()
 
+    sub = ("the position subspace (position_subspace=true: the position table in directions nothing else writes, "
+           "which structures every layer where a token's content fills the stream), ")
     one = plain(structure_warning(report(0.95, 0.899)))
     assert one == ("the data fit left layer 1 hitting its offsets in 0.90 of the rows on the batch: the init is only "
-                   "partly structured; try more steps (data_fit=1000), a sharper fit target (data_fit_mass=0.8) or "
-                   "more inputs")
+                   f"partly structured; try {sub}more steps (data_fit=1000), a sharper fit target (data_fit_mass=0.8) "
+                   "or more inputs")
     many = plain(structure_warning(report(0.8, 0.5, 0.7, 0.95), position_hint(None, checkpoint=False)))
     assert many == ("the data fit left layer 1 hitting its offsets in 0.50 of the rows on the batch (3 layers below "
-                    "0.9): the init is only partly structured; try more steps (data_fit=1000), a sharper fit target "
-                    "(data_fit_mass=0.8), more inputs or a stronger position signal (pe_scale=2: the sin-cos table "
-                    "x2; compare on validation)")
+                    f"0.9; per layer 0.80 0.50 0.70 0.95): the init is only partly structured; try {sub}more steps "
+                    "(data_fit=1000), a sharper fit target (data_fit_mass=0.8), more inputs or a stronger position "
+                    "signal (pe_scale=2: the sin-cos table x2; compare on validation)")
+    # a fit on noise is warned about too, and what the user already gave is not advised again
+    noisy = report(0.59, 0.26)
+    noisy["data_fit"].update(inputs="noise", steps=1000, mass=0.8)
+    assert plain(structure_warning(noisy)) == (
+        "the data fit left layer 1 hitting its offsets in 0.26 of the rows on its noise inputs (2 layers below 0.9; "
+        f"per layer 0.59 0.26): the init is only partly structured; try {sub[:-2]} or real inputs (data)")
+    noisy["position_subspace"] = {"dims": 48}
+    assert plain(structure_warning(noisy)).endswith("the init is only partly structured; try real inputs (data)")
     two = plain(structure_warning(report(0.6, 0.5)))
-    assert "offsets in 0.50 of the rows on the batch (2 layers below 0.9): " in two
+    assert "offsets in 0.50 of the rows on the batch (2 layers below 0.9; per layer 0.60 0.50): " in two
     assert plain(position_hint(3.0, checkpoint=False)) == "pe_scale=6: the sin-cos table x6"
     assert plain(position_hint(None, checkpoint=True)) == "set_pe=sincos with pe_scale=2"
     assert plain(position_hint(0.5, checkpoint=True)) == "set_pe=sincos with pe_scale=1"

@@ -89,6 +89,10 @@ class CellStats:
     val_mean: Optional[float] = None
     val_std: Optional[float] = None
     states: Dict[str, int] = field(default_factory=dict)  # how many of the cell's runs are in each state
+    #: The base of the other weights the row's init carries (``None``: not an init of a ViT, or unknown),
+    #: and the row its ``delta_*`` are paired with: the baseline's method on the same base.
+    base: Optional[str] = None
+    paired_with: Optional[str] = None
 
     def to_dict(self) -> Dict[str, Any]:
         d = dict(self.__dict__)
@@ -327,11 +331,17 @@ def collect(ex: Expansion, earlier: Optional[Dict[str, RunResult]] = None,
             paper = spec.paper.get(row)
             c.paper = paper[ci] if paper else None
             cells[(row, col)] = c
+    inits = row_inits(ex)
+    for (row, _), c in cells.items():
+        c.base = inits[row][1]
     if spec.baseline is not None:
+        partners = same_base_partners(inits, spec.baseline, [v.id for v in spec.row_axis.values])
         for (row, col), c in cells.items():
-            base = cells[(spec.baseline, col)]
-            if row == spec.baseline:
+            partner = partners.get(row)
+            if partner is None or partner == row:
                 continue
+            c.paired_with = partner
+            base = cells[(partner, col)]
             pairs = [c.final[s] - base.final[s] for s in c.final if s in base.final]
             c.n_paired = len(pairs)
             m, sd = mean_std(pairs)
@@ -340,6 +350,55 @@ def collect(ex: Expansion, earlier: Optional[Dict[str, RunResult]] = None,
             if c.paper is not None and base.paper is not None:
                 c.paper_delta = c.paper - base.paper
     return GridReport(ex, runs, cells)
+
+
+def row_inits(ex: Expansion, runs: Optional[List[RunResult]] = None) -> Dict[str, Tuple[Optional[str], Optional[str]]]:
+    """Every row's ``(init method, base of the other weights)``, from its runs' settings (the
+    expansion's configs, else a run folder's ``config.json``); ``(None, None)`` for a row whose runs
+    tell neither (a model without a structinit init, such as the ConvMixer, or only runs.csv lines)."""
+    return {row: (v[0], v[1]) for row, v in _row_specs(ex).items()}
+
+
+def _row_specs(ex: Expansion) -> Dict[str, Tuple[Optional[str], Optional[str], Optional[str]]]:
+    """Every row's ``(method, base, variant)``: ``variant`` the init's canonical JSON without its base
+    (rows of one variant on several bases are one init at several bases)."""
+    from structinit.training.config import TrainConfig
+
+    out: Dict[str, Tuple[Optional[str], Optional[str], Optional[str]]] = {}
+    for cell in ex.cells:
+        if cell.row in out and out[cell.row] != (None, None, None):
+            continue
+        config = cell.config
+        if config is None:
+            doc = _read_json(ex.run_dir(cell) / "config.json")
+            try:
+                config = TrainConfig.from_dict(doc["config"]) if isinstance(doc, dict) else None
+            except (KeyError, TypeError, ValueError, UsageError):
+                config = None
+        init = getattr(config, "init", None)
+        if init is None:
+            out[cell.row] = (None, None, None)
+            continue
+        doc = init.to_dict()
+        doc["params"].pop("base", None)
+        out[cell.row] = (init.method, init.other_weights, json.dumps(doc, sort_keys=True))
+    return out
+
+
+def same_base_partners(inits: Dict[str, Tuple[Optional[str], Optional[str]]], baseline: str,
+                       rows: List[str]) -> Dict[str, Optional[str]]:
+    """For every row, the row its difference is paired with: the baseline row's method on the row's
+    own base of the other weights (the baseline itself where the bases agree or a row's base is
+    unknown), or ``None`` where the grid has no such row (an init is never compared across bases)."""
+    method, base = inits.get(baseline, (None, None))
+    out: Dict[str, Optional[str]] = {}
+    for row in rows:
+        m, b = inits.get(row, (None, None))
+        if m is None or b is None or base is None or b == base:
+            out[row] = baseline
+        else:
+            out[row] = next((r for r in rows if inits.get(r) == (method, b)), None)
+    return out
 
 
 # --------------------------------------------------------------------------- text
@@ -467,7 +526,7 @@ def _grid_table(rep: GridReport, body: List[List[str]]) -> str:
 def _spread_rows(rep: GridReport,
                  stat: Callable[[CellStats], Tuple[Optional[float], Optional[float]]]) -> List[List[str]]:
     """Every row's label and, per column, ``mean ± std`` of ``stat(cell)`` (a (mean, std) pair)."""
-    return [[rep.ex.row_label(r)] + [_spread(*stat(c), c.n, c.expected)
+    return [[_row_label(rep, r)] + [_spread(*stat(c), c.n, c.expected)
                                      for c in (rep.cells[(r, col)] for col in rep.columns)] for r in rep.rows]
 
 
@@ -507,24 +566,53 @@ def _final_lines(rep: GridReport, h: str, has_paper: bool) -> List[str]:
              "Mean ± standard deviation over the seeds that finished; (k/n): k of n seeds finished (one seed "
              "alone has no ±); pending, running or failed (0/n): none finished yet, and what its runs are doing."
              + (f" [x]: the paper's number ({rep.spec.paper_source})." if has_paper else ""), ""]
-    body = [[rep.ex.row_label(r)] + [_cell_text(rep.cells[(r, c)], has_paper) for c in rep.columns]
+    body = [[_row_label(rep, r)] + [_cell_text(rep.cells[(r, c)], has_paper) for c in rep.columns]
             for r in rep.rows]
     return lines + [_grid_table(rep, body), ""]
 
 
+#: What each base of the other weights is, in words (the reports' notes).
+BASE_WORDS = {"model": "as the model builds it (timm's: Linear weights trunc normal 0.02)",
+              "pytorch": "PyTorch's defaults (Kaiming uniform)", "pytorch-mlp": "the MLPs at PyTorch's defaults",
+              "pytorch-head": "the classifier at PyTorch's default"}
+
+
+def _bases(rep: GridReport) -> List[str]:
+    return sorted({rep.cells[(r, rep.columns[0])].base for r in rep.rows if rep.columns} - {None})
+
+
+def _row_label(rep: GridReport, row: str) -> str:
+    """The row's label, with the base of the other weights where the grid's rows carry several."""
+    base = rep.cells[(row, rep.columns[0])].base if rep.columns else None
+    label = rep.ex.row_label(row)
+    return f"{label} [{base}]" if base is not None and len(_bases(rep)) > 1 else label
+
+
 def _delta_lines(rep: GridReport, h: str, has_paper: bool) -> List[str]:
-    """The difference of every row but the baseline to the baseline, paired by seed (the grid has a
-    baseline)."""
+    """The difference of every row to the baseline's method on the same base of the other weights,
+    paired by seed (the grid has a baseline)."""
     s, ex = rep.spec, rep.ex
     base = ex.row_label(s.baseline)
-    lines = [f"{h}# Difference to {base} (percentage points)", "",
-             f"Paired by seed: the mean over seeds of (method − {base}) with its standard error; (k): seeds "
-             "finished in both." + (" [x]: the paper's difference." if has_paper else ""), ""]
+    bases = _bases(rep)
+    several = len(bases) > 1
+    text = (f"Paired by seed: the mean over seeds of (method − {base}) with its standard error; (k): seeds "
+            "finished in both." + (" [x]: the paper's difference." if has_paper else ""))
+    if several:
+        text += (f" Each row is paired with the row of the same init as {base} on the same base of the other weights, "
+                 "in brackets (" + "; ".join(f"{b}: {BASE_WORDS.get(b, b)}" for b in bases) + "); —: the grid has no "
+                 "such row there (inits are not compared across bases), or no seed finished in both.")
+    lines = [f"{h}# Difference to {base}" + (" on the same base" if several else "") + " (percentage points)", "",
+             text, ""]
     body = []
     for r in rep.rows:
-        if r == s.baseline:
+        first = rep.cells[(r, rep.columns[0])] if rep.columns else None
+        if r == s.baseline or (first is not None and first.paired_with is None and first.base is not None
+                               and several and _is_baseline_method(rep, r)):
             continue
-        row = [ex.row_label(r)]
+        label = _row_label(rep, r)
+        if first is not None and first.paired_with not in (None, s.baseline):
+            label += f" vs {ex.row_label(first.paired_with)}"
+        row = [label]
         for c in rep.columns:
             st = rep.cells[(r, c)]
             if st.delta_mean is None:
@@ -536,7 +624,46 @@ def _delta_lines(rep: GridReport, h: str, has_paper: bool) -> List[str]:
                 text += f" [{st.paper_delta:+.2f}]"
             row.append(text)
         body.append(row)
-    return lines + [_grid_table(rep, body), ""]
+    return lines + [_grid_table(rep, body), ""] + _own_base_lines(rep, h)
+
+
+def _is_baseline_method(rep: GridReport, row: str) -> bool:
+    """Whether ``row`` is the baseline's method on another base (the baseline of that base)."""
+    specs = _row_specs(rep.ex)
+    return specs.get(row, (None,))[0] == specs.get(rep.spec.baseline, (None,))[0]
+
+
+def _own_base_lines(rep: GridReport, h: str) -> List[str]:
+    """Each init at its own best base: for every init the grid has on several bases, per column the
+    base with the best mean validation accuracy and that row's final test accuracy (none without a
+    validation split, or when no init has several bases)."""
+    specs = _row_specs(rep.ex)
+    groups: Dict[str, List[str]] = {}
+    for r in rep.rows:
+        variant = specs.get(r, (None, None, None))[2]
+        if variant is not None:
+            groups.setdefault(variant, []).append(r)
+    groups = {v: rows for v, rows in groups.items() if len(rows) > 1}
+    if not groups or not any(c.val_mean is not None for c in rep.cells.values()):
+        return []
+    body = []
+    for rows in groups.values():
+        named = next((r for r in rows if rep.cells[(r, rep.columns[0])].base == "model"), rows[0])
+        line = [rep.ex.row_label(named) + " (bases: " + ", ".join(rep.cells[(r, rep.columns[0])].base or "?"
+                                                                  for r in rows) + ")"]
+        for c in rep.columns:
+            ranked = [r for r in rows if rep.cells[(r, c)].val_mean is not None]
+            if not ranked:
+                line.append("—")
+                continue
+            best = max(ranked, key=lambda r: rep.cells[(r, c)].val_mean or 0.0)
+            st = rep.cells[(best, c)]
+            line.append(f"{_spread(st.final_mean, st.final_std, st.n, st.expected)} [{st.base}]")
+        body.append(line)
+    return [f"{h}# Each init at its own best base", "",
+            "For every init the grid has on several bases of the other weights: per column, the final-epoch test "
+            "accuracy (%) of the base with the best mean validation accuracy, named in brackets.", "",
+            _grid_table(rep, body), ""]
 
 
 def _best_lines(rep: GridReport, h: str) -> List[str]:
@@ -560,7 +687,7 @@ def cells_csv(reports: List[GridReport]) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["grid", "row_id", "row", "column_id", "column", "n", "expected", "final_mean", "final_std",
                 "best_mean", "best_std", "best_on", "delta_mean", "delta_se", "n_paired", "paper", "paper_delta",
-                "val_mean", "val_std"])
+                "val_mean", "val_std", "base", "paired_with"])
     for rep in reports:
         for r in rep.rows:
             for c in rep.columns:
@@ -569,7 +696,7 @@ def cells_csv(reports: List[GridReport]) -> str:
                             st.expected] + [_csv(x) for x in (st.final_mean, st.final_std, st.best_mean, st.best_std)]
                            + [st.best_on or ""] + [_csv(st.delta_mean), _csv(st.delta_se), st.n_paired,
                                                    _csv(st.paper), _csv(st.paper_delta), _csv(st.val_mean),
-                                                   _csv(st.val_std)])
+                                                   _csv(st.val_std), st.base or "", st.paired_with or ""])
     return buf.getvalue()
 
 

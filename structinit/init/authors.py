@@ -95,6 +95,9 @@ def layer_row(x, q, k, bq, bk, columns) -> Dict[str, Any]:
 class _AuthorsInit(InitSpec):
     """What both authors' recipes share: they need the model (to reset it) with a position embedding."""
 
+    #: The authors' code leaves every weight it does not write at PyTorch's defaults.
+    fixed_base = "pytorch"
+
     needs_grid = True
     paper: ClassVar[str] = ""
 

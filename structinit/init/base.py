@@ -97,6 +97,16 @@ class InitSpec:
     #: Of those, the ones whose default has changed since: name -> the value :meth:`to_dict` leaves
     #: out (the old default), so an old run keeps its key and the new default gets a key of its own.
     legacy_defaults: ClassVar[Dict[str, Any]] = {}
+    #: What every weight the method does not write starts from, for a method without a ``base``
+    #: parameter (one of :data:`~structinit.init.baselines.BASES`).
+    fixed_base: ClassVar[str] = "model"
+
+    @property
+    def other_weights(self) -> str:
+        """The base of every weight this init does not write (its ``base`` parameter, else
+        :attr:`fixed_base`): ``model`` (as built: timm's trunc normal 0.02), ``pytorch`` (PyTorch's
+        defaults), ``pytorch-mlp`` or ``pytorch-head``. Reports compare inits on the same base."""
+        return str(getattr(self, "base", self.fixed_base))
 
     @property
     def uses_data(self) -> bool:

@@ -25,11 +25,20 @@ def generator(seed: int):
 #: ``mimetic``): ``model``, as the model was built (a timm ViT: Linear weights trunc normal std
 #: 0.02, biases zero); ``pytorch``, every module's ``reset_parameters()`` (PyTorch's defaults:
 #: Kaiming-uniform Linear and Conv weights, uniform biases), as the authors' released code leaves them;
-#: ``pytorch-mlp`` and ``pytorch-head``, only the MLPs' Linear layers (timm's ``blocks.i.mlp``) or only
-#: the classifier (``head``), to tell which part of that base matters.
+#: ``pytorch-mlp`` and ``pytorch-head``, only the MLPs' Linear layers or only the classifier, to tell which
+#: part of that base matters. Which modules those are, by name (:data:`BASE_PARTS`): the MLPs are the
+#: modules under an ``mlp`` (timm's ViTs and structinit's models: ``blocks.i.mlp.fc1``/``fc2``;
+#: transformers 5's ViT/DeiT: ``layers.i.mlp.fc1``/``fc2``; transformers 4 names them
+#: ``intermediate``/``output`` and gets a refusal, as a base that resets nothing is refused); the
+#: classifier is ``head`` (timm, structinit) or ``classifier`` (transformers' ``*ForImageClassification``).
 BASES = ("model", "pytorch", "pytorch-mlp", "pytorch-head")
-#: The modules each partial base resets, by their name in a timm-style model.
-BASE_PARTS = {"pytorch-mlp": lambda name: ".mlp." in f".{name}.", "pytorch-head": lambda name: name == "head"}
+#: The modules each partial base resets, by their name in the model (see :data:`BASES`).
+BASE_PARTS = {"pytorch-mlp": lambda name: ".mlp." in f".{name}.",
+              "pytorch-head": lambda name: name in ("head", "classifier")}
+#: What each partial base resets, in words (its refusal names it).
+BASE_PART_WORDS = {"pytorch-mlp": "the MLPs' Linear layers (modules under an 'mlp': timm's and structinit's ViTs, "
+                                  "transformers 5's ViT/DeiT)",
+                   "pytorch-head": "the classifier (a module named 'head' or 'classifier')"}
 
 
 def reset_to_defaults(model, seed: int, only=None) -> List[str]:
@@ -59,7 +68,12 @@ def apply_base(target, base: str, seed: int, method: str) -> Optional[int]:
     if target.model is None:
         raise UsageError(f"{method} parameter {param('base')} {base} resets modules of a model; a checkpoint or "
                          "state dict has none (leave base at model)")
-    return len(reset_to_defaults(target.model, seed, BASE_PARTS.get(base)))
+    only = BASE_PARTS.get(base)
+    if only is not None and not any(only(name) and callable(getattr(m, "reset_parameters", None))
+                                    for name, m in target.model.named_modules()):
+        raise UsageError(f"{method} parameter {param('base')} {base} resets {BASE_PART_WORDS[base]}; the "
+                         f"{type(target.model).__name__} has none, so it would reset nothing (leave base at model)")
+    return len(reset_to_defaults(target.model, seed, only))
 
 
 def redraw_qk(t, method: str, seed: int, std: float = 0.02) -> Dict[str, Any]:
@@ -100,6 +114,7 @@ class KaimingInit(InitSpec):
 
     method = "kaiming"
     writes = "model: every Linear and Conv2d; state dict: Q/K rows and biases"
+    fixed_base = "pytorch"
 
     def apply(self, target, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
         import torch

@@ -24,25 +24,36 @@ STRUCTURE_FLOOR = 0.9
 
 def structure_warning(report: Dict[str, Any], hint: Optional[str] = None) -> Optional[str]:
     """The warning for an impulse report whose data fit left a layer below :data:`STRUCTURE_FLOOR`
-    on its batch of real inputs (``None`` when every layer is at or above it, no fit ran, or it ran
-    on noise). ``hint`` names how this
-    target takes a stronger position signal (see :func:`position_hint`): it lifts the hit rate most,
-    but more structure is not always more accuracy, so it comes last."""
+    on the inputs it was fitted to, a batch of real inputs or noise (``None`` when every layer is at
+    or above it, or no fit ran), with each layer's figure and what to try: the position subspace
+    first where it is off (the one setting measured to structure every layer where a token's content
+    fills the stream), then more steps or a sharper target than those used, then inputs; ``hint``
+    names how this target takes a stronger position signal (see :func:`position_hint`): it lifts
+    the hit rate most, but more structure is not always more accuracy, so it comes last."""
     fit = report.get("data_fit") or {}
-    if fit.get("inputs") == "noise":  # a hit rate on noise says little of real inputs; the notice asks for them
-        return None
-    rows = fit.get("layers") or []
-    weak = [r for r in rows if r.get("hit_rate") is not None and r["hit_rate"] < STRUCTURE_FLOOR]
+    rows = [r for r in fit.get("layers") or [] if r.get("hit_rate") is not None]
+    weak = [r for r in rows if r["hit_rate"] < STRUCTURE_FLOOR]
     if not weak:
         return None
     worst = min(weak, key=lambda r: r["hit_rate"])
-    others = f" ({len(weak)} layers below {STRUCTURE_FLOOR})" if len(weak) > 1 else ""
-    ways = [f"more steps ({param('data_fit')}=1000)", f"a sharper fit target ({param('data_fit_mass')}=0.8)",
-            "more inputs"]
+    noise = fit.get("inputs") == "noise"
+    where = "its noise inputs" if noise else "the batch"
+    per_layer = " ".join(f"{r['hit_rate']:.2f}" for r in rows)
+    others = f" ({len(weak)} layers below {STRUCTURE_FLOOR}; per layer {per_layer})" if len(weak) > 1 else ""
+    ways = []
+    if not report.get("position_subspace"):
+        ways.append(f"the position subspace ({param('position_subspace')}=true: the position table in directions "
+                    "nothing else writes, which structures every layer where a token's content fills the stream)")
+    if (fit.get("steps") or 0) < 1000:
+        ways.append(f"more steps ({param('data_fit')}=1000)")
+    if (fit.get("mass") or 0) < 0.8:
+        ways.append(f"a sharper fit target ({param('data_fit_mass')}=0.8)")
+    ways.append(f"real inputs ({param('data')})" if noise else "more inputs")
     if hint:
         ways.append(f"a stronger position signal ({hint}; compare on validation)")
+    tries = f"{', '.join(ways[:-1])} or {ways[-1]}" if len(ways) > 1 else ways[0]
     return (f"the data fit left layer {worst['layer']} hitting its offsets in {worst['hit_rate']:.2f} of the rows on "
-            f"the batch{others}: the init is only partly structured; try {', '.join(ways[:-1])} or {ways[-1]}")
+            f"{where}{others}: the init is only partly structured; try {tries}")
 
 
 def position_hint(pe_scale: Optional[float], checkpoint: bool) -> str:
