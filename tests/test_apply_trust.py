@@ -85,7 +85,8 @@ def test_a_folder_at_an_artifacts_name_is_set_aside(cache_dir):
         (path / "inside").write_text("kept")
     with pytest.warns(UserWarning, match="a folder, not an artifact file") as seen:
         again = initialize_model(vit(), "impulse", **FIT)
-    assert len(seen.list) == 2 and again["data_fit"]["artifact"]["cached"] is False
+    said = [w for w in seen.list if "only partly structured" not in str(w.message)]  # 10 steps: weak, as it says
+    assert len(said) == 2 and again["data_fit"]["artifact"]["cached"] is False
     assert Path(again["artifact"]["path"]).is_file()
     assert sorted(p.name for p in cache_dir.glob("*.set-aside")) == sorted(
         Path(p).name + ".set-aside" for p in (first["artifact"]["path"], first["data_fit"]["artifact"]["path"]))

@@ -236,7 +236,13 @@ def _show_artifact(path: Path, layer: int, head: int, query: Optional[int], png:
                f"{art.stats.get('device', '?')})")
     typer.echo(f"config    {cfg.canonical_json()}")
     if art.fit:
+        from structinit.errors import StructinitWarning
+        from structinit.init.impulse import fitted_structure_warning
+
         typer.echo(fit_text(art.fit))
+        weak = fitted_structure_warning(art.fit)
+        if weak:
+            typer.echo("warning: impulse: " + StructinitWarning(weak).render(), err=True)
         typer.echo("quality of the fitted Q/K on the pseudo input (what the solve was made for):")
     typer.echo(quality_table(art.quality, art.offsets))
     typer.echo("")

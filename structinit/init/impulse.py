@@ -56,6 +56,20 @@ def structure_warning(report: Dict[str, Any], hint: Optional[str] = None) -> Opt
             f"{where}{others}: the init is only partly structured; try {tries}")
 
 
+def fitted_structure_warning(fit: Dict[str, Any]) -> Optional[str]:
+    """:func:`structure_warning` for a fitted artifact's ``fit`` record (its identity and report), as
+    ``structinit inspect`` shows it."""
+    ident = fit.get("identity") or {}
+    settings = ident.get("fit") or {}
+    inputs = ident.get("inputs")
+    kind = inputs.get("kind") if isinstance(inputs, dict) else "data"
+    report = {"data_fit": {"layers": (fit.get("report") or {}).get("layers"), "inputs": kind,
+                           "steps": settings.get("data_fit"), "mass": settings.get("data_fit_mass")}}
+    if settings.get("position_dims"):
+        report["position_subspace"] = {"dims": settings["position_dims"]}
+    return structure_warning(report)
+
+
 def position_hint(pe_scale: Optional[float], checkpoint: bool) -> str:
     """How to write the sin-cos position table at twice the scale used (``pe_scale``; ``None``: x1),
     which lifts the deeper layers' hit rate on real inputs (docs/results/stock-models; on stock digits

@@ -70,7 +70,9 @@ def initialize(target: Union[torch.nn.Module, MutableMapping[str, Any]], spec: U
     if spec.method == "impulse" and not report.get("fit_pe") and t.model is not None and t.pos_key is not None:
         hint = position_hint(report.get("pe_scale"), checkpoint=False)
     weak = structure_warning(report, hint)
-    if weak:
+    if weak and log is not None:
+        log(StructinitWarning(f"{spec.method}: {weak}").render())
+    elif weak:
         warnings.warn(StructinitWarning(f"{spec.method}: {weak}"), stacklevel=3)
     return report
 
