@@ -211,3 +211,19 @@ def test_a_hugging_face_vit_gets_its_own_writers_projected(photo_crops):
             assert float((b.T @ w.reshape(w.shape[0], -1)).abs().max()) < 1e-5, key
     fit = [r["hit_rate"] for r in report["data_fit"]["layers"]]
     assert min(fit) >= 0.95, fit
+
+
+def test_apply_on_a_checkpoint_writes_what_initialize_model_writes(tmp_path):
+    """`apply_checkpoint` fits through the model the checkpoint describes and writes the subspace
+    into the file as `initialize_model` writes it into that model (every tensor to 1e-5)."""
+    from structinit.training.apply import apply_checkpoint
+
+    torch.save(big_patch_vit().state_dict(), tmp_path / "vit.pth")
+    report = apply_checkpoint(tmp_path / "vit.pth", "impulse", out=tmp_path / "sub.pth", heads=HEADS,
+                              position_subspace=True, **FIT)
+    assert report["pos_embed_written"].startswith("the 12-dim sin-cos table x2 in a position subspace of pos_embed")
+    written = torch.load(tmp_path / "sub.pth", weights_only=True)
+    model = big_patch_vit()
+    initialize_model(model, "impulse", position_subspace=True, **FIT)
+    for key, value in model.state_dict().items():
+        assert torch.allclose(written[key], value, atol=1e-5), key
