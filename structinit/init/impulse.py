@@ -165,11 +165,12 @@ class ImpulseInit(InitSpec):
     base: str = "model"
     position_subspace: bool = False
     position_dims: int = 0
+    position_rest: bool = False
 
     #: Parameters added after run keys were in use: left out of :meth:`to_dict` at their defaults.
     optional_defaults = ("data_fit", "data_fit_mass", "data_fit_l2", "data_fit_lr", "data_fit_norm",
                          "data_fit_samples", "self_weight", "data_fit_version", "data_fit_batch", "data_fit_inputs",
-                         "pe_factor", "base", "position_subspace", "position_dims")
+                         "pe_factor", "base", "position_subspace", "position_dims", "position_rest")
     #: ``data_fit`` was 0 (off) when run keys began to carry it: a key leaves out 0, not the default;
     #: ``data_fit_version`` was 1 before it was a parameter: keys leave out 1, so version 1's runs keep
     #: theirs and version 2 gets keys of its own.
@@ -300,6 +301,8 @@ class ImpulseInit(InitSpec):
         writes = {"mimetic_vproj": self.mimetic_vproj, "alpha2": self.alpha2, "beta2": self.beta2}
         if subspace is not None:
             writes.update(position_dims=subspace.dims, position_gain=round(subspace.gain, 9))
+            if subspace.rest_scale:
+                writes.update(position_rest=subspace.rest_scale)
         return FitSettings(steps=self.data_fit, mass=self.data_fit_mass, l2=self.data_fit_l2, lr=self.data_fit_lr,
                            norm=self.data_fit_norm, samples=self.data_fit_samples, version=self.data_fit_version,
                            batch=self.data_fit_batch, self_weight=self.self_weight,

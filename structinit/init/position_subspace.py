@@ -89,9 +89,13 @@ class PositionSubspace:
     gain: float
     basis: Any
     projected: List[str] = field(default_factory=list)
+    #: Also write the full ``D``-dim sin-cos table (times ``rest_scale``) projected onto ``C``: the model keeps
+    #: the whole position code there (a frozen table stays frozen), and Q/K at init still read ``B`` alone.
+    rest_scale: float = 0.0
 
     @classmethod
-    def for_target(cls, t, dims: int, pe_scale: Optional[float], seed: int) -> "PositionSubspace":
+    def for_target(cls, t, dims: int, pe_scale: Optional[float], seed: int,
+                   rest: bool = False) -> "PositionSubspace":
         """The subspace of ``dims`` (0: :func:`auto_dims`) for target ``t``, with ``gain = pe_scale
         (default 1) * sqrt(D / dims)``. Refuses a target whose layout does not name the tensors that
         write its stream, or that has no position embedding."""
@@ -103,8 +107,8 @@ class PositionSubspace:
         ndim = t.grid.ndim if t.grid is not None else 2
         k = dims or auto_dims(t.dim, t.heads, ndim)
         check_dims(k, t.dim, ndim)
-        gain = (1.0 if pe_scale is None else float(pe_scale)) * math.sqrt(t.dim / k)
-        return cls(k, gain, subspace_basis(t.dim, k, seed))
+        scale = 1.0 if pe_scale is None else float(pe_scale)
+        return cls(k, scale * math.sqrt(t.dim / k), subspace_basis(t.dim, k, seed), rest_scale=scale if rest else 0.0)
 
     def complement(self) -> "torch.Tensor":
         """``C = I - B B^T`` ``[D, D]``."""
@@ -118,7 +122,10 @@ class PositionSubspace:
 
         from structinit.geometry.embedding import sincos
 
-        return self.gain * torch.from_numpy(sincos(grid, self.dims)) @ self.basis.T
+        out = self.gain * torch.from_numpy(sincos(grid, self.dims)) @ self.basis.T
+        if self.rest_scale:
+            out = out + self.rest_scale * torch.from_numpy(sincos(grid, self.basis.shape[0])) @ self.complement()
+        return out
 
     def write_table(self, t) -> str:
         """Write :meth:`table` into the grid rows of ``t``'s position embedding (in place; a learned
