@@ -48,11 +48,12 @@ def test_cells_merge_settings_then_axis_values_then_overrides(tmp_path):
     by = {(c.row, c.column, c.seed): c.config for c in ex.cells}
     imp_small = by[("imp", ("small",), 1)]
     assert imp_small.epochs == 30 and imp_small.train_size == 100 and imp_small.seed == 1
-    assert imp_small.init_params == {"filter": 5, "target_mass": 0.4}
+    assert imp_small.init_params == {"filter": 5, "target_mass": 0.4, "base": "pytorch-mlp"}  # train's base
     # init_params from several axes merge key by key (Table 6: pseudo input x shared solve x filter)
     t6 = expand(load_grid("table6"), seeds=1, runs_dir=tmp_path)
     cfg = next(c.config for c in t6.cells if c.row == "u-pe" and c.column == ("same", "h8", "imp5"))
-    assert cfg.init_params == {"pseudo_input": "uniform", "pseudo_input_rest": "pe", "share": True, "filter": 5}
+    assert cfg.init_params == {"base": "model", "pseudo_input": "uniform", "pseudo_input_rest": "pe", "share": True,
+                               "filter": 5}
     assert cfg.model.name == "vit-t-h8" and cfg.init.method == "impulse" and cfg.dataset == "cifar10"
     assert by[("imp", ("all",), 0)].epochs == 7 and by[("imp", ("all",), 0)].train_size is None
     assert imp_small.out == str(tmp_path / imp_small.key) and imp_small.resume

@@ -65,8 +65,9 @@ def test_the_shipped_grids_have_the_papers_shapes_and_numbers():
     assert t2.paper["impulse-3"] == [91.62, 68.81, 97.21, 74.24] and t2.baseline == "trunc-normal"
     v = load_grid("vit-t16")  # 16x16 patches at 224: the stream's content fills it; the subspace against the stream
     assert v.settings["patch"] == 16 and v.settings["image_size"] == 224 and v.baseline == "mimetic"
-    assert [x.settings.get("init_params") for x in v.row_axis.values] == [
-        None, None, {"position_subspace": False}, {"position_subspace": True}]
+    assert [x.settings.get("init_params") for x in v.row_axis.values] == [  # one base: trunc normal's, the model's
+        None, {"base": "model"}, {"base": "model", "position_subspace": False},
+        {"base": "model", "position_subspace": True}]
     t4 = load_grid("table4")  # rows kernel, columns dim x filters (dim outermost)
     assert [tuple(v.id for v in c) for c in t4.column_cells()][:5] == [
         ("256", "trained"), ("256", "random"), ("256", "impulse"), ("256", "box"), ("512", "trained")]
@@ -87,8 +88,8 @@ def test_the_shipped_grids_have_the_papers_shapes_and_numbers():
     m1 = load_grid("mnist1d")  # the sequence grid: plain and shuffled positions, the CNN as a row
     assert m1.settings == {"model": "transformer-1d", "dataset": "mnist1d", "val_size": 500, "epochs": 20}
     assert [v.settings for v in m1.axis("data").values] == [{"shuffle_seq": False}, {"shuffle_seq": True}]
-    assert m1.row_axis.value("impulse-5-fit").settings["init_params"] == {"filter": 5, "mimetic_vproj": True,
-                                                                          "data_fit": 300}
+    assert m1.row_axis.value("impulse-5-fit").settings["init_params"] == {"base": "model", "filter": 5,
+                                                                          "mimetic_vproj": True, "data_fit": 300}
     assert m1.row_axis.value("cnn-1d").settings == {"model": "cnn-1d"}
 
 

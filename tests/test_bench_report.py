@@ -299,9 +299,11 @@ epochs = 2
 [[axes.init]]
 id = "mimetic"
 init = "mimetic"
+init_params = { base = "model" }
 [[axes.init]]
 id = "impulse"
 init = "impulse"
+init_params = { base = "model" }
 [[axes.init]]
 id = "mimetic-mlp"
 init = "mimetic"

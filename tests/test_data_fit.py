@@ -268,9 +268,9 @@ def test_run_keys_of_the_old_and_the_new_default():
     assert [k for k in ImpulseInit().to_dict()["params"] if k.startswith("data_fit_")] == ["data_fit_version"]
     assert not any(k.startswith("data_fit_") for k in ImpulseInit(data_fit_version=1).to_dict()["params"])
 
-    def key(**params):
-        return TrainConfig(dataset="digits", init="impulse", init_params=params, train_size=100, val_size=300,
-                           seed=0).key
+    def key(**params):  # as the runs' config.json held them, before train's base (TrainConfig.from_dict)
+        return TrainConfig.from_dict(dict(dataset="digits", init="impulse", init_params=params, train_size=100,
+                                          val_size=300, seed=0)).key
 
     assert key(data_fit=0, mimetic_vproj=False) == "eb1a3455b343"  # the old default's key, as it was
     # version 1 of the data fit keeps the key its runs were made under (the committed ones: see below);

@@ -144,8 +144,8 @@ def test_train_and_initialize_model_share_the_fit(tmp_path, digits):
     from structinit.training.config import TrainConfig
     from structinit.training.loop import init_inputs, train
 
-    config = TrainConfig(init="impulse", init_params=FIT, train_size=64, epochs=1, out=str(tmp_path / "r"),
-                         threads=1, seed=3)
+    config = TrainConfig(init="impulse", init_params={**FIT, "base": "model"}, train_size=64, epochs=1,
+                         out=str(tmp_path / "r"), threads=1, seed=3)  # the model's own base, as initialize_model
     result = train(config)
     fit = result.init_report["data_fit"]
     assert fit["artifact"]["cached"] is False and fit["source"] == "digits: the run's first 64 training inputs"

@@ -177,7 +177,9 @@ def test_causal_refusals_name_the_flag_or_the_artifact():
 
 #: Run keys computed before TrainConfig held a ModelConfig and an InitSpec (commit 55f3fe8, when its
 #: fields were flat): the derivation of every committed key (docs/results/**/runs.csv), so these
-#: literals must never move. Each entry: the flat settings, the key.
+#: literals must never move for the flat settings as a config.json of then holds them
+#: (:meth:`TrainConfig.from_dict`, which reads a missing base as the model's own, as it was).
+#: Each entry: the flat settings, the key.
 KEYS_BEFORE_NESTING = [
     (dict(), "9d238275eca8"),
     (dict(init="impulse", init_params={"filter": 5, "target_mass": 0.4, "data_fit": 20}, train_size=100),
@@ -216,7 +218,7 @@ def test_every_model_preset_has_a_literal_key():
 
 @pytest.mark.parametrize("settings, key", KEYS_BEFORE_NESTING, ids=lambda v: v if isinstance(v, str) else None)
 def test_run_keys_are_the_literal_keys_of_before(settings, key):
-    config = TrainConfig(**settings)
+    config = TrainConfig.from_dict(settings)
     assert config.key == key
     assert TrainConfig.from_dict(config.to_dict()).key == key
     rest = {k: v for k, v in settings.items() if k not in MODEL_SETTINGS + ("model", "init", "init_params")}
@@ -253,11 +255,15 @@ FLAT_BEFORE = ('{"model": "transformer-1d", "dataset": "mnist1d", "out": null, "
                '"amp": "auto", "compile": false, "workers": 4, "threads": null, "eval_batch_size": null}')
 
 
-def test_the_flat_form_is_written_back_byte_for_byte():
+def test_the_flat_form_is_written_back_byte_for_byte_with_its_base_spelt_out():
+    """A config.json of before names no base: it is the model's own, which the form written back
+    spells out (a command made from it must not take train's default base), key unchanged."""
     import json
 
     config = TrainConfig.from_dict(json.loads(FLAT_BEFORE))
-    assert json.dumps(config.to_dict()) == FLAT_BEFORE and config.key == "30f7dff626d1"
+    want = FLAT_BEFORE.replace('"init_params": {"filter": 5}', '"init_params": {"filter": 5, "base": "model"}')
+    assert json.dumps(config.to_dict()) == want and config.key == "30f7dff626d1"
+    assert TrainConfig.from_dict(json.loads(want)).key == "30f7dff626d1"
     assert (config.model.name, config.model.window, config.init.method, config.init.filter) == \
         ("transformer-1d", 3, "impulse", 5)
     assert list(config.to_dict()) == list(flat_settings())
@@ -266,11 +272,32 @@ def test_the_flat_form_is_written_back_byte_for_byte():
     assert TrainConfig.from_dict(dict(older, init=None, init_params={})).key == "1307262d8f64"
 
 
+def test_an_init_named_for_train_starts_the_other_weights_from_the_mlp_base():
+    """On a model train builds, impulse and mimetic named without a base get TRAIN_BASE (new run
+    keys); base=model spelt out is the run of before; a spec given as an object is taken as it is;
+    an init without a base parameter is left alone."""
+    from structinit.init.impulse import ImpulseInit
+    from structinit.training.config import TRAIN_BASE
+
+    assert TRAIN_BASE == "pytorch-mlp"
+    for method, before in (("impulse", "56b272575a62"), ("mimetic", None)):
+        named = TrainConfig(init=method)
+        assert named.init.base == "pytorch-mlp" and named.init_params == {"base": "pytorch-mlp"}
+        model = TrainConfig(init=method, init_params={"base": "model"})
+        assert model.init.base == "model" and model.key != named.key
+        if before:
+            assert model.key == TrainConfig.from_dict({"init": method, "init_params": {"filter": 3}}).key == before
+        assert TrainConfig.from_dict(named.to_dict()).key == named.key  # the base is written with the run
+    assert TrainConfig(init=ImpulseInit()).init.base == "model"
+    assert TrainConfig(init="trunc-normal").init_params == {} and TrainConfig(init="kaiming").init_params == {}
+
+
 def test_init_params_are_written_as_given_while_they_spell_the_init():
     given = TrainConfig(init="mimetic", init_params={"alpha1": 1, "beta1": "0"}, epochs=2)
     assert given.init.alpha1 == 1.0 and given.init.beta1 == 0.0  # typed in the spec
-    assert given.to_dict()["init_params"] == {"alpha1": 1, "beta1": "0"}  # spelt as given
-    assert dataclasses.replace(given, out="x").init_params == {"alpha1": 1, "beta1": "0"}
+    spelt = {"alpha1": 1, "beta1": "0", "base": "pytorch-mlp"}  # as given, and train's base for what was not
+    assert given.to_dict()["init_params"] == spelt
+    assert dataclasses.replace(given, out="x").init_params == spelt
     other = dataclasses.replace(given, init=init_spec("mimetic", alpha1=0.5))
     assert other.init_params == {"alpha1": 0.5} and other.key != given.key
     assert TrainConfig(init=init_spec("impulse", filter=5)).init_params == {"filter": 5}

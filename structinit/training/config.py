@@ -36,6 +36,13 @@ DATASET_HPARAMS: Dict[str, Dict[str, Any]] = {
     # MNIST-1D: 4000 sequences of 40 values; chosen on a 500-sequence validation split (docs/results/mnist1d).
     "mnist1d": dict(epochs=20, batch_size=64, warmup_epochs=2, opt_eps=1e-8),
 }
+#: The base of the weights an init does not write on a model ``train`` builds, for an init named
+#: without one (``init_params`` without ``base``): the MLPs at PyTorch's default init, chosen on the
+#: validation splits of the Fashion-MNIST and digits learning curves (docs/results/structure-gain).
+#: ``initialize_model`` and ``apply``, which write into a model or checkpoint of the user's, keep its
+#: weights (``base="model"``); a run whose ``config.json`` names no base was made before this default
+#: and keeps ``model`` (:meth:`TrainConfig.from_dict`).
+TRAIN_BASE = "pytorch-mlp"
 #: Per-model-family changes (the paper's Table 4: ConvMixer at lr 0.01 for 100 epochs).
 MODEL_HPARAMS: Dict[str, Dict[str, Any]] = {"convmixer": dict(lr=0.01, epochs=100)}
 
@@ -249,6 +256,9 @@ class TrainConfig:
         unknown = sorted(set(d) - set(flat_settings()))
         if unknown:
             raise UsageError(f"unknown training setting(s) {', '.join(param(u) for u in unknown)}")
+        d = dict(d)
+        if _takes_base(d.get("init")) and "base" not in (d.get("init_params") or {}):
+            d["init_params"] = {**(d.get("init_params") or {}), "base": "model"}  # written before TRAIN_BASE
         return cls(**d)
 
     def computed_settings(self) -> Dict[str, Any]:
@@ -307,10 +317,22 @@ def _init_spec(init: Any, params: Optional[Dict[str, Any]], spelling: Optional[T
         return None, None
     from structinit.init.registry import init_spec
 
+    if _takes_base(init) and "base" not in (params or {}):  # a model train builds: TRAIN_BASE
+        params = {**(params or {}), "base": TRAIN_BASE}
     spec = init_spec(init, **(params or {}))
     if not isinstance(init, InitSpec):
         return spec, (spec, copy.deepcopy(dict(params or {})))
     return spec, spelling if spelling is not None and spelling[0] == spec else None
+
+
+def _takes_base(init: Any) -> bool:
+    """Whether ``init``, given by a method's name, has a ``base`` parameter (``impulse``, ``mimetic``)."""
+    if not isinstance(init, str):
+        return False
+    from structinit.init.registry import INIT_METHODS
+
+    cls = INIT_METHODS.get(init)
+    return cls is not None and any(f.name == "base" for f in dataclasses.fields(cls))
 
 
 def _changed_params(spec: InitSpec) -> Dict[str, Any]:

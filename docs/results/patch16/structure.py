@@ -12,6 +12,7 @@ One table per hypothesis (see README.md). Run (one torch thread; about an hour o
 """
 
 import argparse
+import os
 import sys
 import time
 import warnings
@@ -36,11 +37,14 @@ def fit_data(kind, shape=(3, 224, 224)):
 
 def run(name, data="none", seed=0, **params):
     """Initialize a fresh stock ``name`` and measure it: (per-layer held-out hits, seconds, report)."""
+    import tempfile
+
     model = stock(name, seed)
     x = fit_data(data)
     t0 = time.perf_counter()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), tempfile.TemporaryDirectory() as cache:  # a fresh cache: the whole cost
         warnings.simplefilter("ignore")
+        os.environ["STRUCTINIT_CACHE"] = cache
         report = initialize_model(model, "impulse", data=x, seed=seed, **params)
     seconds = time.perf_counter() - t0
     return held_out_hits(model, report, crops(CHECK_PHOTO, 64, seed=1)), seconds, report
