@@ -268,7 +268,8 @@ def run_fit_bench(preset: str = "vit-digits", *, dataset: Optional[str] = None, 
                   samples: int = 256, train_steps: int = 10, train_batch: int = 64, amp: str = "off",
                   steps: int = 300, seed: int = 0, cache_dir=None, device: str = "cpu", data_free: bool = False,
                   profile_dir=None, profile_over: float = 0.0, profile_steps: int = 30,
-                  progress: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+                  progress: Optional[Callable[[str], None]] = None,
+                  init_params: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Time the default impulse init on ``preset`` (see the module docstring), each fit on a fresh
     model, and ``train_steps`` training steps of the model at batch ``train_batch`` with ``amp``
     (``train``'s mixed precision: ``off``, the default, ``bf16``, ``fp16`` or ``auto``: bf16 on a
@@ -290,7 +291,8 @@ def run_fit_bench(preset: str = "vit-digits", *, dataset: Optional[str] = None, 
     ``profile_dir``: when the first version's init (with data) took over ``profile_over`` seconds,
     that fit runs again for ``profile_steps`` Adam steps under torch.profiler (``fit-ops.txt``, the
     ops' table, and ``fit-trace.json.gz``, a Chrome trace); ``profile`` is :func:`profile_summary`
-    of it, or says why it was skipped."""
+    of it, or says why it was skipped. ``init_params``: more of the impulse init's parameters for
+    every timed init (``{"position_subspace": True}``: the subspace's fit), named in the result."""
     import tempfile
 
     from structinit.init.initialize import initialize_model
@@ -321,7 +323,7 @@ def run_fit_bench(preset: str = "vit-digits", *, dataset: Optional[str] = None, 
             # without data the fit runs on noise of the model's input shape and logs one line saying so
             rep, total = _timed(lambda: initialize_model(m, "impulse", seed=seed, data=data, data_fit_version=version,
                                                          cache_dir=cache, data_fit_samples=samples, data_fit=steps,
-                                                         log=lambda line: None), dev)
+                                                         log=lambda line: None, **(init_params or {})), dev)
             return _fit_row(rep, version, steps, total, step, data is not None and dataset is not None)
 
         rows: List[Dict[str, Any]] = []
@@ -333,26 +335,32 @@ def run_fit_bench(preset: str = "vit-digits", *, dataset: Optional[str] = None, 
             say("the same fits without data (on noise of the model's input shape)")
             out["data_free_rows"] = [fit(v, None) for v in versions]
         if profile_dir is not None:
-            first = rows[0]
-            if first["seconds"] > profile_over:
-                say(f"profiling data fit version {first['version']}")
-                out["profile"] = _profiled_fit(fresh(), x, version=first["version"], steps=profile_steps,
-                                               samples=samples, seed=seed, plain_path=plain_path, dev=dev,
-                                               out_dir=Path(profile_dir))
-            else:
-                out["profile"] = {"skipped": f"the init took {first['seconds']:.2f} s, not over {profile_over:g} s"}
+            out["profile"] = _maybe_profile(rows[0], profile_over, lambda first: _profiled_fit(
+                fresh(), x, version=first["version"], steps=profile_steps, samples=samples, seed=seed,
+                plain_path=plain_path, dev=dev, out_dir=Path(profile_dir)), say)
     inputs = dataset or f"noise [{samples}, {in_chans}, {image_size}, {image_size}]"
-    return {"shape": _shape_row(preset, arch, inputs, dev),
-            "train_step_seconds": step, "train_batch": train_batch,
-            "amp": amp_name(dtype), "solve": solve, **out}
+    return {"shape": _shape_row(preset, arch, inputs, dev), "train_step_seconds": step, "train_batch": train_batch,
+            "amp": amp_name(dtype), "solve": solve, "init_params": dict(init_params or {}), **out}
+
+
+def _maybe_profile(first: Dict[str, Any], over: float, profile: Callable[[Dict[str, Any]], Dict[str, Any]],
+                   say: Callable[[str], None]) -> Dict[str, Any]:
+    """The profile of the first timed fit (``profile(first row)``) when its init took over ``over``
+    seconds, else why it was skipped."""
+    if first["seconds"] <= over:
+        return {"skipped": f"the init took {first['seconds']:.2f} s, not over {over:g} s"}
+    say(f"profiling data fit version {first['version']}")
+    return profile(first)
 
 
 def fit_bench_table(result: Dict[str, Any]) -> str:
     """Plain-text table of :func:`run_fit_bench`'s result."""
     s = result["shape"]
     batch, amp = result.get("train_batch", 64), result.get("amp", "off")
+    given = "".join(f", {k}={v}" for k, v in (result.get("init_params") or {}).items())
     lines = [f"{s['preset']}: grid {'x'.join(map(str, s['grid']))}, dim {s['dim']}, {s['heads']} heads, depth "
-             f"{s['depth']}; inputs {s['inputs']}; {s['threads']} thread(s); {s['device']}",
+             f"{s['depth']}; inputs {s['inputs']}; {s['threads']} thread(s); {s['device']}"
+             + (f"; impulse{given}" if given else ""),
              f"one training step at batch {batch}" + (f", {amp} autocast" if amp != "off" else "") +
              f": {result['train_step_seconds']:.3f} s"]
     solve = result.get("solve")

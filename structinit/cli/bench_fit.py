@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from typing_extensions import Annotated
 
-from structinit.cli.common import Device, JsonOut, Progress, Seed, Threads, emit_json, examples, path_arg
+from structinit.cli.common import Device, InitParam, JsonOut, Progress, Seed, Threads, emit_json, examples, path_arg
 
 #: Library parameters this command spells with another flag.
 ALIASES = {"profile_dir": "--profile"}
@@ -17,6 +17,8 @@ ALIASES = {"profile_dir": "--profile"}
 EXAMPLES = examples(
     'structinit bench fit --model vit-digits --dataset digits --versions 1,2 --threads 1   # real digits',
     'structinit bench fit --model vit-t --image-size 32 --in-chans 3 --threads 1          # ViT-T shape, noise',
+    'structinit bench fit --model vit-digits --image-size 8 --in-chans 1 --data-free -p position_subspace=true '
+    '   # the fit in the position subspace',
     'structinit bench fit --model vit-s --image-size 224 --patch 16 --train-batch 128 --amp bf16 --data-free '
     '--device cuda --profile prof --profile-over 2   # ViT-S/16 at 224 on a GPU',
 )
@@ -55,14 +57,17 @@ def bench_fit(
     profile_steps: Annotated[int, typer.Option("--profile-steps", min=1, help="With --profile: the profiled fit's "
                                                "Adam steps (every phase of the fit, fewer steps: a small "
                                                "profile).")] = 30,
+    init_param: InitParam = [],  # noqa: B006
     seed: Seed = 0,
     device: Device = "cpu",
     threads: Threads = None,
     json_out: JsonOut = False,
 ):
-    """Time the default impulse init with its data fit against training steps of the same model."""
+    """Time the default impulse init with its data fit against training steps of the same model
+    (``--init-param``: another setting of it, such as the position subspace)."""
     from structinit.benchmarks.fit import fit_bench_table, run_fit_bench
     from structinit.errors import UsageError
+    from structinit.init.registry import init_spec, parse_assignments
     from structinit.runtime import use_threads
 
     if dataset is not None and (image_size is not None or in_chans is not None):
@@ -73,14 +78,15 @@ def bench_fit(
         wanted = [int(v) for v in versions.split(",") if v.strip()]
     except ValueError:
         raise UsageError(f"--versions takes comma-separated integers, got {versions!r}") from None
+    params = parse_assignments(init_param)
+    init_spec("impulse", **params)  # refuse an unknown or bad parameter before any work
     use_threads(threads)
     with Progress("bench fit", enabled=not json_out) as bar:
         result = run_fit_bench(model, dataset=dataset, image_size=image_size or 32, in_chans=in_chans or 3,
                                patch=patch, versions=wanted, samples=samples, train_steps=train_steps,
                                train_batch=train_batch, amp=amp, steps=steps, seed=seed, device=device,
                                data_free=data_free, profile_dir=profile, profile_over=profile_over,
-                               profile_steps=profile_steps,
-                               progress=bar.stage)
+                               profile_steps=profile_steps, progress=bar.stage, init_params=params)
     if json_out:
         emit_json(result)
     else:

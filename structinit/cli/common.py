@@ -47,6 +47,8 @@ CacheDir = Annotated[Optional[Path], typer.Option(
     "--cache-dir", help="Artifact cache folder.", show_default="$STRUCTINIT_CACHE, else $XDG_CACHE_HOME/structinit",
     parser=path_arg, metavar="DIR")]
 Seed = Annotated[int, typer.Option("--seed", min=0, help="Seed of offsets, noise and random draws.")]
+InitParam = Annotated[List[str], typer.Option("--init-param", "-p", help="Init parameter NAME=VALUE (repeatable), "
+                                              "e.g. -p position_subspace=true.", show_default=False)]
 Tokens = Annotated[Optional[int], typer.Option("--tokens", "-n", help="Tokens N of a square grid (a perfect square).",
                                                show_default="256 when --grid is not given")]
 GridOpt = Annotated[Optional[str], typer.Option("--grid", help="Token grid: HxW (an image) or L (a sequence of L "

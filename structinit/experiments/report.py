@@ -578,7 +578,7 @@ BASE_WORDS = {"model": "as the model builds it (timm's: Linear weights trunc nor
 
 
 def _bases(rep: GridReport) -> List[str]:
-    return sorted({rep.cells[(r, rep.columns[0])].base for r in rep.rows if rep.columns} - {None})
+    return sorted({b for b in (rep.cells[(r, rep.columns[0])].base for r in rep.rows if rep.columns) if b is not None})
 
 
 def _row_label(rep: GridReport, row: str) -> str:
