@@ -163,6 +163,42 @@ def test_a_task_stopped_while_it_starts_in_its_first_epoch_or_as_it_exits_keeps_
 
 
 @pytest.mark.slow
+def test_a_task_whose_data_loader_workers_get_the_sigterm_too_stops_and_resumes(tmp_path):
+    """A run read from disk (``imagefolder``) streams through DataLoader workers, which a scheduler
+    signals with the rest of the job (here: the task's process group). They leave the signal to the
+    task: it stops at its next step instead of failing on a worker "killed by signal"."""
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for c in range(2):
+            for j in range(100):
+                path = tmp_path / "data" / split / f"c{c}" / f"{j}.png"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                Image.new("RGB", (24, 20), (200 * c, 40 + j, 90)).save(path)
+    grid = variant(TINY, dataset="imagefolder", data_dir=str(tmp_path / "data"), image_size=16, patch=4,
+                   batch_size=4, workers=2, val_size=None)
+    ex = expand_text(grid, tmp_path, overrides=["epochs=6"], seeds=1, only=["init=mimetic"])
+    run = ex.run_dir(prepare(ex)[0])
+    proc = popen("bench", "run", run, "--threads", "1", cwd=tmp_path)
+    wait_for(lambda: epochs_of(run) or proc.poll() is not None)
+    # the next epoch's loader is up: the task and its two workers
+    tree = wait_for(lambda: (lambda t: t if len(t) >= 3 else None)(descendants(proc.pid)) or proc.poll() is not None)
+    os.killpg(proc.pid, signal.SIGSTOP)
+    assert proc.poll() is None and len(epochs_of(run)) < 6
+    os.killpg(proc.pid, signal.SIGTERM)
+    os.killpg(proc.pid, signal.SIGCONT)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0 and out.strip() == f"interrupted {run}", (proc.returncode, out, err)
+    kept = checkpoint_info(run / "checkpoint.pt")["epoch"]
+    assert f"task stopped (SIGTERM); the checkpoint of epoch {kept} is kept" in log_of(run)
+    assert "killed by signal" not in err + log_of(run) and "Traceback" not in err
+    assert not any(alive(p) for p in tree) and leftovers(run) == []
+    done = structinit("bench", "run", run, "--threads", "1", "--json", cwd=tmp_path)
+    assert done.returncode == 0 and json.loads(done.stdout)[0]["state"] == "finished", done.stdout + done.stderr
+    assert json.loads((run / "final.json").read_text())["resumed_from"] == kept and epochs_of(run) == list(range(1, 7))
+
+
+@pytest.mark.slow
 def test_train_stopped_by_sigterm_says_so_in_one_line_exits_143_and_resumes(tmp_path):
     out = tmp_path / "run"
     args = ["train", "--patch", "2", "--depth", "1", "--dim", "32", "--heads", "2", "--lr", "0.01", "--batch-size",

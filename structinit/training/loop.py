@@ -757,8 +757,9 @@ class _Feed:
             batches = list(shard_batches(n, self.global_batch, ctx.rank, ctx.world, self.seed, epoch))
             # torch types batch_sampler as lists of indices; the loader iterates an index tensor just the same
             loader = torch.utils.data.DataLoader(self.data.train, batch_sampler=batches,  # type: ignore[arg-type]
-                                                 num_workers=self.workers, pin_memory=self.pin)
-            for x, y in loader:
+                                                 num_workers=self.workers, pin_memory=self.pin,
+                                                 worker_init_fn=_loader_worker_start)
+            for x, y in _started(loader):
                 yield x.to(self.dev, non_blocking=True), y.to(self.dev, non_blocking=True)
 
     def evaluate(self, model: torch.nn.Module, split: Any) -> Tuple[float, float]:
@@ -777,10 +778,54 @@ class _Feed:
             chunks = ((self.prepare(xs[i:i + eval_b]), ys[i:i + eval_b]) for i in range(0, hi - lo, eval_b))
         else:
             sub = torch.utils.data.Subset(split, range(lo, hi))
-            chunks = ((x.to(dev), y.to(dev)) for x, y in torch.utils.data.DataLoader(
-                sub, batch_size=eval_b, num_workers=self.workers, pin_memory=self.pin))
+            chunks = ((x.to(dev), y.to(dev)) for x, y in _started(torch.utils.data.DataLoader(
+                sub, batch_size=eval_b, num_workers=self.workers, pin_memory=self.pin,
+                worker_init_fn=_loader_worker_start)))
         loss, correct, count = dist_.all_reduce_sum(ctx, evaluate(model, chunks, self.autocast, dev)).tolist()
         return loss / max(count, 1), 100.0 * correct / max(count, 1)
+
+
+#: The signals a scheduler sends every process of a job to stop it, which a DataLoader worker leaves
+#: to the process that trains (:func:`_loader_worker_start`).
+_STOP_SIGNALS = ("SIGTERM", "SIGUSR2")
+
+
+def _started(loader: Iterable[Any]) -> Iterator[Any]:
+    """Iterate ``loader``, its workers started with the stop signals blocked (a forked process
+    keeps the signal mask of the thread that forked it), so that one sent to every process of the
+    job while a worker starts waits for :func:`_loader_worker_start` instead of ending it."""
+    import signal
+
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {getattr(signal, name) for name in _STOP_SIGNALS})
+    try:
+        batches = iter(loader)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    yield from batches
+
+
+def _loader_worker_start(worker_id: int) -> None:
+    """In a DataLoader worker: leave SIGTERM and SIGUSR2 to the process that trains. A scheduler
+    sends them to every process of a job; torch's worker dies of a SIGTERM that its trainer did
+    not send, and the trainer then fails on "DataLoader worker ... is killed by signal" instead of
+    stopping at its next step. Both stay blocked (as the worker started, :func:`_started`) and a
+    thread takes them, ending the worker on its trainer's SIGTERM alone (torch's last resort for a
+    worker that does not exit)."""
+    import os
+    import signal
+    import threading
+
+    trainer = os.getppid()
+    stops = {getattr(signal, name) for name in _STOP_SIGNALS}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # threads started from here on keep it blocked
+
+    def take() -> None:
+        while True:
+            info = signal.sigwaitinfo(stops)
+            if info.si_signo == signal.SIGTERM and info.si_pid == trainer:
+                os._exit(0)
+
+    threading.Thread(target=take, name="stop-signals", daemon=True).start()
 
 
 def _train_one_epoch(s: _Session, sc: StepContext, feed: _Feed, model: torch.nn.Module, progress: _Progress, epoch: int,
