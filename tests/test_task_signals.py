@@ -6,7 +6,7 @@ the launcher: exit 130), the run keeps its last checkpoint and nothing partial, 
 resumes it. The moments are reached by watching the processes (their signal handlers in
 ``/proc/PID/status``, the run's files) and, where a moment must last, by freezing them with
 SIGSTOP; nothing waits for a time to pass. Last, ``requeue_self`` against a stand-in ``scontrol``
-that fails the way a busy controller does."""
+that fails the way a busy controller does (the real one: tests/test_bench_slurm.py)."""
 
 import json
 import os
@@ -284,13 +284,18 @@ def _cmdline(pid: int) -> bytes:
 
 # --------------------------------------------------------------------------- requeue_self
 
-SCONTROL = """#!/bin/sh
-# stands in for SLURM's scontrol: answers from the files in its folder, one per call, in order
-here=$(dirname "$0")
-n=$(ls "$here"/called-* 2>/dev/null | wc -l)
-echo "$@" > "$here/called-$n"
-if [ -f "$here/answer-$n" ]; then cat "$here/answer-$n" >&2; exit 1; fi
-exit 0
+SCONTROL = """\
+# stands in for SLURM's scontrol (a program that keeps the signal mask it is started with, as the real
+# one does; a shell would clear it): answers from the files in its folder, one per call, in order
+import pathlib, sys
+here = pathlib.Path(__file__).parent
+n = len(list(here.glob("called-*")))
+(here / f"called-{n}").write_text(" ".join(sys.argv[1:]) + "\\n")
+(here / f"mask-{n}").write_text(next(l for l in open("/proc/self/status") if l.startswith("SigBlk")))
+answer = here / f"answer-{n}"
+if answer.exists():
+    sys.stderr.write(answer.read_text())
+    sys.exit(1)
 """
 
 
@@ -309,7 +314,7 @@ def test_requeue_self_tries_again_when_the_controller_does_not_answer(tmp_path, 
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text(SCONTROL)
+    (bin_dir / "scontrol").write_text(f"#!{sys.executable}\n" + SCONTROL)
     (bin_dir / "scontrol").chmod(0o755)
     for i, answer in enumerate(answers):
         (bin_dir / f"answer-{i}").write_text(answer + "\n")
@@ -321,4 +326,7 @@ def test_requeue_self_tries_again_when_the_controller_does_not_answer(tmp_path, 
     assert requeue_self(lines.append, pause=0.0) is requeued
     assert sorted(p.name for p in bin_dir.glob("called-*")) == [f"called-{i}" for i in range(calls)]
     assert all((bin_dir / f"called-{i}").read_text().split() == ["requeue", "7_1"] for i in range(calls))
+    # SLURM ends a job it requeues with SIGTERM: the scontrol that asked must not die of it first
+    blocked = int((bin_dir / "mask-0").read_text().split()[1], 16)
+    assert blocked & (1 << (signal.SIGTERM - 1)) and blocked & (1 << (signal.SIGUSR2 - 1))
     assert len(lines) == 1 and lines[0].startswith(said), lines

@@ -326,7 +326,7 @@ def requeue_self(log: Callable[[str], None], attempts: int = 3, pause: float = 2
         if attempt:
             time.sleep(pause * attempt)
         try:
-            r = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=30)
+            r = _shielded(["scontrol", "requeue", job], timeout=30)
         except FileNotFoundError as exc:
             log(f"scontrol requeue {job} failed: {exc}")
             return False
@@ -345,6 +345,24 @@ def requeue_self(log: Callable[[str], None], attempts: int = 3, pause: float = 2
             break
     log(f"scontrol requeue {job} failed: {why}")
     return False
+
+
+def _shielded(cmd: List[str], timeout: float) -> subprocess.CompletedProcess:
+    """Run ``cmd`` (its output captured, as text) with SIGTERM and SIGUSR2 blocked: the SIGTERM
+    with which SLURM ends a job it requeues must not end the ``scontrol`` that asked for it before
+    it has the answer."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 # --------------------------------------------------------------------------- commands
