@@ -28,9 +28,12 @@ next task starts or resumes it), and it ignores both signals once its work is do
 (:meth:`Stopper.retire`), so that one arriving while Python shuts down (when Python has put the
 default handlers back) cannot end it by the signal. Only a signal in the first instants, while
 Python itself starts, ends the process by the signal (exit status 143); nothing is written then.
-Under ``torchrun`` (``nproc > 1``) the processes it starts never see ``SIGUSR2`` (it is blocked for
-them; the task decides) and stop together at one step on ``SIGTERM``
-(:func:`structinit.training.loop.train`'s ``stop``).
+(``python -m structinit``, which the launchers run, installs the handler before loading the command
+line; the ``structinit`` script just after.) A scheduler signals every process of the job: under
+``torchrun`` (``nproc > 1``) torchrun and its processes start with both signals blocked, the task
+decides and sends SIGTERM to the training processes, which stop together after one step
+(:func:`structinit.training.loop.train`'s ``stop``); DataLoader workers leave both to the process
+that trains; ``scontrol requeue`` runs with them blocked.
 """
 
 from __future__ import annotations
