@@ -231,7 +231,8 @@ def _worker(tasks, results, threads: Optional[int], default_threads: int, device
 
     stopper = Stopper()
     stopper.install()  # unblocks SIGTERM and SIGUSR2
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # a Ctrl-C that came meanwhile is dropped
+    if hasattr(signal, "pthread_sigmask"):  # a Ctrl-C that came meanwhile is dropped
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     os.environ["OMP_NUM_THREADS"] = str(threads or default_threads)  # before torch is imported
     try:
         if not stopper.event.is_set():  # stopped while it started: no run, so nothing to import
@@ -325,18 +326,22 @@ def _start_workers(workers: List[Any]) -> None:
     worker's handlers are in place (:func:`_worker`) instead of ending it half-started. In the main
     thread, a Ctrl-C or SIGTERM to the launcher meanwhile is held until every worker has started
     (each gets the launcher's SIGTERM then), and raised as KeyboardInterrupt after."""
+    from structinit.experiments.task import STOP_SIGNALS
+
     held: List[int] = []
     main = threading.current_thread() is threading.main_thread()
     handled = (signal.SIGINT, signal.SIGTERM)
     saved = {sig: signal.signal(sig, lambda signum, frame: held.append(signum)) for sig in handled} if main else {}
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGUSR2})
+    blockable = hasattr(signal, "pthread_sigmask")  # not on Windows
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, *STOP_SIGNALS}) if blockable else None
     try:
         for w in workers:
             w.start()
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     if held:
         raise KeyboardInterrupt
 

@@ -68,8 +68,23 @@ class TaskInterrupted(Exception):
     """Raised inside training when the task was asked to stop."""
 
 
-#: The signals a task stops on: SIGTERM (stop) and SIGUSR2 (stop and ask SLURM to requeue).
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+#: The signals a task stops on: SIGTERM (stop) and SIGUSR2 (stop and ask SLURM to requeue; none on
+#: Windows).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR2") if hasattr(signal, name))
+
+
+def _mask(how: str, signals) -> Optional[Any]:
+    """``signal.pthread_sigmask`` with ``how`` (``"SIG_BLOCK"``, ``"SIG_UNBLOCK"``) of this thread's
+    mask, returning the mask it replaced; nothing (``None``) where there are no masks (Windows)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(getattr(signal, how), signals)
+
+
+def _unmask(mask: Optional[Any]) -> None:
+    """Put back a mask :func:`_mask` replaced."""
+    if mask is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 class Stopper:
@@ -88,7 +103,7 @@ class Stopper:
         self.reason: Optional[str] = None
         self.at: Optional[float] = None
         self.grace = grace
-        self.signals = STOP_SIGNALS if requeue_signal else (signal.SIGTERM,)
+        self.signals = STOP_SIGNALS if requeue_signal else STOP_SIGNALS[:1]
         #: Installed by the entry point for the whole process (:func:`install_process_stopper`).
         self.process_wide = False
         self._saved: Dict[int, Any] = {}
@@ -102,7 +117,7 @@ class Stopper:
         self.event.set()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        if signum == signal.SIGUSR2:
+        if signum == getattr(signal, "SIGUSR2", None):
             self.request("SIGUSR2 (time limit or preemption)", requeue=True)
         else:
             self.request(signal.Signals(signum).name)
@@ -117,7 +132,7 @@ class Stopper:
             return
         for sig in self.signals:
             self._saved.setdefault(sig, signal.signal(sig, self._on_signal))
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, self.signals)
+        _mask("SIG_UNBLOCK", self.signals)
 
     def restore(self) -> None:
         """Put back the signal handlers :meth:`install` replaced (for a caller that goes on)."""
@@ -206,7 +221,7 @@ def command_stopper(grace: Optional[float] = None, requeue_signal: bool = True) 
     installed it (:func:`install_process_stopper`; a signal it got meanwhile is kept), with
     ``grace``; else a new one (an in-process call). End with :meth:`Stopper.release`."""
     stopper = _PROCESS_STOPPER
-    if stopper is not None and (signal.SIGUSR2 in stopper.signals) == requeue_signal:
+    if stopper is not None and (len(stopper.signals) > 1) == requeue_signal:
         stopper.grace = grace
         return stopper
     stopper = Stopper(grace, requeue_signal=requeue_signal)
@@ -354,11 +369,11 @@ def _shielded(cmd: List[str], timeout: float) -> subprocess.CompletedProcess:
     """Run ``cmd`` (its output captured, as text) with SIGTERM and SIGUSR2 blocked: the SIGTERM
     with which SLURM ends a job it requeues must not end the ``scontrol`` that asked for it before
     it has the answer."""
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    mask = _mask("SIG_BLOCK", STOP_SIGNALS)
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        _unmask(mask)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -586,12 +601,12 @@ def _run_torchrun(config, nproc: int, stopper: Stopper, log) -> tuple:
     # this task holds the run's lock; torchrun's rank 0 writes the run for it
     env = dict(os.environ, OMP_NUM_THREADS=str(config.threads or 1),
                **{LOCK_HELD_ENV: str(Path(config.out).expanduser().resolve())})
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    blocked = _mask("SIG_BLOCK", STOP_SIGNALS)
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                 start_new_session=True)
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        _unmask(blocked)
 
     out = proc.stdout
     assert out is not None  # stdout=PIPE

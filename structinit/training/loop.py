@@ -796,6 +796,9 @@ def _started(loader: Iterable[Any]) -> Iterator[Any]:
     job while a worker starts waits for :func:`_loader_worker_start` instead of ending it."""
     import signal
 
+    if not hasattr(signal, "sigwaitinfo"):  # macOS, Windows: torch's own handling (see _loader_worker_start)
+        yield from loader
+        return
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {getattr(signal, name) for name in _STOP_SIGNALS})
     try:
         batches = iter(loader)
@@ -815,6 +818,8 @@ def _loader_worker_start(worker_id: int) -> None:
     import signal
     import threading
 
+    if not hasattr(signal, "sigwaitinfo"):  # macOS, Windows: torch's own handling stays
+        return
     trainer = os.getppid()
     stops = {getattr(signal, name) for name in _STOP_SIGNALS}
     signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # threads started from here on keep it blocked
