@@ -601,7 +601,10 @@ def _run_torchrun(config, nproc: int, stopper: Stopper, log) -> tuple:
     # this task holds the run's lock; torchrun's rank 0 writes the run for it
     env = dict(os.environ, OMP_NUM_THREADS=str(config.threads or 1),
                **{LOCK_HELD_ENV: str(Path(config.out).expanduser().resolve())})
-    blocked = _mask("SIG_BLOCK", STOP_SIGNALS)
+    # Without /proc (not Linux) this task cannot find the training processes: torchrun's agent then
+    # takes SIGTERM and passes it on, as torchrun does by itself.
+    linux = os.path.isdir("/proc/self")
+    blocked = _mask("SIG_BLOCK", STOP_SIGNALS if linux else STOP_SIGNALS[1:])
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                 start_new_session=True)
@@ -624,6 +627,9 @@ def _run_torchrun(config, nproc: int, stopper: Stopper, log) -> tuple:
             if not stopper.event.wait(0.5):
                 continue
             sent = sent or time.monotonic()
+            if not linux and not told:
+                _signal(-proc.pid, signal.SIGTERM)
+                told.add(proc.pid)
             for pid in set(_children(proc.pid)) - told:  # started since the last look, too
                 _signal(pid, signal.SIGTERM)
                 told.add(pid)
