@@ -198,6 +198,26 @@ PartitionName=debug Nodes=structinit-node Default=YES MaxTime=INFINITE State=UP
             parts.append(f"--- {name} log\n" + "\n".join(lines))
         return "\n".join(parts)
 
+    def start_now(self, job) -> None:
+        """Let a pending task start now rather than when SLURM would, but never sooner than 2 s
+        after SLURM finished requeueing it. SLURM revokes the launch credential of a job it
+        requeues while it runs (as of the second the requeue is processed) and refuses a new
+        launch whose credential is dated that second or earlier ("Job 1 already killed, do not
+        launch batch job"; the job ends FAILED and never runs again). So it keeps a requeued job
+        from starting for cred_expire + 1 s (121 s by default) after the requeue finished, when
+        it sets the job's SubmitTime; forcing StartTime=now sooner is what a real cluster never
+        does, and what made a self-requeued task relaunched 0.7 s later fail."""
+        import datetime
+        import re
+
+        r = self.run("scontrol", "show", "job", str(job), check=False)
+        state, submitted = re.search(r"JobState=(\S+)", r.stdout), re.search(r"SubmitTime=(\S+)", r.stdout)
+        if state is None or submitted is None or state.group(1) != "PENDING":  # COMPLETING: requeue not done
+            return
+        if time.time() < datetime.datetime.fromisoformat(submitted.group(1)).timestamp() + 2:
+            return
+        self.run("scontrol", "update", f"JobId={job}", "StartTime=now", check=False)
+
     def stop(self):
         self.run("scancel", "--full", "--user", os.environ.get("USER", "root"), check=False)
         for name in ("slurmd", "slurmctld", "munged"):
@@ -314,10 +334,11 @@ def test_a_grid_on_slurm_survives_requeue_and_the_time_limit_signal(cluster, tmp
         time.sleep(0.2)
     assert requeued is not None and signalled is not None, "no task could be requeued or signalled in time"
 
-    # requeued jobs wait ~2 minutes before they are eligible again; let them start now. A restarted
-    # task imports torch again and trains its last epoch: minutes on a slow, busy machine. While
-    # both tasks are being requeued squeue may list neither, so the array is done when squeue is
-    # empty and both runs have finished (or squeue has stayed empty for 2 minutes: a lost task).
+    # requeued jobs wait ~2 minutes before they are eligible again; let them start as soon as SLURM
+    # can launch them (Cluster.start_now). A restarted task imports torch again and trains its last
+    # epoch: minutes on a slow, busy machine. While both tasks are being requeued squeue may list
+    # neither, so the array is done when squeue is empty and both runs have finished (or squeue
+    # has stayed empty for 2 minutes: a lost task).
     def finished():
         return all((task(run) or {}).get("state") == "finished" for run in runs)
 
@@ -332,7 +353,7 @@ def test_a_grid_on_slurm_survives_requeue_and_the_time_limit_signal(cluster, tmp
                 break
         for jid, state, reason in states:
             if state == "PENDING":
-                cluster.run("scontrol", "update", f"JobId={jid}", "StartTime=now", check=False)
+                cluster.start_now(jid)
                 if "held" in reason.lower():  # a launch that failed on a busy node holds the task
                     cluster.run("scontrol", "release", jid, check=False)
         time.sleep(1)

@@ -119,5 +119,9 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 def run() -> None:
-    """The console-script entry point."""
+    """The console-script entry point (and ``python -m structinit``'s, which installed the stop
+    handler of ``bench run`` and ``train`` before loading this module)."""
+    from structinit.experiments.task import install_process_stopper
+
+    install_process_stopper(sys.argv[1:])
     sys.exit(main())

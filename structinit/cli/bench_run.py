@@ -34,24 +34,25 @@ def bench_run(
 
     A finished run is skipped; a run trained by another task right now is left to it. SIGTERM
     stops at the next optimizer step (the last finished epoch's checkpoint is kept); SIGUSR2 does the same
-    and then asks SLURM to requeue the job.
+    and then asks SLURM to requeue the job. A stopped run is reported `interrupted` and the exit
+    code stays 0 (1 when a run failed); a run the stop came before is reported `interrupted` too,
+    and nothing of it is written.
     """
     import sys
 
-    from structinit.experiments.task import Stopper, check_nproc, run_task
+    from structinit.experiments.task import check_nproc, command_stopper, run_task
     from structinit.runtime import check_device, check_threads
 
-    check_threads(threads)
-    check_nproc(nproc)
-    if device is not None:
-        check_device(device)
-    stopper = Stopper(grace=signal_seconds)
-    stopper.install()
+    # first: a signal from here on is a stop request (the entry point installed it before loading
+    # the command line; an in-process call installs it now)
+    stopper = command_stopper(grace=signal_seconds)
     outcomes = []
     try:
+        check_threads(threads)
+        check_nproc(nproc)
+        if device is not None:
+            check_device(device)
         for run in runs:
-            if stopper.event.is_set():
-                break
             outcome = run_task(run, threads=threads, device=device, nproc=nproc, stopper=stopper,
                                echo=lambda line: print(line, file=sys.stderr, flush=True), launcher="bench run")
             outcomes.append(outcome.to_dict())
@@ -59,9 +60,11 @@ def bench_run(
                 acc = f": final {outcome.final_acc:.2f}%" if outcome.final_acc is not None else ""
                 err = f": {outcome.error}" if outcome.error else ""
                 typer.echo(f"{outcome.state} {run}{acc}{err}")
+        if json_out:
+            emit_json(outcomes)
     finally:
-        stopper.restore()
-    if json_out:
-        emit_json(outcomes)
+        # the process-wide stopper is retired (the process exits next: a signal now has nothing
+        # left to stop and must not end it), an in-process call's restored
+        stopper.release()
     if any(o["state"] == "failed" for o in outcomes):
         raise typer.Exit(1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import typer
 from typing_extensions import Annotated
@@ -227,12 +227,25 @@ def train(
     on real training inputs as epoch 0), checkpoint.pt (every
     epoch, atomically), best.pt and final.json. The headline is the final epoch's test accuracy;
     the best epoch is chosen on --val-size's validation split when there is one. Runs unchanged
-    under torchrun (DDP; NCCL on GPUs, gloo on CPU); only rank 0 writes and prints.
+    under torchrun (DDP; NCCL on GPUs, gloo on CPU); only rank 0 writes and prints. SIGTERM stops
+    it at the next optimizer step (every process at the same one under torchrun), the last epoch's
+    checkpoint kept: one error line and exit code 143; --resume continues.
     """
     fields = _config_fields(dict(locals()))  # first: the command's parameters alone
-    if resume and out is not None:
-        fields = _with_run_settings(ctx, fields, out)
-    result = _train_with_progress(fields, threads)
+    from structinit.experiments.task import command_stopper
+    from structinit.training.loop import TrainingStopped
+
+    # SIGTERM is a stop request from here on (from the start of the process when it was started as
+    # `structinit train`, whose entry point installed it before loading the command line)
+    stopper = command_stopper(requeue_signal=False)
+    try:
+        if resume and out is not None:
+            fields = _with_run_settings(ctx, fields, out)
+        result = _train_with_progress(fields, threads, stopper.event.is_set)
+    except TrainingStopped as exc:
+        raise _stopped(exc.epochs_done, out) from None
+    finally:
+        stopper.release()  # ignored from now on when this command is the process, else put back
     if result is None:  # a process of torchrun other than rank 0: it prints nothing
         return
     if json_out:
@@ -241,14 +254,33 @@ def train(
     typer.echo(result_line(result))
 
 
-def _train_with_progress(fields: Dict[str, Any], threads: Optional[int]) -> Optional[TrainResult]:
+def _stopped(epochs_done: int, out: Optional[Path]) -> typer.Exit:
+    """The end of a run stopped by SIGTERM: one ``error:`` line (on rank 0) and exit code 143, the
+    shell's code for a process ended by SIGTERM."""
+    from structinit.cli.common import fail
+    from structinit.training.distributed import launched_by_torchrun
+
+    if launched_by_torchrun() and os.environ.get("RANK", "0") != "0":
+        return typer.Exit(143)
+    if out is not None and epochs_done:
+        kept = (f"the checkpoint of epoch {epochs_done} is kept in {out}: the same command with --resume "
+                "continues the run")
+    else:
+        kept = "no epoch had finished, so nothing of the run is kept"
+    return fail(f"interrupted (SIGTERM); {kept}", 143)
+
+
+def _train_with_progress(fields: Dict[str, Any], threads: Optional[int],
+                         stop: Optional[Callable[[], bool]] = None) -> Optional[TrainResult]:
     """Run :func:`structinit.training.loop.train` on ``TrainConfig(**fields)`` with ``threads`` torch
-    threads, behind a progress bar with the epoch lines and a long warm-up's warning logged above it.
-    Returns its result on rank 0 (or without torchrun), ``None`` on the other ranks."""
+    threads, behind a progress bar with the epoch lines and a long warm-up's warning logged above it;
+    ``stop`` is its stop request. Returns its result on rank 0 (or without torchrun), ``None`` on the
+    other ranks."""
     from structinit.errors import StructinitError
     from structinit.runtime import use_threads
     from structinit.training.config import TrainConfig, long_warmup
     from structinit.training.distributed import launched_by_torchrun
+    from structinit.training.loop import TrainingStopped
     from structinit.training.loop import train as run_training
 
     config = TrainConfig(**fields)
@@ -256,6 +288,7 @@ def _train_with_progress(fields: Dict[str, Any], threads: Optional[int]) -> Opti
     n_epochs = int(hp["epochs"])
     use_threads(threads)
     rank0 = not launched_by_torchrun() or os.environ.get("RANK", "0") == "0"
+    alone = not launched_by_torchrun()
     too_long = long_warmup(hp) if rank0 else None
     with Progress("training", enabled=rank0, plain=False) as bar:
         def on_step(e: int, s: int, n: int) -> None:
@@ -265,8 +298,15 @@ def _train_with_progress(fields: Dict[str, Any], threads: Optional[int]) -> Opti
                 too_long = None
             bar.update(s, n, f"epoch {e}/{n_epochs}")
 
+        def on_init(done: int, total: int) -> None:
+            # a stop ends a lone process's data fit at its next step; under torchrun every process
+            # fits and only this one is told, so they stop together before the first epoch
+            if alone and stop is not None and stop():
+                raise TrainingStopped(0)
+            bar.update(done, total, "init: data fit")
+
         result = run_training(config, on_step=on_step, on_epoch=lambda r: bar.log(_fmt(r, n_epochs)), log=bar.log,
-                              on_init=lambda d, n: bar.update(d, n, "init: data fit"))
+                              on_init=on_init, stop=stop)
     return result if rank0 else None
 
 

@@ -222,38 +222,47 @@ def warm_up() -> None:
 
 
 def _worker(tasks, results, threads: Optional[int], default_threads: int, device: Optional[str]) -> None:
-    """A local worker process: runs tasks from ``tasks`` until it gets ``None`` or SIGTERM."""
-    os.environ["OMP_NUM_THREADS"] = str(threads or default_threads)  # before torch is imported
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides; it sends SIGTERM
+    """A local worker process: runs tasks from ``tasks`` until it gets ``None`` or SIGTERM. It
+    starts with SIGINT, SIGTERM and SIGUSR2 blocked (:func:`run_local`), so that one sent while it
+    starts waits for its handlers: SIGINT is ignored (the launcher decides; it sends SIGTERM), and
+    a SIGTERM that came meanwhile stops it before it takes a run."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from structinit.experiments.task import Stopper, run_task
 
-    warm_up()
     stopper = Stopper()
-    stopper.install()
-    parent = os.getppid()
+    stopper.install()  # unblocks SIGTERM and SIGUSR2
+    if hasattr(signal, "pthread_sigmask"):  # a Ctrl-C that came meanwhile is dropped
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    os.environ["OMP_NUM_THREADS"] = str(threads or default_threads)  # before torch is imported
+    try:
+        if not stopper.event.is_set():  # stopped while it started: no run, so nothing to import
+            warm_up()
+        parent = os.getppid()
 
-    def watch_parent():  # a launcher killed outright must not leave its workers training
-        while not stopper.event.wait(2.0):
-            if os.getppid() != parent:
-                stopper.request("the launcher is gone")
+        def watch_parent():  # a launcher killed outright must not leave its workers training
+            while not stopper.event.wait(2.0):
+                if os.getppid() != parent:
+                    stopper.request("the launcher is gone")
 
-    threading.Thread(target=watch_parent, daemon=True).start()
-    while not stopper.event.is_set():
-        try:
-            path = tasks.get(timeout=0.5)
-        except queue.Empty:
-            continue
-        if path is None:
-            break
-        results.put(("start", path, None))
-        try:
-            outcome = run_task(path, threads=threads, default_threads=default_threads, device=device,
-                               stopper=stopper).to_dict()
-        except Exception as exc:  # noqa: BLE001 - the launcher reports it and goes on
-            msg = exc.render() if hasattr(exc, "render") else f"{type(exc).__name__}: {exc}"
-            outcome = {"key": Path(path).name, "path": path, "state": "failed", "seconds": 0.0,
-                       "train_seconds": 0.0, "final_acc": None, "error": msg.splitlines()[0], "requeued": False}
-        results.put(("done", path, outcome))
+        threading.Thread(target=watch_parent, daemon=True).start()
+        while not stopper.event.is_set():
+            try:
+                path = tasks.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if path is None:
+                break
+            results.put(("start", path, None))
+            try:
+                outcome = run_task(path, threads=threads, default_threads=default_threads, device=device,
+                                   stopper=stopper).to_dict()
+            except Exception as exc:  # noqa: BLE001 - the launcher reports it and goes on
+                msg = exc.render() if hasattr(exc, "render") else f"{type(exc).__name__}: {exc}"
+                outcome = {"key": Path(path).name, "path": path, "state": "failed", "seconds": 0.0,
+                           "train_seconds": 0.0, "final_acc": None, "error": msg.splitlines()[0], "requeued": False}
+            results.put(("done", path, outcome))
+    finally:
+        stopper.retire()  # the worker exits next: a SIGTERM now has nothing left to stop
 
 
 def run_local(ex: Expansion, cells: List[Cell], *, jobs: int = 1, threads: Optional[int] = None,
@@ -283,13 +292,12 @@ def run_local(ex: Expansion, cells: List[Cell], *, jobs: int = 1, threads: Optio
         tasks.put(None)
     workers = [ctx.Process(target=_worker, args=(tasks, results, threads, default_threads, device), daemon=True)
                for _ in range(jobs)]
-    for w in workers:
-        w.start()
     got = _Results(ex, results, by_path, summary, log, progress, total=len(cells))
-    if progress:
-        progress(0, got.total)
-    old_term = _sigterm_interrupts()
+    old_term = _sigterm_interrupts()  # before any worker starts: a SIGTERM from here on is a Ctrl-C
     try:
+        _start_workers(workers)
+        if progress:
+            progress(0, got.total)
         while got.done < got.total and any(w.is_alive() for w in workers):
             got.collect(0.5)
         while got.collect(0.2):  # results sent just before the workers exited
@@ -300,7 +308,8 @@ def run_local(ex: Expansion, cells: List[Cell], *, jobs: int = 1, threads: Optio
         for w in workers:
             if w.is_alive():
                 w.kill()
-            w.join(timeout=5)
+            if w.pid is not None:  # started
+                w.join(timeout=5)
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
     lost = got.total - got.done
@@ -309,6 +318,32 @@ def run_local(ex: Expansion, cells: List[Cell], *, jobs: int = 1, threads: Optio
         log(f"{lost} run(s) got no result: a worker process died (out of memory?); see their log.txt")
     summary.wall_seconds = time.perf_counter() - t0
     return summary
+
+
+def _start_workers(workers: List[Any]) -> None:
+    """Start ``workers`` with SIGINT, SIGTERM and SIGUSR2 blocked (a child keeps the mask of the
+    thread that started it, across exec): one sent to a worker while it starts waits until the
+    worker's handlers are in place (:func:`_worker`) instead of ending it half-started. In the main
+    thread, a Ctrl-C or SIGTERM to the launcher meanwhile is held until every worker has started
+    (each gets the launcher's SIGTERM then), and raised as KeyboardInterrupt after."""
+    from structinit.experiments.task import STOP_SIGNALS
+
+    held: List[int] = []
+    main = threading.current_thread() is threading.main_thread()
+    handled = (signal.SIGINT, signal.SIGTERM)
+    saved = {sig: signal.signal(sig, lambda signum, frame: held.append(signum)) for sig in handled} if main else {}
+    blockable = hasattr(signal, "pthread_sigmask")  # not on Windows
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, *STOP_SIGNALS}) if blockable else None
+    try:
+        for w in workers:
+            w.start()
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    if held:
+        raise KeyboardInterrupt
 
 
 def _sigterm_interrupts() -> Any:

@@ -19,7 +19,21 @@ a local launcher) stops the task at the next optimizer step; the last epoch's ch
 disk, so nothing but the epoch in progress is lost. ``SIGUSR2`` (sent by SLURM before the time
 limit with ``--signal=USR2@SECONDS``) does the same, finishing the epoch first when it fits in
 the time left, and then asks SLURM to requeue the task (``scontrol requeue``), which resumes the
-run when it starts again.
+run when it starts again. ``task.json`` says ``interrupted`` before the task asks for the requeue.
+
+Whatever the moment, a stopped task exits as a task that ran: ``structinit bench run`` installs its
+handlers before it loads the command line (:func:`install_process_stopper`, from the entry point),
+so a signal while it starts reports each run ``interrupted`` without writing anything to it (the
+next task starts or resumes it), and it ignores both signals once its work is done and reported
+(:meth:`Stopper.retire`), so that one arriving while Python shuts down (when Python has put the
+default handlers back) cannot end it by the signal. Only a signal in the first instants, while
+Python itself starts, ends the process by the signal (exit status 143); nothing is written then.
+(``python -m structinit``, which the launchers run, installs the handler before loading the command
+line; the ``structinit`` script just after.) A scheduler signals every process of the job: under
+``torchrun`` (``nproc > 1``) torchrun and its processes start with both signals blocked, the task
+decides and sends SIGTERM to the training processes, which stop together after one step
+(:func:`structinit.training.loop.train`'s ``stop``); DataLoader workers leave both to the process
+that trains; ``scontrol requeue`` runs with them blocked.
 """
 
 from __future__ import annotations
@@ -38,7 +52,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from structinit.errors import StructinitError, UsageError, param
 
@@ -54,20 +68,45 @@ class TaskInterrupted(Exception):
     """Raised inside training when the task was asked to stop."""
 
 
+#: The signals a task stops on: SIGTERM (stop) and SIGUSR2 (stop and ask SLURM to requeue; none on
+#: Windows).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR2") if hasattr(signal, name))
+
+
+def _mask(how: str, signals) -> Optional[Any]:
+    """``signal.pthread_sigmask`` with ``how`` (``"SIG_BLOCK"``, ``"SIG_UNBLOCK"``) of this thread's
+    mask, returning the mask it replaced; nothing (``None``) where there are no masks (Windows)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(getattr(signal, how), signals)
+
+
+def _unmask(mask: Optional[Any]) -> None:
+    """Put back a mask :func:`_mask` replaced."""
+    if mask is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
 class Stopper:
     """A stop request shared by signal handlers and the training callbacks.
 
     :meth:`request` asks the task to stop; with ``requeue`` the task asks SLURM to requeue it once
     stopped. ``grace`` (seconds between the request and a hard kill, e.g. the ``--signal`` lead
-    time) lets the epoch in progress finish when it is expected to fit.
+    time) lets the epoch in progress finish when it is expected to fit. ``requeue_signal``:
+    whether SIGUSR2 is handled too (stop and requeue); without it only SIGTERM is
+    (``structinit train``).
     """
 
-    def __init__(self, grace: Optional[float] = None):
+    def __init__(self, grace: Optional[float] = None, requeue_signal: bool = True):
         self.event = threading.Event()
         self.requeue = False
         self.reason: Optional[str] = None
         self.at: Optional[float] = None
         self.grace = grace
+        self.signals = STOP_SIGNALS if requeue_signal else STOP_SIGNALS[:1]
+        #: Installed by the entry point for the whole process (:func:`install_process_stopper`).
+        self.process_wide = False
+        self._saved: Dict[int, Any] = {}
         self._epoch_start: Optional[float] = None
         self._epoch_first = 1
 
@@ -77,18 +116,49 @@ class Stopper:
         self.requeue = self.requeue or requeue
         self.event.set()
 
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if signum == getattr(signal, "SIGUSR2", None):
+            self.request("SIGUSR2 (time limit or preemption)", requeue=True)
+        else:
+            self.request(signal.Signals(signum).name)
+
     def install(self) -> None:
         """Handle SIGTERM (stop) and SIGUSR2 (stop and requeue) in this (main) thread until
-        :meth:`restore`."""
-        self._saved = {signal.SIGTERM: signal.signal(signal.SIGTERM, lambda s, f: self.request("SIGTERM")),
-                       signal.SIGUSR2: signal.signal(signal.SIGUSR2, lambda s, f: self.request(
-                           "SIGUSR2 (time limit or preemption)", requeue=True))}
+        :meth:`restore` or :meth:`retire`, and unblock them: a launcher starts its workers with
+        them blocked, so that one sent while a worker starts waits for this handler instead of
+        ending it (it is handled now). Outside the main thread, where Python cannot handle
+        signals, nothing is installed: the caller's own :meth:`request` is the only stop."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in self.signals:
+            self._saved.setdefault(sig, signal.signal(sig, self._on_signal))
+        _mask("SIG_UNBLOCK", self.signals)
 
     def restore(self) -> None:
-        """Put back the signal handlers :meth:`install` replaced."""
-        for sig, handler in getattr(self, "_saved", {}).items():
+        """Put back the signal handlers :meth:`install` replaced (for a caller that goes on)."""
+        for sig, handler in self._saved.items():
             signal.signal(sig, handler)
         self._saved = {}
+
+    def retire(self) -> None:
+        """For a process whose work is done and reported and which now exits: ignore the stop
+        signals from here on. Putting the default handlers back (:meth:`restore`) would let one
+        that arrives while the process exits end it by the signal, and so would keeping this
+        handler: Python puts the default handlers back itself before it unloads its modules
+        (seconds with torch loaded), but leaves an ignored signal ignored."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in self.signals:
+            signal.signal(sig, signal.SIG_IGN)
+        self._saved = {}
+
+    def release(self) -> None:
+        """:meth:`retire` for the process-wide stopper (the process exits next), else
+        :meth:`restore` (an in-process call, which goes on)."""
+        if self.process_wide:
+            self.retire()
+        else:
+            self.restore()
 
     # ---- training callbacks
     def on_step(self, epoch: int, step: int, steps: int) -> None:
@@ -116,6 +186,47 @@ class Stopper:
         self._epoch_start = None
         if self.event.is_set() and int(record["epoch"]) < epochs:
             raise TaskInterrupted(self.reason)
+
+
+_PROCESS_STOPPER: Optional[Stopper] = None
+
+
+def install_process_stopper(argv: Sequence[str]) -> Optional[Stopper]:
+    """For the entry point, before it loads the command line: when ``argv`` (the arguments after
+    the program) runs a command that stops cleanly on signals, ``bench run`` (SIGTERM and SIGUSR2)
+    or ``train`` (SIGTERM), install its :class:`Stopper` for the whole process now, so that a
+    signal while the rest of the program loads is a stop request, not the end of the process; the
+    command takes it over (:func:`command_stopper`). ``None`` for any other command, or outside the
+    main thread."""
+    global _PROCESS_STOPPER
+    args = list(argv)
+    if args[:2] == ["bench", "run"]:
+        requeue_signal = True
+    elif args[:1] == ["train"]:
+        requeue_signal = False
+    else:
+        return None
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if _PROCESS_STOPPER is None:
+        stopper = Stopper(requeue_signal=requeue_signal)
+        stopper.process_wide = True
+        stopper.install()
+        _PROCESS_STOPPER = stopper
+    return _PROCESS_STOPPER
+
+
+def command_stopper(grace: Optional[float] = None, requeue_signal: bool = True) -> Stopper:
+    """The :class:`Stopper` a command stops on, installed: the process-wide one when the entry point
+    installed it (:func:`install_process_stopper`; a signal it got meanwhile is kept), with
+    ``grace``; else a new one (an in-process call). End with :meth:`Stopper.release`."""
+    stopper = _PROCESS_STOPPER
+    if stopper is not None and (len(stopper.signals) > 1) == requeue_signal:
+        stopper.grace = grace
+        return stopper
+    stopper = Stopper(grace, requeue_signal=requeue_signal)
+    stopper.install()
+    return stopper
 
 
 @dataclass
@@ -212,23 +323,64 @@ def slurm_requeue_target(env: Optional[Mapping[str, str]] = None) -> Optional[st
     return env.get("SLURM_JOB_ID") or None
 
 
-def requeue_self(log: Callable[[str], None]) -> bool:
+#: What ``scontrol requeue`` says when trying again cannot help (the job may not be requeued, or
+#: is not this job); anything else (a controller too busy to answer in time) is tried again.
+REQUEUE_REFUSALS = ("disabled", "invalid job id", "access", "permission", "not supported", "only")
+
+
+def requeue_self(log: Callable[[str], None], attempts: int = 3, pause: float = 2.0) -> bool:
     """Ask SLURM to requeue this job, and only this task of an array (``scontrol requeue``
-    :func:`slurm_requeue_target`); ``False`` if it cannot."""
+    :func:`slurm_requeue_target`); ``False`` if it cannot. A failure SLURM may get over (a busy
+    controller's time-out) is tried again, ``attempts`` times in all, ``pause`` seconds apart
+    (then twice that); a job already requeued (by the scheduler, as a preemption does) counts as
+    requeued. Call it once the run's state is saved: SLURM ends the job's processes (SIGTERM, then
+    SIGKILL) as it requeues it."""
     job = slurm_requeue_target()
     if not job:
         log("not under SLURM: cannot requeue; run the task again to resume")
         return False
+    why = ""
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(pause * attempt)
+        try:
+            r = _shielded(["scontrol", "requeue", job], timeout=30)
+        except FileNotFoundError as exc:
+            log(f"scontrol requeue {job} failed: {exc}")
+            return False
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            why = str(exc)
+            continue
+        if r.returncode == 0:
+            log(f"requeued SLURM job {job}; the run resumes from its checkpoint when the task starts again")
+            return True
+        why = " ".join((r.stderr or r.stdout or f"exit code {r.returncode}").split())
+        if "pending" in why.lower():  # ESLURM_JOB_PENDING: requeued already
+            log(f"SLURM job {job} is requeued already ({why}); the run resumes from its checkpoint when the task "
+                "starts again")
+            return True
+        if any(word in why.lower() for word in REQUEUE_REFUSALS):
+            break
+    log(f"scontrol requeue {job} failed: {why}")
+    return False
+
+
+def _shielded(cmd: List[str], timeout: float) -> subprocess.CompletedProcess:
+    """Run ``cmd`` (its output captured, as text) with SIGTERM and SIGUSR2 blocked: the SIGTERM
+    with which SLURM ends a job it requeues must not end the ``scontrol`` that asked for it before
+    it has the answer."""
+    mask = _mask("SIG_BLOCK", STOP_SIGNALS)
     try:
-        r = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log(f"scontrol requeue {job} failed: {exc}")
-        return False
-    if r.returncode != 0:
-        log(f"scontrol requeue {job} failed: {(r.stderr or r.stdout).strip()}")
-        return False
-    log(f"requeued SLURM job {job}; the run resumes from its checkpoint when the task starts again")
-    return True
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        _unmask(mask)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 # --------------------------------------------------------------------------- commands
@@ -323,11 +475,13 @@ def run_task(run_dir: os.PathLike, *, threads: Optional[int] = None, device: Opt
         final = rd.read_final() or {}
         return TaskOutcome(key, str(run_dir), "already-finished", time.perf_counter() - t0,
                            final_acc=final.get("final_acc"))
+    stopper = stopper or Stopper()
+    if stopper.event.is_set():  # asked to stop before this run began: it is left as it is
+        return TaskOutcome(key, str(run_dir), "interrupted", time.perf_counter() - t0)
     try:
         rd.lock()  # train() takes it again in this process; another process gets RunBusy
     except RunBusy:
         return TaskOutcome(key, str(run_dir), "busy", time.perf_counter() - t0)
-    stopper = stopper or Stopper()
     log = _Log(run_dir / LOG_FILE, echo)
     beat_stop = threading.Event()
     beat = threading.Thread(target=_heartbeat, args=(run_dir / HEARTBEAT_FILE, beat_stop), daemon=True)
@@ -337,6 +491,8 @@ def run_task(run_dir: os.PathLike, *, threads: Optional[int] = None, device: Opt
     try:
         if rd.state == "finished":  # finished between the first look and the lock
             return TaskOutcome(key, str(run_dir), "already-finished", time.perf_counter() - t0)
+        if stopper.event.is_set():  # asked while it took the lock: nothing is written
+            return TaskOutcome(key, str(run_dir), "interrupted", time.perf_counter() - t0)
         _write_task(run_dir, record)
         beat.start()
         config = dataclasses.replace(config, out=str(run_dir), resume=True)
@@ -357,25 +513,43 @@ def run_task(run_dir: os.PathLike, *, threads: Optional[int] = None, device: Opt
         else:
             state, final_acc, error = _run_here(config, stopper, log)
         train_seconds = time.perf_counter() - t_train
-        requeued = False
         if state == "interrupted":
-            done = len(rd.read_metrics()) if rd.state == "resumable" else 0
+            done = _checkpoint_epoch(rd)
             log(f"task stopped ({stopper.reason}); " + (f"the checkpoint of epoch {done} is kept" if done else
                                                        "no epoch had finished: the next task starts the run afresh"))
-            if stopper.requeue:
-                requeued = requeue_self(log)
         elif state == "failed":
             log(f"error: {error}")
         else:
             log(f"task done: final accuracy {final_acc:.2f}%")
         record.update(state=state, ended=datetime.datetime.now().isoformat(timespec="seconds"),
-                      train_seconds=round(train_seconds, 3), error=error, requeued=requeued)
-        _write_task(run_dir, record)
+                      train_seconds=round(train_seconds, 3), error=error, requeued=False)
+        _write_task(run_dir, record)  # the run's state is on disk before SLURM is asked to requeue it
+        requeued = False
+        if state == "interrupted" and stopper.requeue:
+            requeued = requeue_self(log)
+            if requeued:
+                record["requeued"] = True
+                _write_task(run_dir, record)
         return TaskOutcome(key, str(run_dir), state, time.perf_counter() - t0, train_seconds, final_acc, error,
                            requeued)
     finally:
         beat_stop.set()
         rd.unlock()
+
+
+def _checkpoint_epoch(rd) -> int:
+    """The epochs in the run's ``checkpoint.pt`` (0 when it has none that reads), which a resume
+    continues after: its own record, as ``metrics.jsonl`` may hold an epoch more (it is written
+    first)."""
+    from structinit.training.rundir import checkpoint_info
+
+    if rd.state != "resumable":
+        return 0
+    try:
+        epoch = checkpoint_info(rd.file(rd.CHECKPOINT)).get("epoch")
+    except StructinitError:
+        return 0
+    return epoch if isinstance(epoch, int) else 0
 
 
 def _run_here(config, stopper: Stopper, log) -> tuple:
@@ -409,18 +583,33 @@ def _run_here(config, stopper: Stopper, log) -> tuple:
 
 
 def _run_torchrun(config, nproc: int, stopper: Stopper, log) -> tuple:
-    from structinit.training.rundir import RunDir
+    """Train under ``torchrun``, started with SIGTERM and SIGUSR2 blocked (a child keeps the signal
+    mask of the thread that starts it, across exec), which its processes inherit: torchrun's agent
+    never acts on them (on SIGTERM it would signal its processes and, on a second one, such as a
+    scheduler's beside this task's, give up waiting for them and leave them running), and the
+    training processes unblock SIGTERM alone once its handler is in place, so one sent while they
+    start waits for it. A stop request is sent as SIGTERM to the training processes themselves
+    (the agent's children, started in sessions of their own); they stop together after one step
+    (:func:`structinit.training.loop.train`'s ``stop``) and the agent ends after them. This task
+    decides what SIGUSR2 means (stop and requeue). A process still running 60 s after the stop
+    request is killed."""
+    from structinit.training.rundir import LOCK_HELD_ENV, RunDir
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "structinit"] + train_command(config, program=[])
     log("torchrun: " + shell_command(cmd))
-    from structinit.training.rundir import LOCK_HELD_ENV
-
     # this task holds the run's lock; torchrun's rank 0 writes the run for it
     env = dict(os.environ, OMP_NUM_THREADS=str(config.threads or 1),
                **{LOCK_HELD_ENV: str(Path(config.out).expanduser().resolve())})
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    # Without /proc (not Linux) this task cannot find the training processes: torchrun's agent then
+    # takes SIGTERM and passes it on, as torchrun does by itself.
+    linux = os.path.isdir("/proc/self")
+    blocked = _mask("SIG_BLOCK", STOP_SIGNALS if linux else STOP_SIGNALS[1:])
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                start_new_session=True)
+    finally:
+        _unmask(blocked)
 
     out = proc.stdout
     assert out is not None  # stdout=PIPE
@@ -431,20 +620,63 @@ def _run_torchrun(config, nproc: int, stopper: Stopper, log) -> tuple:
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
-    sent = None
+    sent: Optional[float] = None
+    told: set = set()  # the training processes sent SIGTERM
     while proc.poll() is None:
-        if stopper.event.wait(0.5) and sent is None:
-            sent = time.monotonic()
-            os.killpg(proc.pid, signal.SIGTERM)
-        if sent is not None and time.monotonic() - sent > 60:
-            os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            if not stopper.event.wait(0.5):
+                continue
+            sent = sent or time.monotonic()
+            if not linux and not told:
+                _signal(-proc.pid, signal.SIGTERM)
+                told.add(proc.pid)
+            for pid in set(_children(proc.pid)) - told:  # started since the last look, too
+                _signal(pid, signal.SIGTERM)
+                told.add(pid)
+            if time.monotonic() - sent > 60:
+                for pid in _children(proc.pid):
+                    _signal(pid, signal.SIGKILL)
+                _signal(-proc.pid, signal.SIGKILL)
+        except KeyboardInterrupt:  # Ctrl-C of this task (torchrun, in a session of its own, did not see it)
+            stopper.request("interrupted")
     reader.join(timeout=5)
-    final = RunDir(config.out).read_final()
-    if final is not None and proc.returncode == 0:
-        return "finished", final.get("final_acc"), None
-    if sent is not None:
+    rd = RunDir(config.out)
+    if rd.state == "finished":  # whatever torchrun's exit code: a stop after the last epoch changes nothing
+        return "finished", (rd.read_final() or {}).get("final_acc"), None
+    if stopper.event.is_set():
         return "interrupted", None, None
     return "failed", None, f"torchrun exited with code {proc.returncode} (see {Path(config.out) / LOG_FILE})"
+
+
+def _children(pid: int) -> List[int]:
+    """The processes whose parent is ``pid`` (from Linux's ``/proc``; none where there is none)."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    kids = []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold anything
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 1 and fields[1] == str(pid):
+            kids.append(int(name))
+    return kids
+
+
+def _signal(pid: int, sig: int) -> None:
+    """``os.kill(pid, sig)`` (a negative ``pid``: its process group), for a process that may have ended."""
+    try:
+        if pid < 0:
+            os.killpg(-pid, sig)
+        else:
+            os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def check_nproc(nproc: int) -> int:
@@ -454,4 +686,5 @@ def check_nproc(nproc: int) -> int:
 
 
 __all__ = ["run_task", "TaskOutcome", "Stopper", "TaskInterrupted", "read_run_config", "train_command",
-           "task_record", "last_log_line", "requeue_self", "slurm_job", "slurm_requeue_target"]
+           "task_record", "last_log_line", "requeue_self", "slurm_job", "slurm_requeue_target",
+           "install_process_stopper", "command_stopper", "STOP_SIGNALS"]

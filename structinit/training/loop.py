@@ -36,6 +36,16 @@ if TYPE_CHECKING:  # torch is imported where it is used: validating a config doe
     from structinit.training.distributed import DistContext
 
 
+class TrainingStopped(Exception):
+    """Raised by :func:`train` when its ``stop`` asked it to stop: every process stopped after the
+    same optimizer step (or before an epoch). ``epochs_done``: the epochs in the run's checkpoint
+    (0: none; a run folder then keeps nothing of this run)."""
+
+    def __init__(self, epochs_done: int):
+        super().__init__(f"stopped after {epochs_done} epoch(s)")
+        self.epochs_done = epochs_done
+
+
 @dataclass
 class TrainResult:
     """What :func:`train` returns (its :meth:`summary` is ``final.json``). Accuracies in %.
@@ -284,7 +294,8 @@ def _result_from_checkpoint(ck: Dict[str, Any], run: RunDir, ctx: DistContext, k
 def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], None]] = None,
           on_epoch: Optional[Callable[[Dict[str, Any]], None]] = None,
           log: Optional[Callable[[str], None]] = None,
-          on_init: Optional[Callable[[int, int], None]] = None) -> TrainResult:
+          on_init: Optional[Callable[[int, int], None]] = None,
+          stop: Optional[Callable[[], bool]] = None) -> TrainResult:
     """Train ``config``; return the :class:`TrainResult` (also written to ``out/final.json``).
 
     Under ``torchrun`` every process calls this; each trains on its share of every global batch
@@ -292,6 +303,11 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
     (1-based epoch), ``on_epoch(record)`` with the ``metrics.jsonl`` record, ``log(message)``,
     ``on_init(done, total)`` as the init's data fit takes its steps. Any callback may raise to stop
     the run (an init stopped so leaves no files behind; the run starts afresh when resumed).
+
+    ``stop()`` is asked after every optimizer step and before every epoch, by every process (under
+    torchrun each must pass one): when it says yes on any of them, all of them stop after that same
+    step and :class:`TrainingStopped` is raised, the last epoch's checkpoint kept (e.g. on SIGTERM,
+    which a scheduler sends to every process, each at its own moment of its step).
 
     The steps: the run folder is locked, made sound and read (:func:`_make_sound`,
     :func:`_open_run`), the data loaded (:func:`_load_data`), the model built and initialized
@@ -312,7 +328,8 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
         if hp["batch_size"] % ctx.world:
             raise UsageError(f"{param('batch_size')} {hp['batch_size']} (the global batch) is not divisible by "
                              f"the {ctx.world} processes")
-        s = _Session(config, hp, ctx, run, key, t_start, log if (log and ctx.main) else (lambda msg: None))
+        s = _Session(config, hp, ctx, run, key, t_start, log if (log and ctx.main) else (lambda msg: None),
+                     _stop_vote(ctx, stop) if stop is not None else None)
         old, ck = None, None
         if run is not None:
             _refuse_taken(run, config)  # before the lock, which would leave its file in someone else's folder
@@ -352,6 +369,7 @@ class _Session:
     key: str
     t_start: float
     say: Callable[[str], None]
+    vote: Optional[Callable[[], bool]] = None  # ``stop`` as every process agrees on it (:func:`_stop_vote`)
 
     @property
     def writer(self) -> Optional[RunDir]:
@@ -620,6 +638,8 @@ def _train_model(s: _Session, data: Data, built: _Initialized, ck: Optional[Dict
           f"{s.epochs} epochs x {steps} steps of {feed.global_batch}, {ctx.world} process(es) on {ctx.device}, "
           f"init {init}")
     for epoch in range(progress.start_epoch, s.epochs):
+        if s.vote is not None and s.vote():
+            raise TrainingStopped(epoch)
         record, improved = _train_one_epoch(s, sc, feed, built.model, progress, epoch, on_step)
         progress.metrics.append(record)
         if writer is not None:
@@ -737,8 +757,9 @@ class _Feed:
             batches = list(shard_batches(n, self.global_batch, ctx.rank, ctx.world, self.seed, epoch))
             # torch types batch_sampler as lists of indices; the loader iterates an index tensor just the same
             loader = torch.utils.data.DataLoader(self.data.train, batch_sampler=batches,  # type: ignore[arg-type]
-                                                 num_workers=self.workers, pin_memory=self.pin)
-            for x, y in loader:
+                                                 num_workers=self.workers, pin_memory=self.pin,
+                                                 worker_init_fn=_loader_worker_start)
+            for x, y in _started(loader):
                 yield x.to(self.dev, non_blocking=True), y.to(self.dev, non_blocking=True)
 
     def evaluate(self, model: torch.nn.Module, split: Any) -> Tuple[float, float]:
@@ -757,10 +778,59 @@ class _Feed:
             chunks = ((self.prepare(xs[i:i + eval_b]), ys[i:i + eval_b]) for i in range(0, hi - lo, eval_b))
         else:
             sub = torch.utils.data.Subset(split, range(lo, hi))
-            chunks = ((x.to(dev), y.to(dev)) for x, y in torch.utils.data.DataLoader(
-                sub, batch_size=eval_b, num_workers=self.workers, pin_memory=self.pin))
+            chunks = ((x.to(dev), y.to(dev)) for x, y in _started(torch.utils.data.DataLoader(
+                sub, batch_size=eval_b, num_workers=self.workers, pin_memory=self.pin,
+                worker_init_fn=_loader_worker_start)))
         loss, correct, count = dist_.all_reduce_sum(ctx, evaluate(model, chunks, self.autocast, dev)).tolist()
         return loss / max(count, 1), 100.0 * correct / max(count, 1)
+
+
+#: The signals a scheduler sends every process of a job to stop it, which a DataLoader worker leaves
+#: to the process that trains (:func:`_loader_worker_start`).
+_STOP_SIGNALS = ("SIGTERM", "SIGUSR2")
+
+
+def _started(loader: Iterable[Any]) -> Iterator[Any]:
+    """Iterate ``loader``, its workers started with the stop signals blocked (a forked process
+    keeps the signal mask of the thread that forked it), so that one sent to every process of the
+    job while a worker starts waits for :func:`_loader_worker_start` instead of ending it."""
+    import signal
+
+    if not hasattr(signal, "sigwaitinfo"):  # macOS, Windows: torch's own handling (see _loader_worker_start)
+        yield from loader
+        return
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {getattr(signal, name) for name in _STOP_SIGNALS})
+    try:
+        batches = iter(loader)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    yield from batches
+
+
+def _loader_worker_start(worker_id: int) -> None:
+    """In a DataLoader worker: leave SIGTERM and SIGUSR2 to the process that trains. A scheduler
+    sends them to every process of a job; torch's worker dies of a SIGTERM that its trainer did
+    not send, and the trainer then fails on "DataLoader worker ... is killed by signal" instead of
+    stopping at its next step. Both stay blocked (as the worker started, :func:`_started`) and a
+    thread takes them, ending the worker on its trainer's SIGTERM alone (torch's last resort for a
+    worker that does not exit)."""
+    import os
+    import signal
+    import threading
+
+    if not hasattr(signal, "sigwaitinfo"):  # macOS, Windows: torch's own handling stays
+        return
+    trainer = os.getppid()
+    stops = {getattr(signal, name) for name in _STOP_SIGNALS}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # threads started from here on keep it blocked
+
+    def take() -> None:
+        while True:
+            info = signal.sigwaitinfo(stops)
+            if info.si_signo == signal.SIGTERM and info.si_pid == trainer:
+                os._exit(0)
+
+    threading.Thread(target=take, name="stop-signals", daemon=True).start()
 
 
 def _train_one_epoch(s: _Session, sc: StepContext, feed: _Feed, model: torch.nn.Module, progress: _Progress, epoch: int,
@@ -779,7 +849,7 @@ def _train_one_epoch(s: _Session, sc: StepContext, feed: _Feed, model: torch.nn.
     def lr_for_step(step: int) -> float:
         return lr_at(first_step + step, total_steps, warmup_steps, hp["lr"], hp["min_lr"])
 
-    step_done = _epoch_steps(on_step, epoch + 1, steps) if on_step and ctx.main else None
+    step_done = _epoch_steps(on_step if ctx.main else None, s.vote, epoch, steps)
     sums, lr = train_epoch(sc, feed.batches(epoch), lr_for_step, on_step=step_done)
     t_train = _now(device) - t0
     tr_loss, tr_correct, tr_count = dist_.all_reduce_sum(ctx, sums).tolist()
@@ -802,9 +872,45 @@ def _train_one_epoch(s: _Session, sc: StepContext, feed: _Feed, model: torch.nn.
     return record, improved
 
 
-def _epoch_steps(on_step: Callable[[int, int, int], None], epoch: int, steps: int) -> Callable[[int], None]:
-    """``on_step(epoch, step, steps)`` as :func:`train_epoch` calls it, with the step alone (``epoch`` 1-based)."""
-    return lambda step: on_step(epoch, step, steps)
+def _epoch_steps(on_step: Optional[Callable[[int, int, int], None]], vote: Optional[Callable[[], bool]], epoch: int,
+                 steps: int) -> Optional[Callable[[int], None]]:
+    """What :func:`train_epoch` calls after each step of ``epoch`` (0-based) with the step alone:
+    ``on_step(epoch + 1, step, steps)``, then ``vote()``, which raises :class:`TrainingStopped`
+    when the processes agree to stop. ``None`` when there is neither."""
+    if on_step is None and vote is None:
+        return None
+
+    def step_done(step: int) -> None:
+        if on_step is not None:
+            on_step(epoch + 1, step, steps)
+        if vote is not None and vote():
+            raise TrainingStopped(epoch)
+
+    return step_done
+
+
+def _stop_vote(ctx: DistContext, stop: Callable[[], bool]) -> Callable[[], bool]:
+    """``stop`` as every process agrees on it: alone, its own answer; under torchrun, yes on all
+    of them when any says yes (a MAX all-reduce at every call, so each process must call it at the
+    same points). It goes over gloo on the CPU, so that a GPU run does not wait for its device at
+    every step."""
+    if not ctx.distributed:
+        return stop
+    import torch
+    import torch.distributed as dist
+
+    group = None
+    if ctx.backend != "gloo":
+        made = dist.new_group(backend="gloo")
+        assert isinstance(made, dist.ProcessGroup)  # every process is a member
+        group = made
+
+    def vote() -> bool:
+        flag = torch.tensor([1 if stop() else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        return bool(flag.item())
+
+    return vote
 
 
 def _result(s: _Session, progress: _Progress, built: _Initialized, params: Dict[str, int]) -> TrainResult:
@@ -835,5 +941,5 @@ def _now(device: str) -> float:
     return time.perf_counter()
 
 
-__all__ = ["TrainConfig", "TrainResult", "train", "train_epoch", "evaluate", "build_optimizer", "lr_at",
-           "shard_batches", "epoch_permutation", "EXECUTION_FIELDS"]
+__all__ = ["TrainConfig", "TrainResult", "TrainingStopped", "train", "train_epoch", "evaluate", "build_optimizer",
+           "lr_at", "shard_batches", "epoch_permutation", "EXECUTION_FIELDS"]

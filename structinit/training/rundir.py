@@ -75,6 +75,7 @@ class RunDir:
             raise UsageError(f"{param('out')} {self.path} exists and is not a directory")
         self.created: List[Path] = []  # folders create() made, outermost first
         self.opened = False  # create() was called and nothing discarded since: the files here are this run's
+        self.config_before: Optional[bytes] = None  # the config.json create() found (a grid's), put back on discard
 
     def file(self, name: str) -> Path:
         return self.path / name
@@ -188,18 +189,27 @@ class RunDir:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StructinitError(f"cannot create run folder {self.path}: {exc.strerror or exc}") from None
+        try:
+            self.config_before = self.file(self.CONFIG).read_bytes()
+        except OSError:  # none yet
+            self.config_before = None
         self.created, self.opened = missing, True
 
     def discard_unstarted(self) -> None:
-        """After a failure before the first checkpoint: remove what this run wrote (``config.json``,
-        ``metrics.jsonl``, ``best.pt``) and the folders it created, so no half-made run is left
-        behind. A folder holding anything else is kept. Done once: what is written here afterwards is
-        not this run's."""
+        """After a failure (or a stop) before the first checkpoint: remove what this run wrote
+        (``config.json``, ``metrics.jsonl``, ``best.pt``) and the folders it created, so no
+        half-made run is left behind. A ``config.json`` that was there before the run wrote its own
+        (a grid's run, which its next task reads) is put back as it was. A folder holding anything
+        else is kept. Done once: what is written here afterwards is not this run's."""
         if not self.opened or self.file(self.CHECKPOINT).exists():
             return
         for name in (self.CONFIG, self.METRICS, self.BEST):
             try:
-                self.file(name).unlink()
+                if name == self.CONFIG and self.config_before is not None:
+                    with atomic_write(self.file(name), "wb") as f:
+                        f.write(self.config_before)
+                else:
+                    self.file(name).unlink()
             except OSError:  # not there, or not removable: nothing of it to undo
                 pass
         for folder in reversed(self.created):
