@@ -6,7 +6,8 @@ the 3x3 window around each query (window mass: the locality a convolution has; m
 attends to the query itself, scores on it too) and, for the impulse inits, the hit rate of the
 offsets the init wrote.
 
-    OMP_NUM_THREADS=1 python docs/results/structure-gain/per_epoch.py --seeds 3 > docs/results/structure-gain/per_epoch.md
+    OMP_NUM_THREADS=1 python docs/results/structure-gain/per_epoch.py --seeds 3 \
+        > docs/results/structure-gain/per_epoch.md
 """
 
 import argparse
@@ -22,8 +23,8 @@ from structinit.analysis.fidelity import attention_fidelity, offsets_from_report
 from structinit.experiments.expand import expand
 from structinit.experiments.gridspec import load_grid
 from structinit.training.loop import train
-from structinit.training.rundir import load_run_weights
 from structinit.training.run_models import initialized_model
+from structinit.training.rundir import load_run_weights
 
 GRID = Path(__file__).resolve().parent / "grid.toml"
 ROWS = ("mimetic", "impulse", "impulse-subspace")
