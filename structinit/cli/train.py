@@ -10,6 +10,7 @@ import typer
 from typing_extensions import Annotated
 
 from structinit.cli.common import Device, JsonOut, Out, Progress, Threads, emit_json, examples, path_arg
+from structinit.training.config import TRAIN_BASE
 
 if TYPE_CHECKING:
     from structinit.training.loop import TrainResult
@@ -77,7 +78,9 @@ ResumeOpt = Annotated[bool, Opt("--resume", help="Continue the run in --out from
 
 InitOpt = Annotated[Optional[str], Opt("--init", help="Attention init method (ViTs, transformer-1d): kaiming, "
     "trunc-normal, mimetic, impulse, or the authors' exact impulse-2024 / "
-    "impulse-2025.",
+    "impulse-2025. impulse and mimetic start the weights they do not write from "
+    f"base={TRAIN_BASE} (the MLPs at PyTorch's default; chosen on validation) "
+    "unless -p base=... says otherwise (base=model: timm's init).",
     show_default="timm's own")]
 
 InitParamOpt = Annotated[List[str], Opt("--init-param", "-p", help="Init parameter NAME=VALUE (repeatable), e.g. "
