@@ -9,6 +9,7 @@ machine with a GPU. Set before torch initializes CUDA, so it holds for subproces
 import contextlib
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -107,6 +108,25 @@ def cli():
 @pytest.fixture
 def cli_process():
     return run_cli_process
+
+
+#: What a refused command may print on stderr before its one ``error:`` line: progress (a stage or a
+#: count, each with the seconds taken, printed once work has taken 2 s: a loaded machine gets there
+#: sooner than an idle one), the fit's estimated time, a wait for another process, a warning or note.
+SIDE_LINE = re.compile(r"^(.*\(\d+(\.\d+)?s[,)].*|data fit: .*|waiting for another process .*|warning: .*|note: .*)$")
+
+
+def error_line(stderr: str) -> str:
+    """The one ``error:`` line of a refused command's ``stderr``, checked: no traceback, exactly one
+    ``error:`` line and it comes last, and every line before it is progress or a notice
+    (:data:`SIDE_LINE`), never another library's output. A test asserts on what this returns, never
+    on stderr holding one line: how many progress lines come first depends on the machine's load."""
+    assert "Traceback" not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0], stderr
+    assert all(SIDE_LINE.match(line) for line in lines[:-1]), stderr
+    return errors[0]
 
 
 def digest(path) -> str:

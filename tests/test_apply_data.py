@@ -11,6 +11,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import error_line
 
 from structinit.analysis.fidelity import data_attention_quality
 from structinit.geometry.grid import Grid
@@ -271,7 +272,7 @@ def test_what_cannot_be_fitted_is_refused_with_one_line_and_nothing_written(tmp_
     before = sorted(p.name for p in tmp_path.iterdir())
     r = cli("apply", bare_checkpoint, "--heads", "4", "--out", tmp_path / "o.pt", *args)
     assert r.returncode == 2, r.stderr
-    assert message in r.stderr and r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
+    assert message in error_line(r.stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
@@ -281,7 +282,7 @@ def test_a_checkpoint_without_a_model_to_build_is_refused(tmp_path, cli, digits)
     torch.save(digits[0][:8], tmp_path / "x.pt")
     r = cli("apply", tmp_path / "mha.pt", "--heads", "4", "--grid", "8x8", "--data", tmp_path / "x.pt",
             "--out", tmp_path / "o.pt")
-    assert r.returncode == 2 and r.stderr.strip() == (
+    assert r.returncode == 2 and error_line(r.stderr) == (
         "error: --data runs inputs through the model the checkpoint describes, and structinit cannot build the model "
         "of a torch-mha checkpoint (timm ViTs, Hugging Face ViT/DeiT, BERT and GPT-2, and structinit train "
         "checkpoints it can)")

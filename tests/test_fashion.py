@@ -7,6 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import error_line
 
 from structinit.errors import UsageError
 from structinit.training.datasets import DATASETS, FASHION_SYSTEM_DIR, load_dataset, read_idx, split_train
@@ -100,7 +101,7 @@ def test_broken_files_are_one_clear_line(tmp_path, cli, originals, change, messa
     assert message.format(d=folder) in str(e.value)
     r = cli("train", "--model", "vit-fashion", "--dataset", "fashion-mnist", "--data-dir", folder, "--epochs", "1",
             "--train-size", "64", "--out", tmp_path / "run")
-    assert r.returncode == 2 and r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
+    assert r.returncode == 2 and error_line(r.stderr)
     assert not (tmp_path / "run").exists()
 
 
