@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import vit_digits
+from conftest import error_line, vit_digits
 
 from structinit.init.initialize import initialize_model
 from structinit.solver.artifact import read_artifact
@@ -31,11 +31,10 @@ def checkpoint(tmp_path):
 
 def one_error(r, code=2, *needles):
     assert r.returncode == code, (r.returncode, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stderr, r.stderr
+    line = error_line(r.stderr)
     for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
+        assert needle in line, (needle, line)
+    return line
 
 
 def test_another_artifact_under_a_fitted_name_is_set_aside_and_the_fit_recomputed(cache_dir):

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import error_line
 from grids import DIGITS, variant
 
 from structinit.errors import UsageError
@@ -38,17 +39,15 @@ def files(folder: Path) -> dict:
             for p in sorted(Path(folder).rglob("*")) if p.is_file()}
 
 
-def one_error(r, code=2, *needles, quick=True):
-    """``r`` failed with exit ``code``: one ``error:`` line on stderr, nothing on stdout. A quick
-    failure prints that line alone; a slow one (``quick=False``) may have progress lines before it."""
+def one_error(r, code=2, *needles):
+    """``r`` failed with exit ``code``: one ``error:`` line on stderr, last (progress lines may come
+    first on a loaded machine: :func:`conftest.error_line`), no Python warning, nothing on stdout."""
     assert r.returncode == code, (r.returncode, r.stdout[-500:], r.stderr[-2000:])
-    lines = r.stderr.strip().splitlines()
-    errors = [line for line in lines if line.startswith("error: ")]
-    assert len(errors) == 1 and lines[-1] == errors[0] and (len(lines) == 1 or not quick), r.stderr
-    assert "Traceback" not in r.stderr and "Warning" not in r.stderr and r.stdout == ""
+    line = error_line(r.stderr)
+    assert "Warning" not in r.stderr and r.stdout == ""
     for needle in needles:
-        assert needle in errors[0], (needle, errors[0])
-    return errors[0]
+        assert needle in line, (needle, line)
+    return line
 
 
 def timm_vit(class_token=False, img_size=16, depth=2, learned=False, seed=0):
@@ -394,7 +393,7 @@ def test_concurrent_writers_to_one_name_one_wins_and_the_others_are_told(work, c
     losers = [r for r in results if r[0] != 0]
     assert len(winners) == 1 and winners[0][1].startswith("wrote same.pt: "), results
     for code, out, err in losers:
-        line = one_error(subprocess.CompletedProcess(cmd, code, out, err), code, quick=False)
+        line = one_error(subprocess.CompletedProcess(cmd, code, out, err), code)
         assert "already exists" in line or "appeared while" in line
     assert sorted(p.name for p in work.path.iterdir() if p.name.startswith(".")) == []  # no temp files left
     assert "blocks.1.attn.qkv.weight" in torch.load(work.path / "same.pt", weights_only=True)  # whole and valid
@@ -554,13 +553,13 @@ def test_full_disk(work, tmp_path_factory):
         one_error(work("inspect", SHIPPED_KEY, "--png", disk / "att.png"), 1, "No space left")
         assert files(disk) == {}
         one_error(work("solve", "--tokens", 64, "--dim", DIM, "--heads", HEADS, "--layers", 3, "--cache-dir", disk),
-                  1, "No space left", "nothing was stored", quick=False)
+                  1, "No space left", "nothing was stored")
         assert not [p for p in disk.rglob("*") if p.suffix in (".safetensors", ".tmp")]
         before = files(work.path)
         one_error(work("apply", "plain.pt", "--heads", HEADS, "--out", disk / "o.pt"), 1, "No space left")
         assert not [p for p in disk.rglob("*") if p.is_file() and p.suffix != ".lock"] and files(work.path) == before
         one_error(work("train", "--dataset", "synthetic", "--epochs", 1, "--out", disk / "run" / "a"), 1,
-                  "No space left", quick=False)
+                  "No space left")
         assert list(disk.iterdir()) == [] or [p.name for p in disk.iterdir()] == [".locks"]
 
 
@@ -576,7 +575,7 @@ def test_files_past_a_size_limit_fail_cleanly(work):
                  ["train", "--dataset", "synthetic", "--epochs", "1", "--out", "run"]):
         before = files(work.path)
         r = run_with_file_limit(args, 4096, work.path, env={"OMP_NUM_THREADS": "1"})
-        one_error(r, 1, "File too large", quick=False)
+        one_error(r, 1, "File too large")
         assert files(work.path) == before and not (work.path / "run").exists()
 
 
@@ -590,10 +589,9 @@ def test_read_only_disk(work, made, tmp_path_factory):
         one_error(work(*solve, "--cache-dir", disk), 1, "Read-only")
         one_error(work(*solve, "--cache-dir", disk / "sub"), 1, "Read-only")
         # apply solves before it writes: on a slow machine the solve prints progress lines first
-        one_error(work("apply", disk / "plain.pt", "--heads", HEADS, "--in-place"), 1, "Read-only", quick=False)
-        one_error(work("apply", "plain.pt", "--heads", HEADS, "--out", disk / "o.pt"), 1, "Read-only", quick=False)
-        one_error(work("train", "--dataset", "synthetic", "--epochs", 1, "--out", disk / "run"), 1, "Read-only",
-                  quick=False)
+        one_error(work("apply", disk / "plain.pt", "--heads", HEADS, "--in-place"), 1, "Read-only")
+        one_error(work("apply", "plain.pt", "--heads", HEADS, "--out", disk / "o.pt"), 1, "Read-only")
+        one_error(work("train", "--dataset", "synthetic", "--epochs", 1, "--out", disk / "run"), 1, "Read-only")
         assert files(disk) == before
 
 
@@ -640,7 +638,7 @@ def test_train_never_writes_over_files_a_run_would_write(work):
     before = files(work.path)
     one_error(work("train", "--dataset", "synthetic", "--epochs", "1", "--out", "proj"), 2, "config.json", "--resume")
     one_error(work("train", "--dataset", "synthetic", "--epochs", "1", "--out", "proj", "--resume"), 1,
-              "config.json", quick=False)
+              "config.json")
     assert files(work.path) == before
 
 
