@@ -11,7 +11,7 @@ import os
 import stat
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Iterator, Optional
+from typing import IO, Callable, Iterator, Optional
 
 
 class NotRegularFile(OSError):
@@ -37,8 +37,8 @@ def regular_file(path: os.PathLike) -> os.stat_result:
         st = os.stat(path)
     except FileNotFoundError:
         if os.path.islink(path):
-            raise NotRegularFile(errno.ENOENT, f"a symbolic link to {os.readlink(path)}, which does not exist",
-                                 str(path)) from None
+            to = os.readlink(os.fspath(path))
+            raise NotRegularFile(errno.ENOENT, f"a symbolic link to {to}, which does not exist", str(path)) from None
         raise
     if not stat.S_ISREG(st.st_mode):
         kind = _kind(st.st_mode)
@@ -46,12 +46,13 @@ def regular_file(path: os.PathLike) -> os.stat_result:
     return st
 
 
-def read_regular(path: os.PathLike, limit: Optional[int] = None, check=None) -> bytes:
+def read_regular(path: os.PathLike, limit: Optional[int] = None,
+                 check: Optional[Callable[[IO[bytes], int], None]] = None) -> bytes:
     """The bytes of the regular file ``path`` (see :func:`regular_file`), opened without blocking and
     checked again on the open descriptor (so a FIFO put in its place meanwhile is refused, not waited
     for). ``limit``: refuse (:class:`NotRegularFile`) a file larger than this many bytes before
-    reading it. ``check(head, size)``: called with the first 8 bytes and the size before the rest is
-    read (it raises to refuse the file, e.g. a header that promises another size)."""
+    reading it. ``check(fh, size)``: called with the open file and its size before the file is read
+    (it may read a header; it raises to refuse the file, e.g. a header that promises another size)."""
     regular_file(path)
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     with os.fdopen(fd, "rb") as fh:
@@ -59,13 +60,12 @@ def read_regular(path: os.PathLike, limit: Optional[int] = None, check=None) -> 
         if not stat.S_ISREG(st.st_mode):
             raise NotRegularFile(errno.EINVAL, f"{_kind(st.st_mode)}, not a regular file", str(path))
         if limit is not None and st.st_size > limit:
-            raise NotRegularFile(errno.EFBIG, f"{st.st_size} bytes, more than the {limit} such a file can hold",
+            raise NotRegularFile(errno.EFBIG, f"{st.st_size} bytes, more than such a file holds (at most {limit})",
                                  str(path))
-        head = fh.read(8)
         if check is not None:
-            check(head, st.st_size)
-        rest = fh.read(st.st_size - len(head))
-    return head + rest
+            check(fh, st.st_size)
+            fh.seek(0)
+        return fh.read(st.st_size)
 
 
 class OutputExists(FileExistsError):

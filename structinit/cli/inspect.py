@@ -28,6 +28,12 @@ ALIASES = {"dataset": "--data", "init_params": "--init-param", "filter": "--filt
 def _is_artifact_file(path: Path) -> bool:
     if path.suffix != ".safetensors":
         return False
+    from structinit.atomic import regular_file
+
+    try:
+        regular_file(path)  # a FIFO would block safe_open: read_artifact says what it is instead
+    except OSError:
+        return True
     try:
         from safetensors import safe_open
 

@@ -335,10 +335,14 @@ def read_idx(path: Path, magic: int, dims: int):
     import gzip
     import zlib
 
+    from structinit.atomic import NotRegularFile, read_regular
+
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path)  # a FIFO or a device in the data folder: refused, not waited on
         if path.suffix == ".gz":
             raw = gzip.decompress(raw)
+    except NotRegularFile as exc:
+        raise UsageError(f"{path}: {exc.strerror}") from None
     except (OSError, EOFError, zlib.error) as exc:  # gzip raises BadGzipFile (an OSError), EOFError, zlib errors
         raise UsageError(f"{path}: not a readable IDX file ({exc})") from None
     head = 4 * (1 + dims)
