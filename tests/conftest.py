@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,6 +128,62 @@ def error_line(stderr: str) -> str:
     assert len(errors) == 1 and lines[-1] == errors[0], stderr
     assert all(SIDE_LINE.match(line) for line in lines[:-1]), stderr
     return errors[0]
+
+
+@contextlib.contextmanager
+def feeding_fifo(path, data: bytes = b""):
+    """A FIFO (named pipe) at ``path`` that gives every reader that opens it ``data`` and then the end
+    of the file, for as long as the block runs: code that reads it when it must not gets an answer
+    instead of waiting forever, so a test of such code fails on its assertion and never hangs.
+    Yields ``path``; afterwards the feeder is stopped (the FIFO may have been moved aside meanwhile:
+    it is found by its inode)."""
+    os.mkfifo(path)
+    inode = os.stat(path).st_ino
+    folder = Path(path).parent
+    stop = threading.Event()
+
+    def where():
+        return next((p for p in folder.iterdir() if p.name.startswith(Path(path).name) and not p.is_symlink()
+                     and os.lstat(p).st_ino == inode), None)
+
+    def feed():
+        while not stop.is_set():
+            now = where()
+            if now is None:
+                return
+            try:
+                fd = os.open(now, os.O_WRONLY)  # waits for a reader (or for the stop below)
+            except OSError:
+                return
+            try:
+                if not stop.is_set():
+                    os.write(fd, data)
+            except OSError:  # the reader went away
+                pass
+            finally:
+                os.close(fd)
+            while not stop.is_set():  # this reader sees the end of the file before a writer opens for the next
+                try:
+                    probe = os.open(now, os.O_WRONLY | os.O_NONBLOCK)
+                except OSError:  # ENXIO: no reader has it open any more
+                    break
+                os.close(probe)
+                stop.wait(0.01)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    try:
+        yield path
+    finally:
+        stop.set()
+        for _ in range(1000):  # a reader's end opened without blocking lets the feeder's open return, and it stops
+            now = where()
+            if now is None or not feeder.is_alive():
+                break
+            os.close(os.open(now, os.O_RDONLY | os.O_NONBLOCK))
+            feeder.join(0.01)
+        feeder.join(10)
+        assert not feeder.is_alive(), "the FIFO feeder did not stop"
 
 
 def digest(path) -> str:

@@ -7,6 +7,7 @@ refused with one line and nothing written."""
 
 import argparse
 import json
+import os
 
 import numpy as np
 import pytest
@@ -262,6 +263,10 @@ class _RunsCode:
     (lambda p: torch.save(_RunsCode(), p), ["--data", "{x}"], "refusing to load a pickle that asks to run code"),
     (lambda p: np.save(p.with_suffix(".npy"), np.zeros((4, 1, 8, 8), dtype=object), allow_pickle=True),
      ["--data", "{npy}"], "is not a readable tensor file"),
+    (lambda p: np.save(p.with_suffix(".npy"), np.float32(0.5)), ["--data", "{npy}"],
+     "is a single number (a 0-d tensor); give a batch [B, ...]"),  # NumPy's ascontiguousarray made it [1]
+    (lambda p: os.mkfifo(p), ["--data", "{x}"], "x.pt: a FIFO (named pipe), not a regular file"),
+    (lambda p: os.symlink("/dev/zero", p), ["--data", "{x}"], "x.pt: a character device, not a regular file"),
 ])
 def test_what_cannot_be_fitted_is_refused_with_one_line_and_nothing_written(tmp_path, cli, bare_checkpoint, make,
                                                                             args, message):

@@ -84,7 +84,8 @@ def test_a_folder_at_an_artifacts_name_is_set_aside(cache_dir):
         (path / "inside").write_text("kept")
     with pytest.warns(UserWarning, match="a folder, not an artifact file") as seen:
         again = initialize_model(vit(), "impulse", **FIT)
-    assert len(seen.list) == 2 and again["data_fit"]["artifact"]["cached"] is False
+    folders = [str(w.message) for w in seen.list if "a folder, not an artifact file" in str(w.message)]
+    assert len(folders) == 2 and again["data_fit"]["artifact"]["cached"] is False  # the solve's and the fit's
     assert Path(again["artifact"]["path"]).is_file()
     assert sorted(p.name for p in cache_dir.glob("*.set-aside")) == sorted(
         Path(p).name + ".set-aside" for p in (first["artifact"]["path"], first["data_fit"]["artifact"]["path"]))
@@ -116,20 +117,33 @@ def test_inputs_that_are_no_batch_are_one_line_and_nothing_is_written(tmp_path, 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
 def test_inputs_of_another_precision_are_cast_not_refused(tmp_path, cli, checkpoint, dtype):
+    """Every tensor file format that can hold the precision (NumPy has no bfloat16) is read, and the
+    fit runs on its values cast to float32: the fitted artifact's batch is those values, and the
+    three files are one fit."""
+    from safetensors.torch import save_file
+
+    from structinit.fit.identity import batch_digest
     from structinit.training.augment import normalize
     from structinit.training.datasets import load_dataset
 
     data = load_dataset("digits")
-    x = normalize(data.train.images[:32], data.info.mean, data.info.std)
-    torch.save(x.to(dtype), tmp_path / "x.pt")
-    r = cli("apply", checkpoint, "--heads", "4", "--data", tmp_path / "x.pt", "-p", "data_fit=5", "--out",
-            tmp_path / "o.pt", "--json")
-    assert r.returncode == 0, r.stderr
-    rep = json.loads(r.stdout)
-    assert rep["data_fit"]["samples"] == 32 and rep["data_fit"]["inputs"] == "data"
-    if dtype == torch.float64:  # the same values in float32: the same batch, the same fit
-        want = initialize_model(vit(), "impulse", data=x, data_fit=5)
-        assert rep["data_fit"]["artifact"]["key"] == want["data_fit"]["artifact"]["key"]
+    x = normalize(data.train.images[:32], data.info.mean, data.info.std).to(dtype)
+    files = [tmp_path / "x.pt", tmp_path / "x.safetensors"]
+    torch.save(x, files[0])
+    save_file({"inputs": x}, str(files[1]))
+    if dtype != torch.bfloat16:
+        np.save(tmp_path / "x.npy", x.numpy())
+        files.append(tmp_path / "x.npy")
+    keys = set()
+    for i, f in enumerate(files):
+        r = cli("apply", checkpoint, "--heads", "4", "--data", f, "-p", "data_fit=5", "--out", tmp_path / f"o{i}.pt",
+                "--json")
+        assert r.returncode == 0, (f.name, r.stderr)
+        fit = json.loads(r.stdout)["data_fit"]
+        assert fit["samples"] == 32 and fit["inputs"] == "data" and fit["artifact"]["cached"] is (i > 0), f.name
+        assert read_artifact(fit["artifact"]["path"]).fit["identity"]["batch"] == batch_digest(x.float()), f.name
+        keys.add(fit["artifact"]["key"])
+    assert len(keys) == 1
 
 
 def test_a_hugging_face_checkpoint_without_transformers_says_what_to_install(tmp_path, cli, monkeypatch):
@@ -154,6 +168,12 @@ def test_a_hugging_face_checkpoint_without_transformers_says_what_to_install(tmp
     monkeypatch.setitem(__import__("sys").modules, "transformers", None)  # not installed
     r = cli("apply", tmp_path / "hf" / "model.safetensors", "--data", tmp_path / "x.pt", "--out", tmp_path / "o.st")
     one_error(r, 2, "built by Hugging Face transformers, which is not installed", "pip install 'structinit[hf]'")
+    for plain in ([], ["--dry-run"]):  # no data: the missing extra is the cause, not the learned position embedding
+        r = cli("apply", tmp_path / "hf" / "model.safetensors", *plain, "--out", tmp_path / "o.st")
+        line = one_error(r, 2, "built by Hugging Face transformers, which is not installed", "structinit[hf]",
+                         "--set-pe sincos")
+        assert "is not the sin-cos table" not in line
+    assert not (tmp_path / "o.st").exists()
     r = cli("apply", tmp_path / "hf" / "model.safetensors", "--set-pe", "sincos", "--out", tmp_path / "p.safetensors",
             "--json")
     assert r.returncode == 0, r.stderr

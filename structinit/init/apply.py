@@ -204,6 +204,11 @@ def load_for_apply(path: Union[str, os.PathLike], spec: InitSpec, options: Apply
     ckpt = load_checkpoint(path)
     det = ckpt.detected
     heads = options.heads if options.heads is not None else det.heads  # the file's hints (HF config.json, timm arch)
+    fits = isinstance(spec, ImpulseInit) and spec.uses_data  # only the fit's model may be named (see check)
+    if heads is None and det.layout.name == "timm-vit" and fits:  # a named timm model tells its heads
+        raise UsageError(f"the timm-vit checkpoint does not tell its number of heads; give it with {param('heads')} "
+                         f"(it must divide dim {det.dim}), or name the timm model it holds with "
+                         f"{param('model_name')} (e.g. vit_tiny_patch16_224)")
     grid = options.grid
     if grid is None and "shape" in ckpt.extra:  # a structinit train checkpoint tells its grid (a sequence's too),
         grid = det.grid  # which the views, detected afresh from the weights alone, would not know

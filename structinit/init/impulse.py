@@ -22,6 +22,10 @@ from structinit.solver.recipes import recipe_params
 STRUCTURE_FLOOR = 0.9
 
 
+#: What the weak-structure warning advises (when the fit used less): steps per layer, and a sharper target mass.
+SUGGESTED_STEPS, SUGGESTED_MASS = 1000, 0.8
+
+
 def structure_warning(report: Dict[str, Any], hint: Optional[str] = None) -> Optional[str]:
     """The warning for an impulse report whose data fit left a layer below :data:`STRUCTURE_FLOOR`
     on its batch of real inputs (``None`` when every layer is at or above it, no fit ran, or it ran
@@ -37,12 +41,18 @@ def structure_warning(report: Dict[str, Any], hint: Optional[str] = None) -> Opt
         return None
     worst = min(weak, key=lambda r: r["hit_rate"])
     others = f" ({len(weak)} layers below {STRUCTURE_FLOOR})" if len(weak) > 1 else ""
-    ways = [f"more steps ({param('data_fit')}=1000)", f"a sharper fit target ({param('data_fit_mass')}=0.8)",
-            "more inputs"]
+    ways = []  # what the user has not tried yet: a setting already at or past the advice is not advised again
+    steps, mass = fit.get("steps"), fit.get("mass")
+    if not isinstance(steps, (int, float)) or steps < SUGGESTED_STEPS:
+        ways.append(f"more steps ({param('data_fit')}={SUGGESTED_STEPS})")
+    if not isinstance(mass, (int, float)) or mass < SUGGESTED_MASS:
+        ways.append(f"a sharper fit target ({param('data_fit_mass')}={SUGGESTED_MASS:g})")
+    ways.append("more inputs")
     if hint:
         ways.append(f"a stronger position signal ({hint}; compare on validation)")
+    tried = ", ".join(ways[:-1]) + " or " + ways[-1] if len(ways) > 1 else ways[0]
     return (f"the data fit left layer {worst['layer']} hitting its offsets in {worst['hit_rate']:.2f} of the rows on "
-            f"the batch{others}: the init is only partly structured; try {', '.join(ways[:-1])} or {ways[-1]}")
+            f"the batch{others}: the init is only partly structured; try {tried}")
 
 
 def position_hint(pe_scale: Optional[float], checkpoint: bool) -> str:

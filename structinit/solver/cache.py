@@ -50,10 +50,24 @@ def search_dirs(cache_dir: Union[str, os.PathLike, None] = None) -> List[Path]:
     return [user_cache_dir(cache_dir)] + ([shipped] if shipped else [])
 
 
+def cache_source(cache_dir: Union[str, os.PathLike, None] = None) -> str:
+    """Who chose the user cache folder, as an error names it: ``cache_dir`` (the parameter) when
+    given, else ``$STRUCTINIT_CACHE`` when set, else the default's words. A message never blames an
+    option the user did not give."""
+    if cache_dir:
+        return param("cache_dir")
+    if os.environ.get(ENV_VAR):
+        return f"${ENV_VAR}"
+    return "default cache"
+
+
 def check_cache_dir(cache_dir: Union[str, os.PathLike, None]) -> None:
-    """A given ``cache_dir`` that exists must be a folder (a missing one is created when written)."""
-    if cache_dir and Path(cache_dir).expanduser().exists() and not Path(cache_dir).expanduser().is_dir():
-        raise UsageError(f"{param('cache_dir')} {cache_dir} is not a folder")
+    """The user cache folder (a given ``cache_dir``, else ``$STRUCTINIT_CACHE``'s), when it exists,
+    must be a folder (a missing one is created when written); the error names who chose it."""
+    if cache_dir or os.environ.get(ENV_VAR):
+        folder = user_cache_dir(cache_dir)
+        if folder.exists() and not folder.is_dir():
+            raise UsageError(f"{cache_source(cache_dir)} {cache_dir or os.environ[ENV_VAR]} is not a folder")
 
 
 def find_cached(filename: str, cache_dir: Union[str, os.PathLike, None] = None,
@@ -140,7 +154,7 @@ def load_or_compute(filename: str, compute: Callable[[], Artifact], *, key: str,
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise StructinitError(f"cannot create the {param('cache_dir')} folder {folder}: {exc.strerror or exc}") \
+        raise StructinitError(f"cannot create the {cache_source(cache_dir)} folder {folder}: {exc.strerror or exc}") \
             from None
     with key_lock(folder, filename, wait=wait, doing="fitting" if fitted else "solving"):
         if not force:  # another process may have computed it while we waited
@@ -153,7 +167,7 @@ def load_or_compute(filename: str, compute: Callable[[], Artifact], *, key: str,
             artifact.path = write_artifact(artifact, folder / filename)
         except ArtifactError as exc:  # write_artifact's, its context the OSError of the failed write
             reason = getattr(exc.__context__, "strerror", None) or exc
-            raise StructinitError(f"{what}, but cannot write the {noun} into the {param('cache_dir')} {folder}: "
+            raise StructinitError(f"{what}, but cannot write the {noun} into the {cache_source(cache_dir)} {folder}: "
                                   f"{reason}; nothing was stored") from None
     return artifact, False
 
