@@ -132,3 +132,46 @@ def test_a_hugging_face_checkpoint_missing_a_tensor_is_refused_naming_it(tmp_pat
     assert rendered(checkpoint_model, load_checkpoint(weights)) == (
         f"the checkpoint's weights do not fit the ViTModel of {tmp_path / 'hf' / 'config.json'} (tensors the model "
         "does not have: extra.weight)")
+
+
+@pytest.mark.slow  # transformers takes seconds to import
+def test_hugging_face_checkpoints_of_the_same_weights_and_another_computation_get_their_own_fits(tmp_path):
+    """Issue 45, silent-wrong: two ViT folders of byte-identical weights whose config.json differs
+    only in hidden_act (gelu -> relu) and layer_norm_eps, sharing a cache: the second apply said "read
+    from the cache" and wrote the first model's fit. Each gets the fit of its own model: the second
+    is fitted, and writes what it writes with a cache of its own."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file
+    from transformers import ViTConfig, ViTModel
+
+    from structinit.training.apply import apply_checkpoint
+
+    cfg = ViTConfig(image_size=8, patch_size=2, num_channels=1, hidden_size=32, num_hidden_layers=2,
+                    num_attention_heads=4, intermediate_size=64)
+    torch.manual_seed(0)
+    ViTModel(cfg).save_pretrained(tmp_path / "gelu")
+    shutil.copytree(tmp_path / "gelu", tmp_path / "relu")
+    doc = json.loads((tmp_path / "relu" / "config.json").read_text())
+    doc.update(hidden_act="relu", layer_norm_eps=1e-3)
+    (tmp_path / "relu" / "config.json").write_text(json.dumps(doc))
+    weights = [(tmp_path / name / "model.safetensors").read_bytes() for name in ("gelu", "relu")]
+    assert weights[0] == weights[1]
+    fit = dict(data_fit=5, data_fit_samples=16)
+
+    def applied(name, cache, out):
+        rep = apply_checkpoint(tmp_path / name / "model.safetensors", out=tmp_path / out, cache_dir=tmp_path / cache,
+                               **fit)
+        return rep, load_file(tmp_path / out)
+
+    gelu, gelu_sd = applied("gelu", "shared", "gelu.safetensors")
+    relu, relu_sd = applied("relu", "shared", "relu.safetensors")
+    assert gelu["data_fit"]["artifact"]["cached"] is False and relu["data_fit"]["artifact"]["cached"] is False
+    assert relu["data_fit"]["artifact"]["key"] != gelu["data_fit"]["artifact"]["key"]
+    alone, alone_sd = applied("relu", "own", "alone.safetensors")
+    assert alone["data_fit"]["artifact"]["key"] == relu["data_fit"]["artifact"]["key"]
+    q = "encoder.layer.1.attention.attention.query.weight"
+    assert torch.equal(relu_sd[q], alone_sd[q]) and float((relu_sd[q] - gelu_sd[q]).abs().max()) > 1e-3
+    again, _ = applied("gelu", "shared", "again.safetensors")
+    assert again["data_fit"]["artifact"] == {**gelu["data_fit"]["artifact"], "cached": True}

@@ -73,10 +73,11 @@ def weights_digest(model, probe=None, last=None, ran=None) -> str:
     return "sha256:" + h.hexdigest()
 
 
-#: Module attributes that say how a forward runs, not what it computes (timm's fused attention
-#: kernel, an activation's in-place flag): left out of :func:`structure_digest`, so that machines
-#: that pick another kernel share a fit.
-EXECUTION_ATTRIBUTES = frozenset({"training", "fused_attn", "inplace", "gradient_checkpointing"})
+#: Module attributes that say how a forward runs or where a model came from, not what it computes
+#: (timm's fused attention kernel, an activation's in-place flag, a Hugging Face model's
+#: ``name_or_path``): left out of :func:`structure_digest`, so that machines that pick another
+#: kernel, and copies of a model loaded from other folders, share a fit.
+EXECUTION_ATTRIBUTES = frozenset({"training", "fused_attn", "inplace", "gradient_checkpointing", "name_or_path"})
 #: Hugging Face config entries that name or describe a model rather than change what its layers
 #: compute (the head's labels included: the head is never run by the fit).
 CONFIG_NAMES = frozenset({"_name_or_path", "transformers_version", "architectures", "id2label", "label2id",
