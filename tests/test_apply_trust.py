@@ -201,3 +201,60 @@ def test_a_cached_fit_is_reported_with_this_calls_inputs(tmp_path, cli, checkpoi
                tmp_path / "o-c.pt").stdout
     assert f"on {tmp_path / 'b.pt'}: the first 16 inputs" in text and "read from the cache" in text
     assert os.path.exists(tmp_path / "o-c.pt")
+
+
+def _hf_folder(folder, d=32, h=4):
+    """A Hugging Face ViT folder as save_pretrained lays it out (config.json and model.safetensors),
+    made without transformers."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    sd = {"embeddings.position_embeddings": torch.randn(1, 17, d), "embeddings.cls_token": torch.zeros(1, 1, d),
+          "embeddings.patch_embeddings.projection.weight": torch.randn(d, 1, 2, 2)}
+    for i in range(2):
+        for p in ("query", "key", "value"):
+            sd[f"encoder.layer.{i}.attention.attention.{p}.weight"] = torch.randn(d, d) * 0.02
+            sd[f"encoder.layer.{i}.attention.attention.{p}.bias"] = torch.zeros(d)
+        sd[f"encoder.layer.{i}.attention.output.dense.weight"] = torch.randn(d, d) * 0.02
+    folder.mkdir()
+    save_file(sd, folder / "model.safetensors", metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "vit", "hidden_size": d, "num_attention_heads": h, "num_hidden_layers": 2, "image_size": 8,
+        "patch_size": 2, "num_channels": 1}))
+    return folder
+
+
+def test_a_hugging_face_folder_is_read_as_its_weights_and_written_as_a_folder(tmp_path, cli):
+    """Issue 45: `apply DIR` on a save_pretrained folder is the apply of its weights file, written
+    as a folder of the same files (DIR.METHOD beside it); in place, its weights file is replaced and
+    kept as model.safetensors.bak. A folder that is not one is refused saying what one holds, and
+    sharded weights are refused naming the index."""
+    from safetensors.torch import load_file
+
+    src = _hf_folder(tmp_path / "vit")
+    args = ["--set-pe", "sincos", "--data-fit", "0", "--json"]
+    r = cli("apply", src, *args)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    out = tmp_path / "vit.impulse"
+    assert rep["output"] == str(out) and sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    r = cli("apply", src / "model.safetensors", *args, "--out", tmp_path / "file.safetensors")
+    assert r.returncode == 0, r.stderr
+    folder_sd, file_sd = load_file(out / "model.safetensors"), load_file(tmp_path / "file.safetensors")
+    assert sorted(folder_sd) == sorted(file_sd) and all(torch.equal(folder_sd[k], file_sd[k]) for k in file_sd)
+    assert (out / "config.json").read_text() == (src / "config.json").read_text()
+    r = cli("apply", src, *args, "--in-place")
+    assert r.returncode == 0, r.stderr
+    inplace = load_file(src / "model.safetensors")
+    assert all(torch.equal(inplace[k], file_sd[k]) for k in file_sd) and (src / "model.safetensors.bak").is_file()
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "weights.pt").write_bytes(b"")
+    r = cli("apply", tmp_path / "plain", *args)
+    assert r.returncode == 2 and error_line(r.stderr) == (
+        f"error: {tmp_path / 'plain'}: is a folder; give the checkpoint file inside it (a Hugging Face folder holds "
+        "config.json and model.safetensors or pytorch_model.bin)")
+    (src / "model.safetensors.index.json").write_text("{}")
+    r = cli("apply", src, *args, "--out", tmp_path / "sharded")
+    assert r.returncode == 2 and "its weights are split into shards (model.safetensors.index.json)" in error_line(
+        r.stderr)
+    assert not (tmp_path / "sharded").exists()

@@ -175,3 +175,56 @@ def test_hugging_face_checkpoints_of_the_same_weights_and_another_computation_ge
     assert torch.equal(relu_sd[q], alone_sd[q]) and float((relu_sd[q] - gelu_sd[q]).abs().max()) > 1e-3
     again, _ = applied("gelu", "shared", "again.safetensors")
     assert again["data_fit"]["artifact"] == {**gelu["data_fit"]["artifact"], "cached": True}
+
+
+@pytest.mark.slow  # transformers takes seconds to import
+def test_a_hugging_face_folder_is_applied_into_a_folder_from_pretrained_loads(tmp_path, cli):
+    """Issue 45: a save_pretrained folder was refused ("give the checkpoint file inside it"). It is
+    read as its weights file, and written as DIR.impulse beside it: the written weights under the
+    same name and every other file copied, which from_pretrained loads with no tensor missing. An
+    existing output is refused, and with --force kept as OUT.bak."""
+    import json
+
+    from safetensors.torch import load_file
+    from transformers import ViTConfig, ViTModel
+
+    cfg = ViTConfig(image_size=8, patch_size=2, num_channels=1, hidden_size=32, num_hidden_layers=2,
+                    num_attention_heads=4, intermediate_size=64)
+    torch.manual_seed(0)
+    ViTModel(cfg).save_pretrained(tmp_path / "vit")
+    (tmp_path / "vit" / "preprocessor_config.json").write_text('{"do_resize": false}')
+    before = {p.name: p.read_bytes() for p in (tmp_path / "vit").iterdir()}
+    fit = ["-p", "data_fit=5", "-p", "data_fit_samples=16", "--json"]
+    plan = json.loads(cli("apply", tmp_path / "vit", "--dry-run", "--json").stdout)
+    assert plan["output"] == str(tmp_path / "vit.impulse") and plan["weights"] == str(
+        tmp_path / "vit.impulse" / "model.safetensors") and not (tmp_path / "vit.impulse").exists()
+    r = cli("apply", tmp_path / "vit", *fit)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    out = tmp_path / "vit.impulse"
+    assert rep["input"] == str(tmp_path / "vit") and rep["output"] == str(out) and rep["heads"] == 4
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "preprocessor_config.json"]
+    assert (out / "config.json").read_bytes() == before["config.json"]
+    model, info = ViTModel.from_pretrained(out, output_loading_info=True)
+    assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    written = load_file(out / "model.safetensors")
+    model.save_pretrained(tmp_path / "resaved")  # what the model loaded, in the names on disk
+    resaved = load_file(tmp_path / "resaved" / "model.safetensors")
+    assert sorted(resaved) == sorted(written) and all(torch.equal(resaved[k], written[k]) for k in written)
+    q = "encoder.layer.1.attention.attention.query.weight"
+    assert not torch.equal(written[q], load_file(tmp_path / "vit" / "model.safetensors")[q])  # the init is in it
+    r = cli("apply", tmp_path / "vit" / "model.safetensors", *fit, "--out", tmp_path / "file.safetensors")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["data_fit"]["artifact"] == {**rep["data_fit"]["artifact"], "cached": True}
+    alone = load_file(tmp_path / "file.safetensors")
+    assert all(torch.equal(alone[k], written[k]) for k in written)  # the folder's weights are the file's
+    assert {p.name: p.read_bytes() for p in (tmp_path / "vit").iterdir()} == before  # the input is untouched
+    r = cli("apply", tmp_path / "vit", *fit)
+    assert r.returncode == 2 and error_line(r.stderr) == (
+        f"error: {out} already exists (the default output name; choose another with --out); pass --force to replace "
+        f"it (it is kept as vit.impulse.bak)")
+    r = cli("apply", tmp_path / "vit", *fit, "--force")
+    assert r.returncode == 0 and json.loads(r.stdout)["backup"] == str(tmp_path / "vit.impulse.bak")
+    assert (tmp_path / "vit.impulse.bak" / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folder left
+    assert rep["data_fit"]["artifact"]["cached"] is False

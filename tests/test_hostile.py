@@ -673,7 +673,7 @@ def _example_inputs(folder: Path, examples):
     """The files the examples name, made only where an example names them: a 6-layer ViT with 3
     heads (vit.pth), one with a learned position embedding (learned.pth), an
     nn.MultiheadAttention state dict (mha.pt), a small BERT and GPT-2 with 12 heads (bert.pt,
-    gpt2.pt), and a two-row grid (my-grid.toml)."""
+    gpt2.pt), a Hugging Face ViT folder (hf-vit/), and a two-row grid (my-grid.toml)."""
     named = {word for line in examples for word in shlex.split(line)}
     if named & {"vit.pth", "learned.pth"}:
         import timm
@@ -706,6 +706,11 @@ def _example_inputs(folder: Path, examples):
         torch.save(torch.randn(12, 3, 32, 32, generator=torch.Generator().manual_seed(0)), folder / "inputs.pt")
     if "mha.pt" in named:
         torch.save(torch.nn.MultiheadAttention(32, 4, batch_first=True).state_dict(), folder / "mha.pt")
+    if "hf-vit/" in named:  # a Hugging Face ViT folder (save_pretrained's) for the 16x16 RGB images
+        from transformers import ViTConfig, ViTModel
+
+        ViTModel(ViTConfig(image_size=16, patch_size=2, num_channels=3, hidden_size=48, num_hidden_layers=2,
+                           num_attention_heads=3, intermediate_size=96)).save_pretrained(folder / "hf-vit")
     if named & {"bert.pt", "gpt2.pt"}:
         from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
 
