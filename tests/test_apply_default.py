@@ -157,8 +157,9 @@ def test_the_library_and_apply_agree_with_and_without_data(tmp_path, held_out):
     data = held_out[:64]
     for given in (None, data):
         lib = stock_vit(seed=3)
-        want = initialize_model(lib, "impulse", data=given, seed=2, data_fit=20)
-        rep = apply_checkpoint(src, heads=HEADS, seed=2, data_fit=20, data=given, out=tmp_path / f"o{given is None}.pt")
+        fit = dict(data_fit=20, data_fit_samples=32)  # what is compared is the two paths' tensors, not the fit
+        want = initialize_model(lib, "impulse", data=given, seed=2, **fit)
+        rep = apply_checkpoint(src, heads=HEADS, seed=2, data=given, out=tmp_path / f"o{given is None}.pt", **fit)
         assert rep["data_fit"]["artifact"]["key"] == want["data_fit"]["artifact"]["key"]
         written = torch.load(rep["output"], weights_only=True)
         for name, tensor in lib.state_dict().items():
@@ -222,9 +223,10 @@ def test_apply_says_the_fits_estimated_time_before_it_runs(tmp_path, monkeypatch
     src = tmp_path / "vit.pt"
     torch.save(stock_vit(sincos=True).state_dict(), src)
     said, steps = [], []
-    apply_checkpoint(src, heads=HEADS, data_fit=30, log=said.append, fit_progress=lambda d, n: steps.append((d, n)))
+    apply_checkpoint(src, heads=HEADS, data_fit=30, data_fit_samples=32, log=said.append,
+                     fit_progress=lambda d, n: steps.append((d, n)))
     estimates = [m for m in said if isinstance(m, Notice) and "estimated from its first steps" in m]
-    assert len(estimates) == 1 and estimates[0].startswith(f"data fit: {DEPTH} layers x 30 steps on 256 inputs, about ")
+    assert len(estimates) == 1 and estimates[0].startswith(f"data fit: {DEPTH} layers x 30 steps on 32 inputs, about ")
     at = said.index(estimates[0])
     assert any(m.startswith("data fit: layer 0 ") for m in said[at:])  # said before the first layer ended
     assert steps[-1] == (DEPTH * 31, DEPTH * 31)

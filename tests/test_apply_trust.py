@@ -15,7 +15,8 @@ from structinit.init.initialize import initialize_model
 from structinit.solver.artifact import read_artifact
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-FIT = dict(data_fit=10, filter=5)  # a shape whose plain solve is not shipped: every artifact is the user cache's
+FIT = dict(data_fit=10, filter=5, data_fit_samples=16)  # a shape whose plain solve is not shipped: every artifact is
+# the user cache's; 16 noise inputs, not 256: these tests are about the files, the fit is tested in test_data_fit
 
 
 vit = vit_digits

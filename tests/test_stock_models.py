@@ -83,13 +83,13 @@ def test_a_state_dict_with_a_learned_embedding_is_still_refused_without_an_answe
 
 def test_the_fit_on_noise_needs_no_data_and_uses_only_the_shape_of_data_given(digits):
     a = initialize_model(build_model(ModelConfig("vit-digits"), num_classes=10, image_size=8, in_chans=1, seed=0),
-                         "impulse", data_fit_inputs="noise", data_fit=20, seed=0)
+                         "impulse", data_fit_inputs="noise", data_fit=3, seed=0)
     assert a["data_fit"]["source"] == "noise: 256 Gaussian inputs N(0, 1) of shape [1, 8, 8] (no data)"
     b_model = build_model(ModelConfig("vit-digits"), num_classes=10, image_size=8, in_chans=1, seed=0)
-    b = initialize_model(b_model, "impulse", data_fit_inputs="noise", data_fit=20, seed=0, data=digits[0] * 0 + 5)
+    b = initialize_model(b_model, "impulse", data_fit_inputs="noise", data_fit=3, seed=0, data=digits[0] * 0 + 5)
     assert b["data_fit"]["artifact"]["key"] == a["data_fit"]["artifact"]["key"]  # the same noise, the same fit
     c = initialize_model(build_model(ModelConfig("vit-digits"), num_classes=10, image_size=8, in_chans=1, seed=1),
-                         "impulse", data_fit_inputs="noise", data_fit=20, seed=1)
+                         "impulse", data_fit_inputs="noise", data_fit=3, seed=1)
     assert c["data_fit"]["artifact"]["key"] != a["data_fit"]["artifact"]["key"]
     with pytest.raises(UsageError, match="data_fit_inputs chooses the data fit's inputs, and data_fit is 0"):
         initialize_model(stock(), "impulse", data_fit_inputs="noise", data_fit=0)

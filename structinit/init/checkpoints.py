@@ -404,6 +404,21 @@ def _hf_config_shape(cfg: Any) -> Tuple[Any, Any]:
 
 
 def _timm_arch_heads(arch: str, dim: int) -> Optional[int]:
+    """The heads of timm's model ``arch`` when its width is ``dim`` (``None``: no such model, or
+    another width)."""
+    shape = _timm_arch_shape(arch)
+    return shape[1] if shape is not None and shape[0] == dim else None
+
+
+_ARCH_SHAPES: Dict[str, Tuple[int, int]] = {}
+
+
+def _timm_arch_shape(arch: str) -> Optional[Tuple[int, int]]:
+    """``(embed_dim, heads)`` of timm's model ``arch`` at its defaults, built without weights (on
+    the meta device; kept for the process, as building it takes a good part of a second); ``None``
+    where it builds no ViT (not kept: a model registered later is found then)."""
+    if arch in _ARCH_SHAPES:
+        return _ARCH_SHAPES[arch]
     try:
         import timm
         import torch
@@ -411,11 +426,10 @@ def _timm_arch_heads(arch: str, dim: int) -> Optional[int]:
         with torch.device("meta"):
             # Any: its submodules are read by name (torch types every attribute Tensor | Module)
             model: Any = timm.create_model(arch, pretrained=False)
-        if getattr(model, "embed_dim", None) == dim:
-            return int(model.blocks[0].attn.num_heads)
+        shape = _ARCH_SHAPES[arch] = (int(model.embed_dim), int(model.blocks[0].attn.num_heads))
+        return shape
     except Exception:  # noqa: BLE001 - an unknown arch is simply no hint
         return None
-    return None
 
 
 def safetensors_dict(ckpt: Checkpoint, path: Union[str, os.PathLike]) -> Dict[str, Any]:
