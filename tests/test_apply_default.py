@@ -176,7 +176,7 @@ def test_every_copy_in_a_timm_training_checkpoint_gets_the_fit_and_the_rest_is_k
     src = tmp_path / "train.pth.tar"
     torch.save({"epoch": 3, "arch": "vit_tiny_patch16_224", "state_dict": sd, "state_dict_ema": ema,
                 "optimizer": {"lr": 0.1}}, src)  # the arch hint names another shape: the tensors decide
-    rep = apply_checkpoint(src, heads=HEADS, data_fit=20)
+    rep = apply_checkpoint(src, heads=HEADS, data_fit=20, data_fit_samples=32)
     assert rep["model"].startswith("timm VisionTransformer built from the tensors' shapes")
     new = torch.load(rep["output"], weights_only=False)
     assert new["epoch"] == 3 and new["optimizer"] == {"lr": 0.1} and new["arch"] == "vit_tiny_patch16_224"
@@ -241,7 +241,8 @@ def test_a_waiting_process_says_so_and_reads_the_fit_it_waited_for(tmp_path, mon
 
     from structinit.fit import artifact as fitted_artifact
 
-    first = initialize_model(stock_vit(sincos=True), "impulse", data_fit=10, cache_dir=tmp_path / "c")
+    first = initialize_model(stock_vit(sincos=True), "impulse", data_fit=10, data_fit_samples=32,
+                             cache_dir=tmp_path / "c")
     path = first["data_fit"]["artifact"]["path"]
     stash = tmp_path / "fit.safetensors"
     stash.write_bytes(open(path, "rb").read())
@@ -257,7 +258,8 @@ def test_a_waiting_process_says_so_and_reads_the_fit_it_waited_for(tmp_path, mon
     monkeypatch.setattr(fitted_artifact, "run_fit", no_fit)
     said, out = [], {}
     worker = threading.Thread(target=lambda: out.update(rep=initialize_model(
-        stock_vit(sincos=True), "impulse", data_fit=10, cache_dir=tmp_path / "c", log=said.append)))
+        stock_vit(sincos=True), "impulse", data_fit=10, data_fit_samples=32, cache_dir=tmp_path / "c",
+        log=said.append)))
     worker.start()
     for _ in range(200):
         if any("waiting for another process fitting" in m for m in said):

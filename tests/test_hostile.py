@@ -82,9 +82,10 @@ def made(tmp_path_factory):
     return d
 
 
-#: The noise fit of the tests that read plain.pt's fit from the module's cache (``fitted``): 16 inputs,
-#: not 256 (they are about files and messages; the fit is tested in test_data_fit and test_apply_data).
-FIT16 = ["-p", "data_fit_samples=16"]
+#: The noise fit of the tests that read plain.pt's fit from the module's cache (``fitted``): 16 inputs
+#: and 20 steps, not 256 and 300 (they are about files and messages; the fit is tested in
+#: test_data_fit and test_apply_data).
+QUICK_FIT = ["-p", "data_fit_samples=16", "-p", "data_fit=20"]
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +95,7 @@ def plain_fit(made, tmp_path_factory):
     from conftest import run_cli
 
     cache = tmp_path_factory.mktemp("plain-fit") / "cache"
-    r = run_cli("apply", made / "plain.pt", "--heads", HEADS, *FIT16, "--out", cache.parent / "o.pt",
+    r = run_cli("apply", made / "plain.pt", "--heads", HEADS, *QUICK_FIT, "--out", cache.parent / "o.pt",
                 env={"STRUCTINIT_CACHE": cache})
     assert r.returncode == 0 and len(list(cache.glob("*-fit-*.safetensors"))) == 1, r.stderr
     return cache
@@ -353,7 +354,7 @@ def test_in_place_never_overwrites_a_backup_and_keeps_the_file_mode(work):
 def test_the_output_format_follows_the_output_name(work):
     from safetensors.torch import load_file
 
-    r = work("apply", "plain.pt", "--heads", HEADS, *FIT16, "--out", "o.safetensors")
+    r = work("apply", "plain.pt", "--heads", HEADS, *QUICK_FIT, "--out", "o.safetensors")
     assert r.returncode == 0, r.stderr
     st = load_file(work.path / "o.safetensors")
     r = work("apply", "o.safetensors", "--heads", HEADS, "--out", "back.pth", "--artifact", SHIPPED_KEY,
@@ -375,13 +376,14 @@ def test_existing_outputs_are_refused_unless_forced(work):
     (work.path / "taken.pt").write_bytes(b"keep me")
     (work.path / "plain.impulse.pt").write_bytes(b"keep me too")
     before = files(work.path)
-    one_error(work("apply", "plain.pt", "--heads", HEADS, *FIT16, "--out", "taken.pt"), 2, "already exists", "--force")
-    one_error(work("apply", "plain.pt", "--heads", HEADS, *FIT16), 2, "default output name", "--out")
-    one_error(work("apply", "plain.pt", "--heads", HEADS, *FIT16, "--out", "plain.pt"), 2, "--in-place")
-    one_error(work("apply", "plain.pt", "--heads", HEADS, *FIT16, "--out", "no/such/dir/o.pt"), 2, "does not exist")
-    one_error(work("apply", "plain.pt", "--heads", HEADS, *FIT16, "--out", "o.pt", "--in-place"), 2, "not both")
+    one_error(work("apply", "plain.pt", "--heads", HEADS, *QUICK_FIT, "--out", "taken.pt"), 2, "already exists",
+              "--force")
+    one_error(work("apply", "plain.pt", "--heads", HEADS, *QUICK_FIT), 2, "default output name", "--out")
+    one_error(work("apply", "plain.pt", "--heads", HEADS, *QUICK_FIT, "--out", "plain.pt"), 2, "--in-place")
+    one_error(work("apply", "plain.pt", "--heads", HEADS, *QUICK_FIT, "--out", "no/such/dir/o.pt"), 2, "does not exist")
+    one_error(work("apply", "plain.pt", "--heads", HEADS, *QUICK_FIT, "--out", "o.pt", "--in-place"), 2, "not both")
     assert files(work.path) == before
-    r = work("apply", "plain.pt", "--heads", HEADS, *FIT16, "--out", "taken.pt", "--force")
+    r = work("apply", "plain.pt", "--heads", HEADS, *QUICK_FIT, "--out", "taken.pt", "--force")
     assert r.returncode == 0 and (work.path / "taken.pt").read_bytes()[:2] == b"PK"
 
 
@@ -390,7 +392,8 @@ def test_existing_outputs_are_refused_unless_forced(work):
 def test_concurrent_writers_to_one_name_one_wins_and_the_others_are_told(work, cache_dir):
     work("solve", "--tokens", 64, "--dim", DIM, "--heads", HEADS, "--layers", 2)  # both then read the cache
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "STRUCTINIT_CACHE": str(cache_dir)}
-    cmd = [sys.executable, "-m", "structinit", "apply", "plain.pt", "--heads", str(HEADS), *FIT16, "--out", "same.pt"]
+    cmd = [sys.executable, "-m", "structinit", "apply", "plain.pt", "--heads", str(HEADS), *QUICK_FIT, "--out",
+           "same.pt"]
     procs = [subprocess.Popen(cmd, cwd=work.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(3)]
     results = [(p.wait(timeout=300), *p.communicate()) for p in procs]
@@ -536,7 +539,7 @@ def test_in_place_through_a_symlink_replaces_the_file_and_keeps_the_link(work):
     real = work.path / "real.pt"
     shutil.copy2(work.path / "plain.pt", real)
     (work.path / "link.pt").symlink_to(real)
-    r = work("apply", "link.pt", "--heads", HEADS, *FIT16, "--in-place")
+    r = work("apply", "link.pt", "--heads", HEADS, *QUICK_FIT, "--in-place")
     assert r.returncode == 0, r.stderr
     assert (work.path / "link.pt").is_symlink() and (work.path / "real.pt.bak").exists()
     assert real.read_bytes() != (work.path / "plain.pt").read_bytes()
@@ -561,7 +564,7 @@ def test_full_disk(work, tmp_path_factory):
                   1, "No space left", "nothing was stored")
         assert not [p for p in disk.rglob("*") if p.suffix in (".safetensors", ".tmp")]
         before = files(work.path)
-        one_error(work("apply", "plain.pt", "--heads", HEADS, *FIT16, "--out", disk / "o.pt"), 1, "No space left")
+        one_error(work("apply", "plain.pt", "--heads", HEADS, *QUICK_FIT, "--out", disk / "o.pt"), 1, "No space left")
         assert not [p for p in disk.rglob("*") if p.is_file() and p.suffix != ".lock"] and files(work.path) == before
         one_error(work("train", "--dataset", "synthetic", "--epochs", 1, "--out", disk / "run" / "a"), 1,
                   "No space left")
@@ -575,7 +578,7 @@ def test_files_past_a_size_limit_fail_cleanly(work):
     import matplotlib.font_manager  # noqa: F401  (its font cache exists before the limited runs)
 
     assert work("solve", "--tokens", 64, "--dim", DIM, "--heads", HEADS, "--layers", 2).returncode == 0
-    for args in (["apply", "plain.pt", "--heads", HEADS, *FIT16, "--out", "o.pt"],
+    for args in (["apply", "plain.pt", "--heads", HEADS, *QUICK_FIT, "--out", "o.pt"],
                  ["inspect", SHIPPED_KEY, "--png", "att.png"],
                  ["train", "--dataset", "synthetic", "--epochs", "1", "--out", "run"]):
         before = files(work.path)
@@ -594,8 +597,8 @@ def test_read_only_disk(work, made, tmp_path_factory):
         one_error(work(*solve, "--cache-dir", disk), 1, "Read-only")
         one_error(work(*solve, "--cache-dir", disk / "sub"), 1, "Read-only")
         # apply solves before it writes: on a slow machine the solve prints progress lines first
-        one_error(work("apply", disk / "plain.pt", "--heads", HEADS, *FIT16, "--in-place"), 1, "Read-only")
-        one_error(work("apply", "plain.pt", "--heads", HEADS, *FIT16, "--out", disk / "o.pt"), 1, "Read-only")
+        one_error(work("apply", disk / "plain.pt", "--heads", HEADS, *QUICK_FIT, "--in-place"), 1, "Read-only")
+        one_error(work("apply", "plain.pt", "--heads", HEADS, *QUICK_FIT, "--out", disk / "o.pt"), 1, "Read-only")
         one_error(work("train", "--dataset", "synthetic", "--epochs", 1, "--out", disk / "run"), 1, "Read-only")
         assert files(disk) == before
 
