@@ -1,14 +1,71 @@
 """Atomic file writes: a reader sees the old file or the whole new one, never a partial one; and
 an output that must not replace anything is created exclusively (of two writers, one wins and the
-other is told)."""
+other is told). And the other way: what is read from a path the user or the cache gives is a
+regular file of a size known before reading (:func:`regular_file`, :func:`read_regular`), never a
+FIFO (a read that would wait forever for a writer) or a device (``/dev/zero`` never ends)."""
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Iterator, Optional
+from typing import IO, Callable, Iterator, Optional
+
+
+class NotRegularFile(OSError):
+    """A path that names something other than a regular file (a FIFO, a device, a socket, a folder)
+    or a symbolic link to nothing; ``strerror`` says which, in words."""
+
+
+def _kind(mode: int) -> str:
+    for test, words in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                        (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+def regular_file(path: os.PathLike) -> os.stat_result:
+    """``os.stat(path)`` when ``path`` is (or links to) a regular file; else :class:`NotRegularFile`
+    saying what it is: reading a FIFO waits for a writer that may never come, and a device such as
+    ``/dev/zero`` never ends. A missing path raises :class:`FileNotFoundError`; a symbolic link to
+    a missing path, :class:`NotRegularFile` naming where it points."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            to = os.readlink(os.fspath(path))
+            raise NotRegularFile(errno.ENOENT, f"a symbolic link to {to}, which does not exist", str(path)) from None
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        kind = _kind(st.st_mode)
+        raise NotRegularFile(errno.EINVAL, f"{kind}, not a regular file" if kind.startswith("a ") else kind, str(path))
+    return st
+
+
+def read_regular(path: os.PathLike, limit: Optional[int] = None,
+                 check: Optional[Callable[[IO[bytes], int], None]] = None) -> bytes:
+    """The bytes of the regular file ``path`` (see :func:`regular_file`), opened without blocking and
+    checked again on the open descriptor (so a FIFO put in its place meanwhile is refused, not waited
+    for). ``limit``: refuse (:class:`NotRegularFile`) a file larger than this many bytes before
+    reading it. ``check(fh, size)``: called with the open file and its size before the file is read
+    (it may read a header; it raises to refuse the file, e.g. a header that promises another size)."""
+    regular_file(path)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno.EINVAL, f"{_kind(st.st_mode)}, not a regular file", str(path))
+        if limit is not None and st.st_size > limit:
+            raise NotRegularFile(errno.EFBIG, f"{st.st_size} bytes, more than such a file holds (at most {limit})",
+                                 str(path))
+        if check is not None:
+            check(fh, st.st_size)
+            fh.seek(0)
+        return fh.read(st.st_size)
 
 
 class OutputExists(FileExistsError):

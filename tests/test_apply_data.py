@@ -7,10 +7,12 @@ refused with one line and nothing written."""
 
 import argparse
 import json
+import os
 
 import numpy as np
 import pytest
 import torch
+from conftest import error_line
 
 from structinit.analysis.fidelity import data_attention_quality
 from structinit.geometry.grid import Grid
@@ -261,6 +263,10 @@ class _RunsCode:
     (lambda p: torch.save(_RunsCode(), p), ["--data", "{x}"], "refusing to load a pickle that asks to run code"),
     (lambda p: np.save(p.with_suffix(".npy"), np.zeros((4, 1, 8, 8), dtype=object), allow_pickle=True),
      ["--data", "{npy}"], "is not a readable tensor file"),
+    (lambda p: np.save(p.with_suffix(".npy"), np.float32(0.5)), ["--data", "{npy}"],
+     "is a single number (a 0-d tensor); give a batch [B, ...]"),  # NumPy's ascontiguousarray made it [1]
+    (lambda p: os.mkfifo(p), ["--data", "{x}"], "x.pt: a FIFO (named pipe), not a regular file"),
+    (lambda p: os.symlink("/dev/zero", p), ["--data", "{x}"], "x.pt: a character device, not a regular file"),
 ])
 def test_what_cannot_be_fitted_is_refused_with_one_line_and_nothing_written(tmp_path, cli, bare_checkpoint, make,
                                                                             args, message):
@@ -271,7 +277,7 @@ def test_what_cannot_be_fitted_is_refused_with_one_line_and_nothing_written(tmp_
     before = sorted(p.name for p in tmp_path.iterdir())
     r = cli("apply", bare_checkpoint, "--heads", "4", "--out", tmp_path / "o.pt", *args)
     assert r.returncode == 2, r.stderr
-    assert message in r.stderr and r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
+    assert message in error_line(r.stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
@@ -281,7 +287,7 @@ def test_a_checkpoint_without_a_model_to_build_is_refused(tmp_path, cli, digits)
     torch.save(digits[0][:8], tmp_path / "x.pt")
     r = cli("apply", tmp_path / "mha.pt", "--heads", "4", "--grid", "8x8", "--data", tmp_path / "x.pt",
             "--out", tmp_path / "o.pt")
-    assert r.returncode == 2 and r.stderr.strip() == (
+    assert r.returncode == 2 and error_line(r.stderr) == (
         "error: --data runs inputs through the model the checkpoint describes, and structinit cannot build the model "
         "of a torch-mha checkpoint (timm ViTs, Hugging Face ViT/DeiT, BERT and GPT-2, and structinit train "
         "checkpoints it can)")

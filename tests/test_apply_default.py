@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import error_line
 
 from structinit.init.initialize import initialize_model
 from structinit.training.apply import apply_checkpoint
@@ -156,8 +157,9 @@ def test_the_library_and_apply_agree_with_and_without_data(tmp_path, held_out):
     data = held_out[:64]
     for given in (None, data):
         lib = stock_vit(seed=3)
-        want = initialize_model(lib, "impulse", data=given, seed=2, data_fit=20)
-        rep = apply_checkpoint(src, heads=HEADS, seed=2, data_fit=20, data=given, out=tmp_path / f"o{given is None}.pt")
+        fit = dict(data_fit=20, data_fit_samples=32)  # what is compared is the two paths' tensors, not the fit
+        want = initialize_model(lib, "impulse", data=given, seed=2, **fit)
+        rep = apply_checkpoint(src, heads=HEADS, seed=2, data=given, out=tmp_path / f"o{given is None}.pt", **fit)
         assert rep["data_fit"]["artifact"]["key"] == want["data_fit"]["artifact"]["key"]
         written = torch.load(rep["output"], weights_only=True)
         for name, tensor in lib.state_dict().items():
@@ -174,7 +176,7 @@ def test_every_copy_in_a_timm_training_checkpoint_gets_the_fit_and_the_rest_is_k
     src = tmp_path / "train.pth.tar"
     torch.save({"epoch": 3, "arch": "vit_tiny_patch16_224", "state_dict": sd, "state_dict_ema": ema,
                 "optimizer": {"lr": 0.1}}, src)  # the arch hint names another shape: the tensors decide
-    rep = apply_checkpoint(src, heads=HEADS, data_fit=20)
+    rep = apply_checkpoint(src, heads=HEADS, data_fit=20, data_fit_samples=32)
     assert rep["model"].startswith("timm VisionTransformer built from the tensors' shapes")
     new = torch.load(rep["output"], weights_only=False)
     assert new["epoch"] == 3 and new["optimizer"] == {"lr": 0.1} and new["arch"] == "vit_tiny_patch16_224"
@@ -192,7 +194,7 @@ def test_a_checkpoint_that_lacks_a_tensor_the_fit_reads_is_refused_naming_it(tmp
     torch.save(sd, tmp_path / "holed.pt")
     r = cli("apply", tmp_path / "holed.pt", "--heads", HEADS, "--out", tmp_path / "o.pt")
     assert r.returncode == 2 and "blocks.1.norm1.weight" in r.stderr and "lacks" in r.stderr
-    assert r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
+    error_line(r.stderr)
     assert not (tmp_path / "o.pt").exists()
 
 
@@ -221,9 +223,10 @@ def test_apply_says_the_fits_estimated_time_before_it_runs(tmp_path, monkeypatch
     src = tmp_path / "vit.pt"
     torch.save(stock_vit(sincos=True).state_dict(), src)
     said, steps = [], []
-    apply_checkpoint(src, heads=HEADS, data_fit=30, log=said.append, fit_progress=lambda d, n: steps.append((d, n)))
+    apply_checkpoint(src, heads=HEADS, data_fit=30, data_fit_samples=32, log=said.append,
+                     fit_progress=lambda d, n: steps.append((d, n)))
     estimates = [m for m in said if isinstance(m, Notice) and "estimated from its first steps" in m]
-    assert len(estimates) == 1 and estimates[0].startswith(f"data fit: {DEPTH} layers x 30 steps on 256 inputs, about ")
+    assert len(estimates) == 1 and estimates[0].startswith(f"data fit: {DEPTH} layers x 30 steps on 32 inputs, about ")
     at = said.index(estimates[0])
     assert any(m.startswith("data fit: layer 0 ") for m in said[at:])  # said before the first layer ended
     assert steps[-1] == (DEPTH * 31, DEPTH * 31)
@@ -238,7 +241,8 @@ def test_a_waiting_process_says_so_and_reads_the_fit_it_waited_for(tmp_path, mon
 
     from structinit.fit import artifact as fitted_artifact
 
-    first = initialize_model(stock_vit(sincos=True), "impulse", data_fit=10, cache_dir=tmp_path / "c")
+    first = initialize_model(stock_vit(sincos=True), "impulse", data_fit=10, data_fit_samples=32,
+                             cache_dir=tmp_path / "c")
     path = first["data_fit"]["artifact"]["path"]
     stash = tmp_path / "fit.safetensors"
     stash.write_bytes(open(path, "rb").read())
@@ -254,7 +258,8 @@ def test_a_waiting_process_says_so_and_reads_the_fit_it_waited_for(tmp_path, mon
     monkeypatch.setattr(fitted_artifact, "run_fit", no_fit)
     said, out = [], {}
     worker = threading.Thread(target=lambda: out.update(rep=initialize_model(
-        stock_vit(sincos=True), "impulse", data_fit=10, cache_dir=tmp_path / "c", log=said.append)))
+        stock_vit(sincos=True), "impulse", data_fit=10, data_fit_samples=32, cache_dir=tmp_path / "c",
+        log=said.append)))
     worker.start()
     for _ in range(200):
         if any("waiting for another process fitting" in m for m in said):

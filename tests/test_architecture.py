@@ -3,6 +3,7 @@ stage, the stages before it, and the root modules; nothing imports the CLI. Impo
 functions count too: a lazy import is still a dependency."""
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "structinit"
@@ -10,15 +11,17 @@ STAGES = ["geometry", "analysis", "solver", "fit", "init", "training", "benchmar
 ROOT = {"errors", "runtime", "atomic", "__init__", "__main__"}
 
 
+@functools.lru_cache(maxsize=None)
 def imports(path: Path):
-    tree = ast.parse(path.read_text())
-    for node in ast.walk(tree):
+    """``(line, module)`` of every structinit import in the file at ``path`` (parsed once a session:
+    four tests read every module's imports)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("structinit"):
-            yield node.lineno, node.module
+            found.append((node.lineno, node.module))
         elif isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.startswith("structinit"):
-                    yield node.lineno, alias.name
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name.startswith("structinit")]
+    return tuple(found)
 
 
 def stage_of(module: str):

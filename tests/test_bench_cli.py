@@ -6,16 +6,15 @@ import re
 import shlex
 
 import pytest
+from conftest import error_line
 from grids import DIGITS, variant
 
 GRID = variant(DIGITS, name="cli")
 
 
 def one_error(r, code=2):
-    lines = r.stderr.strip().splitlines()
     assert r.returncode == code, (r.returncode, r.stderr)
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stderr, r.stderr
-    return lines[0]
+    return error_line(r.stderr)
 
 
 @pytest.fixture

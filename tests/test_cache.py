@@ -195,20 +195,22 @@ def test_a_solver_that_waited_for_the_lock_takes_what_the_holder_left(tmp_path, 
     """Between the first look and the lock, another process may finish the key: the waiter then
     returns that artifact; a corrupt copy is reported, removed and solved again."""
     import threading
-    import time
 
     from filelock import FileLock
 
     from structinit.solver.artifact import write_artifact
     from structinit.solver.run import compute
 
-    warnings, out = [], {}
+    warnings, said, out = [], [], {}
     holder = FileLock(str(tmp_path / ".locks" / (CFG.filename + ".lock")))
     (tmp_path / ".locks").mkdir()
     holder.acquire()
-    waiter = threading.Thread(target=lambda: out.update(res=solve(CFG, cache_dir=tmp_path, warn=warnings.append)))
+    waiter = threading.Thread(target=lambda: out.update(res=solve(CFG, cache_dir=tmp_path, warn=warnings.append,
+                                                                  log=said.append)))
     waiter.start()
-    time.sleep(1.0)  # past the first look: the waiter now blocks on the lock
+    while not said and waiter.is_alive():  # it says it waits once it has looked and found the lock held
+        waiter.join(0.01)
+    assert said[0].startswith(f"waiting for another process solving {CFG.filename}")  # past the first look
     target = tmp_path / CFG.filename
     if left == "artifact":
         theirs = compute(CFG)

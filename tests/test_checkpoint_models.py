@@ -5,6 +5,7 @@ they do not, and what each kind of ``--data`` source becomes."""
 import numpy as np
 import pytest
 import torch
+from conftest import error_line
 
 from structinit.errors import UsageError
 from structinit.init.checkpoints import load_checkpoint
@@ -125,9 +126,105 @@ def test_a_hugging_face_checkpoint_missing_a_tensor_is_refused_naming_it(tmp_pat
                           "(tensors the checkpoint lacks: "), msg
     assert lost.split(".")[-2] in msg
     r = cli_process("apply", weights, "--out", tmp_path / "o.safetensors")  # transformers' own table stays quiet
-    assert r.returncode == 2 and r.stderr.strip().splitlines() == [f"error: {msg}".replace("<", "").replace(">", "")]
+    assert r.returncode == 2 and error_line(r.stderr) == f"error: {msg}".replace("<", "").replace(">", "")
     assert not (tmp_path / "o.safetensors").exists()
     save_file({**tensors, "extra.weight": torch.zeros(2)}, str(weights), metadata={"format": "pt"})
     assert rendered(checkpoint_model, load_checkpoint(weights)) == (
         f"the checkpoint's weights do not fit the ViTModel of {tmp_path / 'hf' / 'config.json'} (tensors the model "
         "does not have: extra.weight)")
+
+
+@pytest.mark.slow  # transformers takes seconds to import
+def test_hugging_face_checkpoints_of_the_same_weights_and_another_computation_get_their_own_fits(tmp_path):
+    """Issue 45, silent-wrong: two ViT folders of byte-identical weights whose config.json differs
+    only in hidden_act (gelu -> relu) and layer_norm_eps, sharing a cache: the second apply said "read
+    from the cache" and wrote the first model's fit. Each gets the fit of its own model: the second
+    is fitted, and writes what it writes with a cache of its own."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file
+    from transformers import ViTConfig, ViTModel
+
+    from structinit.training.apply import apply_checkpoint
+
+    cfg = ViTConfig(image_size=8, patch_size=2, num_channels=1, hidden_size=32, num_hidden_layers=2,
+                    num_attention_heads=4, intermediate_size=64)
+    torch.manual_seed(0)
+    ViTModel(cfg).save_pretrained(tmp_path / "gelu")
+    shutil.copytree(tmp_path / "gelu", tmp_path / "relu")
+    doc = json.loads((tmp_path / "relu" / "config.json").read_text())
+    doc.update(hidden_act="relu", layer_norm_eps=1e-3)
+    (tmp_path / "relu" / "config.json").write_text(json.dumps(doc))
+    weights = [(tmp_path / name / "model.safetensors").read_bytes() for name in ("gelu", "relu")]
+    assert weights[0] == weights[1]
+    fit = dict(data_fit=5, data_fit_samples=16)
+
+    def applied(name, cache, out):
+        rep = apply_checkpoint(tmp_path / name / "model.safetensors", out=tmp_path / out, cache_dir=tmp_path / cache,
+                               **fit)
+        return rep, load_file(tmp_path / out)
+
+    gelu, gelu_sd = applied("gelu", "shared", "gelu.safetensors")
+    relu, relu_sd = applied("relu", "shared", "relu.safetensors")
+    assert gelu["data_fit"]["artifact"]["cached"] is False and relu["data_fit"]["artifact"]["cached"] is False
+    assert relu["data_fit"]["artifact"]["key"] != gelu["data_fit"]["artifact"]["key"]
+    alone, alone_sd = applied("relu", "own", "alone.safetensors")
+    assert alone["data_fit"]["artifact"]["key"] == relu["data_fit"]["artifact"]["key"]
+    q = "encoder.layer.1.attention.attention.query.weight"
+    assert torch.equal(relu_sd[q], alone_sd[q]) and float((relu_sd[q] - gelu_sd[q]).abs().max()) > 1e-3
+    again, _ = applied("gelu", "shared", "again.safetensors")
+    assert again["data_fit"]["artifact"] == {**gelu["data_fit"]["artifact"], "cached": True}
+
+
+@pytest.mark.slow  # transformers takes seconds to import
+def test_a_hugging_face_folder_is_applied_into_a_folder_from_pretrained_loads(tmp_path, cli):
+    """Issue 45: a save_pretrained folder was refused ("give the checkpoint file inside it"). It is
+    read as its weights file, and written as DIR.impulse beside it: the written weights under the
+    same name and every other file copied, which from_pretrained loads with no tensor missing. An
+    existing output is refused, and with --force kept as OUT.bak."""
+    import json
+
+    from safetensors.torch import load_file
+    from transformers import ViTConfig, ViTModel
+
+    cfg = ViTConfig(image_size=8, patch_size=2, num_channels=1, hidden_size=32, num_hidden_layers=2,
+                    num_attention_heads=4, intermediate_size=64)
+    torch.manual_seed(0)
+    ViTModel(cfg).save_pretrained(tmp_path / "vit")
+    (tmp_path / "vit" / "preprocessor_config.json").write_text('{"do_resize": false}')
+    before = {p.name: p.read_bytes() for p in (tmp_path / "vit").iterdir()}
+    fit = ["-p", "data_fit=5", "-p", "data_fit_samples=16", "--json"]
+    plan = json.loads(cli("apply", tmp_path / "vit", "--dry-run", "--json").stdout)
+    assert plan["output"] == str(tmp_path / "vit.impulse") and plan["weights"] == str(
+        tmp_path / "vit.impulse" / "model.safetensors") and not (tmp_path / "vit.impulse").exists()
+    r = cli("apply", tmp_path / "vit", *fit)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    out = tmp_path / "vit.impulse"
+    assert rep["input"] == str(tmp_path / "vit") and rep["output"] == str(out) and rep["heads"] == 4
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "preprocessor_config.json"]
+    assert (out / "config.json").read_bytes() == before["config.json"]
+    model, info = ViTModel.from_pretrained(out, output_loading_info=True)
+    assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    written = load_file(out / "model.safetensors")
+    model.save_pretrained(tmp_path / "resaved")  # what the model loaded, in the names on disk
+    resaved = load_file(tmp_path / "resaved" / "model.safetensors")
+    assert sorted(resaved) == sorted(written) and all(torch.equal(resaved[k], written[k]) for k in written)
+    q = "encoder.layer.1.attention.attention.query.weight"
+    assert not torch.equal(written[q], load_file(tmp_path / "vit" / "model.safetensors")[q])  # the init is in it
+    r = cli("apply", tmp_path / "vit" / "model.safetensors", *fit, "--out", tmp_path / "file.safetensors")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["data_fit"]["artifact"] == {**rep["data_fit"]["artifact"], "cached": True}
+    alone = load_file(tmp_path / "file.safetensors")
+    assert all(torch.equal(alone[k], written[k]) for k in written)  # the folder's weights are the file's
+    assert {p.name: p.read_bytes() for p in (tmp_path / "vit").iterdir()} == before  # the input is untouched
+    r = cli("apply", tmp_path / "vit", *fit)
+    assert r.returncode == 2 and error_line(r.stderr) == (
+        f"error: {out} already exists (the default output name; choose another with --out); pass --force to replace "
+        f"it (it is kept as vit.impulse.bak)")
+    r = cli("apply", tmp_path / "vit", *fit, "--force")
+    assert r.returncode == 0 and json.loads(r.stdout)["backup"] == str(tmp_path / "vit.impulse.bak")
+    assert (tmp_path / "vit.impulse.bak" / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folder left
+    assert rep["data_fit"]["artifact"]["cached"] is False

@@ -8,6 +8,7 @@ import re
 import numpy as np
 import pytest
 import torch
+from conftest import error_line
 
 from structinit.analysis.quality import artifact_attention, measure
 from structinit.geometry.embedding import pseudo_input, sincos
@@ -228,7 +229,8 @@ def test_apply_layers_vproj_pe_and_method_flags(cli, tmp_path):
     msd = written(tmp_path / "m.pth")
     assert torch.equal(msd["blocks.0.attn.proj.weight"], orig["blocks.0.attn.proj.weight"])  # vproj=false
     r = cli("apply", src, "--heads", HEADS, "--method", "mimetic", "--filter", "3", "--share")
-    assert r.returncode == 2 and r.stderr == "error: --filter, --share apply to --method impulse, not mimetic\n"
+    assert r.returncode == 2
+    assert error_line(r.stderr) == "error: --filter, --share apply to --method impulse, not mimetic"
     keep = run_json(cli, "apply", src, "--heads", HEADS, "--data-fit", "0", "--no-mimetic-vproj", "--set-pe", "sincos",
                     "--out", tmp_path / "k.pth")  # V/proj of the checkpoint kept; Q/K written
     ksd = written(tmp_path / "k.pth")

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from conftest import error_line
 
 from structinit.errors import UsageError
 from structinit.training.augment import BatchAugment, hflip, normalize, random_crop
@@ -117,5 +118,4 @@ def test_batch_augment_is_per_image():
 def test_cli_bad_data_dir_is_one_error_line(cli, tmp_path):
     r = cli("train", "--model", "vit-t", "--dataset", "cifar10", "--data-dir", tmp_path / "none", "--epochs", "1")
     assert r.returncode == 2
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: cifar10: expected") and "Traceback" not in r.stderr
+    assert error_line(r.stderr).startswith("error: cifar10: expected")

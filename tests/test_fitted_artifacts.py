@@ -5,6 +5,7 @@ found again instead of fitted again; recomputed, never loaded, when damaged."""
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import digits_images, vit_digits
@@ -17,12 +18,12 @@ from structinit.solver.artifact import read_artifact
 from structinit.training.datasets import load_dataset
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-FIT = dict(data_fit=8)
+FIT = dict(data_fit=2)  # the fit is what test_data_fit and test_fit_v2 test; here its key and file
 
 
 @pytest.fixture(scope="module")
 def digits():
-    return digits_images(40)
+    return digits_images(16)
 
 
 vit = vit_digits
@@ -51,10 +52,10 @@ def test_the_same_fit_is_read_from_the_cache_and_writes_the_same_weights(digits,
         assert torch.equal(x, y), name
     art = read_artifact(path)
     ident = art.fit["identity"]
-    assert ident["plain"] == first["artifact"]["key"] and ident["samples"] == 40 and ident["layers"] == [0, 1, 2, 3]
-    assert ident["fit"]["data_fit"] == 8 and ident["fit"]["data_fit_version"] == 2 and ident["seed"] == 0
+    assert ident["plain"] == first["artifact"]["key"] and ident["samples"] == 16 and ident["layers"] == [0, 1, 2, 3]
+    assert ident["fit"]["data_fit"] == 2 and ident["fit"]["data_fit_version"] == 2 and ident["seed"] == 0
     assert art.q.shape == (4, 4, 64, 16) and art.offsets.shape == (4, 4, 2)
-    assert ident["fit"] == {"data_fit": 8, "data_fit_mass": 0.6, "data_fit_l2": 1e-4, "data_fit_lr": 1e-2,
+    assert ident["fit"] == {"data_fit": 2, "data_fit_mass": 0.6, "data_fit_l2": 1e-4, "data_fit_lr": 1e-2,
                             "data_fit_norm": 5.0, "data_fit_samples": 256, "data_fit_version": 2, "data_fit_batch": 0,
                             "self_weight": 0.0, "mimetic_vproj": True, "alpha2": 0.4, "beta2": 0.4,
                             "calibrated_to": 0.3}
@@ -90,8 +91,8 @@ def test_the_key_follows_what_the_fit_reads_and_nothing_else(digits):
     mlp = vit()
     with torch.no_grad():
         mlp.blocks[2].mlp.fc1.weight.mul_(0.5)
-    others = {key_of(embed), key_of(mlp), key_of(data=digits[:39]), key_of(data=digits + 1e-3), key_of(seed=1),
-              key_of(data_fit_version=1), key_of(data_fit=9), key_of(target_mass=0.4), key_of(mimetic_vproj=False)}
+    others = {key_of(embed), key_of(mlp), key_of(data=digits[:15]), key_of(data=digits + 1e-3), key_of(seed=1),
+              key_of(data_fit_version=1), key_of(data_fit=3), key_of(target_mass=0.4), key_of(mimetic_vproj=False)}
     assert base not in others and len(others) == 9
 
 
@@ -239,3 +240,105 @@ def test_inspect_of_a_weakly_structured_fit_says_so_as_the_init_did(cli):
     assert min(row["hit_rate"] for row in strong["data_fit"]["layers"]) >= 0.9
     r = cli("inspect", strong["data_fit"]["artifact"]["path"])
     assert r.returncode == 0 and "warning:" not in r.stderr
+
+
+# --------------------------------------------------------------------------- issue 45
+
+
+def test_the_key_follows_what_the_model_computes_not_only_its_tensors(digits):
+    """The same tensors in a model whose MLP activation is ReLU, or whose LayerNorm eps differs, give
+    other layer inputs: another fit, never the cached one of the other model. A change after the last
+    fitted layer, which the fit never runs, keeps the key."""
+    base = initialize_model(vit(), "impulse", data=digits, seed=0, **FIT)
+
+    def changed(change, **params):
+        model = vit()
+        change(model)
+        rep = initialize_model(model, "impulse", data=digits, seed=0, **{**FIT, **params})
+        return rep, read_artifact(rep["data_fit"]["artifact"]["path"])
+
+    def relu(m):
+        for block in m.blocks:
+            block.mlp.act = torch.nn.ReLU()
+
+    def eps(m):
+        for block in m.blocks:
+            block.norm1.eps = 1e-2
+
+    base_q = read_artifact(base["data_fit"]["artifact"]["path"]).q
+    for change in (relu, eps):
+        rep, art = changed(change)
+        assert rep["data_fit"]["artifact"]["cached"] is False, change.__name__
+        assert fitted_key(rep) != fitted_key(base) and art.fit["identity"]["weights"] == read_artifact(
+            base["data_fit"]["artifact"]["path"]).fit["identity"]["weights"], change.__name__  # the same tensors
+        assert float(abs(art.q[1:] - base_q[1:]).max()) > 1e-3, change.__name__  # and another fit
+    first = initialize_model(vit(), "impulse", data=digits, seed=0, layers="0-1", **FIT)
+
+    def late(m):
+        m.blocks[3].mlp.act = torch.nn.ReLU()
+        m.blocks[2].norm1.eps = 1e-2
+
+    assert fitted_key(changed(late, layers="0-1")[0]) == fitted_key(first)
+
+
+def test_without_data_the_fit_runs_on_the_noise_of_its_seed_and_sample_count():
+    """Issue 45, behaviours 1 and 2: the noise is drawn with the init's seed (seed 1 never fits on
+    seed 0's noise) and as many inputs as data_fit_samples asks (16, not the default 256). The fit on
+    noise is the fit on that very batch given as data."""
+    from structinit.fit.inputs import noise_inputs
+
+    def fit(seed, **params):
+        rep = initialize_model(vit(), "impulse", seed=seed, data_fit=4, **params)
+        return rep, read_artifact(rep["data_fit"]["artifact"]["path"])
+
+    rep, noise = fit(1, data_fit_samples=16)
+    assert noise.fit["identity"]["inputs"] == {"kind": "noise", "seed": 1, "samples": 16, "shape": [1, 8, 8]}
+    assert rep["data_fit"]["samples"] == 16 and rep["data_fit"]["inputs"] == "noise"
+    drawn = {s: noise_inputs((1, 8, 8), 16, s).x for s in (0, 1)}
+    assert not torch.equal(drawn[0], drawn[1])
+    _, given = fit(1, data=drawn[1])
+    assert np.array_equal(noise.q, given.q) and np.array_equal(noise.k, given.k)
+    _, other_seed = fit(1, data=drawn[0])
+    _, more = fit(1, data=noise_inputs((1, 8, 8), 256, 1).x)
+    assert not np.allclose(noise.q, other_seed.q) and not np.allclose(noise.q, more.q)
+
+
+def test_a_fitted_artifact_without_its_header_checksum_is_refused_even_with_its_report_edited(digits):
+    """Issue 45, behaviour 3: a fitted artifact must carry its header checksum (only a plain solve of
+    0.2 may lack it); one without it whose fit report was edited is refused and fitted again."""
+    from safetensors.numpy import load, save
+
+    first = initialize_model(vit(), "impulse", data=digits, seed=0, **FIT)
+    path = Path(first["data_fit"]["artifact"]["path"])
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    meta = json.loads(raw[8:8 + n])["__metadata__"]
+    fit = json.loads(meta.pop("header_checksum") and meta["fit"])
+    fit["report"]["layers"][0]["hit_rate"] = 1.0  # a better number than the fit measured
+    meta["fit"] = json.dumps(fit, sort_keys=True)
+    path.write_bytes(save(load(raw), metadata=meta))
+    with pytest.raises(ArtifactError, match="header checksum mismatch"):
+        read_artifact(path)
+    with pytest.warns(UserWarning, match="header checksum mismatch"):
+        again = initialize_model(vit(), "impulse", data=digits, seed=0, **FIT)
+    assert again["data_fit"]["artifact"]["cached"] is False
+    assert again["data_fit"]["layers"][0]["hit_rate"] == first["data_fit"]["layers"][0]["hit_rate"] < 1.0
+
+
+def test_another_seeds_fit_under_this_fits_name_is_set_aside_and_fitted_again(digits, cache_dir):
+    """Issue 45, behaviour 4: a whole, valid fitted artifact of another fit (seed 1) copied to this
+    fit's name (seed 0) holds another key: named, set aside (kept) and fitted again, never loaded."""
+    zero = initialize_model(vit(), "impulse", data=digits, seed=0, **FIT)
+    one = initialize_model(vit(), "impulse", data=digits, seed=1, **FIT)
+    path, other = (Path(r["data_fit"]["artifact"]["path"]) for r in (zero, one))
+    assert path != other
+    path.write_bytes(other.read_bytes())
+    with pytest.warns(UserWarning) as seen:
+        again = initialize_model(vit(), "impulse", data=digits, seed=0, **FIT)
+    said = [str(w.message) for w in seen.list if "ignoring" in str(w.message)]
+    assert said == [f"ignoring unusable artifact: {path}: holds the fitted artifact {fitted_key(one)}, not the fitted "
+                    f"artifact {fitted_key(zero)} its name asks for; set aside as {path.name}.set-aside; it will be "
+                    "recomputed"]
+    assert again["data_fit"]["artifact"] == {**zero["data_fit"]["artifact"], "cached": False}
+    assert read_artifact(path).key == fitted_key(zero)
+    assert read_artifact(Path(f"{path}.set-aside")).key == fitted_key(one)

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import error_line
 from grids import DIGITS, variant
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,13 +28,13 @@ def files(folder: Path) -> dict:
 
 
 def one_error(r, code, *needles):
-    """One ``error:`` line on stderr and nothing else (no traceback, nothing on stdout)."""
+    """One ``error:`` line on stderr, last (:func:`conftest.error_line`), nothing on stdout."""
     assert r.returncode == code, (r.returncode, r.stdout[-500:], r.stderr[-2000:])
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and r.stdout == "", r.stderr
+    line = error_line(r.stderr)
+    assert r.stdout == "", r.stdout
     for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
+        assert needle in line, (needle, line)
+    return line
 
 
 @pytest.fixture

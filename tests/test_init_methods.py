@@ -226,3 +226,39 @@ def test_bad_parameters():
     assert parse_layers("0-1", 4) == [0, 1] and parse_layers("1,3-", 5) == [1, 3, 4]
     with pytest.raises(UsageError):
         parse_layers("2-x", 4)
+
+
+@pytest.mark.parametrize("method, params", [("impulse", {"data_fit": 0}), ("mimetic", {})])
+def test_each_base_resets_exactly_its_modules_and_nothing_else(method, params):
+    """Issue 45, behaviour 6: ``base`` resets, before the init writes its part, exactly the modules it
+    names, to PyTorch's defaults under the seed: ``pytorch-mlp`` both Linear layers (fc1 and fc2) of
+    every block's MLP, ``pytorch-head`` the classifier, ``pytorch`` every module with
+    ``reset_parameters`` (of which the init then writes Q/K, V and proj weights again). Measured as
+    the tensors that differ from the same init on the model as built (``base=model``)."""
+    from conftest import vit_digits
+
+    def init(base):
+        model = vit_digits(pool="token")
+        rep = initialize_model(model, method, base=base, seed=0, **params)
+        return model, rep
+
+    built, rep = init("model")
+    assert "base_reset" not in rep
+    mlp = {f"blocks.{i}.mlp.fc{j}.{w}" for i in range(4) for j in (1, 2) for w in ("weight", "bias")}
+    head = {"head.weight", "head.bias"}
+    # every weight of PyTorch's defaults that the init does not write again; LayerNorm's defaults (ones, zeros)
+    # and the patch embedding's are the model's own as built, so they do not differ
+    biases = {f"blocks.{i}.attn.{p}.bias" for i in range(4) for p in ("qkv", "proj")}
+    resettable = sum(callable(getattr(m, "reset_parameters", None)) for m in built.modules())
+    for base, want, count in (("pytorch-mlp", mlp, 8), ("pytorch-head", head, 1),
+                              ("pytorch", mlp | head | biases, resettable)):
+        model, rep = init(base)
+        changed = {name for (name, a), (_, b) in zip(model.state_dict().items(), built.state_dict().items())
+                   if not torch.equal(a, b)}
+        assert changed == want, (base, sorted(changed ^ want))
+        assert rep["base_reset"] == count, base
+    model, _ = init("pytorch-mlp")
+    torch.manual_seed(0)
+    first = torch.nn.Linear(64, 128)  # the first module reset, under the seed: PyTorch's own default draw
+    assert torch.equal(model.blocks[0].mlp.fc1.weight, first.weight)
+    assert torch.equal(model.blocks[0].mlp.fc1.bias, first.bias)

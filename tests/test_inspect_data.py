@@ -9,6 +9,7 @@ import struct
 import numpy as np
 import pytest
 import torch
+from conftest import error_line
 
 from structinit.analysis.fidelity import centre_query, init_fidelity, report_settings, window_mask
 from structinit.analysis.quality import artifact_attention
@@ -265,12 +266,11 @@ def test_cli_without_impulse_offsets_reports_the_window_share(cli):
 
 
 def one_error(r, *needles):
-    lines = r.stderr.strip().splitlines()
     assert r.returncode == 2, (r.returncode, r.stderr)
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stderr, r.stderr
+    line = error_line(r.stderr)
     assert r.stdout == ""
     for needle in needles:
-        assert needle in lines[0], lines[0]
+        assert needle in line, line
 
 
 def test_cli_refusals_are_one_line(cli, tmp_path):
@@ -289,7 +289,7 @@ def test_cli_refusals_are_one_line(cli, tmp_path):
     one_error(cli("inspect", tmp_path / "foreign.pth", "--data", "digits"), "not a checkpoint written by structinit")
     (tmp_path / "notes.pth").write_text("not a checkpoint")
     r = cli("inspect", tmp_path / "notes.pth", "--data", "digits")  # unreadable: exit 1, as without --data
-    assert r.returncode == 1 and r.stderr.startswith("error: cannot read checkpoint") and r.stderr.count("\n") == 1
+    assert r.returncode == 1 and error_line(r.stderr).startswith("error: cannot read checkpoint")
     one_error(cli("inspect", "cnn-1d", "--data", "mnist1d"), "no attention layers")
     one_error(cli(*preset, "--data", "mnist1d"), "--data mnist1d holds sequences")
     one_error(cli("inspect", "vit-digits", "-p", "filter=5", "--data", "digits"), "--init-param needs --init")

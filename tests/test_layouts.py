@@ -162,7 +162,15 @@ def test_state_dicts_that_are_not_one_model_are_refused_whole():
     gap = timm_vit(16, depth=3)
     for name in [k for k in gap if k.startswith("blocks.1.")]:
         gap[name.replace("blocks.1.", "blocks.3.")] = gap.pop(name)
-    assert failure(gap) == "timm-vit: attention layers [0, 2, 3] are not numbered 0..2"
+    assert failure(gap) == ("timm-vit: the checkpoint has no blocks.1.attn.qkv.weight (attention layers 0, 2, 3 have "
+                            "theirs): a tensor is missing, or the layers are not numbered from 0")
+    lost = timm_vit(16, depth=4)  # one qkv tensor missing, the rest of its block there
+    del lost["blocks.2.attn.qkv.weight"]
+    assert failure(lost).startswith("timm-vit: the checkpoint has no blocks.2.attn.qkv.weight (attention layers 0, 1, "
+                                    "3 have theirs)")
+    late = {k.replace("blocks.0.", "blocks.2."): v for k, v in timm_vit(16, depth=1).items()}
+    assert failure(late).startswith("timm-vit: the checkpoint has no blocks.0.attn.qkv.weight, "
+                                    "blocks.1.attn.qkv.weight (attention layers 2 have theirs)")
     narrow = timm_vit(16)
     narrow["blocks.1.attn.qkv.weight"] = torch.zeros(2 * D, D)
     assert failure(narrow) == "blocks.1.attn.qkv.weight: shape [16, 8] does not fit dim 8 (q)"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import error_line
 from grids import MIMETIC_KAIMING, TINY_GRID, expand_text, trained_grid, variant
 
 from structinit.experiments.launch import prepare
@@ -32,13 +33,11 @@ def sha(path: Path) -> str:
 
 
 def one_error(r, code, *needles):
-    lines = r.stderr.strip().splitlines()
     assert r.returncode == code, (r.returncode, r.stderr[-2000:])
-    errors = [line for line in lines if line.startswith("error: ")]
-    assert len(errors) == 1 and lines[-1] == errors[0] and "Traceback" not in r.stderr, r.stderr
+    line = error_line(r.stderr)
     for needle in needles:
-        assert needle in errors[0], (needle, errors[0])
-    return errors[0]
+        assert needle in line, (needle, line)
+    return line
 
 
 @pytest.fixture(scope="module")

@@ -53,6 +53,29 @@ def test_the_plain_call_on_a_stock_model_writes_the_table_and_is_structured_on_h
     assert min(r["hit_rate"] for r in held["layers"]) >= 0.9
 
 
+def test_the_table_in_place_of_a_learned_embedding_keeps_the_class_tokens_row(digits, tmp_path, cli):
+    """Issue 45, behaviour 5 (only a slow test noticed the class token's row zeroed): the table goes
+    into the grid's rows, and the class token's own row is kept as it was, on a model and through
+    apply."""
+    table = torch.from_numpy(sincos(Grid((8, 8)), 64)).float()
+    model = stock("token")
+    before = model.pos_embed.detach().clone()
+    assert before.shape == (1, 65, 64) and float(before[0, 0].abs().sum()) > 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # one fit step leaves the layers weak, and says so
+        rep = initialize_model(model, "impulse", data=digits[0][:16], data_fit=1, data_fit_samples=16, seed=0)
+    assert rep["pos_embed_written"] == "sin-cos table x1 in place of the model's own pos_embed, kept learnable"
+    assert torch.equal(model.pos_embed.detach()[0, 0], before[0, 0])
+    torch.testing.assert_close(model.pos_embed.detach()[0, 1:], table, rtol=0, atol=1e-6)
+    torch.save(stock("token").state_dict(), tmp_path / "stock.pt")
+    r = cli("apply", tmp_path / "stock.pt", "--heads", "4", "-p", "data_fit=1", "-p", "data_fit_samples=16", "--out",
+            tmp_path / "out.pt")
+    assert r.returncode == 0, r.stderr
+    src, out = (torch.load(tmp_path / name)["pos_embed"] for name in ("stock.pt", "out.pt"))
+    assert float(src[0, 0].abs().sum()) > 0 and torch.equal(out[0, 0], src[0, 0])
+    torch.testing.assert_close(out[0, 1:], table, rtol=0, atol=1e-6)
+
+
 def test_a_state_dict_with_a_learned_embedding_is_still_refused_without_an_answer(digits):
     with pytest.raises(UsageError, match="is not the sin-cos table the impulse solve assumes"):
         initialize(stock().state_dict(), "impulse", heads=4)
@@ -60,13 +83,13 @@ def test_a_state_dict_with_a_learned_embedding_is_still_refused_without_an_answe
 
 def test_the_fit_on_noise_needs_no_data_and_uses_only_the_shape_of_data_given(digits):
     a = initialize_model(build_model(ModelConfig("vit-digits"), num_classes=10, image_size=8, in_chans=1, seed=0),
-                         "impulse", data_fit_inputs="noise", data_fit=20, seed=0)
+                         "impulse", data_fit_inputs="noise", data_fit=3, seed=0)
     assert a["data_fit"]["source"] == "noise: 256 Gaussian inputs N(0, 1) of shape [1, 8, 8] (no data)"
     b_model = build_model(ModelConfig("vit-digits"), num_classes=10, image_size=8, in_chans=1, seed=0)
-    b = initialize_model(b_model, "impulse", data_fit_inputs="noise", data_fit=20, seed=0, data=digits[0] * 0 + 5)
+    b = initialize_model(b_model, "impulse", data_fit_inputs="noise", data_fit=3, seed=0, data=digits[0] * 0 + 5)
     assert b["data_fit"]["artifact"]["key"] == a["data_fit"]["artifact"]["key"]  # the same noise, the same fit
     c = initialize_model(build_model(ModelConfig("vit-digits"), num_classes=10, image_size=8, in_chans=1, seed=1),
-                         "impulse", data_fit_inputs="noise", data_fit=20, seed=1)
+                         "impulse", data_fit_inputs="noise", data_fit=3, seed=1)
     assert c["data_fit"]["artifact"]["key"] != a["data_fit"]["artifact"]["key"]
     with pytest.raises(UsageError, match="data_fit_inputs chooses the data fit's inputs, and data_fit is 0"):
         initialize_model(stock(), "impulse", data_fit_inputs="noise", data_fit=0)

@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import error_line
 
 from structinit.errors import UsageError
 from structinit.solver.config import SolveConfig
@@ -107,7 +108,7 @@ def test_a_report_refuses_to_pool_runs_of_different_versions(tmp_path, cli):
     del doc["algorithms"]  # as a run made before versions were recorded
     old.write_text(json.dumps(doc))
     r = cli("bench", "report", grid, "--out", tmp_path / "runs")
-    assert r.returncode == 2 and r.stderr.strip() == (
+    assert r.returncode == 2 and error_line(r.stderr) == (
         "error: grid versions, row mimetic: its runs were made with different algorithm versions (none (seeds 0); "
         "not recorded (seeds 1)); pool them only on purpose, with --mixed-versions")
     r = cli("bench", "report", grid, "--out", tmp_path / "runs", "--mixed-versions", "--report-dir", tmp_path / "rep")

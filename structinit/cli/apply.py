@@ -22,6 +22,7 @@ EXAMPLES = examples(
     'structinit apply bert.pt --heads 12 --filter 5 --set-pe sincos  # a sequence of 512 (the position table)',
     'structinit apply gpt2.pt --heads 12 --filter 3 --causal --set-pe sincos --grid 256 --out gpt2-imp.pt',
     'structinit apply runs/digits/checkpoint.pt --out imp.pt --data digits  # Q/K fitted to the run\'s digits',
+    'structinit apply hf-vit/ --data images/     # a save_pretrained folder: writes hf-vit.impulse/ (from_pretrained)',
     'structinit apply vit_t.pth --model vit_tiny_patch16_224 --set-pe sincos --data inputs.pt  # inputs [B, 3, H, W]',
 )
 
@@ -39,7 +40,8 @@ IMPULSE_FLAGS = {"--filter": "filter", "--recipe": "recipe", "--target-mass": "t
 
 CkptOpt = Annotated[Path, typer.Argument(help="Checkpoint file: timm ViT, Hugging Face ViT/DeiT, BERT-style "
     "encoder or GPT-2, or nn.MultiheadAttention; .pt/.pth/.bin or "
-    ".safetensors.")]
+    ".safetensors. Or a Hugging Face folder (save_pretrained's): "
+    "written as a folder, CKPT.METHOD by default.")]
 
 MethodOpt = Annotated[str, typer.Option("--method", help="impulse, mimetic, kaiming or trunc-normal.")]
 
@@ -101,9 +103,11 @@ PeScaleOpt = Annotated[Optional[float], typer.Option("--pe-scale", help="Scale o
 SeedOpt = Annotated[int, typer.Option("--seed", min=0, help="Seed of the offsets and random draws.")]
 
 OutOpt = Annotated[Optional[str], typer.Option("--out", "-o", help="Output file; its name sets the format "
-    "(.safetensors, else torch).", show_default="CKPT.METHOD.EXT")]
+    "(.safetensors, else torch). For a Hugging Face folder, the output "
+    "folder.", show_default="CKPT.METHOD.EXT")]
 
-ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing --out.")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing --out (an output folder is kept "
+    "as OUT.bak).")]
 
 InPlaceOpt = Annotated[bool, typer.Option("--in-place", help="Replace the input atomically, keeping CKPT.bak (or "
     "CKPT.bak.1, ...: a backup is never overwritten).")]

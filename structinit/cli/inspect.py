@@ -28,6 +28,12 @@ ALIASES = {"dataset": "--data", "init_params": "--init-param", "filter": "--filt
 def _is_artifact_file(path: Path) -> bool:
     if path.suffix != ".safetensors":
         return False
+    from structinit.atomic import regular_file
+
+    try:
+        regular_file(path)  # a FIFO would block safe_open: read_artifact says what it is instead
+    except OSError:
+        return True
     try:
         from safetensors import safe_open
 
@@ -255,8 +261,14 @@ def fit_text(fit: dict) -> str:
     """Terminal lines saying what a fitted artifact was fitted to and what it measured on that batch."""
     ident, rep = fit.get("identity", {}), fit.get("report", {})
     f = ident.get("fit", {})
-    lines = [f"fitted to {fit.get('source') or 'a batch of real inputs'} ({ident.get('samples')} inputs, "
-             f"{ident.get('batch', '?')[:19]}...)",
+    noise = ident.get("inputs") if isinstance(ident.get("inputs"), dict) else None
+    if noise is not None:  # noise inputs are named by their kind, seed, count and shape, not a digest
+        inputs = (f"fitted to {noise.get('samples')} Gaussian noise inputs N(0, 1) of shape {noise.get('shape')}, "
+                  f"drawn with seed {noise.get('seed')} (no data)")
+    else:
+        inputs = (f"fitted to {fit.get('source') or 'a batch of real inputs'} ({ident.get('samples')} inputs, "
+                  f"{str(ident.get('batch', '?'))[:19]}...)")
+    lines = [inputs,
              f"  from the plain solve {ident.get('plain')}, layers {ident.get('layers')} of {ident.get('depth')}, "
              f"seed {ident.get('seed')}, through model weights {ident.get('weights', '?')[:19]}...",
              f"  data fit version {f.get('data_fit_version')}: {f.get('data_fit')} steps, calibrated to target mass "

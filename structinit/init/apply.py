@@ -10,11 +10,15 @@ Every copy of the model in the file (e.g. ``state_dict`` and ``state_dict_ema``)
 weights.
 
 Files: the output's format follows its name (``.safetensors``: safetensors, anything else a
-``torch.save`` file) and it gets the input's permission bits. Nothing the user has is replaced
-unless asked: an existing output is refused (``force`` replaces it), a new one is created
-exclusively (of two runs writing the same name, one wins and the other is told), and
-``in_place`` keeps the original as ``CKPT.bak`` (``CKPT.bak.1``, ... when that exists: a backup is
-never overwritten) and then replaces the input atomically.
+``torch.save`` file) and it gets the input's permission bits. A Hugging Face folder (what
+``save_pretrained`` writes: ``config.json`` and one weights file, ``model.safetensors`` or
+``pytorch_model.bin``) is read as its weights file, and written as a folder of the same files
+(:func:`hf_folder`): ``DIR.METHOD`` beside it by default, which ``from_pretrained`` loads.
+Nothing the user has is replaced unless asked: an existing output is refused (``force`` replaces
+it; an output folder replaced is kept as ``OUT.bak``), a new one is created exclusively (of two runs
+writing the same name, one wins and the other is told), and ``in_place`` keeps the original as
+``CKPT.bak`` (``CKPT.bak.1``, ... when that exists: a backup is never overwritten) and then
+replaces the input atomically (of a folder, its weights file).
 
 The reported hit rate and target mass are measured from the written weights on the checkpoint's
 own position embedding, LayerNorm'd (``measured_on`` says so); the data fit's, on the inputs it
@@ -62,6 +66,51 @@ def default_output(path: Path, method: str) -> Path:
         ends = Path(name).suffix + ends
         name = Path(name).stem
     return path.with_name(f"{name}.{method}{ends}")
+
+
+#: The weights file of a Hugging Face folder, in the order ``from_pretrained`` prefers them.
+HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+
+
+def hf_folder(folder: Path) -> Path:
+    """The weights file of the Hugging Face folder ``folder`` (as ``save_pretrained`` writes it:
+    ``config.json`` and ``model.safetensors`` or ``pytorch_model.bin``). Raises
+    :class:`~structinit.init.checkpoints.CheckpointNotFound` for a folder that is not one (no
+    config.json, no weights file) and :class:`UsageError` for weights split into shards."""
+    from structinit.init.checkpoints import CheckpointNotFound
+
+    sharded = [f"{name}.index.json" for name in HF_WEIGHTS if (folder / f"{name}.index.json").exists()]
+    if sharded:
+        raise UsageError(f"{folder}: its weights are split into shards ({sharded[0]}); structinit reads one weights "
+                         "file: save the model with save_pretrained(..., max_shard_size=\"100GB\") first")
+    found = next((folder / name for name in HF_WEIGHTS if (folder / name).exists()), None)
+    if found is None or not (folder / "config.json").exists():
+        raise CheckpointNotFound(f"{folder}: is a folder; give the checkpoint file inside it (a Hugging Face folder "
+                                 f"holds config.json and {' or '.join(HF_WEIGHTS)})")
+    return found
+
+
+def _folder_output(folder: Path, method: str, out: Union[str, os.PathLike, None], in_place: bool, force: bool) -> Path:
+    """Where a Hugging Face folder's output goes: a new folder (``DIR.METHOD`` beside it by default);
+    an existing one only with ``force`` (it is then kept as ``OUT.bak``, see :func:`_write_folder`)."""
+    if in_place:
+        return folder.resolve()
+    if out is not None and str(out).strip() == "":
+        raise UsageError(f"{param('out')} needs a folder name (the input is a Hugging Face folder)")
+    target = Path(out).expanduser() if out is not None else folder.with_name(f"{folder.name}.{method}")
+    if target.resolve() == folder.resolve():
+        raise UsageError(f"{param('out')} {target} is the input folder; use {param('in_place')} to replace its "
+                         "weights (a backup is kept)")
+    if not target.parent.is_dir():
+        raise UsageError(f"{param('out')} {target}: folder {target.parent} does not exist")
+    if os.path.lexists(target) and (target.is_symlink() or not target.is_dir()):
+        raise UsageError(f"{param('out')} {target} exists and is not a folder; the output of a Hugging Face folder "
+                         "is a folder")
+    if target.exists() and not force:
+        how = "" if out is not None else f" (the default output name; choose another with {param('out')})"
+        raise UsageError(f"{target} already exists{how}; pass {param('force')} to replace it (it is kept as "
+                         f"{target.name}.bak)")
+    return target
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -184,6 +233,7 @@ class LoadedCheckpoint:
     target: Path
     stat: Optional[os.stat_result]
     plan: Dict[str, Any]
+    folder: Optional[Path] = None  # a Hugging Face folder given (path is its weights file; target a folder)
 
     @property
     def first(self) -> AttentionTarget:
@@ -194,9 +244,15 @@ def load_for_apply(path: Union[str, os.PathLike], spec: InitSpec, options: Apply
     """Read checkpoint ``path`` and plan what ``spec`` with ``options`` writes, refusing what cannot be
     done before any work (the output name, the shape, the position embedding, a safetensors output
     that cannot hold the file's entries)."""
+    folder = Path(path) if Path(path).is_dir() and not options.in_place else None
+    if Path(path).is_dir():
+        path = hf_folder(Path(path))  # a save_pretrained folder: its weights file (in place: replaced in it)
     path = check_checkpoint_path(path)  # before the output's name, which is made from it
     options.check(spec)
-    target = _output_path(path, spec.method, options.out, options.in_place, options.force or options.dry_run)
+    if folder is not None:
+        target = _folder_output(folder, spec.method, options.out, options.in_place, options.force or options.dry_run)
+    else:
+        target = _output_path(path, spec.method, options.out, options.in_place, options.force or options.dry_run)
     try:
         stat = path.stat()  # before reading: an in-place replace checks that the file is still this one
     except OSError:
@@ -204,6 +260,11 @@ def load_for_apply(path: Union[str, os.PathLike], spec: InitSpec, options: Apply
     ckpt = load_checkpoint(path)
     det = ckpt.detected
     heads = options.heads if options.heads is not None else det.heads  # the file's hints (HF config.json, timm arch)
+    fits = isinstance(spec, ImpulseInit) and spec.uses_data  # only the fit's model may be named (see check)
+    if heads is None and det.layout.name == "timm-vit" and fits:  # a named timm model tells its heads
+        raise UsageError(f"the timm-vit checkpoint does not tell its number of heads; give it with {param('heads')} "
+                         f"(it must divide dim {det.dim}), or name the timm model it holds with "
+                         f"{param('model_name')} (e.g. vit_tiny_patch16_224)")
     grid = options.grid
     if grid is None and "shape" in ckpt.extra:  # a structinit train checkpoint tells its grid (a sequence's too),
         grid = det.grid  # which the views, detected afresh from the weights alone, would not know
@@ -213,12 +274,13 @@ def load_for_apply(path: Union[str, os.PathLike], spec: InitSpec, options: Apply
     spec.check_target(first)
     if options.set_pe is not None and det.pos_key is None:
         raise UsageError(f"{param('set_pe')}: the {det.layout.name} checkpoint has no position embedding")
-    if output_format(target) == "safetensors":
-        safetensors_dict(ckpt, target)  # refuse now what cannot be written as safetensors
+    weights_out = target / path.name if folder is not None else target
+    if output_format(weights_out) == "safetensors":
+        safetensors_dict(ckpt, weights_out)  # refuse now what cannot be written as safetensors
     pe_scale = (1.0 if options.pe_scale is None else options.pe_scale) if options.set_pe else None
     plan = {
-        "input": str(path), "output": str(target), "in_place": options.in_place, "backup": None,
-        "format": ckpt.format, "output_format": output_format(target),
+        "input": str(folder if folder is not None else path), "output": str(target), "in_place": options.in_place,
+        "backup": None, "format": ckpt.format, "output_format": output_format(weights_out),
         "state_dicts": ckpt.where, **det.summary(), "heads": first.heads,
         "grid": list(first.grid) if first.grid else None, "method": spec.method, "params": spec.params(),
         "seed": options.seed, "set_pe": options.set_pe, "pe_scale": pe_scale,
@@ -229,7 +291,9 @@ def load_for_apply(path: Union[str, os.PathLike], spec: InitSpec, options: Apply
         plan["pos_embed_replaced"] = det.pos_key
     if isinstance(spec, ImpulseInit) and spec.artifact is None and first.grid is not None:
         spec.solve_config(first.grid, first.dim, first.heads, first.depth, options.seed)  # refuses bad settings first
-    return LoadedCheckpoint(path, ckpt, views, target, stat, plan)
+    if folder is not None:
+        plan["weights"] = str(weights_out)  # the weights file inside the output folder
+    return LoadedCheckpoint(path, ckpt, views, target, stat, plan, folder)
 
 
 def write_position_table(loaded: LoadedCheckpoint, scale: float) -> None:
@@ -283,7 +347,10 @@ def write_checkpoint(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOpt
                 rows[row["layer"]].update({k: row[k] for k in ("hit_rate", "target_mass", "mse", "offsets")})
         plan["measured_on"] = measured["measured_on"]
     say(f"writing {loaded.target}")
-    _write(loaded.ckpt, loaded.path, loaded.target, loaded.stat, options.in_place, options.force, plan)
+    if loaded.folder is not None:
+        _write_folder(loaded, options.force, plan)
+    else:
+        _write(loaded.ckpt, loaded.path, loaded.target, loaded.stat, options.in_place, options.force, plan)
     plan["layers"] = [rows[i] for i in first.layers]
     for key in ("artifact", "hit_rate", "target_mass", "measured_on", "mimetic_vproj", "data_fit"):
         if key in report:
@@ -309,6 +376,54 @@ def _warn_weak(spec: InitSpec, report: Dict[str, Any], plan: Dict[str, Any], det
         from structinit.errors import StructinitWarning
 
         warnings.warn(StructinitWarning(f"impulse: {weak}"), stacklevel=3)
+
+
+def _write_folder(loaded: LoadedCheckpoint, force: bool, plan: Dict[str, Any]) -> None:
+    """Write a Hugging Face folder's output: a new folder holding the written weights under the input's
+    weights name and a copy of every other file of the input folder (``config.json`` first), made as
+    a hidden temp folder beside it and renamed into place, so that it is whole or absent. An existing
+    output (``force``) is kept as ``OUT.bak`` (``OUT.bak.1``, ...), never deleted."""
+    import shutil
+    import tempfile
+
+    from structinit.atomic import regular_file, set_aside
+
+    assert loaded.folder is not None
+    target = loaded.target
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    except OSError as exc:
+        raise CheckpointError(f"cannot write into {target.parent}: {exc.strerror or exc}; nothing was written") \
+            from None
+    try:
+        for item in sorted(loaded.folder.iterdir()):
+            if item.name == loaded.path.name or item.name.startswith("."):
+                continue
+            try:
+                regular_file(item)
+            except OSError:  # a sub-folder, a FIFO, a link to nothing: not part of what from_pretrained reads
+                continue
+            try:
+                shutil.copy2(item, tmp / item.name)
+            except OSError as exc:
+                raise CheckpointError(f"cannot copy {item} into {target}: {exc.strerror or exc}; nothing was "
+                                      "written") from None
+        file_mode = loaded.stat.st_mode if loaded.stat is not None else None
+        save_checkpoint(loaded.ckpt, tmp / loaded.path.name, exclusive=True, file_mode=file_mode)
+        os.chmod(tmp, loaded.folder.stat().st_mode & 0o7777)  # the input folder's permission bits, not mkdtemp's
+        if os.path.lexists(target):
+            if not force:
+                raise CheckpointError(f"{target} appeared while this was being written (another process?); it was not "
+                                      "replaced, and nothing was written")
+            plan["backup"] = str(set_aside(target, ".bak"))
+        try:
+            os.rename(tmp, target)
+        except OSError as exc:
+            raise CheckpointError(f"cannot put {target} in place ({exc.strerror or exc}); nothing was written") \
+                from None
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _write(ckpt: Checkpoint, path: Path, target: Path, stat: Optional[os.stat_result], in_place: bool, force: bool,

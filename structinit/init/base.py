@@ -83,6 +83,18 @@ def _copy(value: Any) -> Any:
     return dict(value) if isinstance(value, dict) else list(value) if isinstance(value, list) else value
 
 
+_HINTS: Dict[type, Dict[str, Any]] = {}
+
+
+def _type_hints(cls: type) -> Dict[str, Any]:
+    """``typing.get_type_hints(cls)``, once per spec class: resolving the annotations' strings is
+    the most of a spec's construction (a grid of thousands of runs builds one per run)."""
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
+
+
 @dataclass(frozen=True)
 class InitSpec:
     """One init method's parameters. Subclasses set ``method`` (the registered name), ``writes``
@@ -119,7 +131,7 @@ class InitSpec:
         return self
 
     def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
+        hints = _type_hints(type(self))
         for f in dataclasses.fields(self):
             object.__setattr__(self, f.name, coerce(self.method, f.name, getattr(self, f.name), hints[f.name]))
         self.validate()

@@ -16,6 +16,7 @@ kept as loaded and written back unchanged.
 from __future__ import annotations
 
 import argparse
+import errno
 import io
 import json
 import os
@@ -30,12 +31,16 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
+from structinit.atomic import NotRegularFile, read_regular, regular_file
 from structinit.errors import StructinitError, UsageError
 from structinit.geometry.grid import GridLike
 from structinit.init.layouts import Detected, detect_layout, resolve_shape
 
 #: Entries of a checkpoint dict that may hold a state dict, in order of preference.
 CONTAINER_KEYS = ("state_dict", "state_dict_ema", "model", "model_ema", "module")
+
+#: The largest Hugging Face ``config.json`` read (a real one is a few kB).
+CONFIG_LIMIT = 16 * 2 ** 20
 
 #: Non-tensor classes the safe unpickler may build: data only, no code.
 SAFE_GLOBALS = (argparse.Namespace,)
@@ -147,12 +152,16 @@ class _Outline(pickle.Unpickler):
 
 def _pickle_bytes(path: Path) -> bytes:
     """The pickle stream of a ``torch.save`` zip (its ``data.pkl``) or of a plain pickle file."""
-    if path.stat().st_size == 0:
+    try:
+        size = regular_file(path).st_size
+    except NotRegularFile as exc:
+        raise CheckpointError(f"{path}: {exc.strerror}") from None
+    if size == 0:
         raise CheckpointError(f"{path} is empty (0 bytes)")
     with open(path, "rb") as fh:
         head = fh.read(4)
     if head[:1] == b"\x80":
-        return path.read_bytes()
+        return read_regular(path)
     try:
         with zipfile.ZipFile(path) as zf:
             names = [n for n in zf.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
@@ -206,12 +215,21 @@ def refused_for_code(path: Union[str, os.PathLike], name: Optional[str]) -> str:
 
 def check_checkpoint_path(path: Union[str, os.PathLike]) -> Path:
     """``path`` as a :class:`~pathlib.Path`; raises :class:`CheckpointNotFound` when it names no file
-    (nothing there, or a folder)."""
+    (nothing there, a link to nothing, or a folder) and :class:`CheckpointError` when it names no
+    regular file (a FIFO, whose read would wait for a writer, or a device such as ``/dev/zero``,
+    whose read never ends): nothing is read from either."""
     path = Path(path)
-    if not path.exists():
+    if not os.path.lexists(path):
         raise CheckpointNotFound(f"{path}: no such file")
     if path.is_dir():
         raise CheckpointNotFound(f"{path}: is a folder; give the checkpoint file inside it")
+    try:
+        regular_file(path)
+    except NotRegularFile as exc:
+        cls = CheckpointNotFound if exc.errno == errno.ENOENT else CheckpointError
+        raise cls(f"{path}: {exc.strerror}") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read ({exc.strerror or exc})") from None
     return path
 
 
@@ -336,7 +354,7 @@ def _shape_hints(ckpt: Checkpoint) -> None:
     if det.layout.name.startswith("hf-"):
         cfg_path = ckpt.path.parent / "config.json"
         try:
-            cfg = json.loads(cfg_path.read_text())
+            cfg = json.loads(read_regular(cfg_path, limit=CONFIG_LIMIT))
         except (OSError, ValueError):
             cfg = None
         heads, hidden = _hf_config_shape(cfg)
@@ -386,6 +404,21 @@ def _hf_config_shape(cfg: Any) -> Tuple[Any, Any]:
 
 
 def _timm_arch_heads(arch: str, dim: int) -> Optional[int]:
+    """The heads of timm's model ``arch`` when its width is ``dim`` (``None``: no such model, or
+    another width)."""
+    shape = _timm_arch_shape(arch)
+    return shape[1] if shape is not None and shape[0] == dim else None
+
+
+_ARCH_SHAPES: Dict[str, Tuple[int, int]] = {}
+
+
+def _timm_arch_shape(arch: str) -> Optional[Tuple[int, int]]:
+    """``(embed_dim, heads)`` of timm's model ``arch`` at its defaults, built without weights (on
+    the meta device; kept for the process, as building it takes a good part of a second); ``None``
+    where it builds no ViT (not kept: a model registered later is found then)."""
+    if arch in _ARCH_SHAPES:
+        return _ARCH_SHAPES[arch]
     try:
         import timm
         import torch
@@ -393,11 +426,10 @@ def _timm_arch_heads(arch: str, dim: int) -> Optional[int]:
         with torch.device("meta"):
             # Any: its submodules are read by name (torch types every attribute Tensor | Module)
             model: Any = timm.create_model(arch, pretrained=False)
-        if getattr(model, "embed_dim", None) == dim:
-            return int(model.blocks[0].attn.num_heads)
+        shape = _ARCH_SHAPES[arch] = (int(model.embed_dim), int(model.blocks[0].attn.num_heads))
+        return shape
     except Exception:  # noqa: BLE001 - an unknown arch is simply no hint
         return None
-    return None
 
 
 def safetensors_dict(ckpt: Checkpoint, path: Union[str, os.PathLike]) -> Dict[str, Any]:

@@ -22,6 +22,10 @@ from structinit.solver.recipes import recipe_params
 STRUCTURE_FLOOR = 0.9
 
 
+#: What the weak-structure warning advises (when the fit used less): steps per layer, and a sharper target mass.
+SUGGESTED_STEPS, SUGGESTED_MASS = 1000, 0.8
+
+
 def structure_warning(report: Dict[str, Any], hint: Optional[str] = None) -> Optional[str]:
     """The warning for an impulse report whose data fit left a layer below :data:`STRUCTURE_FLOOR`
     on the inputs it was fitted to, a batch of real inputs or noise (``None`` when every layer is at
@@ -44,10 +48,11 @@ def structure_warning(report: Dict[str, Any], hint: Optional[str] = None) -> Opt
     if not report.get("position_subspace"):
         ways.append(f"the position subspace ({param('position_subspace')}=true: the position table in directions "
                     "nothing else writes, which structures every layer where a token's content fills the stream)")
-    if (fit.get("steps") or 0) < 1000:
-        ways.append(f"more steps ({param('data_fit')}=1000)")
-    if (fit.get("mass") or 0) < 0.8:
-        ways.append(f"a sharper fit target ({param('data_fit_mass')}=0.8)")
+    steps, mass = fit.get("steps"), fit.get("mass")  # a setting at or past the advice is not advised again
+    if not isinstance(steps, (int, float)) or steps < SUGGESTED_STEPS:
+        ways.append(f"more steps ({param('data_fit')}={SUGGESTED_STEPS})")
+    if not isinstance(mass, (int, float)) or mass < SUGGESTED_MASS:
+        ways.append(f"a sharper fit target ({param('data_fit_mass')}={SUGGESTED_MASS:g})")
     ways.append(f"real inputs ({param('data')})" if noise else "more inputs")
     if hint:
         ways.append(f"a stronger position signal ({hint}; compare on validation)")

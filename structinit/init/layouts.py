@@ -216,7 +216,15 @@ def detect_layout(sd: Mapping) -> Optional[Detected]:
             hits.sort(key=lambda mk: int(mk[0].group("layer")))
             layers = [int(m.group("layer")) for m, _ in hits]
             if layers != list(range(len(layers))):
-                raise StructinitError(f"{layout.name}: attention layers {layers} are not numbered 0..{len(layers) - 1}")
+                missing = [i for i in range(max(layers)) if i not in layers]
+                m, key = hits[0]
+                lo, hi = m.span("layer")
+                named = ", ".join(key[:lo] + str(i) + key[hi:] for i in missing[:3]) + (" ..." if len(missing) > 3
+                                                                                        else "")
+                raise StructinitError(f"{layout.name}: the checkpoint has no {named} (attention layers "
+                                      f"{', '.join(map(str, layers))} have theirs): a tensor is missing, or the layers "
+                                      f"are not numbered from 0" if missing else
+                                      f"{layout.name}: attention layers {layers} are not numbered 0..{len(layers) - 1}")
         else:
             hits.sort(key=lambda mk: _natural(mk[1]))
         first = _shape(sd[hits[0][1]])

@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import IO, TYPE_CHECKING, Any, Dict, Optional
 
 import numpy as np
 
 from structinit import __version__
-from structinit.atomic import atomic_write
+from structinit.atomic import NotRegularFile, atomic_write, read_regular
 from structinit.errors import ArtifactError
 from structinit.solver.config import FORMAT, KEY_LENGTH, SolveConfig
 
@@ -152,9 +153,13 @@ def read_artifact(path: Path) -> Artifact:
 
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path, check=_size_check)
     except FileNotFoundError:
         raise ArtifactError(f"{path}: no such file") from None
+    except NotRegularFile as exc:
+        raise ArtifactError(f"{path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ArtifactError(f"{path}: not a readable safetensors file (truncated or corrupt: {exc})") from None
     except OSError as exc:
         raise ArtifactError(f"{path}: cannot read ({exc.strerror})") from None
     try:
@@ -191,6 +196,99 @@ def read_artifact(path: Path) -> Artifact:
     return Artifact(config=config, q=tensors["q"], k=tensors["k"], offsets=tensors["offsets"],
                     pseudo_input=tensors["pseudo_input"], pseudo_input_rest=tensors.get("pseudo_input_rest"),
                     stats=stats, path=path, version=meta.get("version", "?"), fit=fit)
+
+
+#: The largest safetensors header read (safetensors' own limit): a longer one is not an artifact's.
+MAX_HEADER = 100_000_000
+
+
+def _size_check(fh: IO[bytes], size: int) -> None:
+    """Refuse (``ValueError``), before its tensors are read, a file whose header promises another
+    size than it has, or tensors larger than an artifact of its config holds: what is read is then
+    what the file's header says, and never more than its config needs."""
+    head = fh.read(8)
+    n = int.from_bytes(head, "little") if len(head) == 8 else -1
+    if n < 0 or n > size - 8 or n > MAX_HEADER:
+        raise ValueError(f"a {size}-byte file whose first bytes promise a header of {n} bytes")
+    try:
+        header = json.loads(fh.read(n).decode("utf-8"))
+        ends = [int(entry["data_offsets"][1]) for name, entry in header.items() if name != "__metadata__"]
+        meta = header.get("__metadata__") or {}
+        config = SolveConfig.from_dict(json.loads(meta["config"]))
+        depth = int(json.loads(meta["fit"])["identity"]["depth"]) if "fit" in meta else config.layers
+    except Exception:  # noqa: BLE001 - not what an artifact's header holds: the full read says what is wrong
+        return
+    end = max(ends, default=0)
+    if 8 + n + end != size:
+        raise ValueError(f"its header's tensors end at byte {8 + n + end}, the file has {size}")
+    c = config
+    most = 4 * (2 * depth * c.heads * c.dim * c.head_dim + 2 * depth * c.heads + 2 * c.tokens * c.dim)
+    if end > most:
+        raise ValueError(f"its tensors take {end} bytes; an artifact of its config holds at most {most}")
+
+
+#: How far the target mass an artifact's Q/K give on its own pseudo input may lie from the one its
+#: stats record (a solve on a GPU, measured there, differs from a CPU measure by about 1e-6).
+STATS_TOLERANCE = 1e-3
+
+
+def target_mass(x: np.ndarray, q: np.ndarray, k: np.ndarray, columns: np.ndarray,
+                mask: Optional[np.ndarray] = None) -> float:
+    """The mean over heads of the attention ``softmax(x q_h (x k_h)^T / sqrt(d))`` on each row's
+    target column (rows with a target only), as :func:`structinit.analysis.quality.measure` gives
+    it, in NumPy (a cache hit imports no torch), row chunk by row chunk. ``x: [N, D]``,
+    ``q, k: [H, D, d]``, ``columns: [H, N]``, ``mask``: bool ``[N, N]`` or ``None``."""
+    n = x.shape[0]
+    step = max(1, min(n, 2 ** 22 // max(n, 1)))
+    masses = []
+    for h in range(q.shape[0]):
+        xq = x.astype(np.float32) @ q[h].astype(np.float32)
+        xk = x.astype(np.float32) @ k[h].astype(np.float32)
+        cols = np.asarray(columns[h])
+        on = 0.0
+        for a in range(0, n, step):
+            logits = (xq[a:a + step] @ xk.T) / np.float32(math.sqrt(q.shape[-1]))
+            if mask is not None:
+                logits = np.where(mask[a:a + step], logits, -np.inf)
+            logits = logits - logits.max(axis=-1, keepdims=True)
+            attn = np.exp(logits)
+            attn /= attn.sum(axis=-1, keepdims=True)
+            c = cols[a:a + step]
+            rows = np.nonzero(c >= 0)[0]
+            on += float(attn[rows, c[rows]].astype(np.float64).sum())
+        masses.append(on / max(int((cols >= 0).sum()), 1))
+    return float(np.mean(masses))
+
+
+def check_stats(art: Artifact) -> None:
+    """Raise :class:`ArtifactError` unless ``art``'s Q/K give, on its own pseudo input, the target
+    mass its ``stats`` record for every layer (the mean over heads, within :data:`STATS_TOLERANCE`).
+
+    The checksums say that a file is as it was written, not that a solve or a fit wrote it: Q/K
+    scaled by hand with both checksums made again pass them. Such an artifact would be written into
+    a model and then fail the write's own check with a message about the layout; measured here,
+    before it is used, it is named for what it is."""
+    from structinit.geometry.targets import causal_mask, impulse_columns
+
+    c = art.config
+    recorded = art.stats.get("layers") if isinstance(art.stats, dict) else None
+    if not isinstance(recorded, list) or len(recorded) != art.depth:
+        raise ArtifactError(f"{art.path}: its stats record {len(recorded) if isinstance(recorded, list) else 'no'} "
+                            f"layer(s), its Q/K hold {art.depth}")
+    mask = causal_mask(c.grid, c.causal)
+    for layer in range(art.depth):
+        try:
+            want = float(np.mean([float(head["target_mass"]) for head in recorded[layer]]))
+        except (TypeError, KeyError, ValueError):
+            raise ArtifactError(f"{art.path}: its stats of layer {layer} hold no target mass per head") from None
+        columns = impulse_columns(c.grid, art.offsets[layer], c.padding)
+        # a fit of a one-layer solve measured every layer on that layer's input (fit.artifact.run_fit)
+        x = art.layer_input(0 if c.layers == 1 else layer)
+        got = target_mass(x, art.q[layer], art.k[layer], columns, mask)
+        if not abs(got - want) <= STATS_TOLERANCE:
+            raise ArtifactError(f"{art.path}: its Q/K give layer {layer} a target mass of {got:.3f} on its own pseudo "
+                                f"input, and its stats record {want:.3f}: the tensors are not the ones that were "
+                                "solved (edited, with its checksums made again)")
 
 
 def _metadata(raw: bytes) -> Dict[str, str]:

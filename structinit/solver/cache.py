@@ -18,9 +18,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional, Tuple, Union
 
-from structinit.atomic import set_aside
+from structinit.atomic import NotRegularFile, regular_file, set_aside
 from structinit.errors import ArtifactError, Notice, StructinitError, UsageError, param
-from structinit.solver.artifact import Artifact, read_artifact, write_artifact
+from structinit.solver.artifact import Artifact, check_stats, read_artifact, write_artifact
 
 ENV_VAR = "STRUCTINIT_CACHE"
 #: Seconds a writer waits for another process solving the same key before giving up with an error.
@@ -50,10 +50,24 @@ def search_dirs(cache_dir: Union[str, os.PathLike, None] = None) -> List[Path]:
     return [user_cache_dir(cache_dir)] + ([shipped] if shipped else [])
 
 
+def cache_source(cache_dir: Union[str, os.PathLike, None] = None) -> str:
+    """Who chose the user cache folder, as an error names it: ``cache_dir`` (the parameter) when
+    given, else ``$STRUCTINIT_CACHE`` when set, else the default's words. A message never blames an
+    option the user did not give."""
+    if cache_dir:
+        return param("cache_dir")
+    if os.environ.get(ENV_VAR):
+        return f"${ENV_VAR}"
+    return "default cache"
+
+
 def check_cache_dir(cache_dir: Union[str, os.PathLike, None]) -> None:
-    """A given ``cache_dir`` that exists must be a folder (a missing one is created when written)."""
-    if cache_dir and Path(cache_dir).expanduser().exists() and not Path(cache_dir).expanduser().is_dir():
-        raise UsageError(f"{param('cache_dir')} {cache_dir} is not a folder")
+    """The user cache folder (a given ``cache_dir``, else ``$STRUCTINIT_CACHE``'s), when it exists,
+    must be a folder (a missing one is created when written); the error names who chose it."""
+    if cache_dir or os.environ.get(ENV_VAR):
+        folder = user_cache_dir(cache_dir)
+        if folder.exists() and not folder.is_dir():
+            raise UsageError(f"{cache_source(cache_dir)} {cache_dir or os.environ[ENV_VAR]} is not a folder")
 
 
 def find_cached(filename: str, cache_dir: Union[str, os.PathLike, None] = None,
@@ -63,9 +77,10 @@ def find_cached(filename: str, cache_dir: Union[str, os.PathLike, None] = None,
 
     ``expect``: ``(key, fitted)``, what the name must hold: an artifact of that key, a fitted one
     or a plain solve. A copy in the user cache that is corrupt, holds something else (another
-    artifact copied under this name, an edited header) or is not a file is reported through
-    ``warn`` and set aside (``NAME.set-aside``, never deleted), so that it is computed again; such a
-    shipped copy is reported and skipped.
+    artifact copied under this name, an edited header) or is not a regular file (a folder, a FIFO,
+    a link to a device or to nothing: nothing is read from it) is reported through ``warn`` and set
+    aside (``NAME.set-aside``, never deleted), so that it is computed again; such a shipped copy is
+    reported and skipped.
     """
     for i, folder in enumerate(search_dirs(cache_dir)):
         path = folder / filename
@@ -75,11 +90,18 @@ def find_cached(filename: str, cache_dir: Union[str, os.PathLike, None] = None,
         try:
             if path.is_dir():
                 raise ArtifactError(f"{path}: a folder, not an artifact file")
+            try:
+                regular_file(path)  # a FIFO would block the read, a link to /dev/zero never end it
+            except NotRegularFile as exc:
+                raise ArtifactError(f"{path}: {exc.strerror}") from None
+            except FileNotFoundError:  # removed since lexists: nothing here
+                continue
             what = "corrupt"
             art = read_artifact(path)
             what = "unusable"
             if expect is not None:
                 check_expected(art, *expect)
+            check_stats(art)  # Q/K that are not what was solved (scaled, with both checksums made again)
             return art
         except ArtifactError as exc:
             moved = None
@@ -132,7 +154,7 @@ def load_or_compute(filename: str, compute: Callable[[], Artifact], *, key: str,
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise StructinitError(f"cannot create the {param('cache_dir')} folder {folder}: {exc.strerror or exc}") \
+        raise StructinitError(f"cannot create the {cache_source(cache_dir)} folder {folder}: {exc.strerror or exc}") \
             from None
     with key_lock(folder, filename, wait=wait, doing="fitting" if fitted else "solving"):
         if not force:  # another process may have computed it while we waited
@@ -145,7 +167,7 @@ def load_or_compute(filename: str, compute: Callable[[], Artifact], *, key: str,
             artifact.path = write_artifact(artifact, folder / filename)
         except ArtifactError as exc:  # write_artifact's, its context the OSError of the failed write
             reason = getattr(exc.__context__, "strerror", None) or exc
-            raise StructinitError(f"{what}, but cannot write the {noun} into the {param('cache_dir')} {folder}: "
+            raise StructinitError(f"{what}, but cannot write the {noun} into the {cache_source(cache_dir)} {folder}: "
                                   f"{reason}; nothing was stored") from None
     return artifact, False
 
@@ -172,13 +194,16 @@ def resolve_artifact(spec: Union[Artifact, str, os.PathLike],
     if isinstance(spec, Artifact):
         return spec
     path = Path(str(spec)).expanduser()
-    if path.is_file():
-        return read_artifact(path)
-    found = resolve_key(str(spec), cache_dir)
+    if os.path.lexists(path) and not path.is_dir():
+        found: Optional[Path] = path  # a FIFO or a device is refused by read_artifact, never read
+    else:
+        found = resolve_key(str(spec), cache_dir)
     if found is None:
         raise UsageError(f"{param('artifact')} {spec}: no such file, and no cached artifact has that key "
                          "(list them with `structinit inspect`)")
-    return read_artifact(found)
+    art = read_artifact(found)
+    check_stats(art)
+    return art
 
 
 @contextmanager

@@ -291,8 +291,16 @@ def solve(config: SolveConfig, cache_dir: Union[str, os.PathLike, None] = None, 
     the user-cache copy (:func:`~structinit.solver.cache.load_or_compute`). ``embedding``: the
     position embedding of ``config.pos_embed`` (see :func:`compute`). A cache folder that cannot
     be created, locked or written is a :class:`StructinitError` (before solving where it can be
-    told), and nothing partial is left in it.
+    told), and nothing partial is left in it. ``warn(message)`` hears of an unusable cached copy,
+    which is set aside and solved again (default: a :class:`~structinit.errors.StructinitWarning`).
     """
+    if warn is None:
+        def warn(message: str) -> None:
+            import warnings
+
+            from structinit.errors import StructinitWarning
+
+            warnings.warn(StructinitWarning(message), stacklevel=3)
     check_threads(threads)
     check_cache_dir(cache_dir)
     if check_device(device) != "auto":

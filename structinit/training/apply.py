@@ -81,6 +81,13 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
     fits = impulse is not None and impulse.uses_data
     model_path = fits and _can_fit(loaded, options)
     table = model_path and impulse is not None and _needs_table(impulse, loaded, options)
+    if fits and not model_path and impulse is not None and _needs_table(impulse, loaded, options) \
+            and loaded.ckpt.detected.layout.name.startswith("hf-") and not transformers_installed():
+        # the model path would write the table in place of the learned embedding: the cause is the missing extra
+        raise UsageError(f"the {loaded.ckpt.detected.layout.name} checkpoint's model is built by Hugging Face "
+                         f"transformers, which is not installed ({HF_EXTRA}); without it the data fit cannot run, nor "
+                         f"the sin-cos table replace its learned {loaded.ckpt.detected.pos_key} as it would on the "
+                         f"model. Install it, or write the plain solve on the table with {param('set_pe')} sincos")
     if impulse is not None and options.set_pe is None and not table:
         impulse.check_embedding(loaded.first)  # a learned embedding it will not replace needs set_pe or fit_pe
     if table:

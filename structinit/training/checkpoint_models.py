@@ -35,7 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
 
+from structinit.atomic import NotRegularFile, read_regular
 from structinit.errors import StructinitError, UsageError, param
+from structinit.init.checkpoints import CONFIG_LIMIT
 
 if TYPE_CHECKING:
     import torch
@@ -276,10 +278,12 @@ def hf_config(ckpt, config: Optional[str] = None) -> Tuple[dict, Path]:
     if path.is_dir():
         path = path / "config.json"
     try:
-        cfg = json.loads(path.read_text())
+        cfg = json.loads(read_regular(path, limit=CONFIG_LIMIT))
     except FileNotFoundError:
         how = "" if config is not None else f" (none beside {ckpt.path.name}; give one with {param('config')})"
         raise UsageError(f"no Hugging Face config at {path}{how}") from None
+    except NotRegularFile as exc:
+        raise UsageError(f"{path} is not a readable config.json ({exc.strerror})") from None
     except (OSError, ValueError) as exc:
         raise UsageError(f"{path} is not a readable config.json ({exc})") from None
     if not isinstance(cfg, dict) or "model_type" not in cfg:

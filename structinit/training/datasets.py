@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -244,9 +245,12 @@ def check_files(name: str, data_dir: Union[str, os.PathLike, None] = None, downl
         raise UsageError(_expected_message(info.name, root, missing))
 
 
-def _digits(info: DatasetInfo) -> Data:
+@functools.lru_cache(maxsize=1)
+def _digits_arrays():
+    """scikit-learn's digits as ``(images uint8 [n, 8, 8], labels int64, train index, test index)``,
+    read and split once per process (its reader and splitter cost tens of milliseconds a call, and a
+    process such as a grid's report reads the set many times); read-only, so no caller changes them."""
     import numpy as np
-    import torch
 
     try:
         from sklearn.datasets import load_digits
@@ -257,9 +261,19 @@ def _digits(info: DatasetInfo) -> Data:
     d = load_digits()
     idx = np.arange(len(d.target))
     tr, te = train_test_split(idx, test_size=DIGITS_TEST, random_state=0, stratify=d.target)
-    images = torch.from_numpy(np.round(d.images * (255.0 / 16.0)).astype(np.uint8)).unsqueeze(1)
-    labels = torch.from_numpy(d.target.astype(np.int64))
-    tr, te = torch.from_numpy(np.sort(tr)), torch.from_numpy(np.sort(te))
+    out = (np.round(d.images * (255.0 / 16.0)).astype(np.uint8), d.target.astype(np.int64), np.sort(tr), np.sort(te))
+    for a in out:
+        a.setflags(write=False)
+    return out
+
+
+def _digits(info: DatasetInfo) -> Data:
+    import torch
+
+    images, labels, tr, te = _digits_arrays()
+    images = torch.tensor(images).unsqueeze(1)  # copies: the tensors are the caller's to change
+    labels = torch.tensor(labels)
+    tr, te = torch.from_numpy(tr.copy()), torch.from_numpy(te.copy())
     return Data(info, TensorSplit(images[tr], labels[tr]), TensorSplit(images[te], labels[te]),
                 [str(i) for i in range(10)])
 
@@ -335,10 +349,14 @@ def read_idx(path: Path, magic: int, dims: int):
     import gzip
     import zlib
 
+    from structinit.atomic import NotRegularFile, read_regular
+
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path)  # a FIFO or a device in the data folder: refused, not waited on
         if path.suffix == ".gz":
             raw = gzip.decompress(raw)
+    except NotRegularFile as exc:
+        raise UsageError(f"{path}: {exc.strerror}") from None
     except (OSError, EOFError, zlib.error) as exc:  # gzip raises BadGzipFile (an OSError), EOFError, zlib errors
         raise UsageError(f"{path}: not a readable IDX file ({exc})") from None
     head = 4 * (1 + dims)

@@ -29,6 +29,7 @@ import os
 from pathlib import Path
 from typing import Optional, Union
 
+from structinit.atomic import NotRegularFile, regular_file
 from structinit.errors import StructinitError, UsageError, param
 from structinit.fit.inputs import FitInputs
 
@@ -82,7 +83,11 @@ def fit_inputs_for(source, built, samples: int, data_dir: Union[str, os.PathLike
         elif path.is_dir():
             _no_data_dir(data_dir, f"the image folder {path}")
             got = _folder_inputs(path, built, samples)
-        elif path.is_file():
+        elif os.path.lexists(path):
+            try:
+                regular_file(path)  # a FIFO would block the read, a device (/dev/zero) never end it
+            except NotRegularFile as exc:
+                raise UsageError(f"{param('data')} {path}: {exc.strerror}") from None
             _no_data_dir(data_dir, f"the tensor file {path}")
             got = _file_inputs(path, samples)
         else:
@@ -196,7 +201,7 @@ def _file_inputs(path: Path, samples: int) -> FitInputs:
             if arr.dtype.kind not in "fiub":  # strings, structured records, dates: no numeric inputs
                 raise UsageError(f"{param('data')} {path} holds {arr.dtype} values, not numbers; give float inputs "
                                  "normalized as the model sees them")
-            x = torch.from_numpy(np.ascontiguousarray(arr))
+            x = torch.from_numpy(np.array(arr, order="C"))  # not ascontiguousarray, which makes a 0-d array 1-d
         elif suffix == ".safetensors":
             from safetensors.torch import load_file
 

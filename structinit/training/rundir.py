@@ -143,7 +143,13 @@ class RunDir:
                 raise StructinitError(f"cannot create run folder {self.path}: {exc.strerror or exc}") from None
             lock = FileLock(str(self.file(LOCK_FILE)), timeout=0, thread_local=False)
             try:
-                lock.acquire()
+                try:
+                    lock.acquire()
+                except Timeout:
+                    # Where the file system has no flock, filelock holds a soft lock (a file naming its owner), and
+                    # a look that finds its owner dead breaks it but reports the contention (filelock < 4.2.5):
+                    # the second look takes it. A lock a live process holds refuses both.
+                    lock.acquire()
             except Timeout:
                 _remove_empty(missing)
                 raise RunBusy(f"run folder {self.path} is in use: another process is training or writing it (it "
@@ -168,7 +174,10 @@ class RunDir:
             if held.lock is None:
                 return
             try:
-                self.file(LOCK_FILE).unlink()
+                # flock's lock file is empty, removed here while held so that no other process can be holding it;
+                # a soft lock's (no flock on this file system) names its owner, and filelock's release removes it
+                if self.file(LOCK_FILE).stat().st_size == 0:
+                    self.file(LOCK_FILE).unlink()
             except OSError:
                 pass
             held.lock.release()
