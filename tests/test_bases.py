@@ -85,3 +85,19 @@ def test_a_base_that_would_reset_nothing_is_refused_naming_what_it_resets():
         initialize_model(model, "mimetic", base="pytorch-mlp")
     with pytest.raises(UsageError, match=r"base pytorch-head resets the classifier .* it would reset nothing"):
         initialize_model(model, "impulse", base="pytorch-head", data_fit=0)
+
+
+def test_inits_that_keep_the_users_weights_say_which_base_trained_better_from_scratch(tmp_path, cli):
+    from structinit.init.baselines import SCRATCH_BASE
+    from structinit.training.config import TRAIN_BASE
+
+    assert TRAIN_BASE == SCRATCH_BASE == "pytorch-mlp"  # train's default is the base the note names
+    note = ("the weights {} does not write are kept as they are (base=model); for a model trained from scratch "
+            "base=pytorch-mlp (the MLPs at PyTorch's default, structinit train's default) trained better on "
+            "Fashion-MNIST and digits")
+    assert initialize_model(timm_vit(), "mimetic")["base_note"] == note.format("mimetic")
+    assert "base_note" not in initialize_model(timm_vit(), "mimetic", base="pytorch-mlp")
+    assert "base_note" not in initialize_model(timm_vit(), "trunc-normal")
+    torch.save(timm_vit().state_dict(), tmp_path / "vit.pth")
+    r = cli("apply", tmp_path / "vit.pth", "--heads", "4", "--method", "mimetic", "--out", tmp_path / "o.pth")
+    assert r.returncode == 0 and f"  other weights: {note.format('mimetic')}" in r.stdout.splitlines()

@@ -294,6 +294,8 @@ def format_report(r: dict) -> str:
     elif r["layers"] and "hit_rate" in r["layers"][0]:
         lines.append("  attention on the position embedding alone: " + _layers_line("hit rate", r["layers"],
                                                                                       "hit_rate"))
+    if r.get("base_note"):
+        lines.append(f"  other weights: {r['base_note']}")
     return "\n".join(lines)
 
 

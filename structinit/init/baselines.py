@@ -32,6 +32,20 @@ def generator(seed: int):
 #: ``intermediate``/``output`` and gets a refusal, as a base that resets nothing is refused); the
 #: classifier is ``head`` (timm, structinit) or ``classifier`` (transformers' ``*ForImageClassification``).
 BASES = ("model", "pytorch", "pytorch-mlp", "pytorch-head")
+#: The base measured best for a model trained from scratch, chosen on the validation splits of the
+#: Fashion-MNIST and digits learning curves: ``structinit train``'s default (``TRAIN_BASE``), and what
+#: ``initialize_model`` and ``apply``, which keep the user's weights, say of it (:func:`base_note`).
+SCRATCH_BASE = "pytorch-mlp"
+
+
+def base_note(spec) -> Optional[str]:
+    """For an init that keeps the other weights as they are (``base="model"``): the line that says
+    which base trained better from scratch (``None`` for any other spec)."""
+    if getattr(spec, "base", None) != "model":
+        return None
+    return (f"the weights {spec.method} does not write are kept as they are ({param('base')}=model); for a model "
+            f"trained from scratch {param('base')}={SCRATCH_BASE} (the MLPs at PyTorch's default, structinit train's "
+            "default) trained better on Fashion-MNIST and digits")
 #: The modules each partial base resets, by their name in the model (see :data:`BASES`).
 BASE_PARTS = {"pytorch-mlp": lambda name: ".mlp." in f".{name}.",
               "pytorch-head": lambda name: name in ("head", "classifier")}

@@ -51,7 +51,7 @@ def initialize(target: Union[torch.nn.Module, MutableMapping[str, Any]], spec: U
     t = AttentionTarget(target, grid, heads, layers, need_grid=spec.needs_grid)
     spec.check_target(t)
     if not spec.uses_data:
-        return spec.apply(t, seed=seed, cache_dir=cache_dir, device=device)
+        return _with_base_note(spec, spec.apply(t, seed=seed, cache_dir=cache_dir, device=device))
     assert isinstance(spec, ImpulseInit)  # the one method that fits to data (its apply takes the data)
     report = spec.apply(t, seed=seed, cache_dir=cache_dir, device=device, data=data, fit_progress=progress, log=log,
                         source=source)
@@ -74,6 +74,17 @@ def initialize(target: Union[torch.nn.Module, MutableMapping[str, Any]], spec: U
         log(StructinitWarning(f"{spec.method}: {weak}").render())
     elif weak:
         warnings.warn(StructinitWarning(f"{spec.method}: {weak}"), stacklevel=3)
+    return _with_base_note(spec, report)
+
+
+def _with_base_note(spec: InitSpec, report: Dict[str, Any]) -> Dict[str, Any]:
+    """``report`` with ``base_note`` where the init kept the other weights (see
+    :func:`~structinit.init.baselines.base_note`)."""
+    from structinit.init.baselines import base_note
+
+    note = base_note(spec)
+    if note is not None:
+        report["base_note"] = StructinitWarning(note).render()
     return report
 
 

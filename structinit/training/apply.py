@@ -109,6 +109,11 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
         report["data_fit"] = {"skipped": _why_no_fit(loaded)}
     if prepared is not None and prepared.inputs is not None:
         report["data_source"] = prepared.inputs.source  # this call's inputs (a cached fit says it was read)
+    from structinit.init.baselines import base_note
+
+    note = base_note(spec)
+    if note is not None:
+        report["base_note"] = StructinitError(note).render()
     return report
 
 

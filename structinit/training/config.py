@@ -21,6 +21,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from structinit.errors import UsageError, param
 from structinit.init.base import InitSpec
+from structinit.init.baselines import SCRATCH_BASE
 from structinit.training.models import ModelConfig
 
 #: The paper's recipe (and its released README) for 32x32 images.
@@ -42,7 +43,7 @@ DATASET_HPARAMS: Dict[str, Dict[str, Any]] = {
 #: ``initialize_model`` and ``apply``, which write into a model or checkpoint of the user's, keep its
 #: weights (``base="model"``); a run whose ``config.json`` names no base was made before this default
 #: and keeps ``model`` (:meth:`TrainConfig.from_dict`).
-TRAIN_BASE = "pytorch-mlp"
+TRAIN_BASE = SCRATCH_BASE
 #: Per-model-family changes (the paper's Table 4: ConvMixer at lr 0.01 for 100 epochs).
 MODEL_HPARAMS: Dict[str, Dict[str, Any]] = {"convmixer": dict(lr=0.01, epochs=100)}
 
