@@ -51,6 +51,7 @@ MIMETIC_KAIMING = """\
 id = "mimetic"
 label = "Mimetic"
 init = "mimetic"
+init_params = { base = "pytorch" }
 [[axes.init]]
 id = "kaiming"
 label = "Kaiming"

@@ -115,7 +115,8 @@ def test_a_fit_that_leaves_a_layer_below_0_9_says_which_and_what_to_try(digits, 
     with pytest.warns(StructinitWarning) as seen:
         initialize_model(stock(), "impulse", data=digits[0][:16], data_fit=1, seed=0)
     text = str(seen.list[-1].message)
-    assert "of the rows on the batch" in text and "try more steps (data_fit=1000)" in text
+    assert "of the rows on the batch" in text and "try the position subspace (position_subspace=true" in text
+    assert "more steps (data_fit=1000)" in text
     assert text.startswith("impulse: the data fit left layer ")
     # Last in the list: the position signal at twice the scale written (x1 by the plain call, so x2) ...
     assert text.endswith("or a stronger position signal (pe_scale=2: the sin-cos table x2; compare on validation)")

@@ -71,7 +71,7 @@ def initialize(target: Union[torch.nn.Module, MutableMapping[str, Any]], spec: U
         hint = position_hint(report.get("pe_scale"), checkpoint=False)
     weak = structure_warning(report, hint)
     if weak and log is not None:
-        log(StructinitWarning(f"{spec.method}: {weak}").render())
+        log("warning: " + StructinitWarning(f"{spec.method}: {weak}").render())
     elif weak:
         warnings.warn(StructinitWarning(f"{spec.method}: {weak}"), stacklevel=3)
     return _with_base_note(spec, report)
