@@ -360,8 +360,9 @@ def row_inits(ex: Expansion, runs: Optional[List[RunResult]] = None) -> Dict[str
 
 
 def _row_specs(ex: Expansion) -> Dict[str, Tuple[Optional[str], Optional[str], Optional[str]]]:
-    """Every row's ``(method, base, variant)``: ``variant`` the init's canonical JSON without its base
-    (rows of one variant on several bases are one init at several bases)."""
+    """Every row's ``(method, base, variant)``: ``variant`` the init's canonical JSON without its base,
+    with the row's other settings (a learning rate, say): rows of one variant on several bases are one
+    init at several bases."""
     from structinit.training.config import TrainConfig
 
     out: Dict[str, Tuple[Optional[str], Optional[str], Optional[str]]] = {}
@@ -381,7 +382,10 @@ def _row_specs(ex: Expansion) -> Dict[str, Tuple[Optional[str], Optional[str], O
             continue
         doc = init.to_dict()
         doc["params"].pop("base", None)
-        out[cell.row] = (init.method, init.other_weights, json.dumps(doc, sort_keys=True))
+        value = next((v for v in ex.spec.row_axis.values if v.id == cell.row), None)
+        others = {k: v for k, v in (value.settings if value is not None else {}).items()
+                  if k not in ("init", "init_params")}
+        out[cell.row] = (init.method, init.other_weights, json.dumps([doc, others], sort_keys=True, default=str))
     return out
 
 
@@ -643,7 +647,7 @@ def _own_base_lines(rep: GridReport, h: str) -> List[str]:
         variant = specs.get(r, (None, None, None))[2]
         if variant is not None:
             groups.setdefault(variant, []).append(r)
-    groups = {v: rows for v, rows in groups.items() if len(rows) > 1}
+    groups = {v: rows for v, rows in groups.items() if len({specs[r][1] for r in rows}) > 1}
     if not groups or not any(c.val_mean is not None for c in rep.cells.values()):
         return []
     body = []
