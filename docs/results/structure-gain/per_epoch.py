@@ -27,7 +27,7 @@ from structinit.training.run_models import initialized_model
 from structinit.training.rundir import load_run_weights
 
 GRID = Path(__file__).resolve().parent / "grid.toml"
-ROWS = ("mimetic", "impulse", "impulse-subspace")
+ROWS = ("mimetic", "impulse", "impulse-subspace", "impulse-subspace-k4")
 
 
 def measure(model, images, offsets):
