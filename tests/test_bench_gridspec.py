@@ -59,7 +59,7 @@ def test_the_shipped_grids_have_the_papers_shapes_and_numbers():
     # digits: 8 methods x 4 training-set sizes x 5 seeds; Fashion-MNIST 7 x 5 x 5; the paper's grids at 3 seeds
     assert runs == {"digits": 160, "fashion": 175, "fashion-196": 175, "mnist1d": 100, "table1": 12,
                     "table2": 60, "table3": 60, "table4": 72,
-                    "table5": 120, "table6": 216, "table7": 120, "vit-t16": 36}
+                    "table5": 120, "table6": 216, "table7": 120, "vit-t16": 45}
     t2 = load_grid("table2")
     assert [c[0].id for c in t2.column_cells()] == ["cifar10", "cifar100", "svhn", "imagenet"]
     assert t2.paper["impulse-3"] == [91.62, 68.81, 97.21, 74.24] and t2.baseline == "trunc-normal"
@@ -67,7 +67,8 @@ def test_the_shipped_grids_have_the_papers_shapes_and_numbers():
     assert v.settings["patch"] == 16 and v.settings["image_size"] == 224 and v.baseline == "mimetic"
     assert [x.settings.get("init_params") for x in v.row_axis.values] == [  # one base: trunc normal's, the model's
         None, {"base": "model"}, {"base": "model", "position_subspace": False},
-        {"base": "model", "position_subspace": True}]
+        {"base": "model", "position_subspace": True},
+        {"base": "model", "position_subspace": True, "position_dims": 16}]
     t4 = load_grid("table4")  # rows kernel, columns dim x filters (dim outermost)
     assert [tuple(v.id for v in c) for c in t4.column_cells()][:5] == [
         ("256", "trained"), ("256", "random"), ("256", "impulse"), ("256", "box"), ("512", "trained")]
