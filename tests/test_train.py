@@ -78,7 +78,8 @@ def test_digits_run_learns_and_writes_its_files(tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["resolved"]["hparams"]["opt_eps"] == 1e-8 and cfg["resolved"]["model"]["grid"] == [4, 4]
     assert cfg["config"]["init_params"] == {"base": "pytorch-mlp"}  # train's base, written with the run
-    assert cfg["init_report"]["method"] == "mimetic" and cfg["init_report"]["base_reset"] == 2  # its block's fc1 and fc2
+    # The base resets its block's fc1 and fc2.
+    assert cfg["init_report"]["method"] == "mimetic" and cfg["init_report"]["base_reset"] == 2
     # checkpoint.pt is a timm-style training checkpoint.
     ck = torch.load(out / "checkpoint.pt", weights_only=True)
     assert ck["epoch"] == 4 and ck["arch"] == "vit-digits" and "blocks.0.attn.qkv.weight" in ck["state_dict"]
