@@ -219,7 +219,7 @@ def test_apply_says_the_fits_estimated_time_before_it_runs(tmp_path, monkeypatch
     from structinit.errors import Notice
     from structinit.fit import layers
 
-    monkeypatch.setattr(layers, "SAY_ESTIMATE", 0.0)
+    monkeypatch.setattr(layers, "SAY_FIT_ESTIMATE", 0.0)
     src = tmp_path / "vit.pt"
     torch.save(stock_vit(sincos=True).state_dict(), src)
     said, steps = [], []

@@ -6,7 +6,7 @@ scheduler). The SLURM launcher is :mod:`structinit.experiments.slurm`.
 Example::
 
     ex = expand(load_grid("digits"), overrides=["epochs=2"], seeds=2, runs_dir="runs")
-    todo = prepare(ex)                       # the cells to run (pending or failed)
+    todo = prepare_runs(ex)                       # the cells to run (pending or failed)
     presolve(ex, todo)                       # impulse artifacts into the cache, once
     summary = run_local(ex, todo, jobs=2)    # two runs at a time, one thread each on 2 cores
 """
@@ -45,7 +45,7 @@ def cpu_count() -> int:
 
 # --------------------------------------------------------------------------- preparing
 
-def prepare(ex: Expansion, check: Optional[Callable[[List[Cell]], None]] = None) -> List[Cell]:
+def prepare_runs(ex: Expansion, check: Optional[Callable[[List[Cell]], None]] = None) -> List[Cell]:
     """Record the grid (its manifest) and give every run to launch (pending; failed or damaged: a
     rerun retries it, a damaged one after its task sets the damaged files aside) its folder with
     ``config.json``. Running and finished runs are left alone. Returns the cells to launch, one per
@@ -415,5 +415,5 @@ def _stop_workers(workers: List[Any], got: _Results, stop_timeout: float) -> Non
         pass
 
 
-__all__ = ["prepare", "check_environment", "presolve", "impulse_solves", "print_commands", "run_local",
+__all__ = ["prepare_runs", "check_environment", "presolve", "impulse_solves", "print_commands", "run_local",
            "LocalSummary", "LAUNCHERS", "cpu_count", "check_launcher"]

@@ -100,9 +100,6 @@ class GridStatus:
     def total(self) -> int:
         return sum(self.counts.values())
 
-    def pending_keys(self) -> List[str]:
-        return [r["key"] for r in self.runs if r["state"] == "pending"]
-
     def to_dict(self) -> Dict[str, Any]:
         return {"grid": self.name, "runs_dir": self.runs_dir, "total": self.total, "counts": self.counts,
                 "runs": self.runs}

@@ -58,8 +58,6 @@ from structinit.errors import StructinitError, UsageError, param
 
 TASK_FILE, LOG_FILE, HEARTBEAT_FILE, LOCK_FILE = "task.json", "log.txt", "heartbeat", ".lock"
 HEARTBEAT_EVERY = 30.0
-#: Task states written to ``task.json``.
-TASK_STATES = ("running", "finished", "failed", "interrupted")
 #: TrainConfig fields that ``structinit train`` has no flag for (execution settings only).
 NO_FLAG = ("eval_batch_size",)
 
@@ -252,7 +250,8 @@ class TaskOutcome:
 def read_run_config(run_dir: os.PathLike):
     """The :class:`~structinit.training.config.TrainConfig` of the run in ``run_dir`` (from its
     ``config.json``), checked against the run key the folder is named by."""
-    from structinit.training.config import KEY_LENGTH, TrainConfig
+    from structinit.keys import looks_like_key
+    from structinit.training.config import TrainConfig
     from structinit.training.rundir import RunDir
 
     rd = RunDir(run_dir)
@@ -267,8 +266,7 @@ def read_run_config(run_dir: os.PathLike):
     except (KeyError, TypeError) as exc:
         raise StructinitError(f"{rd.file(rd.CONFIG)} is unreadable ({type(exc).__name__}: {exc})") from None
     name = rd.path.resolve().name
-    looks_like_key = len(name) == KEY_LENGTH and all(ch in "0123456789abcdef" for ch in name)
-    if looks_like_key and key != name:
+    if looks_like_key(name) and key != name:
         raise StructinitError(f"{rd.file(rd.CONFIG)} describes run {key}, not the run {name} its folder is named "
                               "by (was it edited?)")
     return config
@@ -509,9 +507,9 @@ def run_task(run_dir: os.PathLike, *, threads: Optional[int] = None, device: Opt
             + (f"; it is damaged: {rd.damage()}" if state == "damaged" else ""))
         t_train = time.perf_counter()
         if nproc > 1:
-            state, final_acc, error = _run_torchrun(config, nproc, stopper, log)
+            state, final_acc, error = _train_torchrun(config, nproc, stopper, log)
         else:
-            state, final_acc, error = _run_here(config, stopper, log)
+            state, final_acc, error = _train_here(config, stopper, log)
         train_seconds = time.perf_counter() - t_train
         if state == "interrupted":
             done = _checkpoint_epoch(rd)
@@ -552,7 +550,7 @@ def _checkpoint_epoch(rd) -> int:
     return epoch if isinstance(epoch, int) else 0
 
 
-def _run_here(config, stopper: Stopper, log) -> tuple:
+def _train_here(config, stopper: Stopper, log) -> tuple:
     from structinit.training.loop import train
 
     epochs = int(config.hparams()["epochs"])
@@ -582,7 +580,7 @@ def _run_here(config, stopper: Stopper, log) -> tuple:
     return "finished", result.final_acc, None
 
 
-def _run_torchrun(config, nproc: int, stopper: Stopper, log) -> tuple:
+def _train_torchrun(config, nproc: int, stopper: Stopper, log) -> tuple:
     """Train under ``torchrun``, started with SIGTERM and SIGUSR2 blocked (a child keeps the signal
     mask of the thread that starts it, across exec), which its processes inherit: torchrun's agent
     never acts on them (on SIGTERM it would signal its processes and, on a second one, such as a

@@ -9,7 +9,7 @@ plain containers unpickle (plus ``argparse.Namespace``, which timm's train scrip
 State dicts are found in the loaded object by :data:`CONTAINER_KEYS`: the object itself when it
 holds the attention tensors (a bare state dict), and every entry named there that does
 (``state_dict`` and ``state_dict_ema`` of timm's training checkpoints, ``{'model': ...}``...).
-Their layout comes from the table in :mod:`structinit.layouts`. Everything else in the file is
+Their layout comes from the table in :mod:`structinit.init.layouts`. Everything else in the file is
 kept as loaded and written back unchanged.
 """
 

@@ -101,9 +101,9 @@ class ImpulseInit(InitSpec):
     the position embedding the model or checkpoint has (LayerNorm'd, prefix-token rows dropped; a
     learned one, say) instead of the sin-cos table. ``tolerance``: the largest difference between
     the solver's and the written weights' hit rate or target mass before the write is reported as
-    misplaced. ``base`` (``model`` or ``pytorch``) is what every weight the init does not write
-    starts from (:data:`~structinit.init.baselines.BASES`; ``pytorch`` resets the model's modules
-    first, as the authors' code leaves them).
+    misplaced. ``base`` (``model``, ``pytorch``, ``pytorch-mlp`` or ``pytorch-head``:
+    :data:`~structinit.init.baselines.BASES`) is what every weight the init does not write starts
+    from (``pytorch`` resets the model's modules first, as the authors' code leaves them).
 
     ``data_fit`` (default 300): Adam steps that refine each layer's Q/K on the inputs a batch gives
     that layer at init (:mod:`structinit.fit`; ``data_fit_*`` tune it, ``data_fit_samples`` caps the

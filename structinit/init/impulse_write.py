@@ -87,7 +87,7 @@ class ImpulseWriter:
         rq, rk = read_qk(t.sd, slot, t.heads)
         return keys, rq, rk
 
-    def prepare(self, slot):
+    def start(self, slot):
         _, rq, rk = self.place(slot)
         return rq, rk
 

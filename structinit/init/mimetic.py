@@ -67,8 +67,8 @@ def vproj_keys(slot) -> List[str]:
 @dataclass(frozen=True)
 class MimeticInit(InitSpec):
     """Mimetic init: Q/K per head and (with ``vproj``) V/proj per layer, see the module docstring.
-    Q/K biases are zeroed; V/proj biases kept. ``base`` (``model`` or ``pytorch``) is what every
-    other weight starts from (:data:`~structinit.init.baselines.BASES`).
+    Q/K biases are zeroed; V/proj biases kept. ``base`` (``model``, ``pytorch``, ``pytorch-mlp`` or
+    ``pytorch-head``: :data:`~structinit.init.baselines.BASES`) is what every other weight starts from.
 
     Report per layer: ``qk_diag_mean`` (mean diagonal of ``Q_h K_h^T`` over heads) and
     ``vproj_diag_mean`` (of ``W_V W_proj``), read back from the written weights.

@@ -35,7 +35,6 @@ from structinit.atomic import atomic_write
 from structinit.errors import StructinitError, UsageError, param
 
 CHECKPOINT_FORMAT = "structinit-train/1"
-STATES = ("fresh", "resumable", "finished", "damaged")
 LOCK_FILE = ".lock"
 #: A run folder whose lock the parent process holds for this one (``bench run --nproc N`` starts
 #: ``torchrun``, whose rank 0 writes the run the task has locked): its resolved path.
