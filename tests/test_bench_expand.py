@@ -9,7 +9,7 @@ import pytest
 from structinit.errors import StructinitError
 from structinit.experiments.expand import Expansion, expand, parse_overrides
 from structinit.experiments.gridspec import GridError, load_grid, parse_grid_text
-from structinit.experiments.launch import impulse_solves, prepare_runs, print_commands
+from structinit.experiments.launch import init_solves, prepare_runs, print_commands
 from structinit.experiments.task import read_run_config, train_command
 from structinit.training.config import TrainConfig
 
@@ -155,7 +155,7 @@ def test_a_hand_edited_config_is_refused(tmp_path):
 
 def test_impulse_artifacts_are_the_ones_train_asks_for(tmp_path):
     ex = expand(load_grid("digits"), seeds=2, runs_dir=tmp_path)
-    solves = impulse_solves(ex.cells)
+    solves = init_solves(ex.cells)
     # default impulse and the authors' 2024 code (the released recipe, shared), two seeds each; one
     # artifact per (recipe, seed) for all sizes; impulse-2025 is solved in closed form by each run
     assert len(solves) == 4

@@ -117,14 +117,12 @@ def _plain_solve(model, seed: int, cache: str) -> Dict[str, Any]:
     read from any cache, the package's shipped artifacts included), timed; on the CPU, as
     ``initialize_model`` and ``train`` solve."""
     from structinit.init.attention_target import AttentionTarget
-    from structinit.init.impulse_solve import solve_config
     from structinit.init.registry import init_spec
     from structinit.solver.cache import shipped_cache_dir
     from structinit.solver.run import solve, solved_layers
 
-    spec = init_spec("impulse")
     t = AttentionTarget(model, need_grid=True)
-    config = solve_config(spec, t.grid, t.dim, t.heads, t.depth, seed)
+    (config,) = init_spec("impulse").presolves(lambda: (t.grid, t.dim, t.heads, t.depth), seed)
     t0 = time.perf_counter()
     result = solve(config, cache_dir=cache, device="cpu", force=True)
     seconds = time.perf_counter() - t0

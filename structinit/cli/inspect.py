@@ -243,7 +243,7 @@ def _show_artifact(path: Path, layer: int, head: int, query: Optional[int], png:
     typer.echo(f"config    {cfg.canonical_json()}")
     if art.fit:
         from structinit.errors import StructinitWarning
-        from structinit.init.impulse import fitted_structure_warning
+        from structinit.fit.advice import fitted_structure_warning
 
         typer.echo(fit_text(art.fit))
         weak = fitted_structure_warning(art.fit)

@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-from structinit.errors import StructinitError, UsageError, param
+from structinit.errors import StructinitError, StructinitWarning, UsageError, param
 from structinit.geometry.grid import Grid
 from structinit.init.attention_target import AttentionTarget
 from structinit.init.base import InitSpec
@@ -47,11 +48,7 @@ from structinit.init.checkpoints import (
     safetensors_dict,
     save_checkpoint,
 )
-from structinit.init.impulse import ImpulseInit
-from structinit.init.layouts import Detected
-
-if TYPE_CHECKING:
-    from structinit.init.impulse_write import Prepared
+from structinit.init.registry import fitting_methods
 
 PE_KINDS = ("sincos",)
 #: File-name endings of checkpoints, kept after the method's name in a default output name.
@@ -196,7 +193,8 @@ class ApplyOptions:
         if base != "model":
             raise UsageError(f"{spec.method} parameter {param('base')} {base} resets every weight of a model; "
                              "a checkpoint's weights are kept (leave base at model)")
-        fits = spec.method == "impulse" and spec.uses_data
+        fits = spec.uses_data
+        off = f" ({spec.fit_off()})" if spec.fit_off() else ""
         if self.data is not None:
             if isinstance(self.data, (str, os.PathLike)) and str(self.data).strip() == "":
                 raise UsageError(f"{param('data')} needs a source (a dataset, an image folder, a tensor file or "
@@ -205,8 +203,8 @@ class ApplyOptions:
                 raise UsageError(f"{param('data')} fits Q/K on real inputs and {param('dry_run')} writes nothing; "
                                  "give one of them")
             if not fits:
-                raise UsageError(f"{param('data')} is for the impulse data fit; the {spec.method} init does not use "
-                                 "it" + (" (data_fit is 0)" if spec.method == "impulse" else ""))
+                raise UsageError(f"{param('data')} is for the {fitting_methods()} data fit; the {spec.method} "
+                                 f"init does not use it{off}")
         needs_source = [name for name in ("samples", "data_dir") if getattr(self, name) is not None]
         if needs_source and self.data is None:
             raise UsageError(f"{', '.join(param(n) for n in needs_source)} "
@@ -214,8 +212,7 @@ class ApplyOptions:
         builds = [name for name in ("model_name", "config") if getattr(self, name) is not None]
         if builds and not fits:
             raise UsageError(f"{', '.join(param(n) for n in builds)} name the model the data fit runs through; the "
-                             f"{spec.method} init does not fit" + (" (data_fit is 0)" if spec.method == "impulse"
-                                                                  else ""))
+                             f"{spec.method} init does not fit{off}")
         if self.samples is not None and (isinstance(self.samples, bool) or not isinstance(self.samples, int)
                                          or self.samples < 1):
             raise UsageError(f"{param('samples')} must be a positive integer, got {self.samples!r}")
@@ -260,8 +257,7 @@ def load_for_apply(path: Union[str, os.PathLike], spec: InitSpec, options: Apply
     ckpt = load_checkpoint(path)
     det = ckpt.detected
     heads = options.heads if options.heads is not None else det.heads  # the file's hints (HF config.json, timm arch)
-    fits = isinstance(spec, ImpulseInit) and spec.uses_data  # only the fit's model may be named (see check)
-    if heads is None and det.layout.name == "timm-vit" and fits:  # a named timm model tells its heads
+    if heads is None and det.layout.name == "timm-vit" and spec.uses_data:  # a named timm model tells its heads
         raise UsageError(f"the timm-vit checkpoint does not tell its number of heads; give it with {param('heads')} "
                          f"(it must divide dim {det.dim}), or name the timm model it holds with "
                          f"{param('model_name')} (e.g. vit_tiny_patch16_224)")
@@ -289,8 +285,8 @@ def load_for_apply(path: Union[str, os.PathLike], spec: InitSpec, options: Apply
     }
     if options.set_pe:
         plan["pos_embed_replaced"] = det.pos_key
-    if isinstance(spec, ImpulseInit) and spec.artifact is None and first.grid is not None:
-        spec.solve_config(first.grid, first.dim, first.heads, first.depth, options.seed)  # refuses bad settings first
+    if first.grid is not None:
+        spec.check_shape(first.grid, first.dim, first.heads, first.depth, options.seed)  # refuses bad settings first
     if folder is not None:
         plan["weights"] = str(weights_out)  # the weights file inside the output folder
     return LoadedCheckpoint(path, ckpt, views, target, stat, plan, folder)
@@ -309,38 +305,34 @@ def write_position_table(loaded: LoadedCheckpoint, scale: float) -> None:
 
 
 def write_checkpoint(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOptions,
-                     prepared: Optional[Prepared] = None,
+                     prepared: Any = None,
                      progress: Optional[Callable[[int, int], None]] = None,
                      log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
     """Initialize every copy of the model in ``loaded`` with ``spec`` and write the output file:
-    with ``prepared`` (what :func:`structinit.init.impulse_write.prepare` made on the model the file
-    describes: the fitted artifact) its artifact is written into every copy; an impulse init without
-    it solves once for all of them. Returns the report (the plan, with what was written)."""
+    with ``prepared`` (what :meth:`~structinit.init.base.InitSpec.prepare` made on the model the file
+    describes: say, a fitted artifact) every copy gets it (:meth:`~structinit.init.base.InitSpec.write_copy`);
+    without it the first copy is prepared and what it makes serves every other (one solve for
+    all). Returns the report (the plan, with what was written)."""
     say = log or (lambda message: None)
     plan, views, first = loaded.plan, loaded.views, loaded.first
-    extra: Dict[str, Any] = {}
-    if prepared is not None:
-        extra["artifact"], extra["cached"] = prepared.artifact, prepared.fit_cached
-    elif isinstance(spec, ImpulseInit):  # one solve for every copy of the model in the file
-        say("solving" if spec.artifact is None else "reading the artifact")
-        extra["artifact"], extra["cached"] = spec.artifact_for(first, options.seed, options.cache_dir, options.device,
-                                                               progress)
+    common: Dict[str, Any] = {"seed": options.seed, "cache_dir": options.cache_dir, "device": options.device}
+    shared = prepared
+    if shared is None:
+        first.progress = progress
+        shared = spec.prepare(first, progress=progress, stage=say, **common)
     reports = []
     for i, view in enumerate(views):
         say(f"writing {plan['state_dicts'][i]}" + (f" ({i + 1}/{len(views)})" if len(views) > 1 else ""))
         view.progress = progress
-        if spec.method == "impulse" and (i > 0 or prepared is not None):
-            extra["check_pe"] = False  # the weights solved or fitted for the model (a copy such as an EMA: the same)
-        reports.append(spec.apply(view, seed=options.seed, cache_dir=options.cache_dir, device=options.device,
-                                  **extra))
+        if prepared is None and i == 0:
+            reports.append(spec.write(view, shared, **common))
+        else:
+            reports.append(spec.write_copy(view, shared, first=i == 0, progress=progress, stage=say, **common))
     report = reports[0]
-    if prepared is not None and spec.method == "impulse":
-        from structinit.init.impulse_write import fit_record
-
-        report["data_fit"] = fit_record(spec, prepared)
-    _warn_weak(spec, report, plan, loaded.ckpt.detected)
+    for line in spec.warnings(report, first, checkpoint=True, pe_scale=plan["pe_scale"]):
+        warnings.warn(StructinitWarning(line.text), stacklevel=2)
     rows = {r["layer"]: r for r in report["layers"]}
-    if spec.method != "impulse" and first.grid is not None:
+    if not spec.reports_offsets and first.grid is not None:
         measured = describe_state_dict(loaded.ckpt.state_dicts[0][1], loaded.ckpt.detected, first.heads, first.grid)
         for row in measured["layers"]:
             if row["layer"] in rows:
@@ -352,7 +344,7 @@ def write_checkpoint(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOpt
     else:
         _write(loaded.ckpt, loaded.path, loaded.target, loaded.stat, options.in_place, options.force, plan)
     plan["layers"] = [rows[i] for i in first.layers]
-    for key in ("artifact", "hit_rate", "target_mass", "measured_on", "mimetic_vproj", "data_fit"):
+    for key in ("artifact", "hit_rate", "target_mass", "measured_on", "mimetic_vproj", "data_fit", "data_source"):
         if key in report:
             plan[key] = report[key]
     if report.get("pos_embed_written"):
@@ -360,22 +352,6 @@ def write_checkpoint(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOpt
     plan["pos_embed_kind"] = first.pos_embed_kind()
     plan["written"] = True
     return plan
-
-
-def _warn_weak(spec: InitSpec, report: Dict[str, Any], plan: Dict[str, Any], det: Detected) -> None:
-    """Warn when the fit left a layer weakly structured (see :func:`~structinit.init.impulse.structure_warning`)."""
-    if not isinstance(spec, ImpulseInit):
-        return
-    from structinit.init.impulse import position_hint, structure_warning
-
-    hint = position_hint(plan["pe_scale"], checkpoint=True) if det.pos_key and not spec.fit_pe else None
-    weak = structure_warning(report, hint)
-    if weak:
-        import warnings
-
-        from structinit.errors import StructinitWarning
-
-        warnings.warn(StructinitWarning(f"impulse: {weak}"), stacklevel=3)
 
 
 def _write_folder(loaded: LoadedCheckpoint, force: bool, plan: Dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List
 
 from structinit.geometry.targets import check_choice
-from structinit.init.base import InitSpec
+from structinit.init.base import InitSpec, register
 from structinit.init.baselines import BASES, apply_base, generator
 
 
@@ -64,6 +64,7 @@ def vproj_keys(slot) -> List[str]:
     return [label(slot.v), str(slot.proj)]
 
 
+@register
 @dataclass(frozen=True)
 class MimeticInit(InitSpec):
     """Mimetic init: Q/K per head and (with ``vproj``) V/proj per layer, see the module docstring.
@@ -92,7 +93,7 @@ class MimeticInit(InitSpec):
     def planned(self, slot) -> List[str]:
         return super().planned(slot) + (vproj_keys(slot) if self.vproj else [])
 
-    def apply(self, target, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
+    def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
         from structinit.init.inject import read_qk, read_vproj, write_qk, write_vproj
 
         t = target

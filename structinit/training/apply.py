@@ -30,19 +30,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 from structinit.errors import StructinitError, UsageError, param
 from structinit.geometry.grid import Grid
 from structinit.init.apply import ApplyOptions, LoadedCheckpoint, load_for_apply, write_checkpoint, write_position_table
 from structinit.init.attention_target import AttentionTarget
-from structinit.init.base import InitSpec
-from structinit.init.impulse import ImpulseInit
+from structinit.init.base import DEFAULT_METHOD, InitSpec
 from structinit.init.registry import init_spec
 from structinit.training.checkpoint_models import HF_EXTRA, transformers_installed
-
-if TYPE_CHECKING:
-    from structinit.init.impulse_write import Prepared
 
 #: Layouts whose model structinit can build and run inputs through (a ``structinit train`` run too).
 BUILDABLE = ("timm-vit", "hf-vit", "hf-vit-v5", "hf-bert", "hf-gpt2")
@@ -59,7 +55,7 @@ def split_settings(options: Optional[ApplyOptions], settings: Dict[str, Any]) ->
     return options, {k: v for k, v in settings.items() if k not in fields}
 
 
-def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] = "impulse",
+def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] = DEFAULT_METHOD,
                      options: Optional[ApplyOptions] = None, *,
                      progress: Optional[Callable[[int, int], None]] = None,
                      log: Optional[Callable[[str], None]] = None,
@@ -77,19 +73,19 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
 
         options = dataclasses.replace(options, heads=timm_heads(options.model_name))
     loaded = load_for_apply(path, spec, options)
-    impulse = spec if isinstance(spec, ImpulseInit) else None  # the one method that solves, and fits to data
-    fits = impulse is not None and impulse.uses_data
+    fits = spec.uses_data
     model_path = fits and _can_fit(loaded, options)
-    table = model_path and impulse is not None and _needs_table(impulse, loaded, options)
-    if fits and not model_path and impulse is not None and _needs_table(impulse, loaded, options) \
-            and loaded.ckpt.detected.layout.name.startswith("hf-") and not transformers_installed():
+    replaces = options.set_pe is None and spec.replaces_pos_embed(loaded.first)
+    table = model_path and replaces
+    if fits and not model_path and replaces and loaded.ckpt.detected.layout.name.startswith("hf-") \
+            and not transformers_installed():
         # the model path would write the table in place of the learned embedding: the cause is the missing extra
         raise UsageError(f"the {loaded.ckpt.detected.layout.name} checkpoint's model is built by Hugging Face "
                          f"transformers, which is not installed ({HF_EXTRA}); without it the data fit cannot run, nor "
                          f"the sin-cos table replace its learned {loaded.ckpt.detected.pos_key} as it would on the "
                          f"model. Install it, or write the plain solve on the table with {param('set_pe')} sincos")
-    if impulse is not None and options.set_pe is None and not table:
-        impulse.check_embedding(loaded.first)  # a learned embedding it will not replace needs set_pe or fit_pe
+    if options.set_pe is None and not table:
+        spec.check_pos_embed(loaded.first)  # a learned embedding it will not replace needs set_pe or fit_pe
     if table:
         loaded.plan["pos_embed_written"] = TABLE_IN_PLACE.format(key=loaded.ckpt.detected.pos_key)
     if options.dry_run:
@@ -101,14 +97,10 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
         write_position_table(loaded, loaded.plan["pe_scale"])
     elif table:
         write_position_table(loaded, 1.0)
-    prepared = None
-    if model_path and impulse is not None:
-        prepared = _prepare_on_model(loaded, impulse, options, say, progress, fit_progress)
+    prepared = _prepare_on_model(loaded, spec, options, say, progress, fit_progress) if model_path else None
     report = write_checkpoint(loaded, spec, options, prepared, progress, log)
     if fits and not model_path:
         report["data_fit"] = {"skipped": _why_no_fit(loaded)}
-    if prepared is not None and prepared.inputs is not None:
-        report["data_source"] = prepared.inputs.source  # this call's inputs (a cached fit says it was read)
     from structinit.init.baselines import base_note
 
     note = base_note(spec)
@@ -149,27 +141,17 @@ def _why_no_fit(loaded: LoadedCheckpoint) -> str:
     return f"not run: structinit cannot build and run the model of a {layout.name} checkpoint, {plain}"
 
 
-def _needs_table(spec: ImpulseInit, loaded: LoadedCheckpoint, options: ApplyOptions) -> bool:
-    """Whether the sin-cos table replaces a learned position embedding, as on a model (see
-    :func:`structinit.init.impulse_write.write_position`)."""
-    first = loaded.first
-    pos = loaded.ckpt.detected.pos_key
-    return (options.set_pe is None and not spec.fit_pe and spec.artifact is None and spec.pe_scale is None
-            and pos is not None and first.pos_embed_kind() == "other" and first.sd[pos].dim() == 3)
-
-
 def _regrid(loaded: LoadedCheckpoint, grid: Grid, options: ApplyOptions) -> None:
     """See every copy of the model in ``loaded`` on ``grid`` (a sequence's length, from its inputs)."""
     loaded.views = [AttentionTarget(view.sd, grid, view.heads, options.layers) for view in loaded.views]
     loaded.plan["grid"] = list(grid)
 
 
-def _prepare_on_model(loaded: LoadedCheckpoint, spec: ImpulseInit, options: ApplyOptions, say: Callable[[str], None],
+def _prepare_on_model(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOptions, say: Callable[[str], None],
                       progress: Optional[Callable[[int, int], None]],
-                      fit_progress: Optional[Callable[[int, int], None]]) -> Prepared:
+                      fit_progress: Optional[Callable[[int, int], None]]) -> Any:
     """Build the checkpoint's model from its first state dict (position table already written) and
-    prepare the impulse init on it as ``initialize_model`` does: ``Prepared`` (the fitted artifact)."""
-    from structinit.init.impulse_write import prepare
+    prepare the init on it as ``initialize_model`` does (for the impulse init: the fitted artifact)."""
     from structinit.training.checkpoint_models import checkpoint_model
     from structinit.training.fit_inputs import NOISE, fit_inputs_for
 
@@ -179,25 +161,25 @@ def _prepare_on_model(loaded: LoadedCheckpoint, spec: ImpulseInit, options: Appl
                              heads=first.heads, grid=first.grid)
     data, source = None, None
     if options.data is not None and not (isinstance(options.data, str) and options.data == NOISE):
-        inputs = fit_inputs_for(options.data, built, options.samples or spec.data_fit_samples, options.data_dir)
+        inputs = fit_inputs_for(options.data, built, options.samples or spec.fit_samples, options.data_dir)
         data, source = inputs.x, inputs.source
     elif options.samples is not None:
-        spec = init_spec(spec, data_fit_samples=min(options.samples, spec.data_fit_samples))
+        spec = spec.with_fit_samples(min(options.samples, spec.fit_samples))
     if built.kind == "tokens" and options.grid is None and data is not None:
         _regrid(loaded, Grid((int(data.shape[-1]),)), options)  # a sequence model's grid is the inputs' length
         first = loaded.first
     if built.kind == "sequence" and data is not None and data.dim() == 2:
         data = data.unsqueeze(1)
     view = AttentionTarget(built.model, first.grid, first.heads, options.layers)
-    assert view.grid is not None and first.grid is not None  # the impulse init needs the grid (needs_grid)
-    if (tuple(view.grid), view.dim, view.depth) != (tuple(first.grid), first.dim, first.depth):
-        raise StructinitError(f"the model built for {loaded.path} ({built.how}) has grid {view.grid.describe()}, dim "
-                              f"{view.dim}, depth {view.depth}; the checkpoint has grid {first.grid.describe()}, dim "
+    grids = [g.describe() if g is not None else "unknown" for g in (view.grid, first.grid)]
+    if grids[0] != grids[1] or (view.dim, view.depth) != (first.dim, first.depth):
+        raise StructinitError(f"the model built for {loaded.path} ({built.how}) has grid {grids[0]}, dim "
+                              f"{view.dim}, depth {view.depth}; the checkpoint has grid {grids[1]}, dim "
                               f"{first.dim}, depth {first.depth}")
     spec.check_target(view)
-    say("solving" if spec.artifact is None else "reading the artifact")
-    prepared = prepare(spec, view, seed=options.seed, cache_dir=options.cache_dir, device=options.device,
-                       progress=progress, data=data, fit_progress=fit_progress, log=say, source=source)
+    prepared = spec.prepare(view, seed=options.seed, cache_dir=options.cache_dir, device=options.device,
+                            progress=progress, data=data, fit_progress=fit_progress, log=say, source=source,
+                            stage=say)
     loaded.plan["model"] = built.how
     return prepared
 
