@@ -7,7 +7,7 @@ import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "structinit"
-STAGES = ["geometry", "analysis", "solver", "fit", "init", "training", "benchmarks", "experiments", "cli"]
+STAGES = ["geometry", "analysis", "solver", "fit", "init", "training", "apply", "benchmarks", "experiments", "cli"]
 ROOT = {"errors", "runtime", "atomic", "keys", "__init__", "__main__"}
 
 

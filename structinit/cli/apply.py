@@ -1,5 +1,5 @@
 """``structinit apply``: initialize the attention of a saved checkpoint (a thin layer over
-:func:`structinit.training.apply.apply_checkpoint`)."""
+:func:`structinit.apply.checkpoint.apply_checkpoint`)."""
 
 from __future__ import annotations
 
@@ -190,12 +190,12 @@ def apply(
     how the attention hits its offsets on the inputs it was fitted to; --verbose shows every
     setting and tensor.
     """
+    from structinit.apply.checkpoint import apply_checkpoint
+    from structinit.apply.options import ApplyOptions
     from structinit.errors import Notice
     from structinit.geometry.grid import parse_grid
-    from structinit.init.apply import ApplyOptions
     from structinit.init.registry import parse_assignments
     from structinit.runtime import use_threads
-    from structinit.training.apply import apply_checkpoint
 
     use_threads(threads)
     spec = method_spec(method, init_param, {

@@ -351,7 +351,7 @@ def _shape_hints(ckpt: Checkpoint) -> None:
     det = ckpt.detected
     if _structinit_shape(ckpt):
         return
-    if det.layout.name.startswith("hf-"):
+    if det.layout.builder == "transformers":
         cfg_path = ckpt.path.parent / "config.json"
         try:
             cfg = json.loads(read_regular(cfg_path, limit=CONFIG_LIMIT))
@@ -362,7 +362,7 @@ def _shape_hints(ckpt: Checkpoint) -> None:
             det.heads = heads
             ckpt.extra["config.json"] = str(cfg_path)
     arch = ckpt.obj.get("arch")
-    if det.layout.name == "timm-vit" and isinstance(arch, str):
+    if det.layout.builder == "timm" and isinstance(arch, str):
         heads = _timm_arch_heads(arch, det.dim)
         if heads:
             det.heads = heads

@@ -11,10 +11,10 @@ Example::
     report["layers"][0]     # {"layer": 0, "replaced": [...], "hit_rate": ..., "target_mass": ...}
 
 The impulse init's data fit runs through the model the checkpoint describes
-(:mod:`structinit.training.checkpoint_models`: a timm ViT, a Hugging Face ViT/DeiT, BERT or GPT-2,
+(:mod:`structinit.apply.models`: a timm ViT, a Hugging Face ViT/DeiT, BERT or GPT-2,
 a ``structinit train`` run), exactly as :func:`~structinit.init.initialize.initialize_model` runs it on
 that model (:func:`structinit.init.impulse_write.prepare`): on the inputs ``data`` names
-(:mod:`structinit.training.fit_inputs`), else on noise inputs of the model's input shape. A learned
+(:mod:`structinit.apply.inputs`), else on noise inputs of the model's input shape. A learned
 position embedding gets the sin-cos table in its place (kept learnable), as on a model. The fitted
 Q/K (a cached fitted artifact) are then written into every copy of the model in the file. A
 checkpoint whose model structinit cannot build (``nn.MultiheadAttention``), or a model of token ids
@@ -23,36 +23,28 @@ without ``data``, gets the plain solve, and the report's ``data_fit`` says why.
 Only the Q/K rows (and biases) of the selected layers change, plus V/proj where the spec says so
 (mimetic, or impulse with ``mimetic_vproj``) and the position embedding (``set_pe``, or the table
 for a learned one); every other tensor and entry is written back as loaded. Files are written as
-:mod:`structinit.init.apply` says (nothing the user has is replaced unless asked).
+:mod:`structinit.apply.files` says (nothing the user has is replaced unless asked).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Dict, Optional, Tuple, Union
+import warnings
+from typing import Any, Callable, Dict, Optional, Union
 
-from structinit.errors import StructinitError, UsageError, param
+from structinit.apply.files import LoadedCheckpoint, load_for_apply, write_output, write_position_table
+from structinit.apply.models import HF_EXTRA, transformers_installed
+from structinit.apply.options import ApplyOptions, split_settings
+from structinit.errors import StructinitError, StructinitWarning, UsageError, param
 from structinit.geometry.grid import Grid
-from structinit.init.apply import ApplyOptions, LoadedCheckpoint, load_for_apply, write_checkpoint, write_position_table
 from structinit.init.attention_target import AttentionTarget
 from structinit.init.base import DEFAULT_METHOD, InitSpec
+from structinit.init.checkpoints import describe_state_dict
 from structinit.init.registry import init_spec
-from structinit.training.checkpoint_models import HF_EXTRA, transformers_installed
 
-#: Layouts whose model structinit can build and run inputs through (a ``structinit train`` run too).
-BUILDABLE = ("timm-vit", "hf-vit", "hf-vit-v5", "hf-bert", "hf-gpt2")
 #: The words of the position table written in place of a learned embedding.
 TABLE_IN_PLACE = "sin-cos table x1 in place of the checkpoint's own {key}, kept learnable"
-
-
-def split_settings(options: Optional[ApplyOptions], settings: Dict[str, Any]) -> Tuple[ApplyOptions, Dict[str, Any]]:
-    """``(options, init parameters)``: the names of ``settings`` that are :class:`ApplyOptions`
-    fields replace those of ``options`` (default: the defaults); the rest are the init's."""
-    fields = {f.name for f in dataclasses.fields(ApplyOptions)}
-    given = {k: v for k, v in settings.items() if k in fields}
-    options = dataclasses.replace(options or ApplyOptions(), **given)
-    return options, {k: v for k, v in settings.items() if k not in fields}
 
 
 def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] = DEFAULT_METHOD,
@@ -61,7 +53,7 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
                      log: Optional[Callable[[str], None]] = None,
                      fit_progress: Optional[Callable[[int, int], None]] = None, **settings: Any) -> Dict[str, Any]:
     """Initialize checkpoint ``path`` with ``spec`` (a spec, or a method name) and write the result
-    (see the module docstring). ``options`` (:class:`~structinit.init.apply.ApplyOptions`) says where
+    (see the module docstring). ``options`` (:class:`~structinit.apply.options.ApplyOptions`) says where
     and how; ``settings`` are more options by name (``out=...``, ``data=...``) or the init's
     parameters (``filter=5``). ``progress(done, total)`` follows the solve and the layers,
     ``fit_progress`` the data fit, ``log(message)`` hears each stage (and the fit's estimated time).
@@ -69,7 +61,7 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
     options, params = split_settings(options, settings)
     spec = init_spec(spec, **params)
     if options.model_name is not None and options.heads is None:  # a named timm model tells its heads
-        from structinit.training.checkpoint_models import timm_heads
+        from structinit.apply.models import timm_heads
 
         options = dataclasses.replace(options, heads=timm_heads(options.model_name))
     loaded = load_for_apply(path, spec, options)
@@ -77,7 +69,7 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
     model_path = fits and _can_fit(loaded, options)
     replaces = options.set_pe is None and spec.replaces_pos_embed(loaded.first)
     table = model_path and replaces
-    if fits and not model_path and replaces and loaded.ckpt.detected.layout.name.startswith("hf-") \
+    if fits and not model_path and replaces and loaded.ckpt.detected.layout.builder == "transformers" \
             and not transformers_installed():
         # the model path would write the table in place of the learned embedding: the cause is the missing extra
         raise UsageError(f"the {loaded.ckpt.detected.layout.name} checkpoint's model is built by Hugging Face "
@@ -109,20 +101,67 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
     return report
 
 
+def write_checkpoint(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOptions,
+                     prepared: Any = None,
+                     progress: Optional[Callable[[int, int], None]] = None,
+                     log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+    """Initialize every copy of the model in ``loaded`` with ``spec`` and write the output file:
+    with ``prepared`` (what :meth:`~structinit.init.base.InitSpec.prepare` made on the model the file
+    describes: say, a fitted artifact) every copy gets it (:meth:`~structinit.init.base.InitSpec.write_copy`);
+    without it the first copy is prepared and what it makes serves every other (one solve for
+    all). Returns the report (the plan, with what was written)."""
+    say = log or (lambda message: None)
+    plan, views, first = loaded.plan, loaded.views, loaded.first
+    common: Dict[str, Any] = {"seed": options.seed, "cache_dir": options.cache_dir, "device": options.device}
+    shared = prepared
+    if shared is None:
+        first.progress = progress
+        shared = spec.prepare(first, progress=progress, stage=say, **common)
+    reports = []
+    for i, view in enumerate(views):
+        say(f"writing {plan['state_dicts'][i]}" + (f" ({i + 1}/{len(views)})" if len(views) > 1 else ""))
+        view.progress = progress
+        if prepared is None and i == 0:
+            reports.append(spec.write(view, shared, **common))
+        else:
+            reports.append(spec.write_copy(view, shared, first=i == 0, progress=progress, stage=say, **common))
+    report = reports[0]
+    for line in spec.warnings(report, first, checkpoint=True, pe_scale=plan["pe_scale"]):
+        warnings.warn(StructinitWarning(line.text), stacklevel=2)
+    rows = {r["layer"]: r for r in report["layers"]}
+    if not spec.reports_offsets and first.grid is not None:
+        measured = describe_state_dict(loaded.ckpt.state_dicts[0][1], loaded.ckpt.detected, first.heads, first.grid)
+        for row in measured["layers"]:
+            if row["layer"] in rows:
+                rows[row["layer"]].update({k: row[k] for k in ("hit_rate", "target_mass", "mse", "offsets")})
+        plan["measured_on"] = measured["measured_on"]
+    say(f"writing {loaded.target}")
+    write_output(loaded, options, plan)
+    plan["layers"] = [rows[i] for i in first.layers]
+    for key in ("artifact", "hit_rate", "target_mass", "measured_on", "mimetic_vproj", "data_fit", "data_source"):
+        if key in report:
+            plan[key] = report[key]
+    if report.get("pos_embed_written"):
+        plan["pos_embed_written"] = report["pos_embed_written"]
+    plan["pos_embed_kind"] = first.pos_embed_kind()
+    plan["written"] = True
+    return plan
+
+
 def _can_fit(loaded: LoadedCheckpoint, options: ApplyOptions) -> bool:
     """Whether the data fit can run on this checkpoint: its model can be built, and it takes
     inputs that noise can stand for or ``data`` gives. With ``data``, a checkpoint whose model
     cannot be built is refused."""
     ckpt = loaded.ckpt
     layout = ckpt.detected.layout
-    buildable = layout.name in BUILDABLE or "shape" in ckpt.extra
+    buildable = layout.builder is not None or "shape" in ckpt.extra  # a structinit train run too
     if options.data is not None:
         if not buildable:
             raise UsageError(f"{param('data')} runs inputs through the model the checkpoint describes, and "
                              f"structinit cannot build the model of a {layout.name} checkpoint (timm ViTs, Hugging "
                              "Face ViT/DeiT, BERT and GPT-2, and structinit train checkpoints it can)")
         return True
-    if layout.name.startswith("hf-") and not transformers_installed():
+    if layout.builder == "transformers" and not transformers_installed():
         return False  # said in the report (see _why_no_fit)
     return buildable and not layout.sequence  # noise cannot stand for token ids
 
@@ -135,7 +174,7 @@ def _why_no_fit(loaded: LoadedCheckpoint) -> str:
     if layout.sequence:
         return (f"not run: the {layout.name} checkpoint's model takes token ids, which noise cannot stand for; give "
                 f"data (token ids [B, L]) to fit them; {plain}")
-    if layout.name.startswith("hf-") and not transformers_installed():
+    if layout.builder == "transformers" and not transformers_installed():
         return (f"not run: the {layout.name} checkpoint's model is built by Hugging Face transformers, which is not "
                 f"installed ({HF_EXTRA}), {plain}")
     return f"not run: structinit cannot build and run the model of a {layout.name} checkpoint, {plain}"
@@ -152,8 +191,8 @@ def _prepare_on_model(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOp
                       fit_progress: Optional[Callable[[int, int], None]]) -> Any:
     """Build the checkpoint's model from its first state dict (position table already written) and
     prepare the init on it as ``initialize_model`` does (for the impulse init: the fitted artifact)."""
-    from structinit.training.checkpoint_models import checkpoint_model
-    from structinit.training.fit_inputs import NOISE, fit_inputs_for
+    from structinit.apply.inputs import NOISE, fit_inputs_for
+    from structinit.apply.models import checkpoint_model
 
     first = loaded.first
     say("building the model")
@@ -184,4 +223,4 @@ def _prepare_on_model(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOp
     return prepared
 
 
-__all__ = ["apply_checkpoint", "split_settings", "BUILDABLE"]
+__all__ = ["apply_checkpoint", "write_checkpoint", "TABLE_IN_PLACE"]

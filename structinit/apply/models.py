@@ -74,7 +74,7 @@ def checkpoint_model(ckpt, state_dict: Optional[Mapping] = None, *, model_name: 
             raise UsageError(f"{ckpt.path} was written by structinit train, whose settings build its model; "
                              f"leave out {param('model_name')} and {param('config')}")
         return _structinit_model(ckpt, sd, settings)
-    if layout.startswith("hf-"):
+    if det.layout.builder == "transformers":
         if model_name is not None:
             raise UsageError(f"{param('model_name')} names a timm model; the {layout} checkpoint's model comes "
                              f"from its config.json (or {param('config')})")
@@ -82,7 +82,7 @@ def checkpoint_model(ckpt, state_dict: Optional[Mapping] = None, *, model_name: 
     if config is not None:
         raise UsageError(f"{param('config')} is a Hugging Face config.json; the {layout} checkpoint is not a "
                          "Hugging Face model")
-    if layout == "timm-vit":
+    if det.layout.builder == "timm":
         return _timm_model(ckpt, sd, model_name, heads, grid)
     raise UsageError(f"the {layout} checkpoint holds attention weights but no model structinit can build and run "
                      "real inputs through (timm ViTs, Hugging Face ViT/DeiT, BERT and GPT-2, and structinit "
