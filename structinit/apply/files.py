@@ -26,6 +26,7 @@ from structinit.geometry.grid import Grid
 from structinit.init.attention_target import AttentionTarget
 from structinit.init.base import InitSpec
 from structinit.init.checkpoints import (
+    HF_CONFIG,
     Checkpoint,
     CheckpointError,
     check_checkpoint_path,
@@ -65,7 +66,7 @@ def hf_folder(folder: Path) -> Path:
         raise UsageError(f"{folder}: its weights are split into shards ({sharded[0]}); structinit reads one weights "
                          "file: save the model with save_pretrained(..., max_shard_size=\"100GB\") first")
     found = next((folder / name for name in HF_WEIGHTS if (folder / name).exists()), None)
-    if found is None or not (folder / "config.json").exists():
+    if found is None or not (folder / HF_CONFIG).exists():
         raise CheckpointNotFound(f"{folder}: is a folder; give the checkpoint file inside it (a Hugging Face folder "
                                  f"holds config.json and {' or '.join(HF_WEIGHTS)})")
     return found
@@ -227,7 +228,7 @@ def _write_folder(loaded: LoadedCheckpoint, force: bool, plan: Dict[str, Any]) -
     import shutil
     import tempfile
 
-    from structinit.atomic import regular_file, set_aside
+    from structinit.atomic import copy_file, regular_file, set_aside
 
     assert loaded.folder is not None
     target = loaded.target
@@ -245,7 +246,7 @@ def _write_folder(loaded: LoadedCheckpoint, force: bool, plan: Dict[str, Any]) -
             except OSError:  # a sub-folder, a FIFO, a link to nothing: not part of what from_pretrained reads
                 continue
             try:
-                shutil.copy2(item, tmp / item.name)
+                copy_file(item, tmp / item.name)
             except OSError as exc:
                 raise CheckpointError(f"cannot copy {item} into {target}: {exc.strerror or exc}; nothing was "
                                       "written") from None

@@ -41,6 +41,8 @@ CONTAINER_KEYS = ("state_dict", "state_dict_ema", "model", "model_ema", "module"
 
 #: The largest Hugging Face ``config.json`` read (a real one is a few kB).
 CONFIG_LIMIT = 16 * 2 ** 20
+#: The settings file of a Hugging Face model folder, beside its weights (``save_pretrained``'s).
+HF_CONFIG = "config.json"
 
 #: Non-tensor classes the safe unpickler may build: data only, no code.
 SAFE_GLOBALS = (argparse.Namespace,)
@@ -352,7 +354,7 @@ def _shape_hints(ckpt: Checkpoint) -> None:
     if _structinit_shape(ckpt):
         return
     if det.layout.builder == "transformers":
-        cfg_path = ckpt.path.parent / "config.json"
+        cfg_path = ckpt.path.parent / HF_CONFIG
         try:
             cfg = json.loads(read_regular(cfg_path, limit=CONFIG_LIMIT))
         except (OSError, ValueError):
@@ -360,7 +362,7 @@ def _shape_hints(ckpt: Checkpoint) -> None:
         heads, hidden = _hf_config_shape(cfg)
         if isinstance(heads, int) and hidden == det.dim:
             det.heads = heads
-            ckpt.extra["config.json"] = str(cfg_path)
+            ckpt.extra[HF_CONFIG] = str(cfg_path)
     arch = ckpt.obj.get("arch")
     if det.layout.builder == "timm" and isinstance(arch, str):
         heads = _timm_arch_heads(arch, det.dim)

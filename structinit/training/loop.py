@@ -432,7 +432,7 @@ def _make_sound(s: _Session, run: RunDir) -> None:
         why = run.damage()
         aside = run.set_aside()
         if aside is not None:
-            moved = ", ".join(sorted(p.name for p in aside.iterdir() if p.name != "why.txt"))
+            moved = ", ".join(sorted(p.name for p in aside.iterdir() if p.name != run.WHY))
             s.say(f"{run.path} was damaged ({why}): moved {moved} into {aside}; "
                   + ("resuming from its checkpoint" if run.file(run.CHECKPOINT).exists() else "training it afresh"))
 
