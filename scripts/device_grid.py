@@ -148,7 +148,7 @@ def tier(grid: str, rows: str, seeds: list, args: argparse.Namespace, runs: Path
 
 
 def train(args: argparse.Namespace) -> None:
-    from structinit.experiments.launch import check_environment, prepare, presolve, run_local
+    from structinit.experiments.launch import check_environment, prepare_runs, presolve, run_local
 
     t0 = time.monotonic()
     out, runs = Path(args.out), Path(args.runs)
@@ -170,7 +170,7 @@ def train(args: argparse.Namespace) -> None:
         ex, overrides = tier(grid, rows, seeds, args, runs, n)
         reports[grid] = (ex.spec.name, overrides)
         cells = ex.unique_cells() if args.plan else \
-            prepare(ex, check=lambda cells: check_environment(cells, "local", warn=log))
+            prepare_runs(ex, check=lambda cells: check_environment(cells, "local", warn=log))
         todo = [c for c in cells if c.key not in done]
         for c in todo:
             pool.owner[c.key] = ex

@@ -7,8 +7,8 @@ The package is organised by stage, in the order data flows (see ``docs/architect
 - :mod:`structinit.solver`      -- ``SolveConfig``, the solver recipes, the artifact format, the cache, ``solve()``
 - :mod:`structinit.fit`         -- the impulse data fit: Q/K refined on each layer's inputs, its fitted artifacts
 - :mod:`structinit.init`        -- init methods (typed specs), layouts, injection into models and checkpoints
-- :mod:`structinit.training`    -- ``TrainConfig``, models, datasets, the training loop and its run directory,
-  ``apply_checkpoint`` (a checkpoint initialized through the model it describes)
+- :mod:`structinit.training`    -- ``TrainConfig``, models, datasets, the training loop and its run directory
+- :mod:`structinit.apply`       -- ``apply_checkpoint``: a checkpoint initialized through the model it describes
 - :mod:`structinit.benchmarks`  -- stand-alone measurements: solver recipes, attention vs convolution, fit cost, loop
 - :mod:`structinit.experiments` -- the paper's comparison as grids of training runs: launchers, status, reports
 - :mod:`structinit.cli`         -- the ``structinit`` command line, a thin layer over all of the above
@@ -43,8 +43,8 @@ _EXPORTS = {
     "initialize": "structinit.init.initialize",
     "initialize_model": "structinit.init.initialize",
     "set_sincos_pos_embed": "structinit.init.pos_embed",
-    "apply_checkpoint": "structinit.training.apply",
-    "ApplyOptions": "structinit.init.apply",
+    "apply_checkpoint": "structinit.apply.checkpoint",
+    "ApplyOptions": "structinit.apply.options",
     "load_or_fit": "structinit.fit.artifact",
     "FitSettings": "structinit.fit.settings",
     "describe_checkpoint": "structinit.init.checkpoints",

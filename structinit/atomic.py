@@ -1,8 +1,10 @@
-"""Atomic file writes: a reader sees the old file or the whole new one, never a partial one; and
-an output that must not replace anything is created exclusively (of two writers, one wins and the
-other is told). And the other way: what is read from a path the user or the cache gives is a
-regular file of a size known before reading (:func:`regular_file`, :func:`read_regular`), never a
-FIFO (a read that would wait forever for a writer) or a device (``/dev/zero`` never ends)."""
+"""The one writer of every file structinit writes. Atomic file writes: a reader sees the old file
+or the whole new one, never a partial one; an output that must not replace anything is created
+exclusively (of two writers, one wins and the other is told); a log or record of lines is appended
+a line at a time (:func:`append_line`). And the other way: what is read from a path the user or
+the cache gives is a regular file of a size known before reading (:func:`regular_file`,
+:func:`read_regular`), never a FIFO (a read that would wait forever for a writer) or a device
+(``/dev/zero`` never ends)."""
 
 from __future__ import annotations
 
@@ -101,6 +103,56 @@ def atomic_write(path: os.PathLike, mode: str = "wb", exclusive: bool = False,
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def write_text(path: os.PathLike, text: str, **options) -> None:
+    """Write ``text`` to ``path`` through :func:`atomic_write` (``options`` are its keywords)."""
+    with atomic_write(path, "w", **options) as fh:
+        fh.write(text)
+
+
+@contextmanager
+def atomic_path(path: os.PathLike) -> Iterator[Path]:
+    """A hidden temp path beside ``path`` for a library that writes a file by name (a profiler's
+    trace), moved onto ``path`` on a clean exit and removed otherwise. It ends in ``path``'s name, so
+    a writer that picks its format by the name's ending (``.json.gz``) picks the same."""
+    path = Path(path)
+    tmp = path.with_name(f".{os.getpid()}.{os.urandom(4).hex()}.{path.name}")
+    try:
+        yield tmp
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def copy_file(src: os.PathLike, dst: os.PathLike) -> None:
+    """Copy the file ``src`` to ``dst`` through :func:`atomic_write`, with ``src``'s permission bits
+    and times (as ``shutil.copy2`` keeps them)."""
+    import shutil
+
+    st = os.stat(src)
+    with atomic_write(dst, file_mode=st.st_mode) as out, open(src, "rb") as inp:
+        shutil.copyfileobj(inp, out)
+    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def touch(path: os.PathLike) -> None:
+    """Set ``path``'s times to now, creating it empty if need be (a heartbeat)."""
+    Path(path).touch()
+
+
+def append_line(path: os.PathLike, line: str, sync: bool = True) -> None:
+    """Append ``line`` and a newline to the file at ``path`` (created if need be) in one write, then
+    (``sync``) fsync it: a log or a record of lines, where a reader may see a torn last line (and
+    skips it) but never loses an earlier one."""
+    with open(path, "a") as fh:
+        fh.write(line + "\n")
+        fh.flush()
+        if sync:
+            os.fsync(fh.fileno())
 
 
 def save_torch(obj, path: os.PathLike, **options) -> None:

@@ -16,7 +16,7 @@ import torch
 
 from structinit.experiments.expand import expand
 from structinit.experiments.gridspec import parse_grid_text
-from structinit.experiments.launch import prepare
+from structinit.experiments.launch import prepare_runs
 from structinit.experiments.task import run_task
 
 if sys.version_info >= (3, 11):
@@ -121,7 +121,7 @@ def train_grid(ex, *, skip=lambda cell: False, state=lambda cell: "finished"):
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        for cell in prepare(ex):
+        for cell in prepare_runs(ex):
             if not skip(cell):
                 assert run_task(ex.run_dir(cell), threads=1).state == state(cell), cell
     finally:

@@ -11,10 +11,10 @@ import torch
 from conftest import digest, error_line
 from test_checkpoints import _CreatesFile  # a pickle whose loading would create a file
 
+from structinit.apply.checkpoint import apply_checkpoint
 from structinit.errors import StructinitError, UsageError
 from structinit.geometry.targets import impulse_targets
 from structinit.init.pos_embed import set_sincos_pos_embed
-from structinit.training.apply import apply_checkpoint
 
 DIM, HEADS, DEPTH = 64, 4, 3
 

@@ -331,9 +331,9 @@ def test_a_folder_of_images_is_read_resized_and_standardized(tmp_path, cli, bare
     8x8 input, standardized with their own mean and std, and fitted to; an unreadable image is named."""
     from PIL import Image
 
+    from structinit.apply.inputs import fit_inputs_for
+    from structinit.apply.models import checkpoint_model
     from structinit.init.checkpoints import load_checkpoint
-    from structinit.training.checkpoint_models import checkpoint_model
-    from structinit.training.fit_inputs import fit_inputs_for
 
     data = load_dataset("digits")
     for i in range(24):

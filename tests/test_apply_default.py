@@ -12,8 +12,8 @@ import pytest
 import torch
 from conftest import error_line
 
+from structinit.apply.checkpoint import apply_checkpoint
 from structinit.init.initialize import initialize_model
-from structinit.training.apply import apply_checkpoint
 from structinit.training.augment import normalize
 from structinit.training.datasets import load_dataset
 
@@ -219,7 +219,7 @@ def test_apply_says_the_fits_estimated_time_before_it_runs(tmp_path, monkeypatch
     from structinit.errors import Notice
     from structinit.fit import layers
 
-    monkeypatch.setattr(layers, "SAY_ESTIMATE", 0.0)
+    monkeypatch.setattr(layers, "SAY_FIT_ESTIMATE", 0.0)
     src = tmp_path / "vit.pt"
     torch.save(stock_vit(sincos=True).state_dict(), src)
     said, steps = [], []
@@ -323,9 +323,9 @@ def test_the_imagefolder_runs_checkpoint_is_rebuilt_with_its_own_classes(tmp_pat
 def test_a_named_dataset_for_a_foreign_checkpoint_reads_its_training_split():
     """`--data digits` on a checkpoint structinit did not train: the first training images,
     normalized with the dataset's statistics; never the test split."""
+    from structinit.apply.inputs import fit_inputs_for
+    from structinit.apply.models import CheckpointModel
     from structinit.init.checkpoints import Checkpoint  # noqa: F401 - the type built below
-    from structinit.training.checkpoint_models import CheckpointModel
-    from structinit.training.fit_inputs import fit_inputs_for
 
     built = CheckpointModel(stock_vit(sincos=True), "timm", "image", (1, 8, 8))
     got = fit_inputs_for("digits", built, 32)
@@ -337,9 +337,9 @@ def test_a_named_dataset_for_a_foreign_checkpoint_reads_its_training_split():
 @pytest.mark.parametrize("bad, why", [(lambda x: x * 255, "std"), (lambda x: x + 50, "mean"),
                                       (lambda x: x - 50, "mean")])
 def test_an_unnormalized_batch_is_refused_whether_its_mean_or_its_spread_is_off(held_out, bad, why):
+    from structinit.apply.inputs import check_inputs
+    from structinit.apply.models import CheckpointModel
     from structinit.errors import UsageError
-    from structinit.training.checkpoint_models import CheckpointModel
-    from structinit.training.fit_inputs import check_inputs
 
     built = CheckpointModel(stock_vit(sincos=True), "timm", "image", (1, 8, 8))
     check_inputs(held_out, built)  # normalized: taken
@@ -356,13 +356,14 @@ def test_a_train_runs_checkpoint_with_its_dataset_reads_the_runs_own_training_in
     fitted to, by digest; another data seed would be another batch."""
     import dataclasses
 
+    from structinit.apply.inputs import fit_inputs_for
+    from structinit.apply.models import checkpoint_model
     from structinit.fit.identity import batch_digest
     from structinit.init.checkpoints import load_checkpoint
     from structinit.solver.artifact import read_artifact
-    from structinit.training.checkpoint_models import checkpoint_model
     from structinit.training.config import TrainConfig
-    from structinit.training.fit_inputs import fit_inputs_for, training_images
     from structinit.training.loop import train
+    from structinit.training.run_models import training_images
 
     config = TrainConfig(model="vit-digits", dataset="digits", patch=2, depth=1, dim=32, heads=2, train_size=64,
                          val_size=40, data_seed=5, batch_size=32, epochs=1, init="impulse",

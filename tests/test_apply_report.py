@@ -10,8 +10,8 @@ import pytest
 import torch
 from conftest import digest
 
+from structinit.apply.checkpoint import apply_checkpoint
 from structinit.errors import StructinitError
-from structinit.training.apply import apply_checkpoint
 
 DIM, HEADS = 16, 2
 PLAIN = dict(heads=HEADS, data_fit=0)  # the impulse init without a fit to real inputs (a file has none)

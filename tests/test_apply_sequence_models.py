@@ -10,10 +10,10 @@ import pytest
 import torch
 from conftest import digest, error_line
 
+from structinit.apply.checkpoint import apply_checkpoint
 from structinit.errors import UsageError
 from structinit.geometry.grid import Grid
 from structinit.geometry.targets import impulse_columns
-from structinit.training.apply import apply_checkpoint
 
 DIM, HEADS, LAYERS, POSITIONS = 32, 4, 2, 24
 

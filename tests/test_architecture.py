@@ -7,8 +7,8 @@ import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "structinit"
-STAGES = ["geometry", "analysis", "solver", "fit", "init", "training", "benchmarks", "experiments", "cli"]
-ROOT = {"errors", "runtime", "atomic", "__init__", "__main__"}
+STAGES = ["geometry", "analysis", "solver", "fit", "init", "training", "apply", "benchmarks", "experiments", "cli"]
+ROOT = {"errors", "runtime", "atomic", "keys", "__init__", "__main__"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -119,10 +119,106 @@ def test_every_module_is_named_in_the_architecture_doc():
     missing = []
     for name in sorted(import_graph()):
         short = name.split(".", 1)[1] if "." in name else "structinit"
-        if name.endswith("__main__") or name.split(".")[-1] in ("errors", "runtime", "atomic"):
+        if name.endswith("__main__") or name.split(".")[-1] in ("errors", "runtime", "atomic", "keys"):
             short = name.rsplit(".", 1)[-1]
         if name.split(".")[-1] == "__init__" or name == "structinit.data":
             continue
         if f"`{short}`" not in doc and f"`{name}`" not in doc:
             missing.append(name)
     assert missing == []
+
+
+# --------------------------------------------------------------------------- one writer
+
+def _handles(tree):
+    """The names bound by ``with atomic_write(...) as NAME`` (or ``atomic_path``) in ``tree``:
+    writing to them is writing through the one writer."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.With):
+            for item in node.items:
+                fn = getattr(item.context_expr, "func", None)
+                if getattr(fn, "id", getattr(fn, "attr", "")) in ("atomic_write", "atomic_path") \
+                        and isinstance(item.optional_vars, ast.Name):
+                    names.add(item.optional_vars.id)
+    return names
+
+
+def writes_outside_the_writer(tree):
+    """``(line, what)`` of every call in ``tree`` that writes a file other than through
+    :mod:`structinit.atomic`: ``open`` for writing or appending, ``os.open`` with ``O_CREAT``,
+    ``Path.write_text``/``write_bytes``/``touch``, ``torch.save``/``np.save``/``save_file``,
+    ``savefig`` or a profiler's trace to a path (not to a handle the writer opened), a
+    ``shutil`` copy."""
+    handles = _handles(tree)
+
+    def into_handle(arg) -> bool:
+        return arg is not None and any(isinstance(n, ast.Name) and n.id in handles for n in ast.walk(arg))
+
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        fn = node.func
+        name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+        owner = getattr(fn.value, "id", "") if isinstance(fn, ast.Attribute) else ""
+        args = list(node.args)
+        if name == "open" and owner == "os":
+            if any(isinstance(n, ast.Attribute) and n.attr == "O_CREAT" for n in ast.walk(node)):
+                found.append((node.lineno, "os.open(..., O_CREAT)"))
+        elif name == "open":
+            modes = args[1:2] + [k.value for k in node.keywords if k.arg == "mode"]
+            if any(isinstance(m, ast.Constant) and set(str(m.value)) & set("wax+") for m in modes):
+                found.append((node.lineno, "open for writing"))
+        elif isinstance(fn, ast.Attribute) and name in ("write_text", "write_bytes", "touch"):
+            found.append((node.lineno, f"Path.{name}"))
+        elif name in ("save", "save_file") and len(args) >= 2 and not into_handle(args[0 if owner == "np" else 1]):
+            found.append((node.lineno, f"{owner + '.' if owner else ''}{name} to a path"))
+        elif name in ("savefig", "export_chrome_trace") and not into_handle(args[0] if args else None):
+            found.append((node.lineno, f"{name} to a path"))
+        elif owner == "shutil" and name.startswith("copy"):
+            found.append((node.lineno, f"shutil.{name}"))
+    return found
+
+
+def test_every_file_is_written_through_the_one_writer():
+    """Every file structinit writes goes through :mod:`structinit.atomic` (a temp file moved into
+    place, an exclusive create, an appended line): no module opens a file for writing, saves a
+    tensor or a figure to a path, or copies a file by itself."""
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel == "atomic.py":
+            continue
+        wrong += [f"{rel}:{line} {what}" for line, what in writes_outside_the_writer(ast.parse(path.read_text()))]
+    assert wrong == []
+
+
+def test_the_writer_check_finds_each_way_of_writing():
+    code = ('open(p, "w")\nopen(p, mode="ab")\np.write_text("x")\ntorch.save(x, p)\nshutil.copy2(a, b)\n'
+            'fig.savefig("a.png")\nos.open(p, os.O_CREAT | os.O_WRONLY)\nopen(p)\nopen(p, "rb")\n'
+            'with atomic_write(p) as fh:\n    fig.savefig(fh)\n    torch.save(x, fh)\n'
+            'write_text(p, "x")\nx.copy()\nfh.write(save(tensors))\n')
+    assert sorted(line for line, _ in writes_outside_the_writer(ast.parse(code))) == [1, 2, 3, 4, 5, 6, 7]
+
+
+# --------------------------------------------------------------------------- one owner of the run folder
+
+def test_the_run_folder_has_one_owner():
+    """Every file of a run's folder is named in one module, :mod:`structinit.training.rundir`, and
+    read and written through its :class:`RunDir`: no other module spells ``final.json``,
+    ``task.json``, ``log.txt``... (``config.json`` is also a Hugging Face model's settings file,
+    named once for that as ``init.checkpoints.HF_CONFIG``)."""
+    from structinit.training.rundir import RunDir
+
+    names = {RunDir.CONFIG, RunDir.METRICS, RunDir.CHECKPOINT, RunDir.BEST, RunDir.FINAL, RunDir.TASK, RunDir.LOG,
+             RunDir.HEARTBEAT, RunDir.LOCK, RunDir.WHY}
+    allowed = {"training/rundir.py": names, "init/checkpoints.py": {"config.json"},
+               "solver/cache.py": {".lock"}}  # the suffix of an artifact's lock file in the cache
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in names - allowed.get(rel, set()):
+                wrong.append(f"{rel}:{node.lineno} names {node.value!r}")
+    assert wrong == []

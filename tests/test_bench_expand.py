@@ -9,7 +9,7 @@ import pytest
 from structinit.errors import StructinitError
 from structinit.experiments.expand import Expansion, expand, parse_overrides
 from structinit.experiments.gridspec import GridError, load_grid, parse_grid_text
-from structinit.experiments.launch import impulse_solves, prepare, print_commands
+from structinit.experiments.launch import init_solves, prepare_runs, print_commands
 from structinit.experiments.task import read_run_config, train_command
 from structinit.training.config import TrainConfig
 
@@ -125,7 +125,7 @@ def test_data_dirs_are_read_below_the_data_root(tmp_path, monkeypatch):
 
 def test_prepare_writes_the_manifest_and_each_runs_config(tmp_path):
     ex = expand(mini(), runs_dir=tmp_path / "runs", command="structinit bench grid mini.toml")
-    todo = prepare(ex)
+    todo = prepare_runs(ex)
     assert len(todo) == 8
     doc = json.loads(ex.manifest_path.read_text())
     assert ex.manifest_path.parent == tmp_path / "runs" / "grids" and doc["command"].endswith("mini.toml")
@@ -138,13 +138,13 @@ def test_prepare_writes_the_manifest_and_each_runs_config(tmp_path):
         assert cfg.key == cell.key and cfg.train_size == cell.config.train_size
     # preparing again changes nothing and finds the same runs to do
     before = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").rglob("*.json")}
-    assert [c.key for c in prepare(ex)] == [c.key for c in todo]
+    assert [c.key for c in prepare_runs(ex)] == [c.key for c in todo]
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").rglob("*.json")} == before
 
 
 def test_a_hand_edited_config_is_refused(tmp_path):
     ex = expand(mini(), runs_dir=tmp_path)
-    cell = prepare(ex)[0]
+    cell = prepare_runs(ex)[0]
     path = ex.run_dir(cell) / "config.json"
     doc = json.loads(path.read_text())
     doc["config"]["epochs"] = 99
@@ -155,7 +155,7 @@ def test_a_hand_edited_config_is_refused(tmp_path):
 
 def test_impulse_artifacts_are_the_ones_train_asks_for(tmp_path):
     ex = expand(load_grid("digits"), seeds=2, runs_dir=tmp_path)
-    solves = impulse_solves(ex.cells)
+    solves = init_solves(ex.cells)
     # default impulse and the authors' 2024 code (the released recipe, shared), two seeds each; one
     # artifact per (recipe, seed) for all sizes; impulse-2025 is solved in closed form by each run
     assert len(solves) == 4

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from grids import TINY_GRID, expand_text, variant
 
-from structinit.experiments.launch import prepare
+from structinit.experiments.launch import prepare_runs
 from structinit.experiments.status import grid_status, run_status
 from structinit.training.rundir import RunDir
 
@@ -95,7 +95,7 @@ def test_a_warning_of_the_library_is_one_line_of_the_runs_log(tmp_path):
     # one step of data fit leaves the init partly structured: the library warns, the log says it once
     weak = TINY.replace("data_fit = 30", "data_fit = 1")
     ex = expand_text(weak, tmp_path, overrides=["epochs=1"], seeds=1)
-    run = next(ex.run_dir(k) for k in prepare(ex) if "impulse" in (ex.run_dir(k) / "config.json").read_text())
+    run = next(ex.run_dir(k) for k in prepare_runs(ex) if "impulse" in (ex.run_dir(k) / "config.json").read_text())
     r = structinit("bench", "run", run, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     log = (run / "log.txt").read_text()
@@ -132,7 +132,7 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_continues(tmp_path):
 @pytest.mark.slow
 def test_a_task_stopped_by_sigterm_resumes_from_its_checkpoint(tmp_path):
     ex = expand_text(TINY, tmp_path, overrides=["epochs=12"], seeds=1)
-    run = ex.run_dir(prepare(ex)[0])
+    run = ex.run_dir(prepare_runs(ex)[0])
     proc = popen("bench", "run", run, "--threads", "1", cwd=tmp_path)
     wait_for(lambda: len(epochs_of(run)) >= 2)
     # Frozen, the task holds its run but cannot finish it while a second task starts (seconds on a
@@ -170,4 +170,4 @@ def test_a_failing_run_is_reported_and_retried(tmp_path):
     assert st.stdout.count("is larger than the 16 training images") == 2
     ex = expand_text(grid, tmp_path / "runs", file="bad.toml", seeds=1)
     assert grid_status(ex).counts["failed"] == 2
-    assert len(prepare(ex)) == 2  # a rerun retries failed runs
+    assert len(prepare_runs(ex)) == 2  # a rerun retries failed runs

@@ -16,7 +16,7 @@ import pytest
 from grids import DIGITS, expand_text, variant
 
 from structinit.errors import UsageError
-from structinit.experiments.launch import prepare
+from structinit.experiments.launch import prepare_runs
 from structinit.experiments.slurm import SlurmOptions, render_script, write_job
 from structinit.training.rundir import RunDir
 
@@ -36,7 +36,7 @@ def mini_expansion(tmp_path):
 
 def test_the_job_script_asks_for_what_was_given(tmp_path):
     ex = mini_expansion(tmp_path)
-    cells = prepare(ex)
+    cells = prepare_runs(ex)
     opts = SlurmOptions(partition="gpu", time="1-00:00:00", gpus=2, cpus=8, mem="32G", account="lab", qos="high",
                         extra=["--constraint=a100", "#SBATCH --exclusive"], max_concurrent=3, signal_seconds=300)
     job = write_job(ex, cells, opts, command="structinit bench grid grid.toml")

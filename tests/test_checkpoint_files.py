@@ -114,7 +114,7 @@ def gpt2_sd(positions=12):
 def test_a_decoder_is_described_under_its_causal_mask(tmp_path):
     """Described through its causal mask, a GPT-2 head's attention never looks ahead: its closest
     offsets are in the past and its measured mass is what the impulse init wrote on that mask."""
-    from structinit.training.apply import apply_checkpoint
+    from structinit.apply.checkpoint import apply_checkpoint
 
     src = tmp_path / "gpt2.pt"
     torch.save(gpt2_sd(), src)
@@ -373,7 +373,7 @@ def saved_on_a_gpu(src, dst):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="shows what a machine without a GPU does")
 def test_a_checkpoint_saved_on_a_gpu_opens_on_a_machine_without_one(tmp_path):
-    from structinit.training.apply import apply_checkpoint
+    from structinit.apply.checkpoint import apply_checkpoint
 
     plain = tmp_path / "plain.pt"
     torch.save({"state_dict": gpt2_sd()}, plain)

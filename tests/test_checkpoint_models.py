@@ -1,5 +1,5 @@
-"""Building a checkpoint's model (``structinit.training.checkpoint_models``) and reading the data
-fit's real inputs for it (``structinit.training.fit_inputs``): what a checkpoint's tensors tell, what
+"""Building a checkpoint's model (``structinit.apply.models``) and reading the data
+fit's real inputs for it (``structinit.apply.inputs``): what a checkpoint's tensors tell, what
 they do not, and what each kind of ``--data`` source becomes."""
 
 import numpy as np
@@ -7,10 +7,10 @@ import pytest
 import torch
 from conftest import error_line
 
+from structinit.apply.inputs import fit_inputs_for
+from structinit.apply.models import checkpoint_model, timm_vit_kwargs
 from structinit.errors import UsageError
 from structinit.init.checkpoints import load_checkpoint
-from structinit.training.checkpoint_models import checkpoint_model, timm_vit_kwargs
-from structinit.training.fit_inputs import fit_inputs_for
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -146,7 +146,7 @@ def test_hugging_face_checkpoints_of_the_same_weights_and_another_computation_ge
     from safetensors.torch import load_file
     from transformers import ViTConfig, ViTModel
 
-    from structinit.training.apply import apply_checkpoint
+    from structinit.apply.checkpoint import apply_checkpoint
 
     cfg = ViTConfig(image_size=8, patch_size=2, num_channels=1, hidden_size=32, num_hidden_layers=2,
                     num_attention_heads=4, intermediate_size=64)

@@ -7,12 +7,12 @@ import pytest
 import torch
 from conftest import digest
 
+from structinit.apply.checkpoint import apply_checkpoint
 from structinit.errors import UsageError
 from structinit.geometry.embedding import pseudo_input, sincos_2d
 from structinit.geometry.targets import impulse_targets
 from structinit.init.checkpoints import CheckpointError, describe_checkpoint, load_checkpoint
 from structinit.init.layouts import LAYOUTS, detect_layout
-from structinit.training.apply import apply_checkpoint
 
 DIM, HEADS = 64, 4
 

@@ -322,7 +322,7 @@ def test_a_state_dict_checkpoint_path_refuses_data_fit_with_one_line(tmp_path, c
     assert "data_fit must be non-negative" in r.stderr
     assert not (tmp_path / "r").exists()
     with pytest.raises(StructinitError):
-        from structinit.training.apply import apply_checkpoint
+        from structinit.apply.checkpoint import apply_checkpoint
 
         apply_checkpoint(path, init_spec("impulse", data_fit=5), out=tmp_path / "o.safetensors")
     assert not (tmp_path / "o.safetensors").exists()

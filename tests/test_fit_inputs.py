@@ -74,7 +74,7 @@ def test_a_batch_given_is_cut_to_the_samples_and_named(source, want):
 
 def test_the_token_grid_and_heads_a_hugging_face_config_tells():
     from structinit.errors import UsageError
-    from structinit.init.model_shape import model_grid, model_heads
+    from structinit.init.layouts import model_grid, model_heads
 
     hf = Bare()
     hf.config = SimpleNamespace(image_size=32, patch_size=4, num_attention_heads=3)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from structinit.apply.checkpoint import apply_checkpoint
 from structinit.errors import StructinitError, UsageError
 from structinit.geometry.embedding import sincos
 from structinit.init.attention_target import AttentionTarget
@@ -19,7 +20,6 @@ from structinit.init.pos_embed import pe_kind, set_sincos_pos_embed, write_sinco
 from structinit.solver.artifact import read_artifact
 from structinit.solver.config import SolveConfig
 from structinit.solver.run import solve
-from structinit.training.apply import apply_checkpoint
 
 DIM, HEADS, DEPTH, GRID = 32, 4, 3, (4, 4)
 
@@ -538,7 +538,7 @@ def test_negative_layer_indices_are_refused_with_the_range_there_is(spec, depth)
 
 
 def test_shape_hints_and_their_refusals():
-    from structinit.init.model_shape import model_heads
+    from structinit.init.layouts import model_heads
 
     with pytest.raises(UsageError) as exc:
         model_heads(torch.nn.Linear(2, 2))

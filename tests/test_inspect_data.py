@@ -16,9 +16,8 @@ from structinit.analysis.quality import artifact_attention
 from structinit.init.initialize import initialize_model
 from structinit.solver.artifact import read_artifact
 from structinit.training.config import TrainConfig
-from structinit.training.fit_inputs import training_images
 from structinit.training.models import ModelConfig, build_model
-from structinit.training.run_models import initialized_model
+from structinit.training.run_models import initialized_model, training_images
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -581,7 +581,7 @@ def test_the_impulse_inits_attention_on_real_inputs_is_metrics_epoch_zero(tmp_pa
     and bench report) skip it."""
     from grids import TINY_GRID, expand_text, variant
 
-    from structinit.experiments.launch import prepare
+    from structinit.experiments.launch import prepare_runs
     from structinit.experiments.report import collect
     from structinit.experiments.status import run_status
     from structinit.experiments.task import run_task
@@ -611,7 +611,7 @@ id = "320"
 train_size = 320
 """)
     ex = expand_text(text, tmp_path / "runs")
-    (cell,) = prepare(ex)
+    (cell,) = prepare_runs(ex)
     assert run_task(ex.run_dir(cell), threads=1).state == "finished"
     assert (ex.run_dir(cell) / "metrics.jsonl").read_text().startswith('{"epoch": 0, "init_attention": ')
     assert run_status(ex.run_dir(cell)).epochs_done == 2

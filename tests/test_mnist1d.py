@@ -181,7 +181,7 @@ def test_train_on_mnist1d_through_the_cli(tmp_path, cli):
 def test_training_images_of_a_sequence_run_are_what_train_feeds(shuffled):
     """The inputs bench report --attention and inspect --data measure on: a sequence is used as
     stored (not normalized as an image) and a shuffled run's positions are shuffled."""
-    from structinit.training.fit_inputs import training_images
+    from structinit.training.run_models import training_images
 
     got = training_images(TrainConfig(model="transformer-1d", dataset="mnist1d", shuffle_seq=True), 8)
     assert got.shape == (8, 1, 40)

@@ -216,7 +216,7 @@ def test_a_hugging_face_vit_gets_its_own_writers_projected(photo_crops):
 def test_apply_on_a_checkpoint_writes_what_initialize_model_writes(tmp_path):
     """`apply_checkpoint` fits through the model the checkpoint describes and writes the subspace
     into the file as `initialize_model` writes it into that model (every tensor to 1e-5)."""
-    from structinit.training.apply import apply_checkpoint
+    from structinit.apply.checkpoint import apply_checkpoint
 
     torch.save(big_patch_vit().state_dict(), tmp_path / "vit.pth")
     report = apply_checkpoint(tmp_path / "vit.pth", "impulse", out=tmp_path / "sub.pth", heads=HEADS,

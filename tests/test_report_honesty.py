@@ -10,7 +10,7 @@ import json
 import pytest
 from grids import DIGITS, MIMETIC_KAIMING, TINY_GRID, expand_text, trained_grid, variant
 
-from structinit.experiments.launch import prepare
+from structinit.experiments.launch import prepare_runs
 from structinit.experiments.report import collect, markdown, reports_for_folder
 
 GRID = variant(TINY_GRID, name="h", title="Honest grid", columns=["size"], epochs=1, axes=MIMETIC_KAIMING + """\
@@ -59,7 +59,7 @@ def _cells_csv(rep):
 def test_the_best_epoch_names_the_split_before_anything_finished(tmp_path):
     for val, says in ((0, "the test split itself (optimistic: no validation split)"), (100, "the validation split")):
         ex = expand_text(variant(GRID, val_size=val), tmp_path / f"runs{val}")
-        prepare(ex)
+        prepare_runs(ex)
         md = markdown(collect(ex))
         assert "Best epoch chosen" not in md
         assert f"with the best accuracy on {says}; mean" in md, md  # S14

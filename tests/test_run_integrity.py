@@ -18,7 +18,7 @@ import torch
 from conftest import error_line
 from grids import MIMETIC_KAIMING, TINY_GRID, expand_text, trained_grid, variant
 
-from structinit.experiments.launch import prepare
+from structinit.experiments.launch import prepare_runs
 from structinit.experiments.report import collect, markdown, reports_for_folder
 from structinit.experiments.status import grid_status, status_text
 from structinit.experiments.task import run_task
@@ -154,7 +154,7 @@ def test_damaged_runs_are_counted_listed_and_retrained_with_their_files_kept(gri
     assert r.returncode == 0 and "6 runs: 2 finished, 4 damaged." in r.stdout
 
     # a rerun sets the damaged files aside (byte for byte) and trains those runs
-    todo = prepare(ex)
+    todo = prepare_runs(ex)
     assert sorted(c.key for c in todo) == sorted(damaged)
     for cell in todo:
         assert run_task(ex.run_dir(cell), threads=1).state == "finished"

@@ -140,7 +140,8 @@ def test_a_fit_that_leaves_a_layer_below_0_9_says_which_and_what_to_try(digits, 
 
 def test_the_structure_warning_names_the_worst_layer_and_puts_the_position_hint_last():
     from structinit.errors import StructinitError
-    from structinit.init.impulse import position_hint, structure_warning
+    from structinit.fit.advice import structure_warning
+    from structinit.init.impulse import position_hint
 
     def report(*hits):
         return {"data_fit": {"layers": [{"layer": i, "hit_rate": h} for i, h in enumerate(hits)]}}

@@ -20,7 +20,7 @@ import pytest
 from conftest import digest
 from grids import TINY_GRID, expand_text, variant
 
-from structinit.experiments.launch import prepare
+from structinit.experiments.launch import prepare_runs
 from structinit.training.rundir import RunDir, checkpoint_info
 
 REPO = Path(__file__).resolve().parents[1]
@@ -119,7 +119,7 @@ def test_a_task_stopped_while_it_starts_in_its_first_epoch_or_as_it_exits_keeps_
     # one epoch of 2-image steps: seconds of training, so the first epoch is a moment that lasts
     grid = variant(TINY, batch_size=2)
     ex = expand_text(grid, tmp_path, overrides=["epochs=1"], seeds=1, only=["init=mimetic"])
-    run = ex.run_dir(prepare(ex)[0])
+    run = ex.run_dir(prepare_runs(ex)[0])
     config = digest(run / "config.json")
 
     # 1. while it starts: as soon as it handles SIGTERM (its entry point's handler, in before the
@@ -178,7 +178,7 @@ def test_a_task_whose_data_loader_workers_get_the_sigterm_too_stops_and_resumes(
     grid = variant(TINY, dataset="imagefolder", data_dir=str(tmp_path / "data"), image_size=16, patch=4,
                    batch_size=4, workers=2, val_size=None)
     ex = expand_text(grid, tmp_path, overrides=["epochs=6"], seeds=1, only=["init=mimetic"])
-    run = ex.run_dir(prepare(ex)[0])
+    run = ex.run_dir(prepare_runs(ex)[0])
     proc = popen("bench", "run", run, "--threads", "1", cwd=tmp_path)
     wait_for(lambda: epochs_of(run) or proc.poll() is not None)
     # the next epoch's loader is up: the task and its two workers
@@ -224,7 +224,7 @@ def test_a_torchrun_task_whose_every_process_is_signalled_stops_them_together_an
     """SLURM signals every process of a job step: the task, torchrun's agent and the training
     processes. Time limit (USR2) first, then scancel (SIGTERM), then the run finishes."""
     ex = expand_text(TINY, tmp_path, overrides=["epochs=12"], seeds=1, only=["init=mimetic"])
-    run = ex.run_dir(prepare(ex)[0])
+    run = ex.run_dir(prepare_runs(ex)[0])
     kept = 0
     for sig in (signal.SIGUSR2, signal.SIGTERM):
         proc = popen("bench", "run", run, "--nproc", "2", "--threads", "1", cwd=tmp_path)

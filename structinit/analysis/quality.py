@@ -93,10 +93,6 @@ class Quality:
     def cell(self, layer: int, head: int) -> Dict[str, float]:
         return {m: float(getattr(self, m)[layer, head]) for m in MEASURES}
 
-    def layer_means(self, layer: int) -> Dict[str, float]:
-        """Each measure averaged over the heads of ``layer``."""
-        return {m: float(getattr(self, m)[layer].mean()) for m in MEASURES}
-
     def summary(self) -> Dict[str, float]:
         """Each measure averaged over all layers and heads."""
         return {m: float(getattr(self, m).mean()) for m in MEASURES}

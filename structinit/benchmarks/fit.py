@@ -117,14 +117,12 @@ def _plain_solve(model, seed: int, cache: str) -> Dict[str, Any]:
     read from any cache, the package's shipped artifacts included), timed; on the CPU, as
     ``initialize_model`` and ``train`` solve."""
     from structinit.init.attention_target import AttentionTarget
-    from structinit.init.impulse_solve import solve_config
     from structinit.init.registry import init_spec
     from structinit.solver.cache import shipped_cache_dir
     from structinit.solver.run import solve, solved_layers
 
-    spec = init_spec("impulse")
     t = AttentionTarget(model, need_grid=True)
-    config = solve_config(spec, t.grid, t.dim, t.heads, t.depth, seed)
+    (config,) = init_spec("impulse").presolves(lambda: (t.grid, t.dim, t.heads, t.depth), seed)
     t0 = time.perf_counter()
     result = solve(config, cache_dir=cache, device="cpu", force=True)
     seconds = time.perf_counter() - t0
@@ -140,17 +138,17 @@ def _profiled_fit(model, x, *, version: int, steps: int, samples: int, seed: int
     """Fit ``model`` (version ``version``, ``steps`` Adam steps) once more under :mod:`torch.profiler`,
     from a scratch cache holding only the plain artifact ``plain_path`` (so the fit runs, not a cached
     copy), and write the profile into ``out_dir``; returns :func:`profile_summary` of it."""
-    import shutil
     import tempfile
     import warnings
 
     from torch.profiler import ProfilerActivity, profile
 
+    from structinit.atomic import atomic_path, copy_file, write_text
     from structinit.init.initialize import initialize_model
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.startswith("cuda") else [])
     with tempfile.TemporaryDirectory() as scratch:
-        shutil.copy2(plain_path, scratch)
+        copy_file(plain_path, Path(scratch) / Path(plain_path).name)
         with warnings.catch_warnings(), profile(activities=activities, record_shapes=True) as prof:
             warnings.simplefilter("ignore", StructinitWarning)  # a short fit is weak on purpose: its cost counts
             _, seconds = _timed(lambda: initialize_model(model, "impulse", seed=seed, data=x,
@@ -160,12 +158,13 @@ def _profiled_fit(model, x, *, version: int, steps: int, samples: int, seed: int
     by = "self_device_time_total" if dev.startswith("cuda") else "self_cpu_time_total"
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "fit-ops.txt").write_text(
+        write_text(out_dir / "fit-ops.txt",
             f"impulse data fit, version {version}, {steps} steps, under torch.profiler: {seconds:.3f} s\n\n"
             f"by op, sorted by {by}:\n{prof.key_averages().table(sort_by=by, row_limit=40)}\n\n"
             f"by op and input shapes (the matrix products' sizes), sorted by {by}:\n"
             f"{prof.key_averages(group_by_input_shape=True).table(sort_by=by, row_limit=40)}\n")
-        prof.export_chrome_trace(str(out_dir / "fit-trace.json.gz"))
+        with atomic_path(out_dir / "fit-trace.json.gz") as trace:
+            prof.export_chrome_trace(str(trace))
     except OSError as exc:
         raise StructinitError(f"cannot write the profile into {param('profile_dir')} {out_dir}: "
                               f"{exc.strerror or exc}") from None

@@ -1,5 +1,5 @@
 """``structinit apply``: initialize the attention of a saved checkpoint (a thin layer over
-:func:`structinit.training.apply.apply_checkpoint`)."""
+:func:`structinit.apply.checkpoint.apply_checkpoint`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import typer
 from typing_extensions import Annotated
 
 from structinit.cli.common import CacheDir, Device, GridOpt, JsonOut, Progress, Threads, emit_json, examples
+from structinit.init.base import DEFAULT_METHOD
 
 EXAMPLES = examples(
     'structinit apply vit.pth --heads 3                  # fitted on noise inputs (no data): writes vit.impulse.pth',
@@ -29,8 +30,9 @@ EXAMPLES = examples(
 #: Library parameters this command spells with another flag.
 ALIASES = {"model_name": "--model", "data": "--data", "samples": "--samples", "data_fit": "--data-fit"}
 
-#: Flags that only the impulse method takes: flag -> init parameter.
-IMPULSE_FLAGS = {"--filter": "filter", "--recipe": "recipe", "--target-mass": "target_mass",
+#: Flags for parameters of the default method (``DEFAULT_METHOD``, impulse), refused with any other:
+#: flag -> init parameter.
+METHOD_FLAGS = {"--filter": "filter", "--recipe": "recipe", "--target-mass": "target_mass",
                  "--recipe-param": "recipe_params", "--artifact": "artifact", "--share": "share",
                  "--offsets": "offset_order", "--mimetic-vproj": "mimetic_vproj", "--fit-pe": "fit_pe",
                  "--causal": "causal", "--padding": "padding", "--data-fit": "data_fit"}
@@ -141,7 +143,7 @@ VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show every se
 
 def apply(
     ckpt: CkptOpt,
-    method: MethodOpt = "impulse",
+    method: MethodOpt = DEFAULT_METHOD,
     init_param: InitParamOpt = [],  # noqa: B006
     filter_size: FilterSizeOpt = None,
     recipe: RecipeOpt = None,
@@ -188,15 +190,15 @@ def apply(
     how the attention hits its offsets on the inputs it was fitted to; --verbose shows every
     setting and tensor.
     """
+    from structinit.apply.checkpoint import apply_checkpoint
+    from structinit.apply.options import ApplyOptions
     from structinit.errors import Notice
     from structinit.geometry.grid import parse_grid
-    from structinit.init.apply import ApplyOptions
     from structinit.init.registry import parse_assignments
     from structinit.runtime import use_threads
-    from structinit.training.apply import apply_checkpoint
 
     use_threads(threads)
-    spec = impulse_spec(method, init_param, {
+    spec = method_spec(method, init_param, {
         "--filter": filter_size, "--recipe": recipe, "--target-mass": target_mass,
         "--recipe-param": parse_assignments(recipe_param, "recipe_params") or None, "--artifact": artifact,
         "--share": share, "--offsets": offsets, "--mimetic-vproj": mimetic_vproj, "--fit-pe": fit_pe,
@@ -214,41 +216,38 @@ def apply(
 
         report = apply_checkpoint(ckpt, spec, options, progress=bar, log=log,
                                   fit_progress=lambda d, n: bar.update(d, n, f"apply {method}: data fit"))
-    say_notices(report)
+    say_notices(spec, report)
     if json_out:
         emit_json(report)
         return
     typer.echo(format_verbose(report) if verbose else format_report(report))
 
 
-def impulse_spec(method: str, init_param: List[str], flags: dict):
-    """The spec of ``method`` from ``--init-param`` and the impulse flags given (``flags``: flag ->
-    value, ``None`` where not given); an impulse flag with another method is refused naming it."""
+def method_spec(method: str, init_param: List[str], flags: dict):
+    """The spec of ``method`` from ``--init-param`` and the :data:`METHOD_FLAGS` given (``flags``:
+    flag -> value, ``None`` where not given); such a flag with another method than the default is
+    refused naming it."""
     from structinit.errors import UsageError
     from structinit.init.registry import init_spec, parse_init
 
     given = {flag: value for flag, value in flags.items() if value is not None}
-    if given and method != "impulse":
+    if given and method != DEFAULT_METHOD:
         names = ", ".join(given)
-        raise UsageError(f"{names} {'applies' if len(given) == 1 else 'apply'} to --method impulse, not {method}")
+        raise UsageError(f"{names} {'applies' if len(given) == 1 else 'apply'} to --method {DEFAULT_METHOD}, not "
+                         f"{method}")
     spec = parse_init(method, init_param)
-    return init_spec(spec, **{IMPULSE_FLAGS[flag]: value for flag, value in given.items()}) if given else spec
+    return init_spec(spec, **{METHOD_FLAGS[flag]: value for flag, value in given.items()}) if given else spec
 
 
-def say_notices(report: dict) -> None:
-    """One stderr line for each thing the user should know of what was written: that the fit ran
-    on noise (and real inputs can be given), or that the plain solve was written."""
+def say_notices(spec, report: dict) -> None:
+    """One stderr line for each thing the user should know of what was written (the init's
+    :meth:`~structinit.init.base.InitSpec.notes`: that the fit ran on noise and real inputs can be
+    given, or that the plain solve was written), its parameters named by this command's flags."""
+    from structinit.cli.common import FLAG_NAMER
     from structinit.errors import StructinitWarning
-    from structinit.init.impulse_write import noise_notice
 
-    fit = report.get("data_fit")
-    notice = noise_notice(report) if isinstance(fit, dict) else None
-    if notice:
-        typer.echo("note: " + StructinitWarning(notice).render(lambda n: "--data" if n == "data" else n), err=True)
-    if report.get("method") == "impulse" and not report.get("dry_run") and (report.get("params") or {}).get(
-            "data_fit") == 0:
-        typer.echo("note: --data-fit 0 writes the plain solve, which real inputs wash out: it trained 12 points below "
-                   "mimetic init at 100 digits (docs/results/digits-datafit)", err=True)
+    for note in spec.notes(report):
+        typer.echo("note: " + StructinitWarning(note).render(FLAG_NAMER.get()), err=True)
 
 
 def _layers_line(name: str, rows, key: str) -> str:
@@ -286,7 +285,7 @@ def format_report(r: dict) -> str:
                                                                                          "target_mass"))
     elif isinstance(fit, dict) and fit.get("skipped"):
         lines.append(f"  Q/K: the plain solve (data fit {fit['skipped']})")
-    elif r["method"] == "impulse" and not r.get("dry_run"):
+    elif "data_fit" in r and not r.get("dry_run"):  # an init that can fit, with its fit off
         lines.append("  Q/K: the plain solve (--data-fit 0); on the position embedding alone, which real inputs "
                      "wash out: " + _layers_line("hit rate", r["layers"], "hit_rate"))
     elif r.get("dry_run") and fit:

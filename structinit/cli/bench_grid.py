@@ -184,7 +184,7 @@ def bench_grid(
     elif launcher == "slurm":
         _submit_job_array(ex, todo, options, command, dry_run, result, json_out)
     else:
-        _run_here(ex, todo, jobs, threads, command, result, json_out)
+        _launch_local(ex, todo, jobs, threads, command, result, json_out)
 
 
 def _slurm_options(partition, time_limit, gpus, cpus, mem, account, qos, sbatch, max_concurrent, signal_seconds,
@@ -227,13 +227,13 @@ def _runs_to_launch(ex, launcher: str):
     provide (a dataset, a GPU) said as ``warning:`` lines naming this command's flags."""
     from structinit.cli.common import declared_flags, flag_for
     from structinit.errors import StructinitError
-    from structinit.experiments.launch import check_environment, prepare
+    from structinit.experiments.launch import check_environment, prepare_runs
 
     def warn(message: str) -> None:
         text = StructinitError(message).render(lambda n: flag_for(n, declared_flags(bench_grid), ALIASES))
         typer.echo("warning: " + text, err=True)
 
-    return prepare(ex, check=lambda cells: check_environment(cells, launcher, warn=warn))
+    return prepare_runs(ex, check=lambda cells: check_environment(cells, launcher, warn=warn))
 
 
 def _say_nothing_to_launch(ex, result: Dict[str, Any], seconds: float, json_out: bool) -> None:
@@ -279,7 +279,7 @@ def _submit_job_array(ex, todo, options, command: str, dry_run: bool, result: Di
         f"Follow it with: {command} --status")
 
 
-def _run_here(ex, todo, jobs: int, threads: Optional[int], command: str, result: Dict[str, Any],
+def _launch_local(ex, todo, jobs: int, threads: Optional[int], command: str, result: Dict[str, Any],
               json_out: bool) -> None:
     """``--launcher local``: train the runs on this machine, ``jobs`` at once; exit 130 when
     interrupted, 1 when a run failed."""

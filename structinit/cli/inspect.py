@@ -243,7 +243,7 @@ def _show_artifact(path: Path, layer: int, head: int, query: Optional[int], png:
     typer.echo(f"config    {cfg.canonical_json()}")
     if art.fit:
         from structinit.errors import StructinitWarning
-        from structinit.init.impulse import fitted_structure_warning
+        from structinit.fit.advice import fitted_structure_warning
 
         typer.echo(fit_text(art.fit))
         weak = fitted_structure_warning(art.fit)
@@ -337,7 +337,7 @@ def _show_data(target: str, dataset: str, samples: int, init, init_param, seed, 
     from structinit.analysis.fidelity import centre_query, init_fidelity, report_settings
     from structinit.analysis.text import fidelity_table
     from structinit.errors import UsageError
-    from structinit.training.fit_inputs import training_images
+    from structinit.training.run_models import training_images
 
     target_png = None
     if png is not None:

@@ -24,8 +24,7 @@ import numpy as np
 from structinit.analysis.figures import shown_layers
 from structinit.errors import UsageError, param
 from structinit.experiments.expand import Cell, Expansion
-from structinit.training.fit_inputs import training_images
-from structinit.training.run_models import initialized_model
+from structinit.training.run_models import initialized_model, training_images
 
 
 @dataclass

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import datetime
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from structinit.experiments.gridspec import (
     settable_fields,
     suggest,
 )
+from structinit.keys import text_key
 
 MANIFEST_FORMAT = "structinit-grid/1"
 INIT_PARAM_PREFIX = "init_params."
@@ -90,7 +90,7 @@ class Expansion:
     @property
     def digest(self) -> str:
         text = json.dumps([[c.row, list(c.column), c.seed, c.key] for c in self.cells], separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()[:8]
+        return text_key(text, 8)
 
     @property
     def manifest_path(self) -> Path:
@@ -249,19 +249,6 @@ PROGRESS_FROM = 2000
 EXPAND_SECONDS_PER_RUN = 0.0026
 
 
-def count_runs(spec: GridSpec, seeds: Union[None, int, str, Sequence[int]] = None,
-               only: Union[None, Sequence[str], Dict[str, Sequence[str]]] = None) -> int:
-    """How many runs :func:`expand` would make of ``spec`` with these seeds and ``--only``, counted
-    without expanding (cells x seeds, before equal settings are merged)."""
-    from structinit.experiments.gridspec import parse_selection, restrict
-
-    if only:
-        spec = restrict(spec, only if isinstance(only, dict) else parse_selection(only))
-    seed_list = spec.seeds if seeds is None else parse_seeds(seeds if not isinstance(seeds, tuple) else list(seeds),
-                                                             where=param("seeds"))
-    return spec.cells * len(seed_list)
-
-
 def _duration(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f} s"
@@ -338,7 +325,7 @@ def expand(spec: GridSpec, *, overrides: Union[Iterable[str], Dict[str, Any], No
     ``$STRUCTINIT_DATA``, else ``./data``); given, it is also the data folder of every run that
     sets none. ``only``: some values of some axes (``["train_size=100,250"]`` or ``{"train_size":
     ["100", "250"]}``, see :func:`~structinit.experiments.gridspec.restrict`). Raises :class:`GridError`
-    naming the cell of an invalid combination. The runs are counted first (:func:`count_runs`): more
+    naming the cell of an invalid combination. The runs are counted first: more
     than ``max_runs`` is refused before any is expanded (``None``: no limit); ``progress(done,
     total)`` is called as the runs are expanded.
     """
@@ -447,5 +434,5 @@ def pick_manifest(expansions: List[Expansion], name: Optional[str],
     return chosen
 
 
-__all__ = ["Cell", "Expansion", "expand", "count_runs", "parse_overrides", "load_manifests", "pick_manifest",
+__all__ = ["Cell", "Expansion", "expand", "parse_overrides", "load_manifests", "pick_manifest",
            "MAX_RUNS"]

@@ -6,7 +6,7 @@ scheduler). The SLURM launcher is :mod:`structinit.experiments.slurm`.
 Example::
 
     ex = expand(load_grid("digits"), overrides=["epochs=2"], seeds=2, runs_dir="runs")
-    todo = prepare(ex)                       # the cells to run (pending or failed)
+    todo = prepare_runs(ex)                       # the cells to run (pending or failed)
     presolve(ex, todo)                       # impulse artifacts into the cache, once
     summary = run_local(ex, todo, jobs=2)    # two runs at a time, one thread each on 2 cores
 """
@@ -45,7 +45,7 @@ def cpu_count() -> int:
 
 # --------------------------------------------------------------------------- preparing
 
-def prepare(ex: Expansion, check: Optional[Callable[[List[Cell]], None]] = None) -> List[Cell]:
+def prepare_runs(ex: Expansion, check: Optional[Callable[[List[Cell]], None]] = None) -> List[Cell]:
     """Record the grid (its manifest) and give every run to launch (pending; failed or damaged: a
     rerun retries it, a damaged one after its task sets the damaged files aside) its folder with
     ``config.json``. Running and finished runs are left alone. Returns the cells to launch, one per
@@ -111,12 +111,12 @@ def check_environment(cells: List[Cell], launcher: str = "local", warn: Callable
                                      "auto, or launch them where a GPU is (--launcher slurm or print)") from None
 
 
-def impulse_solves(cells: List[Cell]) -> list:
-    """The distinct :class:`~structinit.solver.config.SolveConfig` the impulse runs of ``cells``
-    will ask for (``impulse``, and ``impulse-2024``'s shared solve; ``impulse-2025`` solves in
-    closed form per run and caches nothing). The shape comes from the run's model itself (built
-    once per architecture and read as the init reads it), so any model the init supports is solved
-    for correctly."""
+def init_solves(cells: List[Cell]) -> list:
+    """The distinct :class:`~structinit.solver.config.SolveConfig` the inits of ``cells`` will ask for
+    and that can be made before the runs start (:meth:`~structinit.init.base.InitSpec.presolves`:
+    ``impulse``'s solve, ``impulse-2024``'s shared one). The shape comes from the run's model itself
+    (built once per architecture, and only for an init that asks, and read as the init reads it), so
+    any model the init supports is solved for correctly."""
     import json
 
     from structinit.init.attention_target import AttentionTarget
@@ -127,24 +127,22 @@ def impulse_solves(cells: List[Cell]) -> list:
     shapes: Dict[str, Any] = {}
     for cell in cells:
         cfg = cell.config
-        if cfg is None or cfg.init is None or cfg.init.method not in ("impulse", "impulse-2024"):
+        if cfg is None or cfg.init is None:
             continue
-        spec = cfg.init
-        if spec.method == "impulse-2024":
-            spec = spec.impulse_spec()
-        if spec.artifact is not None:
-            continue
-        info = dataset_info(cfg.dataset)
         arch = json.dumps([cfg.model.to_dict(), cfg.dataset, cfg.image_size], sort_keys=True, default=str)
-        if arch not in shapes:
-            model = build_model(cfg.model, num_classes=info.num_classes or 1000,
-                                image_size=cfg.image_size or info.image_size, in_chans=info.in_chans,
-                                default_patch=info.default_patch)
-            t = AttentionTarget(model, need_grid=True)
-            shapes[arch] = (t.grid, t.dim, t.heads, t.depth)
-        grid, dim, heads, depth = shapes[arch]
-        sc = spec.solve_config(grid, dim, heads, depth, seed=cfg.seed)
-        out.setdefault(sc.filename, sc)
+
+        def shape(cfg=cfg, arch=arch):
+            if arch not in shapes:
+                info = dataset_info(cfg.dataset)
+                model = build_model(cfg.model, num_classes=info.num_classes or 1000,
+                                    image_size=cfg.image_size or info.image_size, in_chans=info.in_chans,
+                                    default_patch=info.default_patch)
+                t = AttentionTarget(model, need_grid=True)
+                shapes[arch] = (t.grid, t.dim, t.heads, t.depth)
+            return shapes[arch]
+
+        for sc in cfg.init.presolves(shape, seed=cfg.seed):
+            out.setdefault(sc.filename, sc)
     return list(out.values())
 
 
@@ -152,7 +150,7 @@ def presolve(cells: List[Cell], log: Callable[[str], None] = lambda m: None, dev
              threads: Optional[int] = None) -> Dict[str, Any]:
     """Solve every impulse artifact ``cells`` need into the cache (one at a time, before any run
     starts, so that no two tasks wait on the same solve). Returns counts and seconds."""
-    solves = impulse_solves(cells)
+    solves = init_solves(cells)
     if not solves:
         return {"artifacts": 0, "solved": 0, "seconds": 0.0}
     from structinit.solver.run import solve
@@ -415,5 +413,5 @@ def _stop_workers(workers: List[Any], got: _Results, stop_timeout: float) -> Non
         pass
 
 
-__all__ = ["prepare", "check_environment", "presolve", "impulse_solves", "print_commands", "run_local",
+__all__ = ["prepare_runs", "check_environment", "presolve", "init_solves", "print_commands", "run_local",
            "LocalSummary", "LAUNCHERS", "cpu_count", "check_launcher"]

@@ -99,6 +99,7 @@ def write_report(files: Dict[str, Any], folder: os.PathLike, force: bool = False
     grid no longer reported) are removed once the new files are in place, so no figure of another
     report is left beside them."""
     from structinit.analysis.figures import save_png
+    from structinit.atomic import write_text
 
     folder = Path(folder).expanduser()
     if folder.exists() and not folder.is_dir():
@@ -119,7 +120,7 @@ def write_report(files: Dict[str, Any], folder: os.PathLike, force: bool = False
             if name.endswith(".png"):
                 save_png(content, tmp / name)
             else:
-                (tmp / name).write_text(content)
+                write_text(tmp / name, content)
         written = []
         for name in files:
             os.replace(tmp / name, folder / name)

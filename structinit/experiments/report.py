@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from structinit.errors import UsageError, param
 from structinit.experiments.expand import Cell, Expansion, load_manifests, pick_manifest
 from structinit.experiments.status import STATES, run_status
+from structinit.training.rundir import RunDir
 
 
 @dataclass
@@ -179,7 +180,8 @@ def read_run(ex: Expansion, cell: Cell) -> RunResult:
     path = ex.run_dir(cell)
     st = run_status(path)
     r = RunResult(cell.key, cell.row, tuple(cell.column), cell.seed, st.state)
-    cfg = _read_json(path / "config.json") or {}
+    rd = RunDir(path)
+    cfg = rd.peek_json(rd.CONFIG) or {}
     if isinstance(cfg.get("algorithms"), dict):
         r.algorithms = algorithms_text(cfg["algorithms"])
     resolved = cfg.get("resolved") or {}
@@ -191,8 +193,8 @@ def read_run(ex: Expansion, cell: Cell) -> RunResult:
         return r
     if st.state != "finished":
         return r
-    final = _read_json(path / "final.json")
-    metrics = _read_metrics(path / "metrics.jsonl")
+    final = rd.peek_json(rd.FINAL)
+    metrics = rd.read_metrics(strict=False)
     r.metrics = metrics
     if not isinstance(final, dict) or not isinstance(final.get("final_acc"), (int, float)):
         r.problem = "final.json has no final_acc"
@@ -236,26 +238,6 @@ def check_versions(runs: List[RunResult], grid: str) -> None:
 
 def _ranges(xs: List[Any]) -> str:
     return ",".join(str(x) for x in xs[:12]) + (",..." if len(xs) > 12 else "")
-
-
-def _read_json(path: Path) -> Optional[Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _read_metrics(path: Path) -> List[Dict[str, Any]]:
-    rows = []
-    try:
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                pass
-    except OSError:
-        pass
-    return [r for r in rows if not (isinstance(r, dict) and r.get("epoch") == 0)]  # epoch 0: the init's line
 
 
 def read_runs_csv(path: os.PathLike) -> Dict[str, RunResult]:
@@ -371,7 +353,7 @@ def _row_specs(ex: Expansion) -> Dict[str, Tuple[Optional[str], Optional[str], O
             continue
         config = cell.config
         if config is None:
-            doc = _read_json(ex.run_dir(cell) / "config.json")
+            doc = RunDir(ex.run_dir(cell)).peek_json(RunDir.CONFIG)
             try:
                 config = TrainConfig.from_dict(doc["config"]) if isinstance(doc, dict) else None
             except (KeyError, TypeError, ValueError, UsageError):
@@ -769,7 +751,7 @@ def loose_runs(folder: Path) -> Expansion:
 
     found = []
     for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
-        cfg = _read_json(sub / "config.json")
+        cfg = RunDir(sub).peek_json(RunDir.CONFIG)
         if isinstance(cfg, dict) and isinstance(cfg.get("config"), dict):
             found.append((sub, cfg["config"]))
     if not found:

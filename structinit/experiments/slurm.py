@@ -209,6 +209,8 @@ def write_job(ex: Expansion, cells: List[Cell], options: SlurmOptions, command: 
 def submit(job: SlurmJob) -> str:
     """Submit ``job`` with ``sbatch --parsable``; returns the job id. If SLURM refuses it, the job's
     folder is removed and the scheduler's message is the error."""
+    from structinit.atomic import write_text
+
     sbatch = check_sbatch()
     try:
         r = subprocess.run([sbatch, "--parsable", str(job.script)], capture_output=True, text=True, timeout=120,
@@ -222,7 +224,7 @@ def submit(job: SlurmJob) -> str:
         raise StructinitError(f"SLURM refused the job: {message}")
     job.job_id = r.stdout.strip().split(";")[0]
     try:
-        (job.folder / "job_id").write_text(job.job_id + "\n")
+        write_text(job.folder / "job_id", job.job_id + "\n")
     except OSError:
         pass
     return job.job_id

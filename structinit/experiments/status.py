@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from structinit.experiments.expand import Cell, Expansion
-from structinit.experiments.task import HEARTBEAT_FILE, last_log_line, task_record
 from structinit.training.rundir import RunDir
 
 STATES = ("finished", "running", "failed", "damaged", "pending")
@@ -39,50 +38,31 @@ class RunStatus:
     detail: Optional[str] = None
 
 
-def _age(path: Path, now: float) -> Optional[float]:
-    try:
-        return now - path.stat().st_mtime
-    except OSError:
-        return None
-
-
-#: How ``metrics.jsonl``'s epoch-0 line (the init's, written with sorted keys) begins.
-INIT_LINE = b'{"epoch": 0,'
-
-
-def _epochs_done(run: Path) -> int:
-    """Epoch records in ``metrics.jsonl`` (counted by lines, the init's epoch-0 line left out; cheap)."""
-    try:
-        with open(run / "metrics.jsonl", "rb") as f:
-            return sum(1 for line in f if line.strip() and not line.startswith(INIT_LINE))
-    except OSError:
-        return 0
-
-
 def run_status(run: Path, now: Optional[float] = None) -> RunStatus:
     """The state of the run in folder ``run`` (see the module docstring)."""
     now = time.time() if now is None else now
     run = Path(run)
+    rd = RunDir(run)
     key = run.name
-    beat = _age(run / HEARTBEAT_FILE, now)
-    task = task_record(run) or {}
+    beat = rd.age(rd.HEARTBEAT, now)
+    task = rd.read_task() or {}
     running = task.get("state") == "running" and beat is not None and beat < STALE_SECONDS
-    checkpoint = run / "checkpoint.pt"
-    if not running and ((run / "final.json").is_file() or checkpoint.is_file()):
-        why = RunDir(run).damage()
+    resumable = rd.file(rd.CHECKPOINT).is_file()
+    finished = rd.file(rd.FINAL).is_file()
+    if not running and (finished or resumable):
+        why = rd.damage()
         if why is not None:
-            return RunStatus(key, str(run), "damaged", _epochs_done(run), False, why)
-    if (run / "final.json").is_file():
-        return RunStatus(key, str(run), "finished", _epochs_done(run))
-    resumable = checkpoint.is_file()
-    done = _epochs_done(run)
+            return RunStatus(key, str(run), "damaged", rd.epochs_recorded(), False, why)
+    done = rd.epochs_recorded()
+    if finished:
+        return RunStatus(key, str(run), "finished", done)
     if running:
         return RunStatus(key, str(run), "running", done, resumable, f"heartbeat {beat:.0f}s ago on {task.get('host')}")
-    ck_age = _age(checkpoint, now) if resumable else None
+    ck_age = rd.age(rd.CHECKPOINT, now) if resumable else None
     if ck_age is not None and (task.get("state") in (None, "running")) and ck_age < FRESH_CHECKPOINT_SECONDS:
         return RunStatus(key, str(run), "running", done, resumable, f"checkpoint written {ck_age:.0f}s ago")
     if task.get("state") == "failed":
-        return RunStatus(key, str(run), "failed", done, resumable, task.get("error") or last_log_line(run))
+        return RunStatus(key, str(run), "failed", done, resumable, task.get("error") or rd.last_log_line())
     return RunStatus(key, str(run), "pending", done, resumable,
                      f"checkpoint after epoch {done}" if resumable else None)
 
@@ -99,9 +79,6 @@ class GridStatus:
     @property
     def total(self) -> int:
         return sum(self.counts.values())
-
-    def pending_keys(self) -> List[str]:
-        return [r["key"] for r in self.runs if r["state"] == "pending"]
 
     def to_dict(self) -> Dict[str, Any]:
         return {"grid": self.name, "runs_dir": self.runs_dir, "total": self.total, "counts": self.counts,

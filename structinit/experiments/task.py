@@ -14,6 +14,8 @@ files beside the run's own:
 ``.lock``          the run's lock, held while a task (or ``structinit train``) writes the run
 =================  ============================================================================
 
+(written and read through :class:`~structinit.training.rundir.RunDir`, their one owner).
+
 Stopping (submitit's conventions): ``SIGTERM`` (``scancel``, a requeue by the scheduler, Ctrl-C of
 a local launcher) stops the task at the next optimizer step; the last epoch's checkpoint is on
 disk, so nothing but the epoch in progress is lost. ``SIGUSR2`` (sent by SLURM before the time
@@ -56,10 +58,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from structinit.errors import StructinitError, UsageError, param
 
-TASK_FILE, LOG_FILE, HEARTBEAT_FILE, LOCK_FILE = "task.json", "log.txt", "heartbeat", ".lock"
+#: Seconds between two touches of a running task's ``heartbeat``.
 HEARTBEAT_EVERY = 30.0
-#: Task states written to ``task.json``.
-TASK_STATES = ("running", "finished", "failed", "interrupted")
 #: TrainConfig fields that ``structinit train`` has no flag for (execution settings only).
 NO_FLAG = ("eval_batch_size",)
 
@@ -252,7 +252,8 @@ class TaskOutcome:
 def read_run_config(run_dir: os.PathLike):
     """The :class:`~structinit.training.config.TrainConfig` of the run in ``run_dir`` (from its
     ``config.json``), checked against the run key the folder is named by."""
-    from structinit.training.config import KEY_LENGTH, TrainConfig
+    from structinit.keys import looks_like_key
+    from structinit.training.config import TrainConfig
     from structinit.training.rundir import RunDir
 
     rd = RunDir(run_dir)
@@ -267,40 +268,10 @@ def read_run_config(run_dir: os.PathLike):
     except (KeyError, TypeError) as exc:
         raise StructinitError(f"{rd.file(rd.CONFIG)} is unreadable ({type(exc).__name__}: {exc})") from None
     name = rd.path.resolve().name
-    looks_like_key = len(name) == KEY_LENGTH and all(ch in "0123456789abcdef" for ch in name)
-    if looks_like_key and key != name:
+    if looks_like_key(name) and key != name:
         raise StructinitError(f"{rd.file(rd.CONFIG)} describes run {key}, not the run {name} its folder is named "
                               "by (was it edited?)")
     return config
-
-
-def task_record(run_dir: os.PathLike) -> Optional[Dict[str, Any]]:
-    """``task.json`` of a run (``None`` when there is none or it is unreadable)."""
-    try:
-        return json.loads((Path(run_dir) / TASK_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def last_log_line(run_dir: os.PathLike, limit: int = 4096) -> Optional[str]:
-    """The last non-empty line of the run's ``log.txt``."""
-    path = Path(run_dir) / LOG_FILE
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - limit))
-            lines = [ln for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
-    except OSError:
-        return None
-    return lines[-1] if lines else None
-
-
-def _write_task(run_dir: Path, doc: Dict[str, Any]) -> None:
-    from structinit.atomic import atomic_write
-
-    with atomic_write(run_dir / TASK_FILE, "w") as f:
-        f.write(json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n")
 
 
 def slurm_job() -> Optional[Dict[str, Any]]:
@@ -418,18 +389,14 @@ def shell_command(args: List[str]) -> str:
 # --------------------------------------------------------------------------- the task
 
 class _Log:
-    """Appends timestamped lines to ``log.txt`` and echoes them."""
+    """Appends timestamped lines to the run's ``log.txt`` and echoes them."""
 
-    def __init__(self, path: Path, echo: Optional[Callable[[str], None]]):
-        self.path, self.echo = path, echo
+    def __init__(self, run, echo: Optional[Callable[[str], None]]):
+        self.run, self.echo = run, echo
 
     def __call__(self, message: str) -> None:
         line = f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M:%S')} {message}"
-        try:
-            with open(self.path, "a") as f:
-                f.write(line + "\n")
-        except OSError:
-            pass
+        self.run.append_log(line)
         if self.echo:
             self.echo(line)
 
@@ -442,12 +409,9 @@ def _epoch_line(record: Dict[str, Any], epochs: int) -> str:
     return text + f"  {record.get('epoch_seconds', 0):.1f}s"
 
 
-def _heartbeat(path: Path, stop: threading.Event) -> None:
+def _heartbeat(run, stop: threading.Event) -> None:
     while True:
-        try:
-            path.touch()
-        except OSError:
-            pass
+        run.touch_heartbeat()
         if stop.wait(HEARTBEAT_EVERY):
             return
 
@@ -482,9 +446,9 @@ def run_task(run_dir: os.PathLike, *, threads: Optional[int] = None, device: Opt
         rd.lock()  # train() takes it again in this process; another process gets RunBusy
     except RunBusy:
         return TaskOutcome(key, str(run_dir), "busy", time.perf_counter() - t0)
-    log = _Log(run_dir / LOG_FILE, echo)
+    log = _Log(rd, echo)
     beat_stop = threading.Event()
-    beat = threading.Thread(target=_heartbeat, args=(run_dir / HEARTBEAT_FILE, beat_stop), daemon=True)
+    beat = threading.Thread(target=_heartbeat, args=(rd, beat_stop), daemon=True)
     record: Dict[str, Any] = {"state": "running", "key": key, "host": socket.gethostname(), "pid": os.getpid(),
                               "launcher": launcher, "started": datetime.datetime.now().isoformat(timespec="seconds"),
                               "slurm": slurm_job(), "nproc": nproc}
@@ -493,7 +457,7 @@ def run_task(run_dir: os.PathLike, *, threads: Optional[int] = None, device: Opt
             return TaskOutcome(key, str(run_dir), "already-finished", time.perf_counter() - t0)
         if stopper.event.is_set():  # asked while it took the lock: nothing is written
             return TaskOutcome(key, str(run_dir), "interrupted", time.perf_counter() - t0)
-        _write_task(run_dir, record)
+        rd.write_task(record)
         beat.start()
         config = dataclasses.replace(config, out=str(run_dir), resume=True)
         if threads is not None:
@@ -509,9 +473,9 @@ def run_task(run_dir: os.PathLike, *, threads: Optional[int] = None, device: Opt
             + (f"; it is damaged: {rd.damage()}" if state == "damaged" else ""))
         t_train = time.perf_counter()
         if nproc > 1:
-            state, final_acc, error = _run_torchrun(config, nproc, stopper, log)
+            state, final_acc, error = _train_torchrun(config, nproc, stopper, log)
         else:
-            state, final_acc, error = _run_here(config, stopper, log)
+            state, final_acc, error = _train_here(config, stopper, log)
         train_seconds = time.perf_counter() - t_train
         if state == "interrupted":
             done = _checkpoint_epoch(rd)
@@ -523,13 +487,13 @@ def run_task(run_dir: os.PathLike, *, threads: Optional[int] = None, device: Opt
             log(f"task done: final accuracy {final_acc:.2f}%")
         record.update(state=state, ended=datetime.datetime.now().isoformat(timespec="seconds"),
                       train_seconds=round(train_seconds, 3), error=error, requeued=False)
-        _write_task(run_dir, record)  # the run's state is on disk before SLURM is asked to requeue it
+        rd.write_task(record)  # the run's state is on disk before SLURM is asked to requeue it
         requeued = False
         if state == "interrupted" and stopper.requeue:
             requeued = requeue_self(log)
             if requeued:
                 record["requeued"] = True
-                _write_task(run_dir, record)
+                rd.write_task(record)
         return TaskOutcome(key, str(run_dir), state, time.perf_counter() - t0, train_seconds, final_acc, error,
                            requeued)
     finally:
@@ -552,7 +516,7 @@ def _checkpoint_epoch(rd) -> int:
     return epoch if isinstance(epoch, int) else 0
 
 
-def _run_here(config, stopper: Stopper, log) -> tuple:
+def _train_here(config, stopper: Stopper, log) -> tuple:
     from structinit.training.loop import train
 
     epochs = int(config.hparams()["epochs"])
@@ -582,7 +546,7 @@ def _run_here(config, stopper: Stopper, log) -> tuple:
     return "finished", result.final_acc, None
 
 
-def _run_torchrun(config, nproc: int, stopper: Stopper, log) -> tuple:
+def _train_torchrun(config, nproc: int, stopper: Stopper, log) -> tuple:
     """Train under ``torchrun``, started with SIGTERM and SIGUSR2 blocked (a child keeps the signal
     mask of the thread that starts it, across exec), which its processes inherit: torchrun's agent
     never acts on them (on SIGTERM it would signal its processes and, on a second one, such as a
@@ -645,7 +609,7 @@ def _run_torchrun(config, nproc: int, stopper: Stopper, log) -> tuple:
         return "finished", (rd.read_final() or {}).get("final_acc"), None
     if stopper.event.is_set():
         return "interrupted", None, None
-    return "failed", None, f"torchrun exited with code {proc.returncode} (see {Path(config.out) / LOG_FILE})"
+    return "failed", None, f"torchrun exited with code {proc.returncode} (see {rd.file(rd.LOG)})"
 
 
 def _children(pid: int) -> List[int]:
@@ -686,5 +650,5 @@ def check_nproc(nproc: int) -> int:
 
 
 __all__ = ["run_task", "TaskOutcome", "Stopper", "TaskInterrupted", "read_run_config", "train_command",
-           "task_record", "last_log_line", "requeue_self", "slurm_job", "slurm_requeue_target",
+           "requeue_self", "slurm_job", "slurm_requeue_target",
            "install_process_stopper", "command_stopper", "STOP_SIGNALS"]

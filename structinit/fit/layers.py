@@ -29,7 +29,7 @@ from structinit.solver.self_shift import add_self_term
 #: Steps of the first layer timed before the fit's duration is estimated.
 TIMED_STEPS = 5
 #: An estimate at or above this many seconds is said (``log``) before the rest of the fit runs.
-SAY_ESTIMATE = 5.0
+SAY_FIT_ESTIMATE = 5.0
 
 
 #: :func:`fit_layers`' result: ``(q, k, offsets, report)``.
@@ -69,7 +69,7 @@ class LayerWriter(Protocol):
 
     reads: Any
 
-    def prepare(self, slot) -> Tuple[Any, Any]:
+    def start(self, slot) -> Tuple[Any, Any]:
         """Write the layer's starting Q/K and what the init writes beside them; return the Q/K read back."""
 
     def write(self, slot, q, k) -> None:
@@ -150,7 +150,7 @@ class LayerFit:
         began = self.steps_started if self.steps_started is not None else self.started
         per_step = (time.perf_counter() - began) / max(self.done, 1)
         self.estimate = (began - self.started) + per_step * self.total
-        if self.log is not None and self.estimate >= SAY_ESTIMATE:
+        if self.log is not None and self.estimate >= SAY_FIT_ESTIMATE:
             device = next(self.t.model.parameters()).device
             self.log(Notice(f"data fit: {len(self.t.layers)} layers x {self.settings.steps} steps on "
                             f"{int(self.x.shape[0])} inputs, about {duration_text(self.estimate)} on {device} "
@@ -259,7 +259,7 @@ def fit_layers(settings: FitSettings, target: FitTarget, plain, x, seed: int, wr
     mask = causal_mask(c.grid, c.causal)
     fitter = LayerFit(settings, t, x, seed, c.filter, progress, log)
     for slot in t.slots:
-        rq, rk = writer.prepare(slot)
+        rq, rk = writer.start(slot)
         cols = impulse_columns(c.grid, offsets[slot.index], c.padding)
         fitter.fit(slot, rq, rk, cols, mask, writer)
         fq, fk = writer.read(slot)

@@ -12,7 +12,7 @@ from typing import Callable, List, Optional, Sequence, Union
 
 from structinit.errors import StructinitError, UsageError, param
 from structinit.geometry.grid import Grid
-from structinit.init.model_shape import model_grid, model_heads
+from structinit.init.layouts import model_grid, model_heads
 
 
 def is_module(target) -> bool:

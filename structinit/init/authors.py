@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Dict, List, Tuple
 import numpy as np
 
 from structinit.errors import StructinitError, UsageError, param
-from structinit.init.base import InitSpec
+from structinit.init.base import InitSpec, register
 from structinit.init.baselines import reset_to_defaults
 
 PAPER_2024 = "Structured Initialization for Attention in Vision Transformers"
@@ -97,6 +97,7 @@ class _AuthorsInit(InitSpec):
 
     #: The authors' code leaves every weight it does not write at PyTorch's defaults.
     fixed_base = "pytorch"
+    reports_offsets = True
 
     needs_grid = True
     paper: ClassVar[str] = ""
@@ -127,6 +128,7 @@ class _AuthorsInit(InitSpec):
                 "qk_bias": "PyTorch's default, kept (the authors' code writes the Q/K weights only)"}
 
 
+@register
 @dataclass(frozen=True)
 class Impulse2024Init(_AuthorsInit):
     """The released code of "Structured Initialization for Attention in Vision Transformers".
@@ -167,7 +169,11 @@ class Impulse2024Init(_AuthorsInit):
         return ImpulseInit(filter=self.filter, recipe="released", recipe_params=dict(self.recipe_params), share=True,
                            offset_order="random", padding="zero", pseudo_input="pe")
 
-    def apply(self, target, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
+    def presolves(self, shape, seed: int = 0) -> List[Any]:
+        """The one shared ``released`` solve (see :meth:`impulse_spec`)."""
+        return self.impulse_spec().presolves(shape, seed)
+
+    def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
         import torch
 
         from structinit.analysis.quality import measure
@@ -213,6 +219,7 @@ class Impulse2024Init(_AuthorsInit):
         return out
 
 
+@register
 @dataclass(frozen=True)
 class Impulse2025Init(_AuthorsInit):
     """The code of "Structured Initialization for Vision Transformers" (NeurIPS 2025).
@@ -267,7 +274,7 @@ class Impulse2025Init(_AuthorsInit):
 
         return np.array([kernel_offset(AUTHORS_2025_ORDER[h % 9], 3) for h in range(heads)], dtype=np.int32)
 
-    def apply(self, target, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
+    def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
         import torch
 
         from structinit.geometry.targets import impulse_columns

@@ -13,7 +13,7 @@ import json
 import math
 import typing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional, Tuple, Type, TypeVar, Union
 
 from structinit.errors import UsageError, param
 
@@ -84,6 +84,7 @@ def _copy(value: Any) -> Any:
 
 
 _HINTS: Dict[type, Dict[str, Any]] = {}
+_S = TypeVar("_S", bound="InitSpec")
 
 
 def _type_hints(cls: type) -> Dict[str, Any]:
@@ -95,10 +96,63 @@ def _type_hints(cls: type) -> Dict[str, Any]:
     return hints
 
 
+#: The init ``apply`` writes unless told: the one that wins (docs/results).
+DEFAULT_METHOD = "impulse"
+#: Every registered init method: name -> spec class, filled by :func:`register` as the method
+#: modules are imported (:mod:`structinit.init.registry` imports the built-in ones and is where
+#: callers look methods up).
+REGISTERED: Dict[str, Type["InitSpec"]] = {}
+
+
+def register(cls: Type[_S]) -> Type[_S]:
+    """Class decorator that registers an :class:`InitSpec` subclass under its ``method`` name (as
+    timm's ``@register_model`` registers a model), so that ``init_spec(name)``, ``--init name``
+    and a grid's ``init = "name"`` find it. A method lives in one module: its parameters, its
+    refusals and its steps (the hooks below); nothing else names it."""
+    if not cls.method:
+        raise TypeError(f"{cls.__name__} has no method name")
+    known = REGISTERED.get(cls.method)
+    if known is not None and known.__qualname__ != cls.__qualname__:
+        raise ValueError(f"init method {cls.method!r} is registered twice ({known.__qualname__}, {cls.__qualname__})")
+    REGISTERED[cls.method] = cls
+    return cls
+
+
+@dataclass(frozen=True)
+class InitWarning:
+    """A line an init's caller shows the user after the init (``text``, parameters marked with
+    :func:`~structinit.errors.param`). ``loggable``: it may go to the caller's ``log`` (``train``'s
+    run log) instead of a :class:`~structinit.errors.StructinitWarning`; ``warning``: a log writes it
+    after ``warning:`` (a caution, not a note)."""
+
+    text: str
+    loggable: bool = True
+    warning: bool = False
+
+
 @dataclass(frozen=True)
 class InitSpec:
-    """One init method's parameters. Subclasses set ``method`` (the registered name), ``writes``
-    (which tensors it changes, in words) and ``needs_grid``, and implement :meth:`apply`."""
+    """One init method's parameters and steps. Subclasses set ``method`` (the registered name, see
+    :func:`register`), ``writes`` (which tensors it changes, in words) and ``needs_grid``, and
+    implement :meth:`write`; every other hook has a default that does nothing, so code that runs an
+    init calls the hooks and never asks which method it runs:
+
+    ========================  ===================================================================
+    ``uses_data``             whether :meth:`prepare` fits to a batch of inputs (``data``), with
+                              ``fit_samples``/``with_fit_samples`` (how many) and ``fit_off``
+    ``check_target``          refuse a target the method cannot write (before any work)
+    ``check_shape``           refuse settings that cannot be solved for a shape (before any work)
+    ``check_pos_embed``       refuse a position embedding the method cannot use as it is
+    ``replaces_pos_embed``    whether it writes the sin-cos table in place of the target's own
+    ``presolves``             the solves a launcher can make before its runs start
+    ``prepare``               what :meth:`write` writes: solved, fitted (the slow part), or nothing
+    ``write``                 write into the target and return the JSON-able report
+    ``write_copy``            write into one more copy of a model (a checkpoint's EMA) alike
+    ``warnings``              the lines a caller shows after the init (a weak fit, noise inputs)
+    ``notes``                 the lines a command shows beside the result it prints
+    ``without_fit``           the spec that rebuilds what it set besides the weights (a resume)
+    ========================  ===================================================================
+    """
 
     method: ClassVar[str] = ""
     writes: ClassVar[str] = ""
@@ -112,6 +166,13 @@ class InitSpec:
     #: What every weight the method does not write starts from, for a method without a ``base``
     #: parameter (one of :data:`~structinit.init.baselines.BASES`).
     fixed_base: ClassVar[str] = "model"
+    #: Whether the report gives each layer's impulse offsets (``report["layers"][i]["offsets"]``),
+    #: the ``grid`` and the attention measured on them: ``train`` then measures the attention at init
+    #: on real inputs against those offsets, and ``apply`` reports them as they are (for any other
+    #: method it measures the written weights itself).
+    reports_offsets: ClassVar[bool] = False
+    #: Whether the method has a data fit (run when :attr:`uses_data`): what ``apply --data`` is for.
+    fits_data: ClassVar[bool] = False
 
     @property
     def other_weights(self) -> str:
@@ -122,8 +183,23 @@ class InitSpec:
 
     @property
     def uses_data(self) -> bool:
-        """Whether :meth:`apply` needs a batch of real inputs (``data``)."""
+        """Whether :meth:`prepare` fits to a batch of real inputs (``data``; without one, it may fit
+        to noise inputs of the model's input shape)."""
         return False
+
+    @property
+    def fit_samples(self) -> int:
+        """How many inputs the fit reads at most (the first ones of ``data``; 0: it fits nothing)."""
+        return 0
+
+    def with_fit_samples(self, samples: int) -> InitSpec:
+        """This spec with its fit reading at most ``samples`` inputs (no change for a method that fits nothing)."""
+        return self
+
+    def fit_off(self) -> str:
+        """Why a spec of a method that :attr:`fits data <fits_data>` fits nothing here, in words for a
+        refusal of inputs (``"data_fit is 0"``); ``""`` otherwise."""
+        return ""
 
     def without_fit(self) -> InitSpec:
         """This spec with its data fit off (what a resumed run re-applies besides the weights); a
@@ -175,11 +251,74 @@ class InitSpec:
         """Raise :class:`UsageError` if the method cannot be applied to ``target`` as it is (called
         before anything is solved or written; the default accepts every target)."""
 
-    def apply(self, target: AttentionTarget, *, seed: int = 0, cache_dir: Union[str, os.PathLike, None] = None,
-              device: str = "cpu") -> Dict[str, Any]:
-        """Write the initialization into ``target`` (an :class:`~structinit.init.attention_target.AttentionTarget`)
-        and return a JSON-able report."""
+    def check_shape(self, grid: Any, dim: int, heads: int, depth: int, seed: int = 0) -> None:
+        """Raise :class:`UsageError` for settings that cannot be solved for a model of this shape,
+        before any work (the default: nothing is solved)."""
+
+    def check_pos_embed(self, target: AttentionTarget) -> None:
+        """Raise :class:`UsageError` when ``target``'s position embedding is not one this init can
+        use as it is and will not replace (the default uses none)."""
+
+    def replaces_pos_embed(self, target: AttentionTarget) -> bool:
+        """Whether, asked nothing of the position embedding, this init writes the sin-cos table in
+        place of ``target``'s own (a learned one); ``apply`` then writes it into the checkpoint's
+        copies too, as on a model (the default: never)."""
+        return False
+
+    def presolves(self, shape: Callable[[], Tuple[Any, int, int, int]], seed: int = 0) -> List[Any]:
+        """The :class:`~structinit.solver.config.SolveConfig` of every solve this init will ask for on a
+        model of ``shape()`` (its ``(grid, dim, heads, depth)``, built on the first call) that a
+        launcher can make into the cache before its runs start (the default: none)."""
+        return []
+
+    def prepare(self, target: AttentionTarget, *, seed: int = 0, cache_dir: Union[str, os.PathLike, None] = None,
+                device: str = "cpu", data: Any = None, source: Optional[str] = None,
+                progress: Optional[Callable[[int, int], None]] = None,
+                fit_progress: Optional[Callable[[int, int], None]] = None,
+                log: Optional[Callable[[str], None]] = None, stage: Optional[Callable[[str], None]] = None) -> Any:
+        """Step 1: what :meth:`write` writes into ``target``, made before anything of the init is
+        written (a solve, a fit to ``data``: the slow part). ``data``: a batch of real, normalized
+        model inputs for a method that :attr:`uses_data` (``source`` says in words where it came
+        from); ``progress(done, total)`` follows a solve, ``fit_progress`` a fit (raise from it to
+        stop), ``log(message)`` hears the estimated time and per-layer lines, ``stage(words)`` names
+        each stage as it starts. The default makes nothing (``None``)."""
+        return None
+
+    def write(self, target: AttentionTarget, prepared: Any = None, *, seed: int = 0,
+              cache_dir: Union[str, os.PathLike, None] = None, device: str = "cpu") -> Dict[str, Any]:
+        """Step 2: write the init (with what :meth:`prepare` made) into ``target`` and return a
+        JSON-able report (``method`` first; ``layers``: a row per selected layer with the tensors it
+        ``replaced``)."""
         raise NotImplementedError
+
+    def apply(self, target: AttentionTarget, *, seed: int = 0, cache_dir: Union[str, os.PathLike, None] = None,
+              device: str = "cpu", **prepare_args: Any) -> Dict[str, Any]:
+        """Write the initialization into ``target`` (an :class:`~structinit.init.attention_target.AttentionTarget`)
+        and return its JSON-able report: :meth:`prepare` (with ``prepare_args``), then :meth:`write`."""
+        prepared = self.prepare(target, seed=seed, cache_dir=cache_dir, device=device, **prepare_args)
+        return self.write(target, prepared, seed=seed, cache_dir=cache_dir, device=device)
+
+    def write_copy(self, target: AttentionTarget, shared: Any, *, first: bool, seed: int = 0,
+                   cache_dir: Union[str, os.PathLike, None] = None, device: str = "cpu",
+                   progress: Optional[Callable[[int, int], None]] = None,
+                   stage: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+        """Write the init into one more copy of a model of a checkpoint (its weights, its EMA
+        weights...) and return that copy's report: every copy gets the same weights. ``shared``: what
+        :meth:`prepare` made on the model the checkpoint describes, or on its first copy (``first``:
+        ``target`` is that first copy). The default writes ``shared`` as it is (:meth:`write`)."""
+        return self.write(target, shared, seed=seed, cache_dir=cache_dir, device=device)
+
+    def warnings(self, report: Dict[str, Any], target: AttentionTarget, *, checkpoint: bool = False,
+                 pe_scale: Optional[float] = None) -> List[InitWarning]:
+        """What the caller of :func:`~structinit.init.initialize.initialize` (or, ``checkpoint``,
+        of ``apply_checkpoint``, with the ``pe_scale`` of the table it wrote) tells the user after
+        this init wrote ``report`` into ``target`` (the default: nothing)."""
+        return []
+
+    def notes(self, report: Dict[str, Any]) -> List[str]:
+        """Lines (parameters marked) that a command shows beside the result it prints of ``report``:
+        what was done other than the user may think (the default: none)."""
+        return []
 
     def check_positive(self, *names: str, allow_zero: bool = False) -> None:
         for name in names:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from structinit.errors import UsageError, param
-from structinit.init.base import InitSpec
+from structinit.init.base import InitSpec, register
 
 
 def generator(seed: int):
@@ -118,6 +118,7 @@ def redraw_qk(t, method: str, seed: int, std: float = 0.02) -> Dict[str, Any]:
     return {"method": method, "layout": t.layout, "layers": replaced}
 
 
+@register
 @dataclass(frozen=True)
 class KaimingInit(InitSpec):
     """PyTorch's default init: ``kaiming_uniform_(a=sqrt(5))`` weights, biases ``U(+-1/sqrt(fan_in))``.
@@ -130,7 +131,7 @@ class KaimingInit(InitSpec):
     writes = "model: every Linear and Conv2d; state dict: Q/K rows and biases"
     fixed_base = "pytorch"
 
-    def apply(self, target, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
+    def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
         import torch
 
         if target.model is None:
@@ -145,6 +146,7 @@ class KaimingInit(InitSpec):
         return {"method": "kaiming", "modules_reset": n}
 
 
+@register
 @dataclass(frozen=True)
 class TruncNormalInit(InitSpec):
     """timm's default ViT init: Linear weights ``trunc_normal_(std)``, biases zero; a learnable
@@ -160,7 +162,7 @@ class TruncNormalInit(InitSpec):
     def validate(self) -> None:
         self.check_positive("std")
 
-    def apply(self, target, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
+    def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
         import torch
 
         if target.model is None:

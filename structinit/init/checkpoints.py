@@ -9,7 +9,7 @@ plain containers unpickle (plus ``argparse.Namespace``, which timm's train scrip
 State dicts are found in the loaded object by :data:`CONTAINER_KEYS`: the object itself when it
 holds the attention tensors (a bare state dict), and every entry named there that does
 (``state_dict`` and ``state_dict_ema`` of timm's training checkpoints, ``{'model': ...}``...).
-Their layout comes from the table in :mod:`structinit.layouts`. Everything else in the file is
+Their layout comes from the table in :mod:`structinit.init.layouts`. Everything else in the file is
 kept as loaded and written back unchanged.
 """
 
@@ -41,6 +41,8 @@ CONTAINER_KEYS = ("state_dict", "state_dict_ema", "model", "model_ema", "module"
 
 #: The largest Hugging Face ``config.json`` read (a real one is a few kB).
 CONFIG_LIMIT = 16 * 2 ** 20
+#: The settings file of a Hugging Face model folder, beside its weights (``save_pretrained``'s).
+HF_CONFIG = "config.json"
 
 #: Non-tensor classes the safe unpickler may build: data only, no code.
 SAFE_GLOBALS = (argparse.Namespace,)
@@ -351,8 +353,8 @@ def _shape_hints(ckpt: Checkpoint) -> None:
     det = ckpt.detected
     if _structinit_shape(ckpt):
         return
-    if det.layout.name.startswith("hf-"):
-        cfg_path = ckpt.path.parent / "config.json"
+    if det.layout.builder == "transformers":
+        cfg_path = ckpt.path.parent / HF_CONFIG
         try:
             cfg = json.loads(read_regular(cfg_path, limit=CONFIG_LIMIT))
         except (OSError, ValueError):
@@ -360,9 +362,9 @@ def _shape_hints(ckpt: Checkpoint) -> None:
         heads, hidden = _hf_config_shape(cfg)
         if isinstance(heads, int) and hidden == det.dim:
             det.heads = heads
-            ckpt.extra["config.json"] = str(cfg_path)
+            ckpt.extra[HF_CONFIG] = str(cfg_path)
     arch = ckpt.obj.get("arch")
-    if det.layout.name == "timm-vit" and isinstance(arch, str):
+    if det.layout.builder == "timm" and isinstance(arch, str):
         heads = _timm_arch_heads(arch, det.dim)
         if heads:
             det.heads = heads

@@ -13,66 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from structinit.errors import UsageError, param
-from structinit.init.base import InitSpec
+from structinit.init.base import InitSpec, InitWarning, register
 from structinit.init.impulse_checks import check_causal, check_impulse_params
 from structinit.init.mimetic import vproj_keys
 from structinit.solver.recipes import recipe_params
 
-#: The hit rate on the fit's batch below which a layer's structure is reported as weak.
-STRUCTURE_FLOOR = 0.9
-
-
-#: What the weak-structure warning advises (when the fit used less): steps per layer, and a sharper target mass.
-SUGGESTED_STEPS, SUGGESTED_MASS = 1000, 0.8
-
-
-def structure_warning(report: Dict[str, Any], hint: Optional[str] = None) -> Optional[str]:
-    """The warning for an impulse report whose data fit left a layer below :data:`STRUCTURE_FLOOR`
-    on the inputs it was fitted to, a batch of real inputs or noise (``None`` when every layer is at
-    or above it, or no fit ran), with each layer's figure and what to try: the position subspace
-    first where it is off (the one setting measured to structure every layer where a token's content
-    fills the stream), then more steps or a sharper target than those used, then inputs; ``hint``
-    names how this target takes a stronger position signal (see :func:`position_hint`): it lifts
-    the hit rate most, but more structure is not always more accuracy, so it comes last."""
-    fit = report.get("data_fit") or {}
-    rows = [r for r in fit.get("layers") or [] if r.get("hit_rate") is not None]
-    weak = [r for r in rows if r["hit_rate"] < STRUCTURE_FLOOR]
-    if not weak:
-        return None
-    worst = min(weak, key=lambda r: r["hit_rate"])
-    noise = fit.get("inputs") == "noise"
-    where = "its noise inputs" if noise else "the batch"
-    per_layer = " ".join(f"{r['hit_rate']:.2f}" for r in rows)
-    others = f" ({len(weak)} layers below {STRUCTURE_FLOOR}; per layer {per_layer})" if len(weak) > 1 else ""
-    ways = []
-    if not report.get("position_subspace"):
-        ways.append(f"the position subspace ({param('position_subspace')}=true: the position table in directions "
-                    "nothing else writes, which structures every layer where a token's content fills the stream)")
-    steps, mass = fit.get("steps"), fit.get("mass")  # a setting at or past the advice is not advised again
-    if not isinstance(steps, (int, float)) or steps < SUGGESTED_STEPS:
-        ways.append(f"more steps ({param('data_fit')}={SUGGESTED_STEPS})")
-    if not isinstance(mass, (int, float)) or mass < SUGGESTED_MASS:
-        ways.append(f"a sharper fit target ({param('data_fit_mass')}={SUGGESTED_MASS:g})")
-    ways.append(f"real inputs ({param('data')})" if noise else "more inputs")
-    if hint:
-        ways.append(f"a stronger position signal ({hint}; compare on validation)")
-    tries = f"{', '.join(ways[:-1])} or {ways[-1]}" if len(ways) > 1 else ways[0]
-    return (f"the data fit left layer {worst['layer']} hitting its offsets in {worst['hit_rate']:.2f} of the rows on "
-            f"{where}{others}: the init is only partly structured; try {tries}")
-
-
-def fitted_structure_warning(fit: Dict[str, Any]) -> Optional[str]:
-    """:func:`structure_warning` for a fitted artifact's ``fit`` record (its identity and report), as
-    ``structinit inspect`` shows it."""
-    ident = fit.get("identity") or {}
-    settings = ident.get("fit") or {}
-    inputs = ident.get("inputs")
-    kind = inputs.get("kind") if isinstance(inputs, dict) else "data"
-    report = {"data_fit": {"layers": (fit.get("report") or {}).get("layers"), "inputs": kind,
-                           "steps": settings.get("data_fit"), "mass": settings.get("data_fit_mass")}}
-    if settings.get("position_dims"):
-        report["position_subspace"] = {"dims": settings["position_dims"]}
-    return structure_warning(report)
+#: What ``apply`` says of a checkpoint written with the plain solve (``data_fit=0``).
+PLAIN_SOLVE_NOTE = (f"{param('data_fit')} 0 writes the plain solve, which real inputs wash out: it trained 12 points "
+                    "below mimetic init at 100 digits (docs/results/digits-datafit)")
 
 
 def position_hint(pe_scale: Optional[float], checkpoint: bool) -> str:
@@ -86,6 +34,7 @@ def position_hint(pe_scale: Optional[float], checkpoint: bool) -> str:
     return f"{param('pe_scale')}={scale:g}: the sin-cos table x{scale:g}"
 
 
+@register
 @dataclass(frozen=True)
 class ImpulseInit(InitSpec):
     """Impulse init's parameters.
@@ -101,9 +50,9 @@ class ImpulseInit(InitSpec):
     the position embedding the model or checkpoint has (LayerNorm'd, prefix-token rows dropped; a
     learned one, say) instead of the sin-cos table. ``tolerance``: the largest difference between
     the solver's and the written weights' hit rate or target mass before the write is reported as
-    misplaced. ``base`` (``model`` or ``pytorch``) is what every weight the init does not write
-    starts from (:data:`~structinit.init.baselines.BASES`; ``pytorch`` resets the model's modules
-    first, as the authors' code leaves them).
+    misplaced. ``base`` (``model``, ``pytorch``, ``pytorch-mlp`` or ``pytorch-head``:
+    :data:`~structinit.init.baselines.BASES`) is what every weight the init does not write starts
+    from (``pytorch`` resets the model's modules first, as the authors' code leaves them).
 
     ``data_fit`` (default 300): Adam steps that refine each layer's Q/K on the inputs a batch gives
     that layer at init (:mod:`structinit.fit`; ``data_fit_*`` tune it, ``data_fit_samples`` caps the
@@ -137,6 +86,8 @@ class ImpulseInit(InitSpec):
     """
 
     method = "impulse"
+    reports_offsets = True
+    fits_data = True
     writes = "Q/K rows and biases; V and output projection (mimetic_vproj); pos_embed (pe_scale)"
     needs_grid = True
     filter: int = 3
@@ -218,83 +169,29 @@ class ImpulseInit(InitSpec):
     def planned(self, slot) -> List[str]:
         return super().planned(slot) + (vproj_keys(slot) if self.mimetic_vproj else [])
 
+    # ---- the data fit
+
     @property
     def uses_data(self) -> bool:
-        """Whether :meth:`apply` takes a batch of real inputs (``data_fit``; without one it keeps
-        the plain solve)."""
+        """Whether :meth:`prepare` fits Q/K to inputs (``data_fit``; without a batch, to noise inputs of
+        the model's input shape; without either, it keeps the plain solve)."""
         return self.data_fit > 0
 
-    def check_target(self, target) -> None:
-        """A decoder that masks later tokens (GPT-2) needs causal offsets; a model known to attend
-        both ways (BERT) must not get them (they were solved under a mask it does not apply). An
-        artifact given by path or key is checked once it is read (in :meth:`apply`)."""
-        if self.artifact is None:
-            check_causal(target, self.causal)
-        elif hasattr(self.artifact, "config"):
-            check_causal(target, self.artifact.config.causal)
+    @property
+    def fit_samples(self) -> int:
+        return self.data_fit_samples if self.data_fit else 0
 
-    def check_data_target(self, target) -> None:
-        """``data_fit`` on a batch needs a model (it runs the inputs through it) whose q and k are
-        plain linear maps of each layer's input (no q/k norms)."""
-        if not self.data_fit:
-            return
-        from structinit.analysis.capture import projection_module
+    def with_fit_samples(self, samples: int) -> "ImpulseInit":
+        return dataclasses.replace(self, data_fit_samples=samples) if self.data_fit else self
 
-        model = target.model
-        if model is None:
-            raise UsageError(f"impulse parameter {param('data_fit')} runs real inputs through the model, so it needs "
-                             "a model, not a checkpoint or state dict (apply_checkpoint builds the one a checkpoint "
-                             "describes)")
-        for i in target.layers:
-            owner = projection_module(model, target.det.slots[i].q.key)
-            attn = model.blocks[i].attn if hasattr(model, "blocks") else owner
-            if any(type(getattr(attn, n, None)).__name__ not in ("Identity", "NoneType") for n in ("q_norm", "k_norm")):
-                raise UsageError(f"impulse parameter {param('data_fit')} fits q and k as linear maps; layer {i} "
-                                 "normalizes them (q_norm/k_norm)")
-
-    def solve_config(self, grid, dim: int, heads: int, depth: int, seed: int = 0, embedding=None):
-        """See :func:`structinit.init.impulse_solve.solve_config`."""
-        from structinit.init.impulse_solve import solve_config
-
-        return solve_config(self, grid, dim, heads, depth, seed, embedding)
-
-    def artifact_for(self, t, seed: int = 0, cache_dir=None, device: str = "cpu", progress=None):
-        """See :func:`structinit.init.impulse_solve.artifact_for`."""
-        from structinit.init.impulse_solve import artifact_for
-
-        return artifact_for(self, t, seed, cache_dir, device, progress)
-
-    def check_embedding(self, t, art=None) -> None:
-        """See :func:`structinit.init.impulse_solve.check_embedding`."""
-        from structinit.init.impulse_solve import check_embedding
-
-        check_embedding(self, t, art)
-
-    def apply(self, target, *, seed: int = 0, cache_dir=None, device: str = "cpu", artifact=None,
-              cached: Optional[bool] = None, progress=None, check_pe: bool = True, data=None,
-              fit_progress=None, log=None, source: Optional[str] = None) -> Dict[str, Any]:
-        """Write the init into ``target`` and return its report (see :mod:`structinit.init.impulse_write`:
-        :func:`~structinit.init.impulse_write.prepare` makes the artifact, the data fit included,
-        and :func:`~structinit.init.impulse_write.write` writes it). ``artifact`` (with ``cached``)
-        is written instead of solving, a fitted one as it is (no fit runs); ``progress(done, total)``
-        follows the solve; ``check_pe=False`` skips :meth:`check_embedding` (for a copy of a model
-        already checked, e.g. an EMA state dict, which gets the same weights). ``data``: a batch of
-        real, normalized model inputs (``[B, C, H, W]`` images or ``[B, L]`` sequences) for the data
-        fit; without it the fit runs on noise inputs of the model's input shape (see
-        :mod:`structinit.fit.inputs`), and on a state dict, which holds no model, it is skipped.
-        ``fit_progress(done, total)`` follows the fit step by step (it may raise to stop it),
-        ``log(message)`` hears its estimated time and a line per layer, ``source`` says in words
-        where ``data`` came from."""
-        from structinit.init.impulse_write import prepare, write
-
-        prepared = prepare(self, target, seed=seed, cache_dir=cache_dir, device=device, artifact=artifact,
-                           cached=cached, progress=progress, check_pe=check_pe, data=data, fit_progress=fit_progress,
-                           log=log, source=source)
-        return write(self, target, prepared, seed)
+    def fit_off(self) -> str:
+        return "data_fit is 0" if not self.data_fit else ""
 
     def without_fit(self) -> "ImpulseInit":
         """This spec with the data fit off (what a resumed run re-applies for the settings beside the
         weights, which its checkpoint holds): ``data_fit=0`` and the fit-only parameters at rest."""
+        if not self.data_fit:
+            return self
         return dataclasses.replace(self, data_fit=0, data_fit_inputs="data", data_fit_batch=0)
 
     def fit_settings(self, subspace=None):
@@ -320,3 +217,154 @@ class ImpulseInit(InitSpec):
         if self.target_mass is not None:
             return float(self.target_mass)
         return float(recipe_params("fast", {})["target_mass"])
+
+    # ---- refusals
+
+    def check_target(self, target) -> None:
+        """A decoder that masks later tokens (GPT-2) needs causal offsets; a model known to attend
+        both ways (BERT) must not get them (they were solved under a mask it does not apply). An
+        artifact given by path or key is checked once it is read (in :meth:`prepare`)."""
+        if self.artifact is None:
+            check_causal(target, self.causal)
+        elif hasattr(self.artifact, "config"):
+            check_causal(target, self.artifact.config.causal)
+
+    def check_data_target(self, target) -> None:
+        """``data_fit`` on a batch needs a model (it runs the inputs through it) whose q and k are
+        plain linear maps of each layer's input (no q/k norms)."""
+        if not self.data_fit:
+            return
+        from structinit.analysis.capture import projection_module
+
+        model = target.model
+        if model is None:
+            raise UsageError(f"impulse parameter {param('data_fit')} runs real inputs through the model, so it needs "
+                             "a model, not a checkpoint or state dict (apply_checkpoint builds the one a checkpoint "
+                             "describes)")
+        for i in target.layers:
+            owner = projection_module(model, target.det.slots[i].q.key)
+            attn = model.blocks[i].attn if hasattr(model, "blocks") else owner
+            if any(type(getattr(attn, n, None)).__name__ not in ("Identity", "NoneType") for n in ("q_norm", "k_norm")):
+                raise UsageError(f"impulse parameter {param('data_fit')} fits q and k as linear maps; layer {i} "
+                                 "normalizes them (q_norm/k_norm)")
+
+    def check_shape(self, grid, dim: int, heads: int, depth: int, seed: int = 0) -> None:
+        """A solve's settings for this shape (refused by :meth:`solve_config`); none for a given artifact."""
+        if self.artifact is None:
+            self.solve_config(grid, dim, heads, depth, seed)
+
+    def check_pos_embed(self, target, art=None) -> None:
+        """See :func:`structinit.init.impulse_solve.check_pos_embed`."""
+        from structinit.init.impulse_solve import check_pos_embed
+
+        check_pos_embed(self, target, art)
+
+    def replaces_pos_embed(self, target) -> bool:
+        """A learned position embedding (timm's trunc normal 0.02, ``[1, T, D]``) tells the layers
+        almost nothing of position: unless ``pe_scale``, ``fit_pe`` or ``artifact`` says otherwise,
+        the sin-cos table takes its place (kept learnable; docs/results/stock-models)."""
+        return (self.pe_scale is None and not self.fit_pe and self.artifact is None and target.pos_key is not None
+                and target.pos_embed_kind() == "other" and target.sd[target.pos_key].dim() == 3)
+
+    # ---- the solve
+
+    def solve_config(self, grid, dim: int, heads: int, depth: int, seed: int = 0, embedding=None):
+        """See :func:`structinit.init.impulse_solve.solve_config`."""
+        from structinit.init.impulse_solve import solve_config
+
+        return solve_config(self, grid, dim, heads, depth, seed, embedding)
+
+    def presolves(self, shape, seed: int = 0) -> List[Any]:
+        """The plain solve of a model of ``shape()``'s ``(grid, dim, heads, depth)`` (none for a given artifact)."""
+        if self.artifact is not None:
+            return []
+        grid, dim, heads, depth = shape()
+        return [self.solve_config(grid, dim, heads, depth, seed)]
+
+    def artifact_for(self, t, seed: int = 0, cache_dir=None, device: str = "cpu", progress=None):
+        """See :func:`structinit.init.impulse_solve.artifact_for`."""
+        from structinit.init.impulse_solve import artifact_for
+
+        return artifact_for(self, t, seed, cache_dir, device, progress)
+
+    # ---- the steps
+
+    def prepare(self, target, *, seed: int = 0, cache_dir=None, device: str = "cpu", data=None,
+                source: Optional[str] = None, progress=None, fit_progress=None, log=None, stage=None,
+                artifact=None, cached: Optional[bool] = None, check_pe: bool = True):
+        """See :func:`structinit.init.impulse_write.prepare`: the base, the position table, the
+        artifact (solved, read or ``artifact`` as given, with ``cached``; a fitted one is written as
+        it is) and, on a model, the data fit. ``data``: a batch of real, normalized model inputs
+        (``[B, C, H, W]`` images or ``[B, L]`` sequences); without it the fit runs on noise inputs of
+        the model's input shape (see :mod:`structinit.fit.inputs`), and on a state dict, which holds
+        no model, it is skipped. ``check_pe=False`` skips :meth:`check_pos_embed` (for a copy of a
+        model already checked, e.g. an EMA state dict, which gets the same weights)."""
+        from structinit.init.impulse_write import prepare
+
+        return prepare(self, target, seed=seed, cache_dir=cache_dir, device=device, artifact=artifact, cached=cached,
+                       progress=progress, check_pe=check_pe, data=data, fit_progress=fit_progress, log=log,
+                       source=source, stage=stage)
+
+    def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
+        """See :func:`structinit.init.impulse_write.write`."""
+        from structinit.init.impulse_write import write
+
+        return write(self, target, prepared, seed)
+
+    def write_copy(self, target, shared, *, first: bool, seed: int = 0, cache_dir=None, device: str = "cpu",
+                   progress=None, stage=None) -> Dict[str, Any]:
+        """The artifact ``shared`` holds (fitted on the model the checkpoint describes, or solved for
+        its first copy), written into ``target`` as it is: no solve, no fit, no second check of
+        the position embedding; the report's ``data_fit`` is the model's fit, and ``data_source`` the
+        inputs it ran on in this call (a fit read from the cache says so in ``data_fit``)."""
+        from structinit.init.impulse_write import fit_record
+
+        cached = shared.fit_cached if shared.on_model else shared.cached
+        report = self.apply(target, seed=seed, cache_dir=cache_dir, device=device, artifact=shared.artifact,
+                            cached=cached, check_pe=False)
+        if shared.on_model:
+            report["data_fit"] = fit_record(self, shared)
+            if shared.inputs is not None:
+                report["data_source"] = shared.inputs.source
+        return report
+
+    # ---- what the user is told
+
+    def warnings(self, report: Dict[str, Any], target, *, checkpoint: bool = False,
+                 pe_scale: Optional[float] = None) -> List[InitWarning]:
+        """A fit that could not run on a model, a fit on noise inputs (real ones can be given), and a
+        fit that left a layer weakly structured (:func:`~structinit.fit.advice.structure_warning`,
+        with the stronger position table this target takes)."""
+        from structinit.fit.advice import structure_warning
+        from structinit.init.impulse_write import noise_notice
+
+        if checkpoint:
+            hint = position_hint(pe_scale, checkpoint=True) if target.pos_key and not self.fit_pe else None
+            weak = structure_warning(report, hint)
+            return [InitWarning(f"impulse: {weak}", loggable=False)] if weak else []
+        out = []
+        skipped = (report.get("data_fit") or {}).get("skipped")
+        if skipped and target.model is not None:
+            out.append(InitWarning(f"{self.method} {param('data_fit')} {skipped}", loggable=False))
+        notice = noise_notice(report)
+        if notice:
+            out.append(InitWarning(notice))
+        hint = None
+        if not report.get("fit_pe") and target.model is not None and target.pos_key is not None:
+            hint = position_hint(report.get("pe_scale"), checkpoint=False)
+        weak = structure_warning(report, hint)
+        if weak:
+            out.append(InitWarning(f"{self.method}: {weak}", warning=True))
+        return out
+
+    def notes(self, report: Dict[str, Any]) -> List[str]:
+        """That the fit ran on noise inputs (real ones can be given), or that the plain solve was written."""
+        from structinit.init.impulse_write import noise_notice
+
+        out = []
+        notice = noise_notice(report) if isinstance(report.get("data_fit"), dict) else None
+        if notice:
+            out.append(notice)
+        if not report.get("dry_run") and not self.data_fit:
+            out.append(PLAIN_SOLVE_NOTE)
+        return out

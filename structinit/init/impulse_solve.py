@@ -1,7 +1,7 @@
 """The plain solve of an impulse spec for a target: the :class:`~structinit.solver.config.SolveConfig`
 a target's shape gives (:func:`solve_config`), the artifact solved or read (:func:`artifact_for`),
 and the check that the target's position embedding is the one the solve is for
-(:func:`check_embedding`). The sin-cos table, unless ``fit_pe`` solves for the target's own
+(:func:`check_pos_embed`). The sin-cos table, unless ``fit_pe`` solves for the target's own
 embedding or ``artifact`` names one solved for it."""
 
 from __future__ import annotations
@@ -42,13 +42,13 @@ def artifact_for(spec, t, seed: int = 0, cache_dir=None, device: str = "cpu", pr
                                  "embedding to fit")
         config = solve_config(spec, t.grid, t.dim, t.heads, t.depth, seed, embedding)  # refuses bad settings
         if embedding is None:
-            check_embedding(spec, t)
+            check_pos_embed(spec, t)
         result = solve(config, cache_dir=cache_dir, device=device, progress=progress, embedding=embedding)
         art, cached = result.artifact, result.cached
-    check_embedding(spec, t, art)
+    check_pos_embed(spec, t, art)
     return art, cached
 
-def check_embedding(spec, t, art=None) -> None:
+def check_pos_embed(spec, t, art=None) -> None:
     """Raise :class:`UsageError` when target ``t``'s position embedding is not the one the
     solve is for: ``art``'s (a fitted one must be ``t``'s own), or the sin-cos table."""
     from structinit.solver.config import embedding_digest
@@ -71,4 +71,4 @@ def check_embedding(spec, t, art=None) -> None:
             f"({param('set_pe')} sincos for a checkpoint, {param('pe_scale')} for a model)")
 
 
-__all__ = ["solve_config", "artifact_for", "check_embedding"]
+__all__ = ["solve_config", "artifact_for", "check_pos_embed"]

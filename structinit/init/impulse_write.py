@@ -43,7 +43,8 @@ class Prepared:
     """What :func:`prepare` made: ``artifact`` (fitted, or the plain solve), ``plain`` (the plain
     solve) and whether each came from the cache, the fit's ``inputs`` (``None``: no fit ran, and
     ``skipped`` says why, unless ``data_fit`` is 0), what was written into the position embedding
-    (``pos_embed_written``: words, or ``None``) and the modules ``base`` reset."""
+    (``pos_embed_written``: words, or ``None``) and the modules ``base`` reset; ``on_model``: it was
+    made on a model (its fit ran there), not on a state dict."""
 
     artifact: Any
     plain: Any
@@ -55,6 +56,7 @@ class Prepared:
     pe_scale: Optional[float] = None
     base_reset: Optional[int] = None
     subspace: Optional[PositionSubspace] = None
+    on_model: bool = False
 
 
 class ImpulseWriter:
@@ -87,7 +89,7 @@ class ImpulseWriter:
         rq, rk = read_qk(t.sd, slot, t.heads)
         return keys, rq, rk
 
-    def prepare(self, slot):
+    def start(self, slot):
         _, rq, rk = self.place(slot)
         return rq, rk
 
@@ -130,9 +132,7 @@ def write_position(spec, t, given) -> tuple:
     (kept learnable); ``pe_factor`` scales the model's own. Returns ``(words or None, scale or None)``."""
     import torch
 
-    auto = (spec.pe_scale is None and not spec.fit_pe and spec.artifact is None and given is None
-            and t.model is not None and t.pos_key is not None and t.pos_embed_kind() == "other"
-            and t.sd[t.pos_key].dim() == 3)
+    auto = given is None and t.model is not None and spec.replaces_pos_embed(t)
     words, scale = None, spec.pe_scale
     if auto:
         # A learned embedding (timm's trunc normal 0.02) tells the layers almost nothing of position: the
@@ -157,9 +157,10 @@ def write_position(spec, t, given) -> tuple:
 
 def prepare(spec, t, *, seed: int = 0, cache_dir=None, device: str = "cpu", artifact=None,
             cached: Optional[bool] = None, progress=None, check_pe: bool = True, data=None, fit_progress=None,
-            log=None, source: Optional[str] = None) -> Prepared:
+            log=None, source: Optional[str] = None, stage=None) -> Prepared:
     """Step 1 (see the module docstring): the artifact to write into target ``t``, with the model's
-    base, position table and data fit done. Arguments as :meth:`ImpulseInit.apply`."""
+    base, position table and data fit done. Arguments as :meth:`ImpulseInit.prepare`; ``stage(words)``
+    hears "solving" (or "reading the artifact") before the artifact is made."""
     from structinit.fit.artifact import load_or_fit
 
     given_fit = artifact is not None and bool(getattr(artifact, "fit", None))
@@ -173,14 +174,16 @@ def prepare(spec, t, *, seed: int = 0, cache_dir=None, device: str = "cpu", arti
     else:
         pe_written, pe_scale = write_position(spec, t, artifact)
     if artifact is None:
+        if stage is not None:
+            stage("solving" if spec.artifact is None else "reading the artifact")
         artifact, cached = spec.artifact_for(t, seed, cache_dir, device, progress)
     elif check_pe:
-        spec.check_embedding(t, artifact)
+        spec.check_pos_embed(t, artifact)
     plain = artifact
     check_artifact(plain, t.grid, t.dim, t.heads, t.layers)
     check_causal(t, plain.config.causal)
     out = Prepared(artifact, plain, cached, inputs=inputs, skipped=skipped, pos_embed_written=pe_written,
-                   pe_scale=pe_scale, base_reset=base_reset, subspace=subspace)
+                   pe_scale=pe_scale, base_reset=base_reset, subspace=subspace, on_model=t.model is not None)
     if inputs is not None:
         out.artifact, out.fit_cached = load_or_fit(spec.fit_settings(subspace), t, plain, inputs,
                                                    ImpulseWriter(spec, t, plain, seed, subspace), seed, cache_dir,

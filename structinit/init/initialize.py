@@ -14,10 +14,9 @@ import os
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Dict, MutableMapping, Optional, Sequence, Union
 
-from structinit.errors import StructinitWarning, UsageError, param
+from structinit.errors import StructinitWarning, UsageError
 from structinit.geometry.grid import GridLike
 from structinit.init.base import InitSpec
-from structinit.init.impulse import ImpulseInit
 from structinit.init.registry import init_spec
 
 if TYPE_CHECKING:
@@ -50,30 +49,13 @@ def initialize(target: Union[torch.nn.Module, MutableMapping[str, Any]], spec: U
     spec = init_spec(spec, **params)
     t = AttentionTarget(target, grid, heads, layers, need_grid=spec.needs_grid)
     spec.check_target(t)
-    if not spec.uses_data:
-        return _with_base_note(spec, spec.apply(t, seed=seed, cache_dir=cache_dir, device=device))
-    assert isinstance(spec, ImpulseInit)  # the one method that fits to data (its apply takes the data)
     report = spec.apply(t, seed=seed, cache_dir=cache_dir, device=device, data=data, fit_progress=progress, log=log,
                         source=source)
-    from structinit.init.impulse import position_hint, structure_warning
-    from structinit.init.impulse_write import noise_notice
-
-    skipped = (report.get("data_fit") or {}).get("skipped")
-    if skipped and t.model is not None:
-        warnings.warn(StructinitWarning(f"{spec.method} {param('data_fit')} {skipped}"), stacklevel=3)
-    notice = noise_notice(report)
-    if notice and log is not None:
-        log(StructinitWarning(notice).render())
-    elif notice:
-        warnings.warn(StructinitWarning(notice), stacklevel=3)
-    hint = None
-    if spec.method == "impulse" and not report.get("fit_pe") and t.model is not None and t.pos_key is not None:
-        hint = position_hint(report.get("pe_scale"), checkpoint=False)
-    weak = structure_warning(report, hint)
-    if weak and log is not None:
-        log("warning: " + StructinitWarning(f"{spec.method}: {weak}").render())
-    elif weak:
-        warnings.warn(StructinitWarning(f"{spec.method}: {weak}"), stacklevel=3)
+    for line in spec.warnings(report, t):
+        if line.loggable and log is not None:
+            log(("warning: " if line.warning else "") + StructinitWarning(line.text).render())
+        else:
+            warnings.warn(StructinitWarning(line.text), stacklevel=3)
     return _with_base_note(spec, report)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List
 
 from structinit.geometry.targets import check_choice
-from structinit.init.base import InitSpec
+from structinit.init.base import InitSpec, register
 from structinit.init.baselines import BASES, apply_base, generator
 
 
@@ -64,11 +64,12 @@ def vproj_keys(slot) -> List[str]:
     return [label(slot.v), str(slot.proj)]
 
 
+@register
 @dataclass(frozen=True)
 class MimeticInit(InitSpec):
     """Mimetic init: Q/K per head and (with ``vproj``) V/proj per layer, see the module docstring.
-    Q/K biases are zeroed; V/proj biases kept. ``base`` (``model`` or ``pytorch``) is what every
-    other weight starts from (:data:`~structinit.init.baselines.BASES`).
+    Q/K biases are zeroed; V/proj biases kept. ``base`` (``model``, ``pytorch``, ``pytorch-mlp`` or
+    ``pytorch-head``: :data:`~structinit.init.baselines.BASES`) is what every other weight starts from.
 
     Report per layer: ``qk_diag_mean`` (mean diagonal of ``Q_h K_h^T`` over heads) and
     ``vproj_diag_mean`` (of ``W_V W_proj``), read back from the written weights.
@@ -92,7 +93,7 @@ class MimeticInit(InitSpec):
     def planned(self, slot) -> List[str]:
         return super().planned(slot) + (vproj_keys(slot) if self.vproj else [])
 
-    def apply(self, target, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
+    def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
         from structinit.init.inject import read_qk, read_vproj, write_qk, write_vproj
 
         t = target

@@ -21,22 +21,42 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Iterable, Mapping, Type, TypeVar, Union, overload
+from typing import Any, Dict, Iterable, Mapping, Tuple, Type, TypeVar, Union, overload
 
 from structinit.errors import UsageError, param
-from structinit.init.authors import Impulse2024Init, Impulse2025Init
-from structinit.init.base import InitSpec, parse_value
-from structinit.init.baselines import KaimingInit, TruncNormalInit
-from structinit.init.impulse import ImpulseInit
-from structinit.init.mimetic import MimeticInit
+from structinit.init import authors, baselines, impulse, mimetic
+from structinit.init.base import REGISTERED, InitSpec, parse_value
 
-#: Registered init methods: name -> spec class.
-INIT_METHODS: Dict[str, Type[InitSpec]] = {cls.method: cls for cls in (KaimingInit, TruncNormalInit, MimeticInit,
-                                                                       ImpulseInit, Impulse2024Init, Impulse2025Init)}
+#: The modules of the built-in methods, in the order the docs and messages list their methods (each
+#: registers its own with :func:`~structinit.init.base.register` when imported).
+BUILTIN_MODULES = (baselines, mimetic, impulse, authors)
 
-#: Methods whose report gives the impulse offsets of every layer (``report["layers"][i]["offsets"]``)
-#: and the ``grid``, so the attention at init can be measured against them on real inputs.
-IMPULSE_METHODS = ("impulse", "impulse-2024", "impulse-2025")
+
+def _builtins_first() -> None:
+    """Order :data:`INIT_METHODS` as :data:`BUILTIN_MODULES` lists the modules (the methods of one
+    module in the order they were registered), whatever order the modules were imported in; a method
+    registered later (a plugin's, a test's) comes after them."""
+    modules = [m.__name__ for m in BUILTIN_MODULES]
+    seen = list(REGISTERED)
+
+    def rank(name: str) -> Tuple[int, int]:
+        module = REGISTERED[name].__module__
+        return (modules.index(module) if module in modules else len(modules)), seen.index(name)
+
+    ordered = [(name, REGISTERED[name]) for name in sorted(seen, key=rank)]
+    REGISTERED.clear()
+    REGISTERED.update(ordered)
+
+
+_builtins_first()
+#: Registered init methods: name -> spec class (the built-in ones, then any registered later).
+INIT_METHODS: Dict[str, Type[InitSpec]] = REGISTERED
+
+
+def fitting_methods() -> str:
+    """The methods with a data fit (:attr:`~structinit.init.base.InitSpec.fits_data`), in words: what
+    a refusal of inputs names."""
+    return " / ".join(name for name, cls in INIT_METHODS.items() if cls.fits_data)
 
 
 def spec_class(method: str) -> Type[InitSpec]:

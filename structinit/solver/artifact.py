@@ -31,7 +31,8 @@ import numpy as np
 from structinit import __version__
 from structinit.atomic import NotRegularFile, atomic_write, read_regular
 from structinit.errors import ArtifactError
-from structinit.solver.config import FORMAT, KEY_LENGTH, SolveConfig
+from structinit.keys import json_key
+from structinit.solver.config import FORMAT, SolveConfig
 
 if TYPE_CHECKING:
     from structinit.analysis.quality import Quality
@@ -95,9 +96,8 @@ def fit_filename(config: SolveConfig, key: str) -> str:
 
 
 def fit_key(identity: Dict[str, Any]) -> str:
-    """Short hash (12 hex digits of SHA-256) of a fitted artifact's canonical ``identity`` JSON."""
-    text = json.dumps(identity, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:KEY_LENGTH]
+    """The key (:mod:`structinit.keys`) of a fitted artifact's canonical ``identity`` JSON."""
+    return json_key(identity)
 
 
 def _checksum(tensors: Dict[str, np.ndarray]) -> str:

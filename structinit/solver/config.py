@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
@@ -16,10 +15,10 @@ from structinit.errors import UsageError, param
 from structinit.geometry.embedding import PSEUDO_INPUTS
 from structinit.geometry.grid import Grid, validate_shape
 from structinit.geometry.targets import OFFSET_ORDERS, PADDINGS, check_choice, check_geometry
+from structinit.keys import canonical_json, text_key
 from structinit.solver.recipes import check_recipe, recipe_params
 
 FORMAT = "structinit/1"
-KEY_LENGTH = 12
 #: Settings newer than the format: written into the config (and the key) only when not at these defaults.
 OPTIONAL_DEFAULTS: Dict[str, Any] = {"causal": False, "pos_embed": None, "algorithm": 1}
 
@@ -126,12 +125,12 @@ class SolveConfig:
 
     def canonical_json(self) -> str:
         """Sorted-key, whitespace-free JSON of :meth:`to_dict` (what the key hashes)."""
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return canonical_json(self.to_dict())
 
     @property
     def key(self) -> str:
-        """Short hash (12 hex digits of SHA-256) of the canonical JSON."""
-        return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:KEY_LENGTH]
+        """The key (:mod:`structinit.keys`) of the canonical JSON."""
+        return text_key(self.canonical_json())
 
     @property
     def filename(self) -> str:

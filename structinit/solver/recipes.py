@@ -30,7 +30,6 @@ RECIPES = tuple(RECIPE_DEFAULTS)
 #: every init that solves with it, so results of one version are never taken for another's.
 #: Version 1 is left out of keys (every key made before versions existed is version 1).
 RECIPE_VERSIONS: Dict[str, int] = {name: 1 for name in RECIPE_DEFAULTS}
-DEFAULT_RECIPE = "fast"
 #: Parameters that may be zero (all others must be positive).
 NON_NEGATIVE = ("ridge",)
 

@@ -158,7 +158,7 @@ def estimate_seconds(config: SolveConfig, device: str) -> Optional[float]:
 
 
 #: An estimate above this (seconds) is said before the solve starts.
-SAY_ESTIMATE = 30.0
+SAY_SOLVE_ESTIMATE = 30.0
 
 
 def available_memory(device: str) -> Optional[int]:
@@ -229,7 +229,7 @@ def compute(config: SolveConfig, device: str = "auto", progress: Optional[Callab
 
     ``embedding [N, D]``: the position embedding whose digest is ``config.pos_embed`` (only then).
     Refuses (:func:`check_memory`) a solve that does not fit in the device's free memory. A solve
-    estimated (:func:`estimate_seconds`) to take over :data:`SAY_ESTIMATE` seconds is said to
+    estimated (:func:`estimate_seconds`) to take over :data:`SAY_SOLVE_ESTIMATE` seconds is said to
     ``log`` before it starts.
     """
     import torch
@@ -247,7 +247,7 @@ def compute(config: SolveConfig, device: str = "auto", progress: Optional[Callab
     need = check_memory(config, dev)
     if log is not None:
         eta = estimate_seconds(config, dev)
-        if eta is not None and eta > SAY_ESTIMATE:
+        if eta is not None and eta > SAY_SOLVE_ESTIMATE:
             steps, maps = int(config.params.get("iters", 10000)), len(solved_layers(config)) * config.heads
             log(f"solving {config.describe()}: {steps} Adam steps through {maps} "
                 f"dense {config.tokens}x{config.tokens} attention maps, about {_gib(need)} of memory; estimated "

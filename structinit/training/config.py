@@ -12,8 +12,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import hashlib
-import json
 import math
 import typing
 from dataclasses import dataclass, field
@@ -22,6 +20,7 @@ from typing import Any, Dict, Optional, Tuple
 from structinit.errors import UsageError, param
 from structinit.init.base import InitSpec
 from structinit.init.baselines import SCRATCH_BASE
+from structinit.keys import json_key
 from structinit.training.models import ModelConfig
 
 #: The paper's recipe (and its released README) for 32x32 images.
@@ -55,7 +54,6 @@ EXECUTION_FIELDS = ("out", "resume", "device", "workers", "threads", "compile", 
 #: Settings added after run keys were first written: part of the key only when not at these
 #: defaults, so every earlier run keeps its key.
 OPTIONAL_DEFAULTS: Dict[str, Any] = {"window": None, "shuffle_seq": False}
-KEY_LENGTH = 12
 
 
 def causal_refused(model: str, artifact: Optional[str] = None) -> UsageError:
@@ -278,9 +276,8 @@ class TrainConfig:
 
     @property
     def key(self) -> str:
-        """Short hash (12 hex digits of SHA-256) of :meth:`computed_settings` as canonical JSON."""
-        text = json.dumps(self.computed_settings(), sort_keys=True, separators=(",", ":"), default=str)
-        return hashlib.sha256(text.encode()).hexdigest()[:KEY_LENGTH]
+        """The key (:mod:`structinit.keys`) of :meth:`computed_settings` as canonical JSON."""
+        return json_key(self.computed_settings(), default=str)
 
 
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(TrainConfig))

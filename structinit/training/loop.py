@@ -432,7 +432,7 @@ def _make_sound(s: _Session, run: RunDir) -> None:
         why = run.damage()
         aside = run.set_aside()
         if aside is not None:
-            moved = ", ".join(sorted(p.name for p in aside.iterdir() if p.name != "why.txt"))
+            moved = ", ".join(sorted(p.name for p in aside.iterdir() if p.name != run.WHY))
             s.say(f"{run.path} was damaged ({why}): moved {moved} into {aside}; "
                   + ("resuming from its checkpoint" if run.file(run.CHECKPOINT).exists() else "training it afresh"))
 
@@ -559,7 +559,7 @@ def _reapply_init(built: _Initialized, config: TrainConfig, spec: InitSpec, reco
     it started. ``spec`` is ``config.init``."""
     from structinit.init.initialize import initialize_model
 
-    initialize_model(built.model, spec.without_fit() if spec.uses_data else spec, seed=config.seed)
+    initialize_model(built.model, spec.without_fit(), seed=config.seed)
     built.report, built.seconds = recorded, seconds
     if recorded.get("data_attention") is not None:
         built.record = {"epoch": 0, "init_attention": recorded["data_attention"]}
@@ -573,7 +573,6 @@ def _apply_init(built: _Initialized, s: _Session, spec: InitSpec, data: Data,
     init's attention is then measured on those inputs (:func:`impulse_fidelity`) for the report and
     the epoch-0 record."""
     from structinit.init.initialize import initialize_model
-    from structinit.init.registry import IMPULSE_METHODS
 
     config, info, say = s.config, data.info, s.say
     fit_to = None
@@ -592,7 +591,7 @@ def _apply_init(built: _Initialized, s: _Session, spec: InitSpec, data: Data,
     solved = report.get("artifact") or {}
     if (solved.get("config") or {}).get("causal"):  # an artifact given by path or key, read just now
         raise causal_refused(config.model.name, artifact=solved["key"])
-    if info.in_memory and report.get("method") in IMPULSE_METHODS:
+    if info.in_memory and spec.reports_offsets:
         quality = report["data_attention"] = impulse_fidelity(built.model, data.train, info, report)
         built.record = {"epoch": 0, "init_attention": quality}
         say(f"impulse attention at init on {quality['samples']} training inputs: hit rate {quality['hit_rate']:.3f}, "

@@ -2,7 +2,7 @@
 ``structinit train`` run folder (the model at init, from its ``config.json``), its ``checkpoint.pt``
 or ``best.pt`` (that epoch's weights over the rebuilt model), or a preset with an init. What
 ``structinit inspect TARGET --data DATASET`` runs real inputs through, and what the grid report's
-attention figure (:mod:`structinit.experiments.attention`) draws, beside :mod:`.checkpoint_models`
+attention figure (:mod:`structinit.experiments.attention`) draws, beside :mod:`structinit.apply.models`
 (the model any checkpoint describes).
 
 Example::
@@ -18,7 +18,26 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from structinit.errors import StructinitError, UsageError
-from structinit.training.fit_inputs import training_images
+
+
+def training_images(config, n: int):
+    """The first ``n`` inputs of a ``train`` run's training split (its subset and validation hold-out
+    applied) as the model sees them in training: images normalized, float ``[n, C, H, W]``;
+    sequences as stored (already standardized; ``shuffle_seq`` applied), float ``[n, C, L]``."""
+    import torch
+
+    from structinit.training.augment import normalize
+    from structinit.training.datasets import load_dataset, split_train
+
+    data = load_dataset(config.dataset, config.data_dir, image_size=config.image_size,
+                        shuffle_seq=config.shuffle_seq)
+    data = split_train(data, config.train_size, config.val_size,
+                       config.seed if config.data_seed is None else config.data_seed)
+    n = min(n, len(data.train))
+    if data.info.in_memory:
+        x = data.train.images[:n]
+        return x if data.info.is_sequence else normalize(x, data.info.mean, data.info.std)
+    return torch.stack([data.train[i][0] for i in range(n)])
 
 
 def initialized_model(config, cache_dir=None):
@@ -141,4 +160,4 @@ def _run_config(settings, path, data_dir=None):
     return config
 
 
-__all__ = ["initialized_model", "InspectedModel", "preset_model", "run_model"]
+__all__ = ["training_images", "initialized_model", "InspectedModel", "preset_model", "run_model"]

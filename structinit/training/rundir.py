@@ -10,7 +10,15 @@
 ``final.json``     the result: final-epoch accuracy first, the best epoch labelled as such
 ``.lock``          held by the process that writes the run (``train``, a grid's task); it exists
                    only while one does
+``task.json``      a grid task's state (``running``, ``finished``, ``failed``, ``interrupted``),
+                   where and when it ran (:mod:`structinit.experiments.task`)
+``log.txt``        every grid task's log lines, appended
+``heartbeat``      touched every 30 s while a grid task runs (its age says whether one does)
+``damaged-*/``     files set aside (:meth:`RunDir.set_aside`) and ``why.txt``, why
 =================  =============================================================================
+
+This module is the one owner of these names and of every read and write of them: the loop, a
+grid's task, its status and its report go through :class:`RunDir`.
 
 A run is *fresh* (no checkpoint), *resumable* (a checkpoint, no ``final.json``), *finished* or
 *damaged*. Nothing on disk is trusted: a run is finished only when its ``final.json`` parses as a
@@ -31,17 +39,15 @@ import threading
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
-from structinit.atomic import atomic_write
+from structinit.atomic import append_line, atomic_write, touch, write_text
 from structinit.errors import StructinitError, UsageError, param
 
 CHECKPOINT_FORMAT = "structinit-train/1"
-STATES = ("fresh", "resumable", "finished", "damaged")
-LOCK_FILE = ".lock"
 #: A run folder whose lock the parent process holds for this one (``bench run --nproc N`` starts
 #: ``torchrun``, whose rank 0 writes the run the task has locked): its resolved path.
 LOCK_HELD_ENV = "STRUCTINIT_RUN_LOCK_HELD"
-#: The files a run writes as it trains (``config.json`` is its settings, kept when it is set aside).
-RESULT_FILES = ("final.json", "checkpoint.pt", "best.pt", "metrics.jsonl")
+#: How ``metrics.jsonl``'s epoch-0 line (the init's, written with sorted keys) begins.
+INIT_LINE = b'{"epoch": 0,'
 
 
 class RunBusy(StructinitError):
@@ -66,6 +72,9 @@ class RunDir:
     """The run directory at ``path`` (it need not exist yet)."""
 
     CONFIG, METRICS, CHECKPOINT, BEST, FINAL = "config.json", "metrics.jsonl", "checkpoint.pt", "best.pt", "final.json"
+    TASK, LOG, HEARTBEAT, LOCK, WHY = "task.json", "log.txt", "heartbeat", ".lock", "why.txt"
+    #: The files a run writes as it trains (``config.json`` is its settings, kept when it is set aside).
+    RESULTS = (FINAL, CHECKPOINT, BEST, METRICS)
 
     def __init__(self, path: Union[str, os.PathLike]):
         if str(path).strip() == "":
@@ -113,7 +122,7 @@ class RunDir:
             folder.mkdir()
             for name in files:
                 os.replace(self.file(name), folder / name)
-            (folder / "why.txt").write_text(why + "\n")
+            write_text(folder / self.WHY, why + "\n")
         except OSError as exc:
             raise StructinitError(f"cannot set the damaged files of {self.path} aside into {folder}: "
                                   f"{exc.strerror or exc}") from None
@@ -141,7 +150,7 @@ class RunDir:
                 self.path.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise StructinitError(f"cannot create run folder {self.path}: {exc.strerror or exc}") from None
-            lock = FileLock(str(self.file(LOCK_FILE)), timeout=0, thread_local=False)
+            lock = FileLock(str(self.file(self.LOCK)), timeout=0, thread_local=False)
             try:
                 try:
                     lock.acquire()
@@ -176,8 +185,8 @@ class RunDir:
             try:
                 # flock's lock file is empty, removed here while held so that no other process can be holding it;
                 # a soft lock's (no flock on this file system) names its owner, and filelock's release removes it
-                if self.file(LOCK_FILE).stat().st_size == 0:
-                    self.file(LOCK_FILE).unlink()
+                if self.file(self.LOCK).stat().st_size == 0:
+                    self.file(self.LOCK).unlink()
             except OSError:
                 pass
             held.lock.release()
@@ -231,8 +240,7 @@ class RunDir:
     # ---- JSON files
     def _write_text(self, name: str, text: str) -> None:
         try:
-            with atomic_write(self.file(name), "w") as f:
-                f.write(text)
+            write_text(self.file(name), text)
         except OSError as exc:
             raise StructinitError(f"cannot write {self.file(name)}: {exc.strerror or exc}") from None
 
@@ -244,6 +252,14 @@ class RunDir:
             return json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise StructinitError(f"{path} is unreadable ({exc})") from None
+
+    def peek_json(self, name: str) -> Any:
+        """What the JSON file ``name`` holds, or ``None`` when it is missing or does not parse (a
+        report or a status reads runs other processes are writing, and says what it could not read)."""
+        try:
+            return json.loads(self.file(name).read_text())
+        except (OSError, ValueError):
+            return None
 
     def write_config(self, doc: Dict[str, Any]) -> None:
         self._write_text(self.CONFIG, json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
@@ -261,30 +277,85 @@ class RunDir:
         self.file(self.FINAL).unlink(missing_ok=True)
 
     # ---- metrics
-    def read_metrics(self) -> List[Dict[str, Any]]:
+    def read_metrics(self, strict: bool = True) -> List[Dict[str, Any]]:
         """The epoch records of ``metrics.jsonl``, epochs 1 on (the init's epoch-0 line and a torn
-        last line are left out)."""
+        last line are left out); ``strict=False``: none from a file that cannot be read."""
         path = self.file(self.METRICS)
         rows = []
-        if path.is_file():
-            for line in path.read_text().splitlines():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass
+        try:
+            text = path.read_text() if path.is_file() else ""
+        except OSError:
+            if strict:
+                raise
+            text = ""
+        for line in text.splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
         return [r for r in rows if not (isinstance(r, dict) and r.get("epoch") == 0)]
+
+    def epochs_recorded(self) -> int:
+        """Epoch records in ``metrics.jsonl``, counted by lines (the init's epoch-0 line left out):
+        cheap, for a grid's status."""
+        try:
+            with open(self.file(self.METRICS), "rb") as f:
+                return sum(1 for line in f if line.strip() and not line.startswith(INIT_LINE))
+        except OSError:
+            return 0
+
+    def age(self, name: str, now: float) -> Optional[float]:
+        """Seconds since file ``name`` was last written (``None`` when there is none)."""
+        try:
+            return now - self.file(name).stat().st_mtime
+        except OSError:
+            return None
 
     def write_metrics(self, rows: List[Dict[str, Any]]) -> None:
         self._write_text(self.METRICS, "".join(json.dumps(m, sort_keys=True) + "\n" for m in rows))
 
     def append_metrics(self, record: Dict[str, Any]) -> None:
         try:
-            with open(self.file(self.METRICS), "a") as f:
-                f.write(json.dumps(record, sort_keys=True) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            append_line(self.file(self.METRICS), json.dumps(record, sort_keys=True))
         except OSError as exc:
             raise StructinitError(f"cannot write {self.file(self.METRICS)}: {exc.strerror or exc}") from None
+
+    # ---- a grid task's files
+    def write_task(self, doc: Dict[str, Any]) -> None:
+        """Write ``task.json`` (a grid task's record, see :mod:`structinit.experiments.task`)."""
+        self._write_text(self.TASK, json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n")
+
+    def read_task(self) -> Optional[Dict[str, Any]]:
+        """``task.json`` (``None`` when there is none or it does not parse)."""
+        doc = self.peek_json(self.TASK)
+        return doc if isinstance(doc, dict) else None
+
+    def append_log(self, line: str) -> None:
+        """Append one line to ``log.txt`` (a line that cannot be written is dropped: the log must not
+        stop a run)."""
+        try:
+            append_line(self.file(self.LOG), line, sync=False)
+        except OSError:
+            pass
+
+    def last_log_line(self, limit: int = 4096) -> Optional[str]:
+        """The last non-empty line of ``log.txt`` (read from its last ``limit`` bytes)."""
+        try:
+            with open(self.file(self.LOG), "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - limit))
+                lines = [ln for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+        except OSError:
+            return None
+        return lines[-1] if lines else None
+
+    def touch_heartbeat(self) -> None:
+        """Mark a grid task alive (``heartbeat``'s time; one that cannot be touched is skipped)."""
+        try:
+            touch(self.file(self.HEARTBEAT))
+        except OSError:
+            pass
 
     # ---- checkpoints
     def _save(self, obj: Any, name: str) -> None:
@@ -330,7 +401,7 @@ def checkpoint_info(path: Union[str, os.PathLike]) -> Dict[str, Any]:
 
 def _damage(run: "RunDir"):
     """``(why, files to set aside)``, or ``(None, [])`` for a sound run (see :meth:`RunDir.damage`)."""
-    present = [n for n in RESULT_FILES if run.file(n).exists()]
+    present = [n for n in run.RESULTS if run.file(n).exists()]
     ck_path, final_path = run.file(run.CHECKPOINT), run.file(run.FINAL)
     ck: Optional[Dict[str, Any]] = None
     ck_why: Optional[str] = None

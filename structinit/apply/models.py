@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
 
-from structinit.atomic import NotRegularFile, read_regular
+from structinit.atomic import NotRegularFile, atomic_write, read_regular
 from structinit.errors import StructinitError, UsageError, param
-from structinit.init.checkpoints import CONFIG_LIMIT
+from structinit.init.checkpoints import CONFIG_LIMIT, HF_CONFIG
 
 if TYPE_CHECKING:
     import torch
@@ -74,7 +74,7 @@ def checkpoint_model(ckpt, state_dict: Optional[Mapping] = None, *, model_name: 
             raise UsageError(f"{ckpt.path} was written by structinit train, whose settings build its model; "
                              f"leave out {param('model_name')} and {param('config')}")
         return _structinit_model(ckpt, sd, settings)
-    if layout.startswith("hf-"):
+    if det.layout.builder == "transformers":
         if model_name is not None:
             raise UsageError(f"{param('model_name')} names a timm model; the {layout} checkpoint's model comes "
                              f"from its config.json (or {param('config')})")
@@ -82,7 +82,7 @@ def checkpoint_model(ckpt, state_dict: Optional[Mapping] = None, *, model_name: 
     if config is not None:
         raise UsageError(f"{param('config')} is a Hugging Face config.json; the {layout} checkpoint is not a "
                          "Hugging Face model")
-    if layout == "timm-vit":
+    if det.layout.builder == "timm":
         return _timm_model(ckpt, sd, model_name, heads, grid)
     raise UsageError(f"the {layout} checkpoint holds attention weights but no model structinit can build and run "
                      "real inputs through (timm ViTs, Hugging Face ViT/DeiT, BERT and GPT-2, and structinit "
@@ -274,9 +274,9 @@ def _named_timm_model(name: str, kwargs: Dict[str, Any], heads: Optional[int], n
 def hf_config(ckpt, config: Optional[str] = None) -> Tuple[dict, Path]:
     """The Hugging Face config of ``ckpt``: ``config`` (a ``config.json``, or the folder holding
     it) or the ``config.json`` beside the checkpoint, as ``(dict, path)``."""
-    path = Path(config) if config is not None else ckpt.path.parent / "config.json"
+    path = Path(config) if config is not None else ckpt.path.parent / HF_CONFIG
     if path.is_dir():
-        path = path / "config.json"
+        path = path / HF_CONFIG
     try:
         cfg = json.loads(read_regular(path, limit=CONFIG_LIMIT))
     except FileNotFoundError:
@@ -307,7 +307,7 @@ def transformers_installed() -> bool:
 
 def _hf_model(ckpt, sd: Mapping, config: Optional[str], grid) -> CheckpointModel:
     import torch
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     try:
         import transformers
@@ -321,9 +321,11 @@ def _hf_model(ckpt, sd: Mapping, config: Optional[str], grid) -> CheckpointModel
     cls = getattr(transformers, archs[0]) if archs else transformers.AutoModel
     det = ckpt.detected
     with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "config.json").write_text(json.dumps(cfg))
+        with atomic_write(Path(tmp) / HF_CONFIG, "w") as fh:
+            fh.write(json.dumps(cfg))
         tensors = {k: torch.as_tensor(v).detach().contiguous().clone() for k, v in sd.items() if isinstance(k, str)}
-        save_file(tensors, str(Path(tmp) / "model.safetensors"))
+        with atomic_write(Path(tmp) / "model.safetensors") as fh:
+            fh.write(save(tensors))
         # transformers 5 prints a table of missing and unexpected weights; the refusal below names them in one line
         verbosity = transformers.utils.logging.get_verbosity()
         transformers.utils.logging.set_verbosity_error()

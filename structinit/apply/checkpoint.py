@@ -11,10 +11,10 @@ Example::
     report["layers"][0]     # {"layer": 0, "replaced": [...], "hit_rate": ..., "target_mass": ...}
 
 The impulse init's data fit runs through the model the checkpoint describes
-(:mod:`structinit.training.checkpoint_models`: a timm ViT, a Hugging Face ViT/DeiT, BERT or GPT-2,
+(:mod:`structinit.apply.models`: a timm ViT, a Hugging Face ViT/DeiT, BERT or GPT-2,
 a ``structinit train`` run), exactly as :func:`~structinit.init.initialize.initialize_model` runs it on
 that model (:func:`structinit.init.impulse_write.prepare`): on the inputs ``data`` names
-(:mod:`structinit.training.fit_inputs`), else on noise inputs of the model's input shape. A learned
+(:mod:`structinit.apply.inputs`), else on noise inputs of the model's input shape. A learned
 position embedding gets the sin-cos table in its place (kept learnable), as on a model. The fitted
 Q/K (a cached fitted artifact) are then written into every copy of the model in the file. A
 checkpoint whose model structinit cannot build (``nn.MultiheadAttention``), or a model of token ids
@@ -23,49 +23,37 @@ without ``data``, gets the plain solve, and the report's ``data_fit`` says why.
 Only the Q/K rows (and biases) of the selected layers change, plus V/proj where the spec says so
 (mimetic, or impulse with ``mimetic_vproj``) and the position embedding (``set_pe``, or the table
 for a learned one); every other tensor and entry is written back as loaded. Files are written as
-:mod:`structinit.init.apply` says (nothing the user has is replaced unless asked).
+:mod:`structinit.apply.files` says (nothing the user has is replaced unless asked).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, Union
+import warnings
+from typing import Any, Callable, Dict, Optional, Union
 
-from structinit.errors import StructinitError, UsageError, param
+from structinit.apply.files import LoadedCheckpoint, load_for_apply, write_output, write_position_table
+from structinit.apply.models import HF_EXTRA, transformers_installed
+from structinit.apply.options import ApplyOptions, split_settings
+from structinit.errors import StructinitError, StructinitWarning, UsageError, param
 from structinit.geometry.grid import Grid
-from structinit.init.apply import ApplyOptions, LoadedCheckpoint, load_for_apply, write_checkpoint, write_position_table
 from structinit.init.attention_target import AttentionTarget
-from structinit.init.base import InitSpec
-from structinit.init.impulse import ImpulseInit
+from structinit.init.base import DEFAULT_METHOD, InitSpec
+from structinit.init.checkpoints import describe_state_dict
 from structinit.init.registry import init_spec
-from structinit.training.checkpoint_models import HF_EXTRA, transformers_installed
 
-if TYPE_CHECKING:
-    from structinit.init.impulse_write import Prepared
-
-#: Layouts whose model structinit can build and run inputs through (a ``structinit train`` run too).
-BUILDABLE = ("timm-vit", "hf-vit", "hf-vit-v5", "hf-bert", "hf-gpt2")
 #: The words of the position table written in place of a learned embedding.
 TABLE_IN_PLACE = "sin-cos table x1 in place of the checkpoint's own {key}, kept learnable"
 
 
-def split_settings(options: Optional[ApplyOptions], settings: Dict[str, Any]) -> Tuple[ApplyOptions, Dict[str, Any]]:
-    """``(options, init parameters)``: the names of ``settings`` that are :class:`ApplyOptions`
-    fields replace those of ``options`` (default: the defaults); the rest are the init's."""
-    fields = {f.name for f in dataclasses.fields(ApplyOptions)}
-    given = {k: v for k, v in settings.items() if k in fields}
-    options = dataclasses.replace(options or ApplyOptions(), **given)
-    return options, {k: v for k, v in settings.items() if k not in fields}
-
-
-def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] = "impulse",
+def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] = DEFAULT_METHOD,
                      options: Optional[ApplyOptions] = None, *,
                      progress: Optional[Callable[[int, int], None]] = None,
                      log: Optional[Callable[[str], None]] = None,
                      fit_progress: Optional[Callable[[int, int], None]] = None, **settings: Any) -> Dict[str, Any]:
     """Initialize checkpoint ``path`` with ``spec`` (a spec, or a method name) and write the result
-    (see the module docstring). ``options`` (:class:`~structinit.init.apply.ApplyOptions`) says where
+    (see the module docstring). ``options`` (:class:`~structinit.apply.options.ApplyOptions`) says where
     and how; ``settings`` are more options by name (``out=...``, ``data=...``) or the init's
     parameters (``filter=5``). ``progress(done, total)`` follows the solve and the layers,
     ``fit_progress`` the data fit, ``log(message)`` hears each stage (and the fit's estimated time).
@@ -73,23 +61,23 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
     options, params = split_settings(options, settings)
     spec = init_spec(spec, **params)
     if options.model_name is not None and options.heads is None:  # a named timm model tells its heads
-        from structinit.training.checkpoint_models import timm_heads
+        from structinit.apply.models import timm_heads
 
         options = dataclasses.replace(options, heads=timm_heads(options.model_name))
     loaded = load_for_apply(path, spec, options)
-    impulse = spec if isinstance(spec, ImpulseInit) else None  # the one method that solves, and fits to data
-    fits = impulse is not None and impulse.uses_data
+    fits = spec.uses_data
     model_path = fits and _can_fit(loaded, options)
-    table = model_path and impulse is not None and _needs_table(impulse, loaded, options)
-    if fits and not model_path and impulse is not None and _needs_table(impulse, loaded, options) \
-            and loaded.ckpt.detected.layout.name.startswith("hf-") and not transformers_installed():
+    replaces = options.set_pe is None and spec.replaces_pos_embed(loaded.first)
+    table = model_path and replaces
+    if fits and not model_path and replaces and loaded.ckpt.detected.layout.builder == "transformers" \
+            and not transformers_installed():
         # the model path would write the table in place of the learned embedding: the cause is the missing extra
         raise UsageError(f"the {loaded.ckpt.detected.layout.name} checkpoint's model is built by Hugging Face "
                          f"transformers, which is not installed ({HF_EXTRA}); without it the data fit cannot run, nor "
                          f"the sin-cos table replace its learned {loaded.ckpt.detected.pos_key} as it would on the "
                          f"model. Install it, or write the plain solve on the table with {param('set_pe')} sincos")
-    if impulse is not None and options.set_pe is None and not table:
-        impulse.check_embedding(loaded.first)  # a learned embedding it will not replace needs set_pe or fit_pe
+    if options.set_pe is None and not table:
+        spec.check_pos_embed(loaded.first)  # a learned embedding it will not replace needs set_pe or fit_pe
     if table:
         loaded.plan["pos_embed_written"] = TABLE_IN_PLACE.format(key=loaded.ckpt.detected.pos_key)
     if options.dry_run:
@@ -101,14 +89,10 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
         write_position_table(loaded, loaded.plan["pe_scale"])
     elif table:
         write_position_table(loaded, 1.0)
-    prepared = None
-    if model_path and impulse is not None:
-        prepared = _prepare_on_model(loaded, impulse, options, say, progress, fit_progress)
+    prepared = _prepare_on_model(loaded, spec, options, say, progress, fit_progress) if model_path else None
     report = write_checkpoint(loaded, spec, options, prepared, progress, log)
     if fits and not model_path:
         report["data_fit"] = {"skipped": _why_no_fit(loaded)}
-    if prepared is not None and prepared.inputs is not None:
-        report["data_source"] = prepared.inputs.source  # this call's inputs (a cached fit says it was read)
     from structinit.init.baselines import base_note
 
     note = base_note(spec)
@@ -117,20 +101,67 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
     return report
 
 
+def write_checkpoint(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOptions,
+                     prepared: Any = None,
+                     progress: Optional[Callable[[int, int], None]] = None,
+                     log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+    """Initialize every copy of the model in ``loaded`` with ``spec`` and write the output file:
+    with ``prepared`` (what :meth:`~structinit.init.base.InitSpec.prepare` made on the model the file
+    describes: say, a fitted artifact) every copy gets it (:meth:`~structinit.init.base.InitSpec.write_copy`);
+    without it the first copy is prepared and what it makes serves every other (one solve for
+    all). Returns the report (the plan, with what was written)."""
+    say = log or (lambda message: None)
+    plan, views, first = loaded.plan, loaded.views, loaded.first
+    common: Dict[str, Any] = {"seed": options.seed, "cache_dir": options.cache_dir, "device": options.device}
+    shared = prepared
+    if shared is None:
+        first.progress = progress
+        shared = spec.prepare(first, progress=progress, stage=say, **common)
+    reports = []
+    for i, view in enumerate(views):
+        say(f"writing {plan['state_dicts'][i]}" + (f" ({i + 1}/{len(views)})" if len(views) > 1 else ""))
+        view.progress = progress
+        if prepared is None and i == 0:
+            reports.append(spec.write(view, shared, **common))
+        else:
+            reports.append(spec.write_copy(view, shared, first=i == 0, progress=progress, stage=say, **common))
+    report = reports[0]
+    for line in spec.warnings(report, first, checkpoint=True, pe_scale=plan["pe_scale"]):
+        warnings.warn(StructinitWarning(line.text), stacklevel=2)
+    rows = {r["layer"]: r for r in report["layers"]}
+    if not spec.reports_offsets and first.grid is not None:
+        measured = describe_state_dict(loaded.ckpt.state_dicts[0][1], loaded.ckpt.detected, first.heads, first.grid)
+        for row in measured["layers"]:
+            if row["layer"] in rows:
+                rows[row["layer"]].update({k: row[k] for k in ("hit_rate", "target_mass", "mse", "offsets")})
+        plan["measured_on"] = measured["measured_on"]
+    say(f"writing {loaded.target}")
+    write_output(loaded, options, plan)
+    plan["layers"] = [rows[i] for i in first.layers]
+    for key in ("artifact", "hit_rate", "target_mass", "measured_on", "mimetic_vproj", "data_fit", "data_source"):
+        if key in report:
+            plan[key] = report[key]
+    if report.get("pos_embed_written"):
+        plan["pos_embed_written"] = report["pos_embed_written"]
+    plan["pos_embed_kind"] = first.pos_embed_kind()
+    plan["written"] = True
+    return plan
+
+
 def _can_fit(loaded: LoadedCheckpoint, options: ApplyOptions) -> bool:
     """Whether the data fit can run on this checkpoint: its model can be built, and it takes
     inputs that noise can stand for or ``data`` gives. With ``data``, a checkpoint whose model
     cannot be built is refused."""
     ckpt = loaded.ckpt
     layout = ckpt.detected.layout
-    buildable = layout.name in BUILDABLE or "shape" in ckpt.extra
+    buildable = layout.builder is not None or "shape" in ckpt.extra  # a structinit train run too
     if options.data is not None:
         if not buildable:
             raise UsageError(f"{param('data')} runs inputs through the model the checkpoint describes, and "
                              f"structinit cannot build the model of a {layout.name} checkpoint (timm ViTs, Hugging "
                              "Face ViT/DeiT, BERT and GPT-2, and structinit train checkpoints it can)")
         return True
-    if layout.name.startswith("hf-") and not transformers_installed():
+    if layout.builder == "transformers" and not transformers_installed():
         return False  # said in the report (see _why_no_fit)
     return buildable and not layout.sequence  # noise cannot stand for token ids
 
@@ -143,19 +174,10 @@ def _why_no_fit(loaded: LoadedCheckpoint) -> str:
     if layout.sequence:
         return (f"not run: the {layout.name} checkpoint's model takes token ids, which noise cannot stand for; give "
                 f"data (token ids [B, L]) to fit them; {plain}")
-    if layout.name.startswith("hf-") and not transformers_installed():
+    if layout.builder == "transformers" and not transformers_installed():
         return (f"not run: the {layout.name} checkpoint's model is built by Hugging Face transformers, which is not "
                 f"installed ({HF_EXTRA}), {plain}")
     return f"not run: structinit cannot build and run the model of a {layout.name} checkpoint, {plain}"
-
-
-def _needs_table(spec: ImpulseInit, loaded: LoadedCheckpoint, options: ApplyOptions) -> bool:
-    """Whether the sin-cos table replaces a learned position embedding, as on a model (see
-    :func:`structinit.init.impulse_write.write_position`)."""
-    first = loaded.first
-    pos = loaded.ckpt.detected.pos_key
-    return (options.set_pe is None and not spec.fit_pe and spec.artifact is None and spec.pe_scale is None
-            and pos is not None and first.pos_embed_kind() == "other" and first.sd[pos].dim() == 3)
 
 
 def _regrid(loaded: LoadedCheckpoint, grid: Grid, options: ApplyOptions) -> None:
@@ -164,14 +186,13 @@ def _regrid(loaded: LoadedCheckpoint, grid: Grid, options: ApplyOptions) -> None
     loaded.plan["grid"] = list(grid)
 
 
-def _prepare_on_model(loaded: LoadedCheckpoint, spec: ImpulseInit, options: ApplyOptions, say: Callable[[str], None],
+def _prepare_on_model(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOptions, say: Callable[[str], None],
                       progress: Optional[Callable[[int, int], None]],
-                      fit_progress: Optional[Callable[[int, int], None]]) -> Prepared:
+                      fit_progress: Optional[Callable[[int, int], None]]) -> Any:
     """Build the checkpoint's model from its first state dict (position table already written) and
-    prepare the impulse init on it as ``initialize_model`` does: ``Prepared`` (the fitted artifact)."""
-    from structinit.init.impulse_write import prepare
-    from structinit.training.checkpoint_models import checkpoint_model
-    from structinit.training.fit_inputs import NOISE, fit_inputs_for
+    prepare the init on it as ``initialize_model`` does (for the impulse init: the fitted artifact)."""
+    from structinit.apply.inputs import NOISE, fit_inputs_for
+    from structinit.apply.models import checkpoint_model
 
     first = loaded.first
     say("building the model")
@@ -179,27 +200,27 @@ def _prepare_on_model(loaded: LoadedCheckpoint, spec: ImpulseInit, options: Appl
                              heads=first.heads, grid=first.grid)
     data, source = None, None
     if options.data is not None and not (isinstance(options.data, str) and options.data == NOISE):
-        inputs = fit_inputs_for(options.data, built, options.samples or spec.data_fit_samples, options.data_dir)
+        inputs = fit_inputs_for(options.data, built, options.samples or spec.fit_samples, options.data_dir)
         data, source = inputs.x, inputs.source
     elif options.samples is not None:
-        spec = init_spec(spec, data_fit_samples=min(options.samples, spec.data_fit_samples))
+        spec = spec.with_fit_samples(min(options.samples, spec.fit_samples))
     if built.kind == "tokens" and options.grid is None and data is not None:
         _regrid(loaded, Grid((int(data.shape[-1]),)), options)  # a sequence model's grid is the inputs' length
         first = loaded.first
     if built.kind == "sequence" and data is not None and data.dim() == 2:
         data = data.unsqueeze(1)
     view = AttentionTarget(built.model, first.grid, first.heads, options.layers)
-    assert view.grid is not None and first.grid is not None  # the impulse init needs the grid (needs_grid)
-    if (tuple(view.grid), view.dim, view.depth) != (tuple(first.grid), first.dim, first.depth):
-        raise StructinitError(f"the model built for {loaded.path} ({built.how}) has grid {view.grid.describe()}, dim "
-                              f"{view.dim}, depth {view.depth}; the checkpoint has grid {first.grid.describe()}, dim "
+    grids = [g.describe() if g is not None else "unknown" for g in (view.grid, first.grid)]
+    if grids[0] != grids[1] or (view.dim, view.depth) != (first.dim, first.depth):
+        raise StructinitError(f"the model built for {loaded.path} ({built.how}) has grid {grids[0]}, dim "
+                              f"{view.dim}, depth {view.depth}; the checkpoint has grid {grids[1]}, dim "
                               f"{first.dim}, depth {first.depth}")
     spec.check_target(view)
-    say("solving" if spec.artifact is None else "reading the artifact")
-    prepared = prepare(spec, view, seed=options.seed, cache_dir=options.cache_dir, device=options.device,
-                       progress=progress, data=data, fit_progress=fit_progress, log=say, source=source)
+    prepared = spec.prepare(view, seed=options.seed, cache_dir=options.cache_dir, device=options.device,
+                            progress=progress, data=data, fit_progress=fit_progress, log=say, source=source,
+                            stage=say)
     loaded.plan["model"] = built.how
     return prepared
 
 
-__all__ = ["apply_checkpoint", "split_settings", "BUILDABLE"]
+__all__ = ["apply_checkpoint", "write_checkpoint", "TABLE_IN_PLACE"]

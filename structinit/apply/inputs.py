@@ -40,29 +40,9 @@ MAX_STD, MAX_MEAN = 20.0, 10.0
 NOISE = "noise"
 
 
-def training_images(config, n: int):
-    """The first ``n`` inputs of a ``train`` run's training split (its subset and validation hold-out
-    applied) as the model sees them in training: images normalized, float ``[n, C, H, W]``;
-    sequences as stored (already standardized; ``shuffle_seq`` applied), float ``[n, C, L]``."""
-    import torch
-
-    from structinit.training.augment import normalize
-    from structinit.training.datasets import load_dataset, split_train
-
-    data = load_dataset(config.dataset, config.data_dir, image_size=config.image_size,
-                        shuffle_seq=config.shuffle_seq)
-    data = split_train(data, config.train_size, config.val_size,
-                       config.seed if config.data_seed is None else config.data_seed)
-    n = min(n, len(data.train))
-    if data.info.in_memory:
-        x = data.train.images[:n]
-        return x if data.info.is_sequence else normalize(x, data.info.mean, data.info.std)
-    return torch.stack([data.train[i][0] for i in range(n)])
-
-
 def fit_inputs_for(source, built, samples: int, data_dir: Union[str, os.PathLike, None] = None) -> FitInputs:
     """The batch ``source`` names (see the module docstring; a tensor is taken as it is) for the model
-    ``built`` (a :class:`~structinit.training.checkpoint_models.CheckpointModel`), checked against
+    ``built`` (a :class:`~structinit.apply.models.CheckpointModel`), checked against
     what it takes; ``data_dir`` is where a named dataset is read from (refused for any other source)."""
     from structinit.training.datasets import DATASETS
 
@@ -133,6 +113,7 @@ def _dataset_inputs(name: str, built, samples: int, data_dir) -> FitInputs:
 
     from structinit.training.augment import normalize
     from structinit.training.datasets import dataset_info, load_dataset
+    from structinit.training.run_models import training_images
 
     config = built.settings
     if config is not None:
@@ -267,4 +248,4 @@ def _vocab(model) -> Optional[int]:
     return int(emb.num_embeddings) if emb is not None and hasattr(emb, "num_embeddings") else None
 
 
-__all__ = ["fit_inputs_for", "check_inputs", "as_batch", "training_images", "NOISE"]
+__all__ = ["fit_inputs_for", "check_inputs", "as_batch", "NOISE"]

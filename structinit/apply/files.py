@@ -1,13 +1,5 @@
-"""Writing an init into a checkpoint file: the options (:class:`ApplyOptions`, shared with the CLI),
-reading and planning (:func:`load_for_apply`), and writing every copy of the model in the file
-(:func:`write_checkpoint`). :func:`structinit.training.apply.apply_checkpoint` puts them together
-with the model the checkpoint describes (which it builds to run the impulse data fit through).
-
-Only the Q/K rows (and Q/K biases) of the selected layers change, plus V/proj where the spec says
-so (``mimetic``, or ``impulse`` with ``mimetic_vproj``) and the position embedding (``set_pe``, or
-the table in place of a learned one); every other tensor and entry is written back as loaded.
-Every copy of the model in the file (e.g. ``state_dict`` and ``state_dict_ema``) gets the same
-weights.
+"""A checkpoint file read for ``apply`` and the file written (:func:`load_for_apply`,
+:func:`write_output`), and the names of both.
 
 Files: the output's format follows its name (``.safetensors``: safetensors, anything else a
 ``torch.save`` file) and it gets the input's permission bits. A Hugging Face folder (what
@@ -19,41 +11,31 @@ it; an output folder replaced is kept as ``OUT.bak``), a new one is created excl
 writing the same name, one wins and the other is told), and ``in_place`` keeps the original as
 ``CKPT.bak`` (``CKPT.bak.1``, ... when that exists: a backup is never overwritten) and then
 replaces the input atomically (of a folder, its weights file).
-
-The reported hit rate and target mass are measured from the written weights on the checkpoint's
-own position embedding, LayerNorm'd (``measured_on`` says so); the data fit's, on the inputs it
-was fitted to (``data_fit``).
 """
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Union
 
+from structinit.apply.options import ApplyOptions
 from structinit.errors import StructinitError, UsageError, param
 from structinit.geometry.grid import Grid
 from structinit.init.attention_target import AttentionTarget
 from structinit.init.base import InitSpec
 from structinit.init.checkpoints import (
+    HF_CONFIG,
     Checkpoint,
     CheckpointError,
     check_checkpoint_path,
-    describe_state_dict,
     load_checkpoint,
     output_format,
     safetensors_dict,
     save_checkpoint,
 )
-from structinit.init.impulse import ImpulseInit
-from structinit.init.layouts import Detected
 
-if TYPE_CHECKING:
-    from structinit.init.impulse_write import Prepared
-
-PE_KINDS = ("sincos",)
 #: File-name endings of checkpoints, kept after the method's name in a default output name.
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".tar", ".ckpt", ".safetensors", ".gz")
 
@@ -84,7 +66,7 @@ def hf_folder(folder: Path) -> Path:
         raise UsageError(f"{folder}: its weights are split into shards ({sharded[0]}); structinit reads one weights "
                          "file: save the model with save_pretrained(..., max_shard_size=\"100GB\") first")
     found = next((folder / name for name in HF_WEIGHTS if (folder / name).exists()), None)
-    if found is None or not (folder / "config.json").exists():
+    if found is None or not (folder / HF_CONFIG).exists():
         raise CheckpointNotFound(f"{folder}: is a folder; give the checkpoint file inside it (a Hugging Face folder "
                                  f"holds config.json and {' or '.join(HF_WEIGHTS)})")
     return found
@@ -143,84 +125,6 @@ def _output_path(path: Path, method: str, out: Union[str, os.PathLike, None], in
     return target
 
 
-def _check_pe_scale(pe_scale: Optional[float], set_pe: Optional[str]) -> None:
-    if pe_scale is None:
-        return
-    if set_pe is None:
-        raise UsageError(f"{param('pe_scale')} scales the embedding {param('set_pe')} writes; give set_pe too")
-    if isinstance(pe_scale, bool) or not isinstance(pe_scale, (int, float)) or not math.isfinite(pe_scale) \
-            or pe_scale <= 0:
-        raise UsageError(f"{param('pe_scale')} must be a positive finite number, got {pe_scale!r}")
-
-
-@dataclass(frozen=True)
-class ApplyOptions:
-    """How :func:`~structinit.training.apply.apply_checkpoint` reads, initializes and writes a
-    checkpoint (the ``structinit apply`` options; the init's own parameters are the spec's).
-
-    Output: ``out`` (default ``NAME.METHOD.EXT`` beside the input), ``in_place`` (replace the input,
-    keeping a numbered backup), ``force`` (replace an existing ``out``), ``dry_run`` (the plan only).
-    Shape: ``layers`` (``None``/``"all"``, ``"0-3,5"`` or indices), ``heads`` and ``grid`` where the
-    checkpoint does not tell them. Position: ``set_pe="sincos"`` writes the fixed table times
-    ``pe_scale`` (default 1). ``seed``, ``cache_dir``, ``device`` as for a solve. The data fit:
-    ``data`` (a dataset name, an image folder, a tensor file, ``"noise"``, or a tensor of inputs;
-    ``None``: noise inputs, as without data on a model), at most ``samples`` of them
-    (default: the fit's ``data_fit_samples``), ``data_dir`` for a dataset read from disk,
-    ``model_name`` (a timm model) or ``config`` (a Hugging Face ``config.json``) for the model the
-    checkpoint holds."""
-
-    out: Union[str, os.PathLike, None] = None
-    in_place: bool = False
-    dry_run: bool = False
-    force: bool = False
-    layers: Union[None, str, Sequence[int]] = None
-    heads: Optional[int] = None
-    grid: Any = None
-    set_pe: Optional[str] = None
-    pe_scale: Optional[float] = None
-    seed: int = 0
-    cache_dir: Union[str, os.PathLike, None] = None
-    device: str = "cpu"
-    data: Any = None
-    samples: Optional[int] = None
-    data_dir: Union[str, os.PathLike, None] = None
-    model_name: Optional[str] = None
-    config: Optional[str] = None
-
-    def check(self, spec: InitSpec) -> None:
-        """Refuse options that cannot go together or would do nothing for ``spec``."""
-        if self.set_pe is not None and self.set_pe not in PE_KINDS:
-            raise UsageError(f"{param('set_pe')} must be one of {', '.join(PE_KINDS)}, got {self.set_pe!r}")
-        _check_pe_scale(self.pe_scale, self.set_pe)
-        base = getattr(spec, "base", "model")
-        if base != "model":
-            raise UsageError(f"{spec.method} parameter {param('base')} {base} resets every weight of a model; "
-                             "a checkpoint's weights are kept (leave base at model)")
-        fits = spec.method == "impulse" and spec.uses_data
-        if self.data is not None:
-            if isinstance(self.data, (str, os.PathLike)) and str(self.data).strip() == "":
-                raise UsageError(f"{param('data')} needs a source (a dataset, an image folder, a tensor file or "
-                                 "noise); it is empty")
-            if self.dry_run:
-                raise UsageError(f"{param('data')} fits Q/K on real inputs and {param('dry_run')} writes nothing; "
-                                 "give one of them")
-            if not fits:
-                raise UsageError(f"{param('data')} is for the impulse data fit; the {spec.method} init does not use "
-                                 "it" + (" (data_fit is 0)" if spec.method == "impulse" else ""))
-        needs_source = [name for name in ("samples", "data_dir") if getattr(self, name) is not None]
-        if needs_source and self.data is None:
-            raise UsageError(f"{', '.join(param(n) for n in needs_source)} "
-                             f"{'needs' if len(needs_source) == 1 else 'need'} {param('data')}")
-        builds = [name for name in ("model_name", "config") if getattr(self, name) is not None]
-        if builds and not fits:
-            raise UsageError(f"{', '.join(param(n) for n in builds)} name the model the data fit runs through; the "
-                             f"{spec.method} init does not fit" + (" (data_fit is 0)" if spec.method == "impulse"
-                                                                  else ""))
-        if self.samples is not None and (isinstance(self.samples, bool) or not isinstance(self.samples, int)
-                                         or self.samples < 1):
-            raise UsageError(f"{param('samples')} must be a positive integer, got {self.samples!r}")
-
-
 @dataclass
 class LoadedCheckpoint:
     """A checkpoint read for :func:`write_checkpoint`: the file, its state-dict ``views``
@@ -260,8 +164,7 @@ def load_for_apply(path: Union[str, os.PathLike], spec: InitSpec, options: Apply
     ckpt = load_checkpoint(path)
     det = ckpt.detected
     heads = options.heads if options.heads is not None else det.heads  # the file's hints (HF config.json, timm arch)
-    fits = isinstance(spec, ImpulseInit) and spec.uses_data  # only the fit's model may be named (see check)
-    if heads is None and det.layout.name == "timm-vit" and fits:  # a named timm model tells its heads
+    if heads is None and det.layout.builder == "timm" and spec.uses_data:  # a named timm model tells its heads
         raise UsageError(f"the timm-vit checkpoint does not tell its number of heads; give it with {param('heads')} "
                          f"(it must divide dim {det.dim}), or name the timm model it holds with "
                          f"{param('model_name')} (e.g. vit_tiny_patch16_224)")
@@ -289,8 +192,8 @@ def load_for_apply(path: Union[str, os.PathLike], spec: InitSpec, options: Apply
     }
     if options.set_pe:
         plan["pos_embed_replaced"] = det.pos_key
-    if isinstance(spec, ImpulseInit) and spec.artifact is None and first.grid is not None:
-        spec.solve_config(first.grid, first.dim, first.heads, first.depth, options.seed)  # refuses bad settings first
+    if first.grid is not None:
+        spec.check_shape(first.grid, first.dim, first.heads, first.depth, options.seed)  # refuses bad settings first
     if folder is not None:
         plan["weights"] = str(weights_out)  # the weights file inside the output folder
     return LoadedCheckpoint(path, ckpt, views, target, stat, plan, folder)
@@ -308,74 +211,13 @@ def write_position_table(loaded: LoadedCheckpoint, scale: float) -> None:
         write_sincos(view.sd[key], view.grid, scale, name=key)
 
 
-def write_checkpoint(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOptions,
-                     prepared: Optional[Prepared] = None,
-                     progress: Optional[Callable[[int, int], None]] = None,
-                     log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
-    """Initialize every copy of the model in ``loaded`` with ``spec`` and write the output file:
-    with ``prepared`` (what :func:`structinit.init.impulse_write.prepare` made on the model the file
-    describes: the fitted artifact) its artifact is written into every copy; an impulse init without
-    it solves once for all of them. Returns the report (the plan, with what was written)."""
-    say = log or (lambda message: None)
-    plan, views, first = loaded.plan, loaded.views, loaded.first
-    extra: Dict[str, Any] = {}
-    if prepared is not None:
-        extra["artifact"], extra["cached"] = prepared.artifact, prepared.fit_cached
-    elif isinstance(spec, ImpulseInit):  # one solve for every copy of the model in the file
-        say("solving" if spec.artifact is None else "reading the artifact")
-        extra["artifact"], extra["cached"] = spec.artifact_for(first, options.seed, options.cache_dir, options.device,
-                                                               progress)
-    reports = []
-    for i, view in enumerate(views):
-        say(f"writing {plan['state_dicts'][i]}" + (f" ({i + 1}/{len(views)})" if len(views) > 1 else ""))
-        view.progress = progress
-        if spec.method == "impulse" and (i > 0 or prepared is not None):
-            extra["check_pe"] = False  # the weights solved or fitted for the model (a copy such as an EMA: the same)
-        reports.append(spec.apply(view, seed=options.seed, cache_dir=options.cache_dir, device=options.device,
-                                  **extra))
-    report = reports[0]
-    if prepared is not None and spec.method == "impulse":
-        from structinit.init.impulse_write import fit_record
-
-        report["data_fit"] = fit_record(spec, prepared)
-    _warn_weak(spec, report, plan, loaded.ckpt.detected)
-    rows = {r["layer"]: r for r in report["layers"]}
-    if spec.method != "impulse" and first.grid is not None:
-        measured = describe_state_dict(loaded.ckpt.state_dicts[0][1], loaded.ckpt.detected, first.heads, first.grid)
-        for row in measured["layers"]:
-            if row["layer"] in rows:
-                rows[row["layer"]].update({k: row[k] for k in ("hit_rate", "target_mass", "mse", "offsets")})
-        plan["measured_on"] = measured["measured_on"]
-    say(f"writing {loaded.target}")
+def write_output(loaded: LoadedCheckpoint, options: ApplyOptions, plan: Dict[str, Any]) -> None:
+    """Write the checkpoint ``loaded`` holds (its copies initialized) where :func:`load_for_apply`
+    planned: a new file, the input replaced (``in_place``), or a Hugging Face folder."""
     if loaded.folder is not None:
         _write_folder(loaded, options.force, plan)
     else:
         _write(loaded.ckpt, loaded.path, loaded.target, loaded.stat, options.in_place, options.force, plan)
-    plan["layers"] = [rows[i] for i in first.layers]
-    for key in ("artifact", "hit_rate", "target_mass", "measured_on", "mimetic_vproj", "data_fit"):
-        if key in report:
-            plan[key] = report[key]
-    if report.get("pos_embed_written"):
-        plan["pos_embed_written"] = report["pos_embed_written"]
-    plan["pos_embed_kind"] = first.pos_embed_kind()
-    plan["written"] = True
-    return plan
-
-
-def _warn_weak(spec: InitSpec, report: Dict[str, Any], plan: Dict[str, Any], det: Detected) -> None:
-    """Warn when the fit left a layer weakly structured (see :func:`~structinit.init.impulse.structure_warning`)."""
-    if not isinstance(spec, ImpulseInit):
-        return
-    from structinit.init.impulse import position_hint, structure_warning
-
-    hint = position_hint(plan["pe_scale"], checkpoint=True) if det.pos_key and not spec.fit_pe else None
-    weak = structure_warning(report, hint)
-    if weak:
-        import warnings
-
-        from structinit.errors import StructinitWarning
-
-        warnings.warn(StructinitWarning(f"impulse: {weak}"), stacklevel=3)
 
 
 def _write_folder(loaded: LoadedCheckpoint, force: bool, plan: Dict[str, Any]) -> None:
@@ -386,7 +228,7 @@ def _write_folder(loaded: LoadedCheckpoint, force: bool, plan: Dict[str, Any]) -
     import shutil
     import tempfile
 
-    from structinit.atomic import regular_file, set_aside
+    from structinit.atomic import copy_file, regular_file, set_aside
 
     assert loaded.folder is not None
     target = loaded.target
@@ -404,7 +246,7 @@ def _write_folder(loaded: LoadedCheckpoint, force: bool, plan: Dict[str, Any]) -
             except OSError:  # a sub-folder, a FIFO, a link to nothing: not part of what from_pretrained reads
                 continue
             try:
-                shutil.copy2(item, tmp / item.name)
+                copy_file(item, tmp / item.name)
             except OSError as exc:
                 raise CheckpointError(f"cannot copy {item} into {target}: {exc.strerror or exc}; nothing was "
                                       "written") from None
@@ -453,3 +295,7 @@ def _write(ckpt: Checkpoint, path: Path, target: Path, stat: Optional[os.stat_re
     except CheckpointError:
         backup.unlink(missing_ok=True)  # the input is unchanged; the backup would only be a duplicate
         raise
+
+
+__all__ = ["LoadedCheckpoint", "load_for_apply", "write_position_table", "write_output", "default_output", "hf_folder",
+           "HF_WEIGHTS", "CHECKPOINT_SUFFIXES"]
