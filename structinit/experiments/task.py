@@ -459,13 +459,7 @@ def run_task(run_dir: os.PathLike, *, threads: Optional[int] = None, device: Opt
             return TaskOutcome(key, str(run_dir), "interrupted", time.perf_counter() - t0)
         rd.write_task(record)
         beat.start()
-        config = dataclasses.replace(config, out=str(run_dir), resume=True)
-        if threads is not None:
-            config.threads = threads
-        elif config.threads is None:
-            config.threads = default_threads
-        if device is not None:
-            config.device = device
+        config = _task_config(config, run_dir, threads, device, default_threads)
         where = f" (SLURM job {record['slurm']['job_id']})" if record["slurm"] else ""
         state = rd.state
         log(f"task start: run {key} on {record['host']}{where}"
@@ -499,6 +493,20 @@ def run_task(run_dir: os.PathLike, *, threads: Optional[int] = None, device: Opt
     finally:
         beat_stop.set()
         rd.unlock()
+
+
+def _task_config(config, run_dir: Path, threads: Optional[int], device: Optional[str],
+                 default_threads: Optional[int]):
+    """The run's config as this task trains it: resumed in ``run_dir``, with the task's execution
+    settings (``threads``, else the run's own, else ``default_threads``; ``device``)."""
+    config = dataclasses.replace(config, out=str(run_dir), resume=True)
+    if threads is not None:
+        config.threads = threads
+    elif config.threads is None:
+        config.threads = default_threads
+    if device is not None:
+        config.device = device
+    return config
 
 
 def _checkpoint_epoch(rd) -> int:
