@@ -354,3 +354,8 @@ def test_every_init_is_paired_with_the_baseline_on_its_own_base(tmp_path):
     own = text.split("Each init at its own best base")[1]
     assert "| mimetic (bases: model, pytorch-mlp) | 71.00 ± 1.00 [model] |" in own  # val 80 beats 79
     assert "| impulse (bases: model, pytorch-mlp) | 75.83 ± 0.58 [pytorch-mlp] |" in own  # val 82 beats 81
+    # The figures name each row's base as the tables do: the authors' recipe is drawn as what it is.
+    from structinit.experiments.plots import accuracy_figure
+
+    ticks = [t.get_text().replace("\n", " ") for t in accuracy_figure(rep).axes[0].get_yticklabels()]
+    assert "authors [pytorch]" in ticks and "impulse-mlp [pytorch-mlp]" in ticks and "mimetic [model]" in ticks

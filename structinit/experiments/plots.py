@@ -19,7 +19,7 @@ import math
 import textwrap
 from typing import Dict, List, Optional, Tuple
 
-from structinit.experiments.report import GridReport, RunResult
+from structinit.experiments.report import GridReport, RunResult, row_label
 
 #: Panels per row of a figure.
 PANELS_PER_ROW = 4
@@ -111,7 +111,7 @@ def accuracy_figure(rep: GridReport):
     if not columns:
         return None
     by_cell = _by_cell(rep)
-    labels = [wrap(ex.row_label(row)) for row in reversed(rows)]
+    labels = [wrap(row_label(rep, row)) for row in reversed(rows)]
     lines = max((label.count("\n") + 1 for label in labels), default=1)
     height = max(0.45, 0.16 * lines + 0.22) * len(rows) + 1.7
     label_width = 0.075 * max((len(line) for label in labels for line in label.splitlines()), default=10)
@@ -163,7 +163,7 @@ def _left_out(rep: GridReport, rows: List[str], columns: List[Tuple[str, ...]]) 
     """A title line naming the methods and columns a figure leaves out for want of a finished seed
     (empty when none is)."""
     parts = []
-    methods = [rep.ex.row_label(row) for row in rep.rows if row not in rows]
+    methods = [row_label(rep, row) for row in rep.rows if row not in rows]
     if methods:
         parts.append("methods " + "; ".join(methods))
     panels = [rep.ex.column_label(col) for col in rep.columns if col not in columns]
@@ -196,7 +196,7 @@ def learning_curve_figure(rep: GridReport):
     axis_name = rep.learning_curve_axis()
     if axis_name is None:
         return None
-    spec, ex = rep.spec, rep.ex
+    spec = rep.spec
     names = list(spec.columns)
     k = names.index(axis_name)
     others = sorted({c[:k] + c[k + 1:] for c in rep.columns}, key=lambda o: [c[:k] + c[k + 1:] for c in
@@ -225,7 +225,7 @@ def learning_curve_figure(rep: GridReport):
             xs, means, stds = gapped_line(points)
             if xs:
                 ax.errorbar(xs, means, yerr=stds, color=colors[i], marker="o", markersize=4, capsize=3,
-                            label=wrap(ex.row_label(row), 40))
+                            label=wrap(row_label(rep, row), 40))
         ax.set_xscale("log")
         sizes = sorted({r.train_images for r in rep.runs if r.train_images})
         if sizes:
@@ -276,7 +276,7 @@ def curves_figure(rep: GridReport):
                 continue
             mean = [sum(per_epoch[e]) / len(per_epoch[e]) for e in epochs]
             ax.plot(epochs, mean, color=colors[i], marker="." if len(epochs) < 30 else None,
-                    label=wrap(rep.ex.row_label(row), 40))
+                    label=wrap(row_label(rep, row), 40))
             values.extend(v for e in epochs for v in per_epoch[e])
             if len(runs) > 1:
                 ax.fill_between(epochs, [min(per_epoch[e]) for e in epochs], [max(per_epoch[e]) for e in epochs],

@@ -512,7 +512,7 @@ def _grid_table(rep: GridReport, body: List[List[str]]) -> str:
 def _spread_rows(rep: GridReport,
                  stat: Callable[[CellStats], Tuple[Optional[float], Optional[float]]]) -> List[List[str]]:
     """Every row's label and, per column, ``mean ± std`` of ``stat(cell)`` (a (mean, std) pair)."""
-    return [[_row_label(rep, r)] + [_spread(*stat(c), c.n, c.expected)
+    return [[row_label(rep, r)] + [_spread(*stat(c), c.n, c.expected)
                                      for c in (rep.cells[(r, col)] for col in rep.columns)] for r in rep.rows]
 
 
@@ -552,7 +552,7 @@ def _final_lines(rep: GridReport, h: str, has_paper: bool) -> List[str]:
              "Mean ± standard deviation over the seeds that finished; (k/n): k of n seeds finished (one seed "
              "alone has no ±); pending, running or failed (0/n): none finished yet, and what its runs are doing."
              + (f" [x]: the paper's number ({rep.spec.paper_source})." if has_paper else ""), ""]
-    body = [[_row_label(rep, r)] + [_cell_text(rep.cells[(r, c)], has_paper) for c in rep.columns]
+    body = [[row_label(rep, r)] + [_cell_text(rep.cells[(r, c)], has_paper) for c in rep.columns]
             for r in rep.rows]
     return lines + [_grid_table(rep, body), ""]
 
@@ -567,8 +567,9 @@ def _bases(rep: GridReport) -> List[str]:
     return sorted({b for b in (rep.cells[(r, rep.columns[0])].base for r in rep.rows if rep.columns) if b is not None})
 
 
-def _row_label(rep: GridReport, row: str) -> str:
-    """The row's label, with the base of the other weights where the grid's rows carry several."""
+def row_label(rep: GridReport, row: str) -> str:
+    """The row's label, with the base of the other weights in brackets where the grid's rows carry
+    several (tables and figures alike)."""
     base = rep.cells[(row, rep.columns[0])].base if rep.columns else None
     label = rep.ex.row_label(row)
     return f"{label} [{base}]" if base is not None and len(_bases(rep)) > 1 else label
@@ -595,7 +596,7 @@ def _delta_lines(rep: GridReport, h: str, has_paper: bool) -> List[str]:
         if r == s.baseline or (first is not None and first.paired_with is None and first.base is not None
                                and several and _is_baseline_method(rep, r)):
             continue
-        label = _row_label(rep, r)
+        label = row_label(rep, r)
         if first is not None and first.paired_with not in (None, s.baseline):
             label += f" vs {ex.row_label(first.paired_with)}"
         row = [label]
@@ -787,5 +788,5 @@ def _short(v: Any) -> str:
     return str(v)
 
 
-__all__ = ["collect", "markdown", "cells_csv", "runs_csv", "GridReport", "CellStats", "RunResult",
+__all__ = ["collect", "markdown", "row_label", "cells_csv", "runs_csv", "GridReport", "CellStats", "RunResult",
            "reports_for_folder", "loose_runs", "mean_std"]

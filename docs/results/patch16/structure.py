@@ -8,7 +8,8 @@ One table per hypothesis (see README.md). Run (one torch thread; about an hour o
 
     OMP_NUM_THREADS=1 python docs/results/patch16/structure.py > docs/results/patch16/structure.md
 
-``--only NAME`` runs one section (``hypotheses``, ``depth``, ``models``, ``small``).
+``--only NAME`` runs one section (``hypotheses``, ``depth``, ``models``, ``small``); ``--model NAME``
+runs the model sections on one timm model.
 """
 
 import argparse
@@ -27,6 +28,7 @@ from common import crops, dead_leaves, held_out_hits, pink_noise, stock  # noqa:
 from structinit.init.initialize import initialize_model  # noqa: E402
 from structinit.init.position_subspace import PositionSubspace  # noqa: E402
 
+ONLY_MODEL = None  # --model
 FIT_PHOTO, CHECK_PHOTO = 1, 0  # flower: what a fit may see; china: held out
 
 
@@ -123,6 +125,8 @@ def small():
     directions): how structured ViT-T/S/B are with a subspace of a twelfth of the stream."""
     print("## Smaller subspaces: a twelfth of the stream\n")
     for name, k in (("vit_tiny_patch16_224", 16), ("vit_small_patch16_224", 32), ("vit_base_patch16_224", 64)):
+        if ONLY_MODEL not in (None, name):
+            continue
         print(f"### `{name}`, k = {k}\n\n{header(12)}")
         for label, cfg in (("no data", dict()), ("data", dict(data="data")), ("no data, table x2 (pe_scale 2)",
                                                                           dict(pe_scale=2.0))):
@@ -167,10 +171,12 @@ def depth():
 def models():
     print("## ViT-T/S/B at 224: today's default and the position subspace, without and with data\n")
     for name in ("vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224"):
+        if ONLY_MODEL not in (None, name):
+            continue
         print(f"### `{name}`\n\n{header(12)}")
-        for label, cfg in (("whole stream, no data (the default)", dict()),
-                           ("position subspace, no data", dict(position_subspace=True)),
-                           ("position subspace, data", dict(position_subspace=True, data="data"))):
+        for label, cfg in (("position subspace, no data", dict(position_subspace=True)),
+                           ("position subspace, data", dict(position_subspace=True, data="data")),
+                           ("whole stream, no data (the default)", dict())):
             hits, secs, report = run(name, **cfg)
             k = (report.get("position_subspace") or {}).get("dims")
             print(row(label + (f" (k = {k})" if k else ""), hits, secs), flush=True)
@@ -180,7 +186,9 @@ def models():
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", choices=["hypotheses", "depth", "models", "small"])
+    ap.add_argument("--model", help="run the model sections on this timm model only")
     args = ap.parse_args()
+    ONLY_MODEL = args.model
     torch.set_num_threads(1)
     print("# Structure at 16x16 patches: held-out hit rate per layer\n")
     print("Command: `OMP_NUM_THREADS=1 python docs/results/patch16/structure.py` (init s: seconds of the "
