@@ -176,7 +176,8 @@ def test_the_accuracy_figure_draws_no_empty_panel_or_row(tmp_path):
     fig = accuracy_figure(collect(ex, earlier))
     panels = [ax for ax in fig.axes if ax.get_visible()]
     assert [ax.get_title() for ax in panels] == ["100", "250"]
-    assert [t.get_text() for t in panels[0].get_yticklabels()] == ["kaiming", "mimetic"]  # no row for "never"
+    # No row for "never"; each row names its base (Kaiming's own, train's for mimetic).
+    assert [t.get_text() for t in panels[0].get_yticklabels()] == ["kaiming [pytorch]", "mimetic [pytorch-mlp]"]
     for ax in panels:
         assert len(ax.get_yticks()) == 2  # the panels share their rows
         dots = [c for c in ax.collections if len(c.get_offsets())]
