@@ -265,3 +265,66 @@ def test_the_size_check_finds_a_long_function_and_a_long_class(tmp_path):
     (tmp_path / "m.py").write_text(f"def long():\n{body}\n\n\nclass Big:\n" + "\n".join(
         f"    y{i} = {i}" for i in range(CLASS_LINES)) + "\n\n\ndef short():\n    return 1\n")
     assert oversized(tmp_path) == [("m.py:long", FUNCTION_LINES + 1), ("m.py:Big", CLASS_LINES + 1)]
+
+# --------------------------------------------------------------------------- options declared once
+
+def option_declarations(tree, src):
+    """``(line, what)`` of every ``typer.Option(...)`` in ``tree`` (a flag's declaration) and of
+    every ``option("--flag", ...)`` (a use of the one declaration), with the flag."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            fn = ast.get_source_segment(src, node.func)
+            first = node.args[0].value if node.args and isinstance(node.args[0], ast.Constant) else None
+            if fn in ("typer.Option", "Option"):
+                found.append((node.lineno, "declares", first))
+            elif fn == "option":
+                found.append((node.lineno, "uses", first))
+    return found
+
+
+def test_every_option_is_declared_once():
+    """Each flag's names and how its value is read are declared once, in ``cli.common.FLAGS``; a
+    command takes it through ``option(flag, help=...)``, adding what is its own (its help, the
+    default it shows), and never declares a flag with ``typer.Option`` itself."""
+    from structinit.cli.common import FLAGS
+
+    declared, unknown = [], []
+    for path in sorted((PACKAGE / "cli").glob("*.py")):
+        src = path.read_text()
+        for line, what, flag in option_declarations(ast.parse(src), src):
+            if what == "declares" and not (path.name == "common.py" and flag is None):
+                declared.append(f"{path.name}:{line} typer.Option({flag!r})")
+            elif what == "uses" and flag not in FLAGS:
+                unknown.append(f"{path.name}:{line} option({flag!r})")
+    assert declared == [] and unknown == []
+    names = [name for decl in FLAGS.values() for name in decl["names"]]
+    assert len(names) == len(set(names))  # a name (a short letter too) stands for one option
+    assert all(long == decl["names"][0] for long, decl in FLAGS.items())
+
+
+def test_a_flag_takes_one_type_in_every_command():
+    """``--out`` is a path in every command that has it, ``--seed`` an integer...: the value a flag
+    takes is the same type wherever it appears (``None`` allowed where the command has no default)."""
+    import typing
+
+    import typer.main
+
+    from structinit.cli.app import app
+
+    def commands(group, path=()):
+        for name, cmd in getattr(group, "commands", {}).items():
+            yield from commands(cmd, path + (name,)) if getattr(cmd, "commands", None) else [(path + (name,), cmd)]
+
+    types = {}
+    for path, cmd in commands(typer.main.get_command(app)):
+        hints = typing.get_type_hints(cmd.callback, include_extras=True)
+        for hint in hints.values():
+            args = typing.get_args(hint)
+            infos = [a for a in args[1:] if type(a).__name__ == "OptionInfo"]
+            if not infos:
+                continue
+            flag = infos[0].default if isinstance(infos[0].default, str) else infos[0].param_decls[0]
+            inner = [a for a in typing.get_args(args[0]) if a is not type(None)] or [args[0]]
+            types.setdefault(flag, {}).setdefault(str(inner[0]), []).append(" ".join(path))
+    assert {flag: kinds for flag, kinds in types.items() if len(kinds) > 1} == {}

@@ -486,7 +486,7 @@ def test_open_ended_layer_ranges_work(work):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["apply", "plain.pt", "--heads", "4", "--out", ""], "--out needs a file name"),
+    (["apply", "plain.pt", "--heads", "4", "--out", ""], "'--out' / '-o': needs a name"),
     (["apply", "plain.pt", "--heads", "4", "--out", "."], "is a folder"),
     (["inspect", SHIPPED_KEY, "--png", ""], "--png needs a file name"),
     (["inspect", SHIPPED_KEY, "--png", "."], "is a folder"),

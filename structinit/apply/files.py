@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
-from structinit.apply.options import ApplyOptions
+from structinit.apply.options import DEFAULT_PE_SCALE, ApplyOptions
 from structinit.errors import StructinitError, UsageError, param
 from structinit.geometry.grid import Grid
 from structinit.init.attention_target import AttentionTarget
@@ -180,7 +180,7 @@ def load_for_apply(path: Union[str, os.PathLike], spec: InitSpec, options: Apply
     weights_out = target / path.name if folder is not None else target
     if output_format(weights_out) == "safetensors":
         safetensors_dict(ckpt, weights_out)  # refuse now what cannot be written as safetensors
-    pe_scale = (1.0 if options.pe_scale is None else options.pe_scale) if options.set_pe else None
+    pe_scale = (DEFAULT_PE_SCALE if options.pe_scale is None else options.pe_scale) if options.set_pe else None
     plan = {
         "input": str(folder if folder is not None else path), "output": str(target), "in_place": options.in_place,
         "backup": None, "format": ckpt.format, "output_format": output_format(weights_out),

@@ -12,10 +12,10 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 from structinit.errors import UsageError, param
 from structinit.init.base import InitSpec
-from structinit.init.registry import fitting_methods
 
-#: What ``set_pe`` writes.
+#: What ``set_pe`` writes, and the scale it writes it at unless ``pe_scale`` says.
 PE_KINDS = ("sincos",)
+DEFAULT_PE_SCALE = 1.0
 
 
 def _check_pe_scale(pe_scale: Optional[float], set_pe: Optional[str]) -> None:
@@ -37,7 +37,7 @@ class ApplyOptions:
     keeping a numbered backup), ``force`` (replace an existing ``out``), ``dry_run`` (the plan only).
     Shape: ``layers`` (``None``/``"all"``, ``"0-3,5"`` or indices), ``heads`` and ``grid`` where the
     checkpoint does not tell them. Position: ``set_pe="sincos"`` writes the fixed table times
-    ``pe_scale`` (default 1). ``seed``, ``cache_dir``, ``device`` as for a solve. The data fit:
+    ``pe_scale`` (default :data:`DEFAULT_PE_SCALE`). ``seed``, ``cache_dir``, ``device`` as for a solve. The data fit:
     ``data`` (a dataset name, an image folder, a tensor file, ``"noise"``, or a tensor of inputs;
     ``None``: noise inputs, as without data on a model), at most ``samples`` of them
     (default: the fit's ``data_fit_samples``), ``data_dir`` for a dataset read from disk,
@@ -64,6 +64,8 @@ class ApplyOptions:
 
     def check(self, spec: InitSpec) -> None:
         """Refuse options that cannot go together or would do nothing for ``spec``."""
+        from structinit.init.registry import fitting_methods
+
         if self.set_pe is not None and self.set_pe not in PE_KINDS:
             raise UsageError(f"{param('set_pe')} must be one of {', '.join(PE_KINDS)}, got {self.set_pe!r}")
         _check_pe_scale(self.pe_scale, self.set_pe)

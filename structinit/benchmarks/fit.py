@@ -27,7 +27,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from structinit.benchmarks.loop import NOISE_IMAGE_SIZE, NOISE_IN_CHANS
 from structinit.errors import StructinitError, StructinitWarning, UsageError, param
+from structinit.fit.settings import FIT_DEFAULTS
 from structinit.runtime import device_name, synchronize
 
 #: CUDA runtime calls counted as kernel launches and as host waits by :func:`profile_summary`.
@@ -262,10 +264,11 @@ def _shape_row(preset: str, arch: Dict[str, Any], inputs: str, dev: str) -> Dict
             "device": device_name(dev)}
 
 
-def run_fit_bench(preset: str = "vit-digits", *, dataset: Optional[str] = None, image_size: int = 32,
-                  in_chans: int = 3, patch: Optional[int] = None, versions: Sequence[int] = (2,),
-                  samples: int = 256, train_steps: int = 10, train_batch: int = 64, amp: str = "off",
-                  steps: int = 300, seed: int = 0, cache_dir=None, device: str = "cpu", data_free: bool = False,
+def run_fit_bench(preset: str = "vit-digits", *, dataset: Optional[str] = None,
+                  image_size: int = NOISE_IMAGE_SIZE, in_chans: int = NOISE_IN_CHANS, patch: Optional[int] = None,
+                  versions: Sequence[int] = (2,), samples: int = FIT_DEFAULTS.samples, train_steps: int = 10,
+                  train_batch: int = 64, amp: str = "off", steps: int = FIT_DEFAULTS.steps, seed: int = 0,
+                  cache_dir=None, device: str = "cpu", data_free: bool = False,
                   profile_dir=None, profile_over: float = 0.0, profile_steps: int = 30,
                   progress: Optional[Callable[[str], None]] = None,
                   init_params: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:

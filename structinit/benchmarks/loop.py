@@ -28,6 +28,9 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 from structinit.errors import UsageError, param
 from structinit.runtime import device_name, synchronize
 
+#: The noise images the benchmarks run on without a dataset: how many (an epoch), their side and channels
+#: (CIFAR-10's shape; ``bench fit`` and ``bench loop`` alike).
+NOISE_IMAGES, NOISE_IMAGE_SIZE, NOISE_IN_CHANS = 10_000, 32, 3
 
 def _noise_data(images: int, image_size: int, in_chans: int, seed: int):
     """``(x, y, info)``: ``images`` Gaussian noise images ``[images, in_chans, image_size, image_size]``,
@@ -222,7 +225,8 @@ def run_loop_bench(preset: str = "vit-digits", dataset: Optional[str] = "digits"
     dtype = amp_dtype(amp, dev)
 
     if dataset is None:
-        x_cpu, y_cpu, info = _noise_data(images or 10_000, image_size or 32, in_chans or 3, seed)
+        x_cpu, y_cpu, info = _noise_data(images or NOISE_IMAGES, image_size or NOISE_IMAGE_SIZE,
+                                         in_chans or NOISE_IN_CHANS, seed)
         data_name = f"noise [{x_cpu.shape[0]}, {info.in_chans}, {info.image_size}, {info.image_size}]"
     else:
         info, data = dataset_info(dataset), load_dataset(dataset, data_dir)

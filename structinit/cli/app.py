@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from typing_extensions import Annotated
 
 from structinit import __version__
 from structinit.cli import (
@@ -28,7 +29,7 @@ from structinit.cli import (
     solve,
     train,
 )
-from structinit.cli.common import FLAG_NAMER, handle_errors
+from structinit.cli.common import FLAG_NAMER, handle_errors, option
 
 #: Warnings raised from files under this folder are the library's own.
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
@@ -50,8 +51,8 @@ def build_app() -> typer.Typer:
                       pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]})
 
     @app.callback()
-    def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                           help="Print the version and exit.")):
+    def _root(version: Annotated[bool, option("--version", callback=_version, is_eager=True,
+                                              help="Print the version and exit.")] = False):
         """Convolutional structure for transformers through initialization alone."""
 
     app.command("solve", epilog=solve.EXAMPLES)(handle_errors(solve.solve, solve.ALIASES))

@@ -9,8 +9,28 @@ from typing import List, Optional
 import typer
 from typing_extensions import Annotated
 
-from structinit.cli.common import CacheDir, Device, GridOpt, JsonOut, Progress, Threads, emit_json, examples
+from structinit.apply.options import DEFAULT_PE_SCALE
+from structinit.cli.common import (
+    CacheDir,
+    Device,
+    GridOpt,
+    JsonOut,
+    Progress,
+    Threads,
+    emit_json,
+    examples,
+    option,
+    shown,
+)
+from structinit.fit.settings import FIT_DEFAULTS
 from structinit.init.base import DEFAULT_METHOD
+from structinit.solver.recipes import (
+    DEFAULT_FILTER,
+    DEFAULT_OFFSET_ORDER,
+    DEFAULT_PADDING,
+    DEFAULT_RECIPE,
+    RECIPE_DEFAULTS,
+)
 
 EXAMPLES = examples(
     'structinit apply vit.pth --heads 3                  # fitted on noise inputs (no data): writes vit.impulse.pth',
@@ -45,99 +65,99 @@ CkptOpt = Annotated[Path, typer.Argument(help="Checkpoint file: timm ViT, Huggin
     ".safetensors. Or a Hugging Face folder (save_pretrained's): "
     "written as a folder, CKPT.METHOD by default.")]
 
-MethodOpt = Annotated[str, typer.Option("--method", help="impulse, mimetic, kaiming or trunc-normal.")]
+MethodOpt = Annotated[str, option("--method", help="impulse, mimetic, kaiming or trunc-normal.")]
 
-InitParamOpt = Annotated[List[str], typer.Option("--init-param", "-p", help="Init parameter NAME=VALUE (repeatable), "
+InitParamOpt = Annotated[List[str], option("--init-param", help="Init parameter NAME=VALUE (repeatable), "
     "e.g. alpha1=0.5 for mimetic.")]
 
-FilterSizeOpt = Annotated[Optional[int], typer.Option("--filter", "-f", help="impulse: filter size f.",
-    show_default="3")]
+FilterSizeOpt = Annotated[Optional[int], option("--filter", help="impulse: filter size f.",
+    show_default=shown(DEFAULT_FILTER))]
 
-RecipeOpt = Annotated[Optional[str], typer.Option("--recipe", "-r", help="impulse: solver recipe.",
-    show_default="fast")]
+RecipeOpt = Annotated[Optional[str], option("--recipe", help="impulse: solver recipe.",
+    show_default=DEFAULT_RECIPE)]
 
-TargetMassOpt = Annotated[Optional[float], typer.Option("--target-mass", help="impulse, fast recipe: mean "
-    "attention on the target token.", show_default="0.3")]
+TargetMassOpt = Annotated[Optional[float], option("--target-mass", help="impulse, fast recipe: mean "
+    "attention on the target token.", show_default=shown(RECIPE_DEFAULTS["fast"]["target_mass"]))]
 
-RecipeParamOpt = Annotated[List[str], typer.Option("--recipe-param", help="impulse: another recipe parameter, "
+RecipeParamOpt = Annotated[List[str], option("--recipe-param", help="impulse: another recipe parameter, "
     "NAME=VALUE (repeatable), e.g. iters=2000.")]
 
-ArtifactOpt = Annotated[Optional[str], typer.Option("--artifact", help="impulse: use this solved artifact (path or "
+ArtifactOpt = Annotated[Optional[str], option("--artifact", help="impulse: use this solved artifact (path or "
     "cache key) instead of solving.")]
 
-ShareOpt = Annotated[Optional[bool], typer.Option("--share", help="impulse: one solve reused for every layer.",
+ShareOpt = Annotated[Optional[bool], option("--share", help="impulse: one solve reused for every layer.",
     show_default=False)]
 
-OffsetsOpt = Annotated[Optional[str], typer.Option("--offsets", help="impulse: random or centre.",
-    show_default="random")]
+OffsetsOpt = Annotated[Optional[str], option("--offsets", help="impulse: random or centre.",
+    show_default=DEFAULT_OFFSET_ORDER)]
 
-MimeticVprojOpt = Annotated[Optional[bool], typer.Option("--mimetic-vproj/--no-mimetic-vproj", help="impulse: also "
+MimeticVprojOpt = Annotated[Optional[bool], option("--mimetic-vproj/--no-mimetic-vproj", help="impulse: also "
     "set V/proj as mimetic init does (the impulse default); "
     "--no-mimetic-vproj keeps the checkpoint's V/proj.",
     show_default=True)]
 
-FitPeOpt = Annotated[Optional[bool], typer.Option("--fit-pe", help="impulse: solve Q/K for the position embedding "
+FitPeOpt = Annotated[Optional[bool], option("--fit-pe", help="impulse: solve Q/K for the position embedding "
     "the checkpoint has (e.g. a learned one) instead of the sin-cos "
     "table.", show_default=False)]
 
-CausalOpt = Annotated[Optional[bool], typer.Option("--causal", help="impulse, sequences: offsets only in the past "
+CausalOpt = Annotated[Optional[bool], option("--causal", help="impulse, sequences: offsets only in the past "
     "(needed for a decoder such as GPT-2).", show_default=False)]
 
-PaddingOpt = Annotated[Optional[str], typer.Option("--padding", help="impulse: zero or circular.",
-    show_default="zero")]
+PaddingOpt = Annotated[Optional[str], option("--padding", help="impulse: zero or circular.",
+    show_default=DEFAULT_PADDING)]
 
-DataFitOpt = Annotated[Optional[int], typer.Option("--data-fit", min=0, metavar="STEPS", help="impulse: Adam steps "
+DataFitOpt = Annotated[Optional[int], option("--data-fit", min=0, metavar="STEPS", help="impulse: Adam steps "
     "of the data fit per layer; 0 writes the plain solve, which "
-    "trains below mimetic init.", show_default="300")]
+    "trains below mimetic init.", show_default=shown(FIT_DEFAULTS.steps))]
 
-LayersOpt = Annotated[str, typer.Option("--layers", help="Layers to initialize: all, or 0-based indices and ranges "
+LayersOpt = Annotated[str, option("--layers", help="Layers to initialize: all, or 0-based indices and ranges "
     "such as 0-3,6 or 6- (from 6 on).")]
 
-HeadsOpt = Annotated[Optional[int], typer.Option("--heads", help="Heads per layer, when the checkpoint does not "
+HeadsOpt = Annotated[Optional[int], option("--heads", help="Heads per layer, when the checkpoint does not "
     "tell.")]
 
-SetPeOpt = Annotated[Optional[str], typer.Option("--set-pe", help="Also write the fixed position embedding: "
+SetPeOpt = Annotated[Optional[str], option("--set-pe", help="Also write the fixed position embedding: "
     "sincos (1-D on sequence models).")]
 
-PeScaleOpt = Annotated[Optional[float], typer.Option("--pe-scale", help="Scale of the --set-pe embedding (positive).",
-    show_default="1")]
+PeScaleOpt = Annotated[Optional[float], option("--pe-scale", help="Scale of the --set-pe embedding (positive).",
+    show_default=shown(DEFAULT_PE_SCALE))]
 
-SeedOpt = Annotated[int, typer.Option("--seed", min=0, help="Seed of the offsets and random draws.")]
+SeedOpt = Annotated[int, option("--seed", min=0, help="Seed of the offsets and random draws.")]
 
-OutOpt = Annotated[Optional[str], typer.Option("--out", "-o", help="Output file; its name sets the format "
+OutOpt = Annotated[Optional[Path], option("--out", metavar="PATH", help="Output file; its name sets the format "
     "(.safetensors, else torch). For a Hugging Face folder, the output "
     "folder.", show_default="CKPT.METHOD.EXT")]
 
-ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing --out (an output folder is kept "
+ForceOpt = Annotated[bool, option("--force", help="Replace an existing --out (an output folder is kept "
     "as OUT.bak).")]
 
-InPlaceOpt = Annotated[bool, typer.Option("--in-place", help="Replace the input atomically, keeping CKPT.bak (or "
+InPlaceOpt = Annotated[bool, option("--in-place", help="Replace the input atomically, keeping CKPT.bak (or "
     "CKPT.bak.1, ...: a backup is never overwritten).")]
 
-DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the plan; solve and write nothing.")]
+DryRunOpt = Annotated[bool, option("--dry-run", help="Print the plan; solve and write nothing.")]
 
-DataOpt = Annotated[Optional[str], typer.Option(
+DataOpt = Annotated[Optional[str], option(
     "--data", metavar="SOURCE", help="impulse: fit Q/K to these inputs, run through the model the checkpoint "
     "describes: a dataset (digits, mnist1d, or one read from --data-dir; a structinit train checkpoint takes its "
     "run's own training inputs), a folder of images, a tensor file (.pt, .npy, .safetensors) of inputs "
     "normalized as the model sees them, or noise.", show_default="noise: Gaussian inputs of the model's input "
     "shape, no data")]
 
-SamplesOpt = Annotated[Optional[int], typer.Option("--samples", min=1, help="--data: how many inputs (the first).",
-    show_default="the fit's data_fit_samples, 256")]
+SamplesOpt = Annotated[Optional[int], option("--samples", min=1, help="--data: how many inputs (the first).",
+    show_default=f"the fit's data_fit_samples, {FIT_DEFAULTS.samples}")]
 
-DataDirOpt = Annotated[Optional[Path], typer.Option("--data-dir", help="--data: the folder a named dataset is read "
+DataDirOpt = Annotated[Optional[Path], option("--data-dir", help="--data: the folder a named dataset is read "
     "from (cifar10, cifar100, svhn, fashion-mnist).",
     show_default=False)]
 
-ModelNameOpt = Annotated[Optional[str], typer.Option("--model", help="The timm model the checkpoint holds, for the "
+ModelNameOpt = Annotated[Optional[str], option("--model", help="The timm model the checkpoint holds, for the "
     "data fit, e.g. vit_tiny_patch16_224 (else timm's arch in the "
     "file, else a ViT of the tensors' shape).")]
 
-ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="The Hugging Face config.json of the checkpoint, "
+ConfigOpt = Annotated[Optional[Path], option("--config", help="The Hugging Face config.json of the checkpoint, "
     "for the data fit (default: the one beside it).")]
 
-VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show every setting, the artifacts and each "
+VerboseOpt = Annotated[bool, option("--verbose", help="Show every setting, the artifacts and each "
     "layer's replaced tensors.")]
 
 

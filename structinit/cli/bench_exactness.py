@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from typing_extensions import Annotated
 
-from structinit.cli.common import Device, Filter, GridOpt, JsonOut, Progress, Seed, Threads, emit_json, examples
+from structinit.cli.common import Device, Filter, GridOpt, JsonOut, Progress, Seed, Threads, emit_json, examples, option
 
 #: Library parameter names that bench exactness spells with another flag.
 ALIASES = {"padding": "--paddings"}
@@ -33,21 +33,21 @@ def _floats(text: str, name: str):
 def bench_exactness(
     grid: GridOpt = "8x8",
     filter_size: Filter = 3,
-    masses: Annotated[str, typer.Option("--masses", help="Comma-separated target masses, each in (0, 1).")] =
+    masses: Annotated[str, option("--masses", help="Comma-separated target masses, each in (0, 1).")] =
         "0.9,0.99,0.999,0.9999",
-    paddings: Annotated[Optional[str], typer.Option("--paddings", help="Comma-separated paddings: zero (compared "
+    paddings: Annotated[Optional[str], option("--paddings", help="Comma-separated paddings: zero (compared "
                                                     "away from the border), circular (compared everywhere).",
                                                     show_default="zero,circular; zero with --causal")] = None,
-    channels: Annotated[int, typer.Option("--channels", min=1, help="Input channels of the random inputs and "
+    channels: Annotated[int, option("--channels", min=1, help="Input channels of the random inputs and "
                                           "kernel.")] = 4,
-    out_channels: Annotated[Optional[int], typer.Option("--out-channels", min=1, help="Output channels of the "
+    out_channels: Annotated[Optional[int], option("--out-channels", min=1, help="Output channels of the "
                                                         "kernel.", show_default="--channels")] = None,
-    dim: Annotated[Optional[int], typer.Option("--dim", help="Attention dim D (the pseudo input's).",
+    dim: Annotated[Optional[int], option("--dim", help="Attention dim D (the pseudo input's).",
                                                show_default="32 per head; on sequences at least 3 per "
                                                "position")] = None,
-    causal: Annotated[bool, typer.Option("--causal", help="Sequences: a causal kernel (the current and past "
+    causal: Annotated[bool, option("--causal", help="Sequences: a causal kernel (the current and past "
                                          "positions) under a causal mask.")] = False,
-    ridge: Annotated[float, typer.Option("--ridge", help="fast recipe's ridge (small: keep every direction of the "
+    ridge: Annotated[float, option("--ridge", help="fast recipe's ridge (small: keep every direction of the "
                                          "position embedding).")] = 1e-9,
     seed: Seed = 0,
     device: Device = "cpu",

@@ -9,7 +9,20 @@ from typing import Optional
 import typer
 from typing_extensions import Annotated
 
-from structinit.cli.common import Device, InitParam, JsonOut, Progress, Seed, Threads, emit_json, examples, path_arg
+from structinit.benchmarks.loop import NOISE_IMAGE_SIZE, NOISE_IN_CHANS
+from structinit.cli.common import (
+    Device,
+    InitParam,
+    JsonOut,
+    Progress,
+    Seed,
+    Threads,
+    emit_json,
+    examples,
+    option,
+    shown,
+)
+from structinit.fit.settings import FIT_DEFAULTS
 
 #: Library parameters this command spells with another flag.
 ALIASES = {"profile_dir": "--profile"}
@@ -25,36 +38,36 @@ EXAMPLES = examples(
 
 
 def bench_fit(
-    model: Annotated[str, typer.Option("--model", help="A ViT preset (see structinit train --help).")] = "vit-digits",
-    dataset: Annotated[Optional[str], typer.Option("--dataset", help="Real inputs: an in-memory image dataset "
+    model: Annotated[str, option("--model", help="A ViT preset (see structinit train --help).")] = "vit-digits",
+    dataset: Annotated[Optional[str], option("--dataset", help="Real inputs: an in-memory image dataset "
                                                    "(digits, fashion-mnist, ...); without it, noise images.",
                                                    show_default="noise")] = None,
-    image_size: Annotated[Optional[int], typer.Option("--image-size", min=1, help="Noise images: side.",
-                                                      show_default="32")] = None,
-    in_chans: Annotated[Optional[int], typer.Option("--in-chans", min=1, help="Noise images: channels.",
-                                                    show_default="3")] = None,
-    patch: Annotated[Optional[int], typer.Option("--patch", min=1, help="Noise images: the model's patch size "
+    image_size: Annotated[Optional[int], option("--image-size", min=1, help="Noise images: side.",
+                                                      show_default=shown(NOISE_IMAGE_SIZE))] = None,
+    in_chans: Annotated[Optional[int], option("--in-chans", min=1, help="Noise images: channels.",
+                                                    show_default=shown(NOISE_IN_CHANS))] = None,
+    patch: Annotated[Optional[int], option("--patch", min=1, help="Noise images: the model's patch size "
                                                  "(ViT-S/16 at 224: --image-size 224 --patch 16).",
                                                  show_default="2")] = None,
-    versions: Annotated[str, typer.Option("--versions", help="Data fit versions to time, comma-separated.")] = "2",
-    samples: Annotated[int, typer.Option("--samples", min=1, help="Inputs the fit gets.")] = 256,
-    steps: Annotated[int, typer.Option("--steps", min=1, help="The fit's Adam steps (fewer: to time a slow "
-                                       "version's steps; the init then is not the default).")] = 300,
-    train_steps: Annotated[int, typer.Option("--train-steps", min=1, help="Training steps timed as the "
+    versions: Annotated[str, option("--versions", help="Data fit versions to time, comma-separated.")] = "2",
+    samples: Annotated[int, option("--samples", min=1, help="Inputs the fit gets.")] = FIT_DEFAULTS.samples,
+    steps: Annotated[int, option("--steps", min=1, help="The fit's Adam steps (fewer: to time a slow "
+                                       "version's steps; the init then is not the default).")] = FIT_DEFAULTS.steps,
+    train_steps: Annotated[int, option("--train-steps", min=1, help="Training steps timed as the "
                                              "unit.")] = 10,
-    train_batch: Annotated[int, typer.Option("--train-batch", min=1, help="Batch size of those training "
+    train_batch: Annotated[int, option("--train-batch", min=1, help="Batch size of those training "
                                              "steps.")] = 64,
-    amp: Annotated[str, typer.Option("--amp", help="Mixed precision of those training steps, as train's: off, "
+    amp: Annotated[str, option("--amp", help="Mixed precision of those training steps, as train's: off, "
                                      "bf16, fp16, or auto (bf16/fp16 on a GPU, off on the CPU).")] = "off",
-    data_free: Annotated[bool, typer.Option("--data-free", help="Also time each fit without data (on noise "
+    data_free: Annotated[bool, option("--data-free", help="Also time each fit without data (on noise "
                                             "inputs of the model's input shape, as initialize_model(model, "
                                             "\"impulse\") fits).")] = False,
-    profile: Annotated[Optional[Path], typer.Option("--profile", help="Profile the first version's fit once "
+    profile: Annotated[Optional[Path], option("--profile", help="Profile the first version's fit once "
                                                     "more (torch.profiler) into this folder: fit-ops.txt, "
-                                                    "fit-trace.json.gz.", parser=path_arg, metavar="DIR")] = None,
-    profile_over: Annotated[float, typer.Option("--profile-over", min=0.0, help="With --profile: only when that "
+                                                    "fit-trace.json.gz.", metavar="DIR")] = None,
+    profile_over: Annotated[float, option("--profile-over", min=0.0, help="With --profile: only when that "
                                                 "init took longer than this many seconds.")] = 0.0,
-    profile_steps: Annotated[int, typer.Option("--profile-steps", min=1, help="With --profile: the profiled fit's "
+    profile_steps: Annotated[int, option("--profile-steps", min=1, help="With --profile: the profiled fit's "
                                                "Adam steps (every phase of the fit, fewer steps: a small "
                                                "profile).")] = 30,
     init_param: InitParam = [],  # noqa: B006

@@ -15,7 +15,6 @@ from structinit.cli.bench_options import (
     ALIASES,
     DataDir,
     Only,
-    Opt,
     RunsDir,
     Seeds,
     Sets,
@@ -23,7 +22,7 @@ from structinit.cli.bench_options import (
     given_flags,
     grid_command,
 )
-from structinit.cli.common import JsonOut, Progress, Threads, emit_json, examples
+from structinit.cli.common import JsonOut, Progress, Threads, emit_json, examples, option
 
 EXAMPLES = examples(
     'structinit bench grid --list                                   # the shipped grids and their run counts',
@@ -39,26 +38,26 @@ EXAMPLES = examples(
 #: bench grid's own options: what to do instead of launching, and how to launch.
 GridArg = Annotated[Optional[str], typer.Argument(help="A shipped grid (see --list) or a grid file (.toml).",
                                                   show_default=False)]
-ListGrids = Annotated[bool, Opt("--list", help="List the shipped grids with their run counts.")]
-Status = Annotated[bool, Opt("--status", help="Say how many runs are finished, running, failed (with the last line of "
-                             "their log) and pending; launch nothing.")]
-Launcher = Annotated[str, Opt("--launcher", help="local (this machine), slurm (a job array) or print (the commands, "
+ListGrids = Annotated[bool, option("--list", help="List the shipped grids with their run counts.")]
+Status = Annotated[bool, option("--status", help="Say how many runs are finished, running, failed (with the last line "
+                             "of their log) and pending; launch nothing.")]
+Launcher = Annotated[str, option("--launcher", help="local (this machine), slurm (a job array) or print (the commands, "
                               "for any other scheduler).")]
-Jobs = Annotated[int, Opt("--jobs", min=1, help="local: runs at once (CPU threads are divided between them).")]
-Partition = Annotated[Optional[str], Opt("--partition", help="slurm: partition.")]
-TimeLimit = Annotated[Optional[str], Opt("--time", help="slurm: time limit per task (HH:MM:SS or D-HH:MM:SS).")]
-Gpus = Annotated[int, Opt("--gpus", min=0, help="slurm: GPUs per task (more than one: torchrun).")]
-Cpus = Annotated[Optional[int], Opt("--cpus", min=1, help="slurm: CPUs per task.")]
-Mem = Annotated[Optional[str], Opt("--mem", help="slurm: memory per task, e.g. 32G.")]
-Account = Annotated[Optional[str], Opt("--account", help="slurm: account.")]
-Qos = Annotated[Optional[str], Opt("--qos", help="slurm: quality of service.")]
-Sbatch = Annotated[List[str], Opt("--sbatch", help="slurm: one more #SBATCH option (repeatable), e.g. "
+Jobs = Annotated[int, option("--jobs", min=1, help="local: runs at once (CPU threads are divided between them).")]
+Partition = Annotated[Optional[str], option("--partition", help="slurm: partition.")]
+TimeLimit = Annotated[Optional[str], option("--time", help="slurm: time limit per task (HH:MM:SS or D-HH:MM:SS).")]
+Gpus = Annotated[int, option("--gpus", min=0, help="slurm: GPUs per task (more than one: torchrun).")]
+Cpus = Annotated[Optional[int], option("--cpus", min=1, help="slurm: CPUs per task.")]
+Mem = Annotated[Optional[str], option("--mem", help="slurm: memory per task, e.g. 32G.")]
+Account = Annotated[Optional[str], option("--account", help="slurm: account.")]
+Qos = Annotated[Optional[str], option("--qos", help="slurm: quality of service.")]
+Sbatch = Annotated[List[str], option("--sbatch", help="slurm: one more #SBATCH option (repeatable), e.g. "
                                   "--sbatch=--constraint=a100.")]
-MaxConcurrent = Annotated[Optional[int], Opt("--max-concurrent", min=1, help="slurm: at most this many tasks at once "
-                                             "(the array's %K).")]
-SignalSeconds = Annotated[int, Opt("--signal-seconds", min=1, help="slurm: USR2 this long before the time limit: "
+MaxConcurrent = Annotated[Optional[int], option("--max-concurrent", min=1, help="slurm: at most this many tasks at "
+                                             "once (the array's %K).")]
+SignalSeconds = Annotated[int, option("--signal-seconds", min=1, help="slurm: USR2 this long before the time limit: "
                                    "checkpoint and requeue.")]
-DryRun = Annotated[bool, Opt("--dry-run", help="slurm: write the job script, do not submit it.")]
+DryRun = Annotated[bool, option("--dry-run", help="slurm: write the job script, do not submit it.")]
 
 
 #: bench grid's options per launcher (parameter name -> flag).

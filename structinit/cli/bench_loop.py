@@ -9,7 +9,8 @@ from typing import Optional
 import typer
 from typing_extensions import Annotated
 
-from structinit.cli.common import Device, JsonOut, Progress, Seed, Threads, emit_json, examples
+from structinit.benchmarks.loop import NOISE_IMAGE_SIZE, NOISE_IMAGES, NOISE_IN_CHANS
+from structinit.cli.common import Device, JsonOut, Progress, Seed, Threads, emit_json, examples, option, shown
 
 EXAMPLES = examples(
     'structinit bench loop --model vit-digits --dataset digits --threads 1',
@@ -19,25 +20,25 @@ EXAMPLES = examples(
 
 
 def bench_loop(
-    model: Annotated[str, typer.Option("--model", help="A preset (see structinit train --help).")] = "vit-digits",
-    dataset: Annotated[str, typer.Option("--dataset", help="An in-memory dataset, or noise: Gaussian noise images "
+    model: Annotated[str, option("--model", help="A preset (see structinit train --help).")] = "vit-digits",
+    dataset: Annotated[str, option("--dataset", help="An in-memory dataset, or noise: Gaussian noise images "
                                          "(--image-size, --in-chans, --images) with random labels.")] = "digits",
-    batch_size: Annotated[int, typer.Option("--batch-size", "-b", min=1, help="Batch size.")] = 64,
-    epochs: Annotated[int, typer.Option("--epochs", "-e", min=1, help="Epochs a repeat.")] = 2,
-    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Repeats of each loop, alternating.")] = 3,
+    batch_size: Annotated[int, option("--batch-size", min=1, help="Batch size.")] = 64,
+    epochs: Annotated[int, option("--epochs", min=1, help="Epochs a repeat.")] = 2,
+    repeats: Annotated[int, option("--repeats", min=1, help="Repeats of each loop, alternating.")] = 3,
     seed: Seed = 0,
     device: Device = "cpu",
-    amp: Annotated[str, typer.Option("--amp", help="Mixed precision, as train's: auto (bf16/fp16 on a GPU, off on "
+    amp: Annotated[str, option("--amp", help="Mixed precision, as train's: auto (bf16/fp16 on a GPU, off on "
                                      "the CPU), bf16, fp16 or off.")] = "auto",
-    data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="Where the dataset's files are.",
+    data_dir: Annotated[Optional[Path], option("--data-dir", help="Where the dataset's files are.",
                                                      show_default="the dataset's default")] = None,
-    image_size: Annotated[Optional[int], typer.Option("--image-size", min=1, help="Noise images: side.",
-                                                      show_default="32")] = None,
-    in_chans: Annotated[Optional[int], typer.Option("--in-chans", min=1, help="Noise images: channels.",
-                                                    show_default="3")] = None,
-    images: Annotated[Optional[int], typer.Option("--images", min=1, help="Noise images: how many (an epoch).",
-                                                  show_default="10000")] = None,
-    timm_model: Annotated[Optional[str], typer.Option("--timm-model", help="Also time the bare loop on timm's "
+    image_size: Annotated[Optional[int], option("--image-size", min=1, help="Noise images: side.",
+                                                      show_default=shown(NOISE_IMAGE_SIZE))] = None,
+    in_chans: Annotated[Optional[int], option("--in-chans", min=1, help="Noise images: channels.",
+                                                    show_default=shown(NOISE_IN_CHANS))] = None,
+    images: Annotated[Optional[int], option("--images", min=1, help="Noise images: how many (an epoch).",
+                                                  show_default=shown(NOISE_IMAGES))] = None,
+    timm_model: Annotated[Optional[str], option("--timm-model", help="Also time the bare loop on timm's "
                                                       "model of this name (e.g. vit_tiny_patch16_224), built at "
                                                       "the data's size and the preset's patch, without a class "
                                                       "token, average-pooled.")] = None,

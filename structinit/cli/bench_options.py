@@ -10,24 +10,23 @@ from typing import Dict, List, Optional, Sequence
 import typer
 from typing_extensions import Annotated
 
-from structinit.cli.common import path_arg
+from structinit.cli.common import option
 
-Opt = typer.Option
-Sets = Annotated[List[str], Opt("--set", help="Change a training setting for every run: NAME=VALUE (repeatable), "
+Sets = Annotated[List[str], option("--set", help="Change a training setting for every run: NAME=VALUE (repeatable), "
                                 "e.g. epochs=1 or device=cuda; init_params.NAME=VALUE changes the runs whose init "
                                 "method takes NAME.")]
-Seeds = Annotated[Optional[str], Opt("--seeds", help="Seeds: a count N (seeds 0..N-1), a list such as 0,3,7, or a "
+Seeds = Annotated[Optional[str], option("--seeds", help="Seeds: a count N (seeds 0..N-1), a list such as 0,3,7, or a "
                                      "range such as 5-9 (one seed alone: 7,).",
                                      show_default="the grid's")]
-Only = Annotated[List[str], Opt("--only", help="Keep only some values of an axis: AXIS=ID[,ID...] (repeatable), "
+Only = Annotated[List[str], option("--only", help="Keep only some values of an axis: AXIS=ID[,ID...] (repeatable), "
                                 "e.g. train_size=100,250.")]
-RunsDir = Annotated[Path, Opt("--out", "-o", help="Where the runs live: one folder per run, named by its key.",
-                               parser=path_arg, metavar="DIR")]
-Yes = Annotated[bool, Opt("--yes", help="Expand a grid of more than 10,000 runs (refused without it: expanding "
+RunsDir = Annotated[Path, option("--out", help="Where the runs live: one folder per run, named by its key.",
+                                 metavar="DIR")]
+Yes = Annotated[bool, option("--yes", help="Expand a grid of more than 10,000 runs (refused without it: expanding "
                                      "alone takes minutes to hours).")]
-DataDir = Annotated[Optional[Path], Opt("--data-dir", help="Data root: every run reads its dataset from here; a "
+DataDir = Annotated[Optional[Path], option("--data-dir", help="Data root: every run reads its dataset from here; a "
                                         "grid's relative data_dir is read below it.",
-                                        show_default="$STRUCTINIT_DATA, else ./data", parser=path_arg, metavar="DIR")]
+                                        show_default="$STRUCTINIT_DATA, else ./data", metavar="DIR")]
 
 #: Library parameter names that the bench commands spell with another flag.
 ALIASES = {"overrides": "--set", "only": "--only", "time": "--time", "seeds": "--seeds",

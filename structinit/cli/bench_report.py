@@ -10,8 +10,8 @@ from typing import Dict, List, Optional
 import typer
 from typing_extensions import Annotated
 
-from structinit.cli.bench_options import Only, Opt, RunsDir, Seeds, Sets, Yes, given_flags, grid_command
-from structinit.cli.common import JsonOut, Progress, emit_json, examples, path_arg
+from structinit.cli.bench_options import Only, RunsDir, Seeds, Sets, Yes, given_flags, grid_command
+from structinit.cli.common import JsonOut, Progress, emit_json, examples, option
 
 EXAMPLES = examples(
     'structinit bench report runs                                   # every grid launched into ./runs',
@@ -30,28 +30,28 @@ def bench_report(
     overrides: Sets = [],  # noqa: B006
     seeds: Seeds = None,
     only: Only = [],  # noqa: B006
-    grid_name: Annotated[Optional[str], Opt("--grid", help="With a folder: report only this grid.")] = None,
-    report_dir: Annotated[Optional[Path], Opt("--report-dir", help="Write report.md, cells.csv, runs.csv, "
+    grid_name: Annotated[Optional[str], option("--grid", help="With a folder: report only this grid.")] = None,
+    report_dir: Annotated[Optional[Path], option("--report-dir", help="Write report.md, cells.csv, runs.csv, "
                                               "report.json and the figures (PNG) into this folder.",
-                                              parser=path_arg, metavar="DIR")] = None,
-    force: Annotated[bool, Opt("--force", help="Replace an earlier report in --report-dir whole: its files "
+                                              metavar="DIR")] = None,
+    force: Annotated[bool, option("--force", help="Replace an earlier report in --report-dir whole: its files "
                                "that this one does not write (e.g. figures) are removed and named on "
                                "stderr.")] = False,
-    figures: Annotated[bool, Opt("--figures/--no-figures", help="Draw the figures (with --report-dir).")] = True,
-    attention: Annotated[bool, Opt("--attention", help="Also draw the attention after init averaged over real "
+    figures: Annotated[bool, option("--figures/--no-figures", help="Draw the figures (with --report-dir).")] = True,
+    attention: Annotated[bool, option("--attention", help="Also draw the attention after init averaged over real "
                                    "training images, first / middle / last layer, one column per method (with "
                                    "--report-dir).")] = False,
-    attention_column: Annotated[Optional[str], Opt("--attention-column", help="The grid column whose models are "
+    attention_column: Annotated[Optional[str], option("--attention-column", help="The grid column whose models are "
                                                    "drawn, as value ids joined by '/'.",
                                                    show_default="the first")] = None,
-    attention_images: Annotated[int, Opt("--attention-images", min=1, help="Training images to average "
+    attention_images: Annotated[int, option("--attention-images", min=1, help="Training images to average "
                                          "over.")] = 64,
-    runs_csv: Annotated[List[Path], Opt("--runs-csv", help="The runs.csv of an earlier report (repeatable): a run "
+    runs_csv: Annotated[List[Path], option("--runs-csv", help="The runs.csv of an earlier report (repeatable): a run "
                                         "whose folder is not in --out (or not finished there) is taken from it by "
                                         "its run key, without its per-epoch curve. With a grid.")] = [],  # noqa: B006
-    baseline: Annotated[Optional[str], Opt("--baseline", help="The row (init id) the differences are paired "
+    baseline: Annotated[Optional[str], option("--baseline", help="The row (init id) the differences are paired "
                                            "against. With a grid.", show_default="the grid's")] = None,
-    mixed_versions: Annotated[bool, Opt("--mixed-versions", help="Pool the runs of a row even where they recorded "
+    mixed_versions: Annotated[bool, option("--mixed-versions", help="Pool the runs of a row even where they recorded "
                                         "different algorithm versions (refused otherwise).")] = False,
     yes: Yes = False,
     json_out: JsonOut = False,

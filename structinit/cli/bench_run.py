@@ -9,8 +9,7 @@ from typing import List, Optional
 import typer
 from typing_extensions import Annotated
 
-from structinit.cli.bench_options import Opt
-from structinit.cli.common import JsonOut, Threads, emit_json, examples
+from structinit.cli.common import JsonOut, Threads, emit_json, examples, option
 
 EXAMPLES = examples(
     'structinit bench run runs/3f2a9c1b7d4e                         # train (or resume) one run of a grid',
@@ -22,11 +21,11 @@ def bench_run(
     runs: Annotated[List[Path], typer.Argument(help="Run folders of a grid (RUNS/<key>, holding config.json).",
                                                show_default=False)],
     threads: Threads = None,
-    device: Annotated[Optional[str], Opt("--device", help="auto, cpu, cuda or cuda:N.",
+    device: Annotated[Optional[str], option("--device", help="auto, cpu, cuda or cuda:N.",
                                          show_default="the run's")] = None,
-    nproc: Annotated[int, Opt("--nproc", min=1, help="Train under torchrun with this many processes (one per "
+    nproc: Annotated[int, option("--nproc", min=1, help="Train under torchrun with this many processes (one per "
                               "GPU).")] = 1,
-    signal_seconds: Annotated[Optional[int], Opt("--signal-seconds", min=1, help="Seconds between SIGUSR2 and the "
+    signal_seconds: Annotated[Optional[int], option("--signal-seconds", min=1, help="Seconds between SIGUSR2 and the "
                                                  "kill: finish the epoch first when it fits.")] = None,
     json_out: JsonOut = False,
 ):

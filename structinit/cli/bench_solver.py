@@ -22,7 +22,10 @@ from structinit.cli.common import (
     Tokens,
     emit_json,
     examples,
+    option,
+    shown,
 )
+from structinit.solver.recipes import RECIPE_DEFAULTS
 
 EXAMPLES = examples(
     'structinit bench solver --tokens 64 --dim 64 --heads 4 --iters 300      # all four recipes, paper shortened',
@@ -62,14 +65,15 @@ def bench_solver(
     heads: Heads = 3,
     filter_size: Filter = 3,
     layers: Depth = 1,
-    recipes: Annotated[str, typer.Option("--recipes", help="Comma-separated recipes.")] = ALL_RECIPES,
-    match: Annotated[Optional[str], typer.Option("--match", help="Ask fast for the target mass this recipe reached "
+    recipes: Annotated[str, option("--recipes", help="Comma-separated recipes.")] = ALL_RECIPES,
+    match: Annotated[Optional[str], option("--match", help="Ask fast for the target mass this recipe reached "
                                                  "('none': use --target-mass).",
                                                  show_default="paper, when paper and fast both run")] = None,
-    target_mass: Annotated[Optional[float], typer.Option("--target-mass", help="fast's target mass when not "
-                                                         "matching.", show_default="0.3")] = None,
-    iters: Annotated[Optional[int], typer.Option("--iters", help="Iterations of paper/released.",
-                                                 show_default="10000")] = None,
+    target_mass: Annotated[Optional[float], option(
+        "--target-mass", help="fast's target mass when not matching.",
+        show_default=shown(RECIPE_DEFAULTS["fast"]["target_mass"]))] = None,
+    iters: Annotated[Optional[int], option(
+        "--iters", help="Iterations of paper/released.", show_default=shown(RECIPE_DEFAULTS["paper"]["iters"]))] = None,
     seed: Seed = 0,
     device: Device = "auto",
     threads: Threads = None,

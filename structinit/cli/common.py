@@ -11,19 +11,29 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import typer
 from typing_extensions import Annotated
 
 from structinit.errors import StructinitError
 from structinit.runtime import duration_text
+from structinit.solver.recipes import RECIPE_DEFAULTS
 
 if TYPE_CHECKING:
     from rich.progress import Progress as RichProgress
     from rich.progress import TaskID
 
 # --------------------------------------------------------------------------- shared options
+
+def shown(value: Any) -> str:
+    """A library default as a command's help shows it (``0.3``, ``10000``, ``1e-4``, ``1``): help
+    reads the default from where the library declares it, never a copy typed by hand."""
+    if isinstance(value, float) and value and abs(value) < 1e-3:
+        mantissa, exponent = f"{value:e}".split("e")
+        return f"{float(mantissa):g}e{int(exponent)}"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
 
 def path_arg(text) -> Path:
     """A path option's value: an empty one is an error, not the current folder (``Path("")`` is ``.``)."""
@@ -34,45 +44,185 @@ def path_arg(text) -> Path:
     return Path(text)
 
 
-# Short flags: each letter stands for one long option in every command that has it.
-SHORT_FLAGS = {"-o": "--out", "-n": "--tokens", "-f": "--filter", "-r": "--recipe", "-e": "--epochs",
-               "-b": "--batch-size", "-p": "--init-param", "-h": "--help", "-v": "--verbose"}
+#: Every option of every command, declared once: its names (the long flag, its short letter) and, for
+#: a path, how its value is read (:func:`path_arg`, which refuses an empty one). A command takes an
+#: option through :func:`option`, with the help, default shown and bounds that are its own.
+FLAGS: Dict[str, Dict[str, Any]] = {
+    "--account": {"names": ("--account",)},
+    "--amp": {"names": ("--amp",)},
+    "--artifact": {"names": ("--artifact",)},
+    "--attention": {"names": ("--attention",)},
+    "--attention-column": {"names": ("--attention-column",)},
+    "--attention-images": {"names": ("--attention-images",)},
+    "--augment": {"names": ("--augment",)},
+    "--baseline": {"names": ("--baseline",)},
+    "--batch-size": {"names": ("--batch-size", "-b")},
+    "--cache-dir": {"names": ("--cache-dir",), "parser": path_arg, "metavar": "DIR"},
+    "--causal": {"names": ("--causal",)},
+    "--channels": {"names": ("--channels",)},
+    "--compile": {"names": ("--compile",)},
+    "--config": {"names": ("--config",)},
+    "--cpus": {"names": ("--cpus",)},
+    "--data": {"names": ("--data",)},
+    "--data-dir": {"names": ("--data-dir",), "parser": path_arg, "metavar": "DIR"},
+    "--data-fit": {"names": ("--data-fit",)},
+    "--data-free": {"names": ("--data-free",)},
+    "--data-seed": {"names": ("--data-seed",)},
+    "--dataset": {"names": ("--dataset",)},
+    "--depth": {"names": ("--depth",)},
+    "--device": {"names": ("--device",)},
+    "--dim": {"names": ("--dim",)},
+    "--download": {"names": ("--download",)},
+    "--drop-path": {"names": ("--drop-path",)},
+    "--dry-run": {"names": ("--dry-run",)},
+    "--epochs": {"names": ("--epochs", "-e")},
+    "--eval-every": {"names": ("--eval-every",)},
+    "--figures/--no-figures": {"names": ("--figures/--no-figures",)},
+    "--filter": {"names": ("--filter", "-f")},
+    "--filters": {"names": ("--filters",)},
+    "--fit-pe": {"names": ("--fit-pe",)},
+    "--force": {"names": ("--force",)},
+    "--gpus": {"names": ("--gpus",)},
+    "--grad-clip": {"names": ("--grad-clip",)},
+    "--grid": {"names": ("--grid",)},
+    "--head": {"names": ("--head",)},
+    "--heads": {"names": ("--heads",)},
+    "--image-size": {"names": ("--image-size",)},
+    "--images": {"names": ("--images",)},
+    "--in-chans": {"names": ("--in-chans",)},
+    "--in-place": {"names": ("--in-place",)},
+    "--init": {"names": ("--init",)},
+    "--init-param": {"names": ("--init-param", "-p")},
+    "--iters": {"names": ("--iters",)},
+    "--jobs": {"names": ("--jobs",)},
+    "--json": {"names": ("--json",)},
+    "--kernel": {"names": ("--kernel",)},
+    "--label-smoothing": {"names": ("--label-smoothing",)},
+    "--launcher": {"names": ("--launcher",)},
+    "--layer": {"names": ("--layer",)},
+    "--layers": {"names": ("--layers",)},
+    "--list": {"names": ("--list",)},
+    "--lr": {"names": ("--lr",)},
+    "--masses": {"names": ("--masses",)},
+    "--match": {"names": ("--match",)},
+    "--max-concurrent": {"names": ("--max-concurrent",)},
+    "--mem": {"names": ("--mem",)},
+    "--method": {"names": ("--method",)},
+    "--mimetic-vproj/--no-mimetic-vproj": {"names": ("--mimetic-vproj/--no-mimetic-vproj",)},
+    "--min-lr": {"names": ("--min-lr",)},
+    "--mixed-versions": {"names": ("--mixed-versions",)},
+    "--mlp-ratio": {"names": ("--mlp-ratio",)},
+    "--model": {"names": ("--model",)},
+    "--norm-every": {"names": ("--norm-every",)},
+    "--nproc": {"names": ("--nproc",)},
+    "--offsets": {"names": ("--offsets",)},
+    "--only": {"names": ("--only",)},
+    "--opt-eps": {"names": ("--opt-eps",)},
+    "--out": {"names": ("--out", "-o"), "parser": path_arg},
+    "--out-channels": {"names": ("--out-channels",)},
+    "--padding": {"names": ("--padding",)},
+    "--paddings": {"names": ("--paddings",)},
+    "--partition": {"names": ("--partition",)},
+    "--patch": {"names": ("--patch",)},
+    "--pe-scale": {"names": ("--pe-scale",)},
+    "--per-head": {"names": ("--per-head",)},
+    "--png": {"names": ("--png",)},
+    "--pool": {"names": ("--pool",)},
+    "--pos-embed": {"names": ("--pos-embed",)},
+    "--profile": {"names": ("--profile",), "parser": path_arg},
+    "--profile-over": {"names": ("--profile-over",)},
+    "--profile-steps": {"names": ("--profile-steps",)},
+    "--pseudo-input": {"names": ("--pseudo-input",)},
+    "--pseudo-input-rest": {"names": ("--pseudo-input-rest",)},
+    "--qos": {"names": ("--qos",)},
+    "--query": {"names": ("--query",)},
+    "--randaug-m": {"names": ("--randaug-m",)},
+    "--randaug-n": {"names": ("--randaug-n",)},
+    "--recipe": {"names": ("--recipe", "-r")},
+    "--recipe-param": {"names": ("--recipe-param",)},
+    "--recipes": {"names": ("--recipes",)},
+    "--repeats": {"names": ("--repeats",)},
+    "--report-dir": {"names": ("--report-dir",), "parser": path_arg},
+    "--resume": {"names": ("--resume",)},
+    "--ridge": {"names": ("--ridge",)},
+    "--runs-csv": {"names": ("--runs-csv",)},
+    "--samples": {"names": ("--samples",)},
+    "--sbatch": {"names": ("--sbatch",)},
+    "--seed": {"names": ("--seed",)},
+    "--seeds": {"names": ("--seeds",)},
+    "--set": {"names": ("--set",)},
+    "--set-pe": {"names": ("--set-pe",)},
+    "--share": {"names": ("--share",)},
+    "--shuffle-seq": {"names": ("--shuffle-seq",)},
+    "--signal-seconds": {"names": ("--signal-seconds",)},
+    "--status": {"names": ("--status",)},
+    "--steps": {"names": ("--steps",)},
+    "--target-mass": {"names": ("--target-mass",)},
+    "--threads": {"names": ("--threads",)},
+    "--time": {"names": ("--time",)},
+    "--timm-model": {"names": ("--timm-model",)},
+    "--tokens": {"names": ("--tokens", "-n")},
+    "--train-batch": {"names": ("--train-batch",)},
+    "--train-size": {"names": ("--train-size",)},
+    "--train-steps": {"names": ("--train-steps",)},
+    "--val-size": {"names": ("--val-size",)},
+    "--verbose": {"names": ("--verbose", "-v")},
+    "--version": {"names": ("--version",)},
+    "--versions": {"names": ("--versions",)},
+    "--warmup-epochs": {"names": ("--warmup-epochs",)},
+    "--weight-decay": {"names": ("--weight-decay",)},
+    "--window": {"names": ("--window",)},
+    "--workers": {"names": ("--workers",)},
+    "--yes": {"names": ("--yes",)},
+}
+#: Short flags: each letter stands for one long option in every command that has it.
+SHORT_FLAGS = {name: long for long, decl in FLAGS.items() for name in decl["names"] if not name.startswith("--")}
 
-JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout (for scripts).")]
-Threads = Annotated[Optional[int], typer.Option(
+
+def option(flag: str, also: Tuple[str, ...] = (), **own: Any) -> Any:
+    """The ``typer.Option`` of ``flag`` as :data:`FLAGS` declares it (its names, its parser), with
+    what is this command's own (``help``, ``show_default``, ``min``, ``metavar``); ``also``: more long
+    names the command gives it."""
+    decl = FLAGS[flag]
+    how = {k: v for k, v in decl.items() if k != "names"}
+    return typer.Option(*decl["names"][:1], *also, *decl["names"][1:], **{**how, **own})
+
+
+JsonOut = Annotated[bool, option("--json", help="Print one JSON document on stdout (for scripts).")]
+Threads = Annotated[Optional[int], option(
     "--threads", min=1, help="torch CPU threads. The default takes $OMP_NUM_THREADS, else the idle cores of "
     "this machine less one (at least 1), shared among torchrun's processes.", show_default="auto")]
-Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
-CacheDir = Annotated[Optional[Path], typer.Option(
+Device = Annotated[str, option("--device", help="auto, cpu, cuda or cuda:N.")]
+CacheDir = Annotated[Optional[Path], option(
     "--cache-dir", help="Artifact cache folder.", show_default="$STRUCTINIT_CACHE, else $XDG_CACHE_HOME/structinit",
-    parser=path_arg, metavar="DIR")]
-Seed = Annotated[int, typer.Option("--seed", min=0, help="Seed of offsets, noise and random draws.")]
-InitParam = Annotated[List[str], typer.Option("--init-param", "-p", help="Init parameter NAME=VALUE (repeatable), "
+    metavar="DIR")]
+Seed = Annotated[int, option("--seed", min=0, help="Seed of offsets, noise and random draws.")]
+InitParam = Annotated[List[str], option("--init-param", help="Init parameter NAME=VALUE (repeatable), "
                                               "e.g. -p position_subspace=true.", show_default=False)]
-Tokens = Annotated[Optional[int], typer.Option("--tokens", "-n", help="Tokens N of a square grid (a perfect square).",
+Tokens = Annotated[Optional[int], option("--tokens", help="Tokens N of a square grid (a perfect square).",
                                                show_default="256 when --grid is not given")]
-GridOpt = Annotated[Optional[str], typer.Option("--grid", help="Token grid: HxW (an image) or L (a sequence of L "
+GridOpt = Annotated[Optional[str], option("--grid", help="Token grid: HxW (an image) or L (a sequence of L "
                                                               "tokens).")]
-Dim = Annotated[int, typer.Option("--dim", help="Embedding dimension D (divisible by heads, and by 4 on 2-D grids).")]
-Heads = Annotated[int, typer.Option("--heads", help="Attention heads per layer.")]
-Depth = Annotated[int, typer.Option("--depth", "--layers",
+Dim = Annotated[int, option("--dim", help="Embedding dimension D (divisible by heads, and by 4 on 2-D grids).")]
+Heads = Annotated[int, option("--heads", help="Attention heads per layer.")]
+Depth = Annotated[int, option("--depth", also=('--layers',),
                                     help="Attention layers, each with its own offsets and solve.")]
-Filter = Annotated[int, typer.Option("--filter", "-f", help="Impulse filter size f (offsets from the f x f window; "
+Filter = Annotated[int, option("--filter", help="Impulse filter size f (offsets from the f x f window; "
                                                             "on a sequence, from f positions).")]
-Recipe = Annotated[str, typer.Option("--recipe", "-r", help="Solver recipe: fast, paper, released, closed-form or "
+Recipe = Annotated[str, option("--recipe", help="Solver recipe: fast, paper, released, closed-form or "
                                                        "authors-2025.")]
-TargetMass = Annotated[Optional[float], typer.Option(
+TargetMass = Annotated[Optional[float], option(
     "--target-mass", help="fast recipe: mean attention on the target token, in (1/N, 1); lower is softer.",
-    show_default="0.3")]
-Offsets = Annotated[str, typer.Option("--offsets", help="Offset order: random (a draw per head) or centre "
+    show_default=shown(RECIPE_DEFAULTS["fast"]["target_mass"]))]
+Offsets = Annotated[str, option("--offsets", help="Offset order: random (a draw per head) or centre "
                                                         "(centre first: 4,1,5,3,7,... for f=3).")]
-Padding = Annotated[str, typer.Option("--padding", help="zero (the paper's) or circular (wrap-around).")]
-Causal = Annotated[bool, typer.Option("--causal", help="Sequences: offsets only in the past (the current and f-1 "
+Padding = Annotated[str, option("--padding", help="zero (the paper's) or circular (wrap-around).")]
+Causal = Annotated[bool, option("--causal", help="Sequences: offsets only in the past (the current and f-1 "
                                                        "earlier tokens), for a decoder's causal mask.")]
-Share = Annotated[bool, typer.Option("--share", help="Solve once and reuse it for every layer (the released code's "
+Share = Annotated[bool, option("--share", help="Solve once and reuse it for every layer (the released code's "
                                                      "default).")]
-Out = Annotated[Optional[Path], typer.Option("--out", "-o", help="Where to write.", parser=path_arg, metavar="PATH")]
-Force = Annotated[bool, typer.Option("--force", help="Overwrite an existing output.")]
+Out = Annotated[Optional[Path], option("--out", help="Where to write.", metavar="PATH")]
+Force = Annotated[bool, option("--force", help="Overwrite an existing output.")]
 
 def examples(*lines: str) -> str:
     """A help epilog of example command lines, printed verbatim (Click's ``\\b`` marker keeps it

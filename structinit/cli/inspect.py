@@ -9,7 +9,9 @@ from typing import List, Optional
 import typer
 from typing_extensions import Annotated
 
-from structinit.cli.common import CacheDir, Force, GridOpt, JsonOut, Threads, emit_json, examples, path_arg
+from structinit.cli.common import CacheDir, Force, GridOpt, JsonOut, Threads, emit_json, examples, option, shown
+from structinit.solver.recipes import DEFAULT_FILTER
+from structinit.training.config import FIDELITY_SAMPLES
 
 EXAMPLES = examples(
     'structinit inspect                                     # list the cache',
@@ -49,52 +51,52 @@ TargetOpt = Annotated[Optional[str], typer.Argument(help="Artifact path or key, 
     "the cache. With --data: a train run folder, its checkpoint.pt "
     "or best.pt, or a model preset.")]
 
-LayerOpt = Annotated[Optional[int], typer.Option("--layer", help="Artifact: layer whose attention is drawn.",
+LayerOpt = Annotated[Optional[int], option("--layer", help="Artifact: layer whose attention is drawn.",
     show_default="0")]
 
-HeadOpt = Annotated[Optional[int], typer.Option("--head", help="Artifact: head whose attention is drawn in the "
+HeadOpt = Annotated[Optional[int], option("--head", help="Artifact: head whose attention is drawn in the "
     "terminal.", show_default="0")]
 
-QueryOpt = Annotated[Optional[int], typer.Option("--query", help="Artifact, --data: query token drawn.",
+QueryOpt = Annotated[Optional[int], option("--query", help="Artifact, --data: query token drawn.",
     show_default="the grid centre")]
 
-PngOpt = Annotated[Optional[str], typer.Option("--png", help="Artifact: write the layer's attention (all heads) as a "
+PngOpt = Annotated[Optional[str], option("--png", help="Artifact: write the layer's attention (all heads) as a "
     "PNG figure; --data: the first, middle and last layer's (an "
     "existing file only with --force).")]
 
-HeadsOpt = Annotated[Optional[int], typer.Option("--heads", help="Checkpoint: heads, when the checkpoint does not "
+HeadsOpt = Annotated[Optional[int], option("--heads", help="Checkpoint: heads, when the checkpoint does not "
     "say.")]
 
-DataOpt = Annotated[Optional[str], typer.Option(
+DataOpt = Annotated[Optional[str], option(
     "--data", metavar="DATASET", help="Measure a model's attention on the first training inputs of this "
     "dataset (digits, synthetic, mnist1d; cifar10, cifar100, svhn with --data-dir): per layer and head, the "
     "hit rate and mass on the solved offset and the share inside the f x f window. TARGET is then a train run "
     "folder (the model at init), its checkpoint.pt or best.pt (that epoch's weights), or a model preset with "
     "--init. --png draws the first, middle and last layer.")]
 
-SamplesOpt = Annotated[Optional[int], typer.Option("--samples", min=1, help="--data: how many training inputs.",
-    show_default="256")]
+SamplesOpt = Annotated[Optional[int], option("--samples", min=1, help="--data: how many training inputs.",
+    show_default=shown(FIDELITY_SAMPLES))]
 
-InitOpt = Annotated[Optional[str], typer.Option("--init", help="--data with a preset: attention init method "
+InitOpt = Annotated[Optional[str], option("--init", help="--data with a preset: attention init method "
     "(kaiming, trunc-normal, mimetic or impulse).",
     show_default="the model's own")]
 
-InitParamOpt = Annotated[List[str], typer.Option("--init-param", "-p", help="--data with a preset: init "
+InitParamOpt = Annotated[List[str], option("--init-param", help="--data with a preset: init "
     "parameter NAME=VALUE (repeatable), as in train.")]
 
-SeedOpt = Annotated[Optional[int], typer.Option("--seed", min=0, help="--data with a preset: seed of the model and "
+SeedOpt = Annotated[Optional[int], option("--seed", min=0, help="--data with a preset: seed of the model and "
     "its init, as in train.", show_default="0")]
 
-DataDirOpt = Annotated[Optional[Path], typer.Option("--data-dir", help="--data: dataset folder (cifar10, "
+DataDirOpt = Annotated[Optional[Path], option("--data-dir", help="--data: dataset folder (cifar10, "
     "cifar100, svhn).", show_default="a run's own, else "
-    "$STRUCTINIT_DATA, else ./data", parser=path_arg,
+    "$STRUCTINIT_DATA, else ./data",
     metavar="DIR")]
 
-FilterOpt = Annotated[Optional[int], typer.Option("--filter", "-f", min=1, help="--data: the window f whose "
+FilterOpt = Annotated[Optional[int], option("--filter", min=1, help="--data: the window f whose "
     "attention share is measured.",
-    show_default="the solved filter, else 3")]
+    show_default=f"the solved filter, else {DEFAULT_FILTER}")]
 
-PerHeadOpt = Annotated[bool, typer.Option("--per-head", help="--data: one table row per layer and head.")]
+PerHeadOpt = Annotated[bool, option("--per-head", help="--data: one table row per layer and head.")]
 
 
 def inspect(
@@ -139,8 +141,8 @@ def inspect(
         if target is None:
             raise UsageError("--data needs a TARGET: a train run folder, its checkpoint.pt or best.pt, or a model "
                              "preset (with --init)")
-        return _show_data(target, data, samples or 256, init, init_param, seed, data_dir, filter_, per_head, query,
-                          png, force, cache_dir, json_out)
+        return _show_data(target, data, samples or FIDELITY_SAMPLES, init, init_param, seed, data_dir, filter_,
+                          per_head, query, png, force, cache_dir, json_out)
     given = [f for f, v in data_only.items() if v is not None]
     if given:
         raise UsageError(f"{', '.join(given)} need(s) --data DATASET (they set up the measure on real inputs)")

@@ -28,6 +28,16 @@ from structinit.cli.common import (
     Tokens,
     emit_json,
     examples,
+    option,
+    shown,
+)
+from structinit.solver.recipes import (
+    DEFAULT_FILTER,
+    DEFAULT_OFFSET_ORDER,
+    DEFAULT_PADDING,
+    DEFAULT_PSEUDO_INPUT,
+    DEFAULT_RECIPE,
+    RECIPE_DEFAULTS,
 )
 
 EXAMPLES = examples(
@@ -54,31 +64,35 @@ def solve(
     grid: GridOpt = None,
     dim: Dim = 192,
     heads: Heads = 3,
-    filter_size: Filter = 3,
+    filter_size: Filter = DEFAULT_FILTER,
     layers: Depth = 1,
     share: Share = False,
-    recipe: Recipe = "fast",
+    recipe: Recipe = DEFAULT_RECIPE,
     target_mass: TargetMass = None,
-    ridge: Annotated[Optional[float], typer.Option("--ridge", help="fast recipe: ridge strength, relative to "
-                                                   "s_max^4.", show_default="1e-5")] = None,
-    iters: Annotated[Optional[int], typer.Option("--iters", help="paper/released recipes: Adam iterations.",
-                                                 show_default="10000")] = None,
-    lr: Annotated[Optional[float], typer.Option("--lr", help="paper/released recipes: Adam learning rate.",
-                                                show_default="1e-4")] = None,
-    norm_every: Annotated[Optional[int], typer.Option("--norm-every", help="released recipe: column-norm reset "
-                                                      "period.", show_default="100")] = None,
-    pseudo_input: Annotated[str, typer.Option("--pseudo-input", help="pe, uniform, gaussian, pe+uniform or "
-                                              "pe+gaussian (the paper's Table 6).")] = "pe",
-    pseudo_input_rest: Annotated[Optional[str], typer.Option("--pseudo-input-rest", help="Pseudo input of the layers "
+    ridge: Annotated[Optional[float], option(
+        "--ridge", help="fast recipe: ridge strength, relative to s_max^4.",
+        show_default=shown(RECIPE_DEFAULTS["fast"]["ridge"]))] = None,
+    iters: Annotated[Optional[int], option(
+        "--iters", help="paper/released recipes: Adam iterations.",
+        show_default=shown(RECIPE_DEFAULTS["paper"]["iters"]))] = None,
+    lr: Annotated[Optional[float], option(
+        "--lr", help="paper/released recipes: Adam learning rate.",
+        show_default=shown(RECIPE_DEFAULTS["paper"]["lr"]))] = None,
+    norm_every: Annotated[Optional[int], option(
+        "--norm-every", help="released recipe: column-norm reset period.",
+        show_default=shown(RECIPE_DEFAULTS["released"]["norm_every"]))] = None,
+    pseudo_input: Annotated[str, option("--pseudo-input", help="pe, uniform, gaussian, pe+uniform or "
+                                        "pe+gaussian (the paper's Table 6).")] = DEFAULT_PSEUDO_INPUT,
+    pseudo_input_rest: Annotated[Optional[str], option("--pseudo-input-rest", help="Pseudo input of the layers "
                                                              "after the first.", show_default="same")] = None,
-    padding: Padding = "zero",
+    padding: Padding = DEFAULT_PADDING,
     causal: Causal = False,
-    offsets: Offsets = "random",
+    offsets: Offsets = DEFAULT_OFFSET_ORDER,
     seed: Seed = 0,
     device: Device = "auto",
     threads: Threads = None,
     cache_dir: CacheDir = None,
-    force: Annotated[bool, typer.Option("--force", help="Solve again even if the cache has it.")] = False,
+    force: Annotated[bool, option("--force", help="Solve again even if the cache has it.")] = False,
     json_out: JsonOut = False,
 ):
     """Solve Q/K so that each head's attention is an impulse filter, and cache the result."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 import typer
 from typing_extensions import Annotated
 
-from structinit.cli.common import Device, JsonOut, Out, Progress, Threads, emit_json, examples, path_arg
+from structinit.cli.common import Device, JsonOut, Out, Progress, Threads, emit_json, examples, option
 from structinit.training.config import TRAIN_BASE
 
 if TYPE_CHECKING:
@@ -28,7 +28,6 @@ EXAMPLES = examples(
     'torchrun --standalone --nproc_per_node=2 -m structinit train --dataset synthetic --epochs 1 --out runs/ddp',
 )
 
-Opt = typer.Option
 
 
 #: TrainConfig fields whose command-line parameter has another name.
@@ -63,118 +62,117 @@ def _fmt(record: Dict[str, Any], epochs: int) -> str:
 
 # --------------------------------------------------------------------------- options
 
-ModelOpt = Annotated[str, Opt("--model", help="Preset: vit-t, vit-t-h8, vit-s, vit-s-h16, vit-d8, vit-digits, "
+ModelOpt = Annotated[str, option("--model", help="Preset: vit-t, vit-t-h8, vit-s, vit-s-h16, vit-d8, vit-digits, "
     "vit-t-cls, vit-t-learned-pe, vit-t-cls-learned-pe, convit, convmixer-256, "
     "convmixer-512; for sequences transformer-1d or cnn-1d.")]
 
-DatasetOpt = Annotated[str, Opt("--dataset", help="digits, synthetic, cifar10, cifar100, svhn or "
+DatasetOpt = Annotated[str, option("--dataset", help="digits, synthetic, cifar10, cifar100, svhn or "
     "imagefolder; mnist1d (sequences).")]
 
-ShuffleSeqOpt = Annotated[bool, Opt("--shuffle-seq", help="mnist1d: permute the positions of every sequence the "
+ShuffleSeqOpt = Annotated[bool, option("--shuffle-seq", help="mnist1d: permute the positions of every sequence the "
     "same way (the check that a gain comes from locality).")]
 
-ResumeOpt = Annotated[bool, Opt("--resume", help="Continue the run in --out from its last checkpoint (start it if "
+ResumeOpt = Annotated[bool, option("--resume", help="Continue the run in --out from its last checkpoint (start it if "
     "there is none).")]
 
-InitOpt = Annotated[Optional[str], Opt("--init", help="Attention init method (ViTs, transformer-1d): kaiming, "
+InitOpt = Annotated[Optional[str], option("--init", help="Attention init method (ViTs, transformer-1d): kaiming, "
     "trunc-normal, mimetic, impulse, or the authors' exact impulse-2024 / "
     "impulse-2025. impulse and mimetic start the weights they do not write from "
     f"base={TRAIN_BASE} (the MLPs at PyTorch's default; chosen on validation) "
     "unless -p base=... says otherwise (base=model: timm's init).",
     show_default="timm's own")]
 
-InitParamOpt = Annotated[List[str], Opt("--init-param", "-p", help="Init parameter NAME=VALUE (repeatable), e.g. "
+InitParamOpt = Annotated[List[str], option("--init-param", help="Init parameter NAME=VALUE (repeatable), e.g. "
     "filter=5, target_mass=0.3, mimetic_vproj=true.")]
 
-DataDirOpt = Annotated[Optional[Path], Opt("--data-dir", help="Dataset folder (torchvision's files; imagefolder: "
-    "train/ and val/).", show_default="$STRUCTINIT_DATA, else ./data",
-    parser=path_arg, metavar="DIR")]
+DataDirOpt = Annotated[Optional[Path], option("--data-dir", help="Dataset folder (torchvision's files; imagefolder: "
+    "train/ and val/).", show_default="$STRUCTINIT_DATA, else ./data", metavar="DIR")]
 
-DownloadOpt = Annotated[bool, Opt("--download", help="Download cifar10/cifar100/svhn into --data-dir first (needs "
+DownloadOpt = Annotated[bool, option("--download", help="Download cifar10/cifar100/svhn into --data-dir first (needs "
     "network).")]
 
-ImageSizeOpt = Annotated[Optional[int], Opt("--image-size", help="imagefolder: image side.",
+ImageSizeOpt = Annotated[Optional[int], option("--image-size", help="imagefolder: image side.",
     show_default="224")]
 
-TrainSizeOpt = Annotated[Optional[int], Opt("--train-size", help="Train on a stratified subset of this many images "
+TrainSizeOpt = Annotated[Optional[int], option("--train-size", help="Train on a stratified subset of this many images "
     "(drawn with --data-seed).", show_default="all")]
 
-ValSizeOpt = Annotated[int, Opt("--val-size", help="Hold out this many training images as a validation split "
+ValSizeOpt = Annotated[int, option("--val-size", help="Hold out this many training images as a validation split "
     "(stratified, the same for every seed).")]
 
-DataSeedOpt = Annotated[Optional[int], Opt("--data-seed", help="Seed of the training subset.",
+DataSeedOpt = Annotated[Optional[int], option("--data-seed", help="Seed of the training subset.",
     show_default="--seed")]
 
-DimOpt = Annotated[Optional[int], Opt("--dim", help="Override the preset's embedding dim.")]
+DimOpt = Annotated[Optional[int], option("--dim", help="Override the preset's embedding dim.")]
 
-HeadsOpt = Annotated[Optional[int], Opt("--heads", help="Override the preset's heads.")]
+HeadsOpt = Annotated[Optional[int], option("--heads", help="Override the preset's heads.")]
 
-DepthOpt = Annotated[Optional[int], Opt("--depth", help="Override the preset's depth.")]
+DepthOpt = Annotated[Optional[int], option("--depth", help="Override the preset's depth.")]
 
-PatchOpt = Annotated[Optional[int], Opt("--patch", help="Patch size.", show_default="1 digits, 2 on 32x32, "
+PatchOpt = Annotated[Optional[int], option("--patch", help="Patch size.", show_default="1 digits, 2 on 32x32, "
     "16 imagefolder")]
 
-MlpRatioOpt = Annotated[Optional[float], Opt("--mlp-ratio", help="Override the preset's MLP ratio.")]
+MlpRatioOpt = Annotated[Optional[float], option("--mlp-ratio", help="Override the preset's MLP ratio.")]
 
-PoolOpt = Annotated[Optional[str], Opt("--pool", help="ViT pooling: avg or token (class token).")]
+PoolOpt = Annotated[Optional[str], option("--pool", help="ViT pooling: avg or token (class token).")]
 
-PosEmbedOpt = Annotated[Optional[str], Opt("--pos-embed", help="ViT position embedding: sincos (fixed) or "
+PosEmbedOpt = Annotated[Optional[str], option("--pos-embed", help="ViT position embedding: sincos (fixed) or "
     "learned.")]
 
-KernelOpt = Annotated[Optional[int], Opt("--kernel", help="ConvMixer depthwise kernel size; cnn-1d kernel "
+KernelOpt = Annotated[Optional[int], option("--kernel", help="ConvMixer depthwise kernel size; cnn-1d kernel "
     "size.")]
 
-WindowOpt = Annotated[Optional[int], Opt("--window", help="transformer-1d: values each token embeds (odd; 1: one "
+WindowOpt = Annotated[Optional[int], option("--window", help="transformer-1d: values each token embeds (odd; 1: one "
     "value per position).", show_default="1")]
 
-FiltersOpt = Annotated[str, Opt("--filters", help="ConvMixer depthwise filters: trained, or frozen random, impulse "
+FiltersOpt = Annotated[str, option("--filters", help="ConvMixer depthwise filters: trained, or frozen random, impulse "
     "or box.")]
 
-DropPathOpt = Annotated[float, Opt("--drop-path", help="Stochastic depth rate.")]
+DropPathOpt = Annotated[float, option("--drop-path", help="Stochastic depth rate.")]
 
-EpochsOpt = Annotated[Optional[int], Opt("--epochs", "-e", help="Epochs.", show_default="200; digits 40; "
+EpochsOpt = Annotated[Optional[int], option("--epochs", help="Epochs.", show_default="200; digits 40; "
     "ConvMixer 100")]
 
-BatchSizeOpt = Annotated[Optional[int], Opt("--batch-size", "-b", help="Global batch size.",
+BatchSizeOpt = Annotated[Optional[int], option("--batch-size", help="Global batch size.",
     show_default="512; digits 64")]
 
-LrOpt = Annotated[Optional[float], Opt("--lr", help="Peak learning rate.", show_default="1e-3; ConvMixer 1e-2")]
+LrOpt = Annotated[Optional[float], option("--lr", help="Peak learning rate.", show_default="1e-3; ConvMixer 1e-2")]
 
-MinLrOpt = Annotated[Optional[float], Opt("--min-lr", help="Cosine floor.", show_default="1e-6")]
+MinLrOpt = Annotated[Optional[float], option("--min-lr", help="Cosine floor.", show_default="1e-6")]
 
-WeightDecayOpt = Annotated[Optional[float], Opt("--weight-decay", help="AdamW weight decay.",
+WeightDecayOpt = Annotated[Optional[float], option("--weight-decay", help="AdamW weight decay.",
     show_default="0.01")]
 
-WarmupEpochsOpt = Annotated[Optional[float], Opt("--warmup-epochs", help="Linear warm-up epochs.",
+WarmupEpochsOpt = Annotated[Optional[float], option("--warmup-epochs", help="Linear warm-up epochs.",
     show_default="10; digits 2")]
 
-OptEpsOpt = Annotated[Optional[float], Opt("--opt-eps", help="AdamW eps.", show_default="1e-3; digits 1e-8")]
+OptEpsOpt = Annotated[Optional[float], option("--opt-eps", help="AdamW eps.", show_default="1e-3; digits 1e-8")]
 
-GradClipOpt = Annotated[Optional[float], Opt("--grad-clip", help="Gradient norm clip, 0 for none.",
+GradClipOpt = Annotated[Optional[float], option("--grad-clip", help="Gradient norm clip, 0 for none.",
     show_default="3.0")]
 
-LabelSmoothingOpt = Annotated[Optional[float], Opt("--label-smoothing", help="Label smoothing.",
+LabelSmoothingOpt = Annotated[Optional[float], option("--label-smoothing", help="Label smoothing.",
     show_default="0")]
 
-AugmentOpt = Annotated[Optional[str], Opt("--augment", help="randaugment, crop-flip, flip or none.",
+AugmentOpt = Annotated[Optional[str], option("--augment", help="randaugment, crop-flip, flip or none.",
     show_default="randaugment; none on digits")]
 
-RandaugNOpt = Annotated[Optional[int], Opt("--randaug-n", help="RandAugment ops per image.", show_default="2")]
+RandaugNOpt = Annotated[Optional[int], option("--randaug-n", help="RandAugment ops per image.", show_default="2")]
 
-RandaugMOpt = Annotated[Optional[int], Opt("--randaug-m", help="RandAugment magnitude.", show_default="9")]
+RandaugMOpt = Annotated[Optional[int], option("--randaug-m", help="RandAugment magnitude.", show_default="9")]
 
-EvalEveryOpt = Annotated[Optional[int], Opt("--eval-every", help="Epochs between evaluations (the last epoch is "
+EvalEveryOpt = Annotated[Optional[int], option("--eval-every", help="Epochs between evaluations (the last epoch is "
     "always evaluated).", show_default="epochs // 50, at least 1")]
 
-SeedOpt = Annotated[int, Opt("--seed", min=0, help="Seed of the init, data order and augmentation.")]
+SeedOpt = Annotated[int, option("--seed", min=0, help="Seed of the init, data order and augmentation.")]
 
-AmpOpt = Annotated[str, Opt("--amp", help="Mixed precision: auto (bf16/fp16 on GPU, off on CPU), bf16, fp16 or "
+AmpOpt = Annotated[str, option("--amp", help="Mixed precision: auto (bf16/fp16 on GPU, off on CPU), bf16, fp16 or "
     "off.")]
 
-CompileOpt = Annotated[bool, Opt("--compile", help="torch.compile the model (slow to start; for long GPU "
+CompileOpt = Annotated[bool, option("--compile", help="torch.compile the model (slow to start; for long GPU "
     "runs).")]
 
-WorkersOpt = Annotated[int, Opt("--workers", help="DataLoader workers (imagefolder only).")]
+WorkersOpt = Annotated[int, option("--workers", help="DataLoader workers (imagefolder only).")]
 
 
 def train(

@@ -1,10 +1,13 @@
 """The data fit's settings (:class:`FitSettings`), one frozen record from the impulse init's
-``data_fit*`` parameters."""
+``data_fit*`` parameters; its defaults are the fit's defaults, declared here once (the impulse init's
+parameters and the commands read them)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Dict
+
+from structinit.solver.recipes import RECIPE_DEFAULTS
 
 #: The data fit's algorithm versions (see :mod:`structinit.fit.refine`) and the default.
 FIT_VERSIONS = (1, 2)
@@ -31,7 +34,7 @@ class FitSettings:
     version: int = DEFAULT_FIT_VERSION
     batch: int = 0
     self_weight: float = 0.0
-    calibrated_to: float = 0.3
+    calibrated_to: float = RECIPE_DEFAULTS["fast"]["target_mass"]
     writes: Dict[str, Any] = field(default_factory=dict)
 
     def identity(self) -> Dict[str, Any]:
@@ -43,4 +46,8 @@ class FitSettings:
                 **self.writes, "calibrated_to": self.calibrated_to}
 
 
-__all__ = ["FitSettings", "FIT_VERSIONS", "DEFAULT_FIT_VERSION"]
+#: The fit's defaults, declared once (the impulse init's ``data_fit*`` parameters start from them).
+FIT_DEFAULTS = FitSettings()
+
+
+__all__ = ["FIT_DEFAULTS", "FitSettings", "FIT_VERSIONS", "DEFAULT_FIT_VERSION"]

@@ -13,10 +13,19 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from structinit.errors import UsageError, param
+from structinit.fit.settings import FIT_DEFAULTS as _FIT
+from structinit.fit.settings import FitSettings
 from structinit.init.base import InitSpec, InitWarning, register
 from structinit.init.impulse_checks import check_causal, check_impulse_params
 from structinit.init.mimetic import vproj_keys
-from structinit.solver.recipes import recipe_params
+from structinit.solver.recipes import (
+    DEFAULT_FILTER,
+    DEFAULT_OFFSET_ORDER,
+    DEFAULT_PADDING,
+    DEFAULT_PSEUDO_INPUT,
+    DEFAULT_RECIPE,
+    recipe_params,
+)
 
 #: What ``apply`` says of a checkpoint written with the plain solve (``data_fit=0``).
 PLAIN_SOLVE_NOTE = (f"{param('data_fit')} 0 writes the plain solve, which real inputs wash out: it trained 12 points "
@@ -90,14 +99,14 @@ class ImpulseInit(InitSpec):
     fits_data = True
     writes = "Q/K rows and biases; V and output projection (mimetic_vproj); pos_embed (pe_scale)"
     needs_grid = True
-    filter: int = 3
-    recipe: str = "fast"
+    filter: int = DEFAULT_FILTER
+    recipe: str = DEFAULT_RECIPE
     target_mass: Optional[float] = None
     recipe_params: Dict[str, Any] = field(default_factory=dict)
     share: bool = False
-    offset_order: str = "random"
-    padding: str = "zero"
-    pseudo_input: str = "pe"
+    offset_order: str = DEFAULT_OFFSET_ORDER
+    padding: str = DEFAULT_PADDING
+    pseudo_input: str = DEFAULT_PSEUDO_INPUT
     pseudo_input_rest: Optional[str] = None
     artifact: Optional[Any] = None
     mimetic_vproj: bool = True
@@ -107,15 +116,15 @@ class ImpulseInit(InitSpec):
     fit_pe: bool = False
     tolerance: float = 0.02
     causal: bool = False
-    data_fit: int = 300
-    data_fit_mass: float = 0.6
-    data_fit_l2: float = 1e-4
-    data_fit_lr: float = 1e-2
-    data_fit_norm: float = 5.0
-    data_fit_samples: int = 256
-    self_weight: float = 0.0
-    data_fit_version: int = 2
-    data_fit_batch: int = 0
+    data_fit: int = _FIT.steps
+    data_fit_mass: float = _FIT.mass
+    data_fit_l2: float = _FIT.l2
+    data_fit_lr: float = _FIT.lr
+    data_fit_norm: float = _FIT.norm
+    data_fit_samples: int = _FIT.samples
+    self_weight: float = _FIT.self_weight
+    data_fit_version: int = _FIT.version
+    data_fit_batch: int = _FIT.batch
     data_fit_inputs: str = "data"
     pe_factor: Optional[float] = None
     base: str = "model"
@@ -198,7 +207,6 @@ class ImpulseInit(InitSpec):
         """The data fit's :class:`~structinit.fit.settings.FitSettings` from this spec's parameters
         (``subspace``: the target's :class:`~structinit.init.position_subspace.PositionSubspace`,
         whose size and gain change what each layer sees)."""
-        from structinit.fit.settings import FitSettings
 
         writes = {"mimetic_vproj": self.mimetic_vproj, "alpha2": self.alpha2, "beta2": self.beta2}
         if subspace is not None:

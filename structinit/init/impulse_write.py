@@ -251,9 +251,9 @@ def fit_record(spec, prepared: Prepared) -> Optional[Dict[str, Any]]:
         return {"skipped": prepared.skipped} if prepared.skipped else None
     out = dict(art.fit["report"])
     inputs = prepared.inputs
-    out.update(steps=spec.data_fit, mass=spec.data_fit_mass, l2=spec.data_fit_l2, lr=spec.data_fit_lr,
-               norm=spec.data_fit_norm, calibrated_to=spec.calibration_mass(), version=spec.data_fit_version,
-               inputs=inputs.kind if inputs is not None else None,
+    fit = spec.fit_settings(prepared.subspace)
+    out.update(steps=fit.steps, mass=fit.mass, l2=fit.l2, lr=fit.lr, norm=fit.norm, calibrated_to=fit.calibrated_to,
+               version=fit.version, inputs=inputs.kind if inputs is not None else None,
                default_inputs=inputs is not None and inputs.kind == "noise" and spec.data_fit_inputs == "data",
                source=inputs.source if inputs is not None else art.fit.get("source"),
                artifact={"key": art.key, "path": str(art.path) if art.path else None,

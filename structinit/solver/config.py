@@ -16,7 +16,15 @@ from structinit.geometry.embedding import PSEUDO_INPUTS
 from structinit.geometry.grid import Grid, validate_shape
 from structinit.geometry.targets import OFFSET_ORDERS, PADDINGS, check_choice, check_geometry
 from structinit.keys import canonical_json, text_key
-from structinit.solver.recipes import check_recipe, recipe_params
+from structinit.solver.recipes import (
+    DEFAULT_FILTER,
+    DEFAULT_OFFSET_ORDER,
+    DEFAULT_PADDING,
+    DEFAULT_PSEUDO_INPUT,
+    DEFAULT_RECIPE,
+    check_recipe,
+    recipe_params,
+)
 
 FORMAT = "structinit/1"
 #: Settings newer than the format: written into the config (and the key) only when not at these defaults.
@@ -48,15 +56,15 @@ class SolveConfig:
     grid: Grid
     dim: int
     heads: int
-    filter: int = 3
+    filter: int = DEFAULT_FILTER
     layers: int = 1
     share: bool = False
-    recipe: str = "fast"
+    recipe: str = DEFAULT_RECIPE
     params: Dict[str, Any] = field(default_factory=dict)
-    pseudo_input: str = "pe"
+    pseudo_input: str = DEFAULT_PSEUDO_INPUT
     pseudo_input_rest: Optional[str] = None
-    padding: str = "zero"
-    offset_order: str = "random"
+    padding: str = DEFAULT_PADDING
+    offset_order: str = DEFAULT_OFFSET_ORDER
     seed: int = 0
     pos_embed: Optional[str] = None
     causal: bool = False

@@ -1,4 +1,4 @@
-"""Solver recipe names and their parameters (import-light: no torch).
+"""Solver recipe names and their parameters, and a solve's defaults (import-light: no torch).
 
 A recipe is a way to compute Q/K for impulse targets (:mod:`structinit.solver.algorithms` holds
 the solvers); its parameters all go into the artifact key.
@@ -25,6 +25,13 @@ RECIPE_DEFAULTS: Dict[str, Dict[str, Any]] = {
     "authors-2025": {"logit": 1000.0, "noise_scale": 3.0, "noise_std": 0.6, "noise_bound": 2.0, "qk_scale": 7.0},
 }
 RECIPES = tuple(RECIPE_DEFAULTS)
+#: A solve's defaults beside its recipe's parameters, declared once: what ``SolveConfig``, the
+#: impulse init and the ``solve`` and ``apply`` commands start from.
+DEFAULT_RECIPE = "fast"
+DEFAULT_FILTER = 3
+DEFAULT_PADDING = "zero"
+DEFAULT_OFFSET_ORDER = "random"
+DEFAULT_PSEUDO_INPUT = "pe"
 #: The algorithm version of each recipe. A change to what a recipe computes (not only to how fast)
 #: needs a new number: it enters the artifact key (``SolveConfig.algorithm``) and the run key of
 #: every init that solves with it, so results of one version are never taken for another's.

@@ -36,6 +36,9 @@ DATASET_HPARAMS: Dict[str, Dict[str, Any]] = {
     # MNIST-1D: 4000 sequences of 40 values; chosen on a 500-sequence validation split (docs/results/mnist1d).
     "mnist1d": dict(epochs=20, batch_size=64, warmup_epochs=2, opt_eps=1e-8),
 }
+#: The first training inputs a run's init is fitted to (``data_fit``) and its attention at init is
+#: measured on (``train``, ``inspect --data``).
+FIDELITY_SAMPLES = 256
 #: The base of the weights an init does not write on a model ``train`` builds, for an init named
 #: without one (``init_params`` without ``base``): the MLPs at PyTorch's default init, chosen on the
 #: validation splits of the Fashion-MNIST and digits learning curves (docs/results/structure-gain).

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List,
 
 from structinit.errors import StructinitError, UsageError, param
 from structinit.init.base import InitSpec
-from structinit.training.config import EXECUTION_FIELDS, TrainConfig, causal_refused
+from structinit.training.config import EXECUTION_FIELDS, FIDELITY_SAMPLES, TrainConfig, causal_refused
 from structinit.training.rundir import RunDir
 
 if TYPE_CHECKING:  # torch is imported where it is used: validating a config does not load it
@@ -221,8 +221,6 @@ def evaluate(model: torch.nn.Module, chunks: Iterable[Tuple[Any, Any]], autocast
     return sums
 
 
-#: Training inputs on which the attention of an impulse-initialized model is measured at init.
-FIDELITY_SAMPLES = 256
 
 
 def init_inputs(split: TensorSplit, info: DatasetInfo) -> torch.Tensor:

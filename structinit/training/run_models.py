@@ -59,7 +59,7 @@ def initialized_model(config, cache_dir=None):
     spec = config.init
     if spec is not None:
         from structinit.init.initialize import initialize_model
-        from structinit.training.loop import FIDELITY_SAMPLES
+        from structinit.training.config import FIDELITY_SAMPLES
 
         data = training_images(config, FIDELITY_SAMPLES) if spec.uses_data else None
         source = f"{config.dataset}: the run's first {int(data.shape[0])} training inputs" if data is not None else None
