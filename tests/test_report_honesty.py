@@ -183,7 +183,8 @@ def test_the_accuracy_figure_draws_no_empty_panel_or_row(tmp_path):
         dots = [c for c in ax.collections if len(c.get_offsets())]
         assert dots, ax.get_title()  # a finished seed drawn in every panel
     assert len({ax.get_xlim() for ax in panels}) == 1
-    assert "not shown, no seed finished yet: methods Never run [model]; columns 500 images, never run" in fig.get_suptitle()
+    left_out = "not shown, no seed finished yet: methods Never run [model]; columns 500 images, never run"
+    assert left_out in fig.get_suptitle()
 
 
 def test_attention_figures_have_one_colour_scale(tmp_path):
