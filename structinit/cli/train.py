@@ -128,38 +128,50 @@ WindowOpt = Annotated[Optional[int], option("--window", help="transformer-1d: va
 FiltersOpt = Annotated[str, option("--filters", help="ConvMixer depthwise filters: trained, or frozen random, impulse "
     "or box.")]
 
+def recipe_default(name: str) -> str:
+    """The help's default of training setting ``name``, read from the recipe (``HPARAMS``) and its
+    per-dataset and per-model changes: e.g. ``"200; digits 40; ConvMixer 100"``."""
+    from structinit.training.config import DATASET_HPARAMS, HPARAMS, MODEL_HPARAMS
+
+    names = {"convmixer": "ConvMixer"}
+    parts = [f"{HPARAMS[name]:g}"]
+    parts += [f"{names.get(k, k)} {v[name]:g}" for k, v in {**DATASET_HPARAMS, **MODEL_HPARAMS}.items() if name in v]
+    return "; ".join(parts)
+
+
 DropPathOpt = Annotated[float, option("--drop-path", help="Stochastic depth rate.")]
 
-EpochsOpt = Annotated[Optional[int], option("--epochs", help="Epochs.", show_default="200; digits 40; "
-    "ConvMixer 100")]
+EpochsOpt = Annotated[Optional[int], option("--epochs", help="Epochs.", show_default=recipe_default("epochs"))]
 
 BatchSizeOpt = Annotated[Optional[int], option("--batch-size", help="Global batch size.",
-    show_default="512; digits 64")]
+    show_default=recipe_default("batch_size"))]
 
-LrOpt = Annotated[Optional[float], option("--lr", help="Peak learning rate.", show_default="1e-3; ConvMixer 1e-2")]
+LrOpt = Annotated[Optional[float], option("--lr", help="Peak learning rate.", show_default=recipe_default("lr"))]
 
-MinLrOpt = Annotated[Optional[float], option("--min-lr", help="Cosine floor.", show_default="1e-6")]
+MinLrOpt = Annotated[Optional[float], option("--min-lr", help="Cosine floor.", show_default=recipe_default("min_lr"))]
 
 WeightDecayOpt = Annotated[Optional[float], option("--weight-decay", help="AdamW weight decay.",
-    show_default="0.01")]
+    show_default=recipe_default("weight_decay"))]
 
 WarmupEpochsOpt = Annotated[Optional[float], option("--warmup-epochs", help="Linear warm-up epochs.",
-    show_default="10; digits 2")]
+    show_default=recipe_default("warmup_epochs"))]
 
-OptEpsOpt = Annotated[Optional[float], option("--opt-eps", help="AdamW eps.", show_default="1e-3; digits 1e-8")]
+OptEpsOpt = Annotated[Optional[float], option("--opt-eps", help="AdamW eps.", show_default=recipe_default("opt_eps"))]
 
 GradClipOpt = Annotated[Optional[float], option("--grad-clip", help="Gradient norm clip, 0 for none.",
-    show_default="3.0")]
+    show_default=recipe_default("grad_clip"))]
 
 LabelSmoothingOpt = Annotated[Optional[float], option("--label-smoothing", help="Label smoothing.",
-    show_default="0")]
+    show_default=recipe_default("label_smoothing"))]
 
 AugmentOpt = Annotated[Optional[str], option("--augment", help="randaugment, crop-flip, flip or none.",
     show_default="randaugment; none on digits")]
 
-RandaugNOpt = Annotated[Optional[int], option("--randaug-n", help="RandAugment ops per image.", show_default="2")]
+RandaugNOpt = Annotated[Optional[int], option("--randaug-n", help="RandAugment ops per image.",
+    show_default=recipe_default("randaug_n"))]
 
-RandaugMOpt = Annotated[Optional[int], option("--randaug-m", help="RandAugment magnitude.", show_default="9")]
+RandaugMOpt = Annotated[Optional[int], option("--randaug-m", help="RandAugment magnitude.",
+    show_default=recipe_default("randaug_m"))]
 
 EvalEveryOpt = Annotated[Optional[int], option("--eval-every", help="Epochs between evaluations (the last epoch is "
     "always evaluated).", show_default="epochs // 50, at least 1")]
