@@ -63,7 +63,7 @@ import torch
 from structinit.analysis.quality import attention_logits
 from structinit.errors import UsageError, param
 from structinit.solver.calibrate import log_scale_root
-from structinit.solver.recipes import RECIPES
+from structinit.solver.recipes import RECIPE_DEFAULTS, RECIPES
 
 Solver = Callable[..., Tuple[torch.Tensor, torch.Tensor]]
 
@@ -121,13 +121,19 @@ def _adam_mse(x, columns, head_dim, heads, generator, iters, lr, norm_every=0, p
     return q.detach(), k.detach()
 
 
-def solve_paper(x, columns, head_dim, heads, generator, iters=10000, lr=1e-4, progress=None, mask=None):
+# Each solver's defaults are its recipe's (declared once, in structinit.solver.recipes).
+_PAPER, _RELEASED, _CLOSED, _AUTHORS = (RECIPE_DEFAULTS[name] for name in ("paper", "released", "closed-form",
+                                                                       "authors-2025"))
+
+
+def solve_paper(x, columns, head_dim, heads, generator, iters=_PAPER["iters"], lr=_PAPER["lr"], progress=None,
+                mask=None):
     """Algorithm 1 as the paper states it. See the module docstring for shapes."""
     return _adam_mse(x, columns, head_dim, heads, generator, iters, lr, 0, progress, mask)
 
 
-def solve_released(x, columns, head_dim, heads, generator, iters=10000, lr=1e-4, norm_every=100, progress=None,
-                   mask=None):
+def solve_released(x, columns, head_dim, heads, generator, iters=_RELEASED["iters"], lr=_RELEASED["lr"],
+                   norm_every=_RELEASED["norm_every"], progress=None, mask=None):
     """Algorithm 1 with the released code's periodic norm reset. See the module docstring."""
     return _adam_mse(x, columns, head_dim, heads, generator, iters, lr, norm_every, progress, mask)
 
@@ -275,7 +281,8 @@ def distinct_heads(x: torch.Tensor, columns: torch.Tensor):
     return torch.tensor(inputs), first, relabel[inverse].view(L, H)
 
 
-def solve_fast(x, columns, head_dim, heads, generator, target_mass=0.3, ridge=1e-5, progress=None, mask=None):
+def solve_fast(x, columns, head_dim, heads, generator, target_mass=RECIPE_DEFAULTS["fast"]["target_mass"],
+               ridge=RECIPE_DEFAULTS["fast"]["ridge"], progress=None, mask=None):
     """Closed-form low-rank logit fit + per-head temperature calibration, once per distinct
     (pseudo input, offset) pair. See the module docstring."""
     L, H, n = columns.shape
@@ -320,7 +327,8 @@ def solve_fast(x, columns, head_dim, heads, generator, target_mass=0.3, ridge=1e
             torch.stack([ks[g] for g in heads_solved])[inverse].float())
 
 
-def solve_closed_form(x, columns, head_dim, heads, generator, logit=10.0, noise_std=1.0, qk_scale=7.0, progress=None,
+def solve_closed_form(x, columns, head_dim, heads, generator, logit=_CLOSED["logit"], noise_std=_CLOSED["noise_std"],
+                      qk_scale=_CLOSED["qk_scale"], progress=None,
                       mask=None):
     """This project's variant of the authors' later pseudo-inverse + SVD construction (not their
     exact recipe, which is :func:`solve_authors_2025`): logit 10 and a clamped standard normal by
@@ -381,8 +389,9 @@ def rank_d_pinv(p: torch.Tensor, rank: int, rcond: float = RCOND) -> torch.Tenso
     return ptp_inv @ p.transpose(-1, -2)
 
 
-def solve_authors_2025(x, columns, head_dim, heads, generator, logit=1000.0, noise_scale=3.0, noise_std=0.6,
-                       noise_bound=2.0, qk_scale=7.0, progress=None, mask=None):
+def solve_authors_2025(x, columns, head_dim, heads, generator, logit=_AUTHORS["logit"],
+                       noise_scale=_AUTHORS["noise_scale"], noise_std=_AUTHORS["noise_std"],
+                       noise_bound=_AUTHORS["noise_bound"], qk_scale=_AUTHORS["qk_scale"], progress=None, mask=None):
     """The closed form of "Structured Initialization for Vision Transformers" (NeurIPS 2025), as the
     authors' code computes it, one layer at a time (fresh noise per layer, from ``generator``):
 
