@@ -4,7 +4,10 @@ functions count too: a lazy import is still a dependency."""
 
 import ast
 import functools
+import os
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "structinit"
 STAGES = ["geometry", "analysis", "solver", "fit", "init", "training", "apply", "benchmarks", "experiments", "cli"]
@@ -256,6 +259,7 @@ def oversized(root):
     return found
 
 
+@pytest.mark.skipif("MUTANT_UNDER_TEST" in os.environ, reason="mutmut's copy wraps every function in trampolines")
 def test_functions_and_classes_stay_under_their_size_limits():
     assert oversized(PACKAGE) == []
 
