@@ -108,3 +108,17 @@ def test_lazy_exports_resolve_to_the_library():
 def test_main_returns_the_exit_code_of_a_library_failure(tmp_path, capsys):
     code = main(["inspect", str(tmp_path / "missing.pt")])
     assert code == 2 and capsys.readouterr().err.startswith("error: ")
+
+
+def test_the_librarys_warning_is_one_warning_line_wherever_its_stack_level_points(capsys):
+    """A StructinitWarning whose reported frame is outside the package (a wrapper such as mutmut's
+    trampoline, or a user's function in between) is still one ``warning:`` line; another library's
+    warning keeps Python's form."""
+    from structinit.cli.app import _show_warning
+    from structinit.errors import StructinitWarning
+
+    _show_warning(StructinitWarning("the fit is weak"), StructinitWarning, "/elsewhere/wrapper.py", 100)
+    _show_warning(UserWarning("theirs"), UserWarning, "/elsewhere/lib.py", 7)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "warning: the fit is weak"
+    assert err[1] == "/elsewhere/lib.py:7: UserWarning: theirs"

@@ -110,8 +110,11 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """The library's own warnings as one ``warning:`` line on stderr; others as Python shows them."""
-    if PACKAGE_ROOT in Path(filename).resolve().parents:
+    """The library's own warnings (a :class:`~structinit.errors.StructinitWarning`, or raised from its
+    code) as one ``warning:`` line on stderr; others as Python shows them."""
+    from structinit.errors import StructinitWarning
+
+    if issubclass(category, StructinitWarning) or PACKAGE_ROOT in Path(filename).resolve().parents:
         namer = FLAG_NAMER.get()
         text = message.render(namer) if namer is not None and hasattr(message, "render") else message
         typer.echo(f"warning: {text}", err=True)
