@@ -621,6 +621,7 @@ def test_default_names_modes_and_json(work):
     assert isinstance(doc["config"], dict) and doc["config"]["heads"] == 4
 
 
+@pytest.mark.skipif("MUTANT_UNDER_TEST" in os.environ, reason="imports the package without mutmut's path set-up")
 def test_python_m_structinit_beside_a_folder_named_structinit(tmp_path):
     """From a folder holding a clone named structinit/, with structinit installed in editable mode
     (setuptools' own editable finder), `python -m structinit` still runs the real package."""
