@@ -227,3 +227,135 @@ def test_apply_on_a_checkpoint_writes_what_initialize_model_writes(tmp_path):
     initialize_model(model, "impulse", position_subspace=True, **FIT)
     for key, value in model.state_dict().items():
         assert torch.allclose(written[key], value, atol=1e-5), key
+
+
+# --------------------------------------------------------------------------- the parts, one by one
+
+def test_the_default_size_follows_the_tables_step_on_an_image_and_on_a_sequence():
+    """dim 24 with 4 heads: the head dim 6 is a multiple of 2 (a sequence's table) but not of 4 (an
+    image's), so the two round it differently; an image grid is the default."""
+    assert auto_dims(24, 4) == 4 and auto_dims(24, 4, ndim=2) == 4 and auto_dims(24, 4, ndim=1) == 6
+
+
+@pytest.mark.parametrize("k, dim, ndim, ok", [
+    (0, 48, 2, False), (4, 48, 2, True), (6, 48, 2, False), (44, 48, 2, True),
+    (2, 48, 1, True), (4, 48, 1, True), (8, 9, 1, False), (8, 10, 1, True)])
+def test_a_size_is_positive_a_multiple_of_the_tables_step_and_below_the_stream_less_one(k, dim, ndim, ok):
+    from structinit.init.position_subspace import check_dims
+
+    if ok:
+        check_dims(k, dim, ndim)
+    else:
+        with pytest.raises(UsageError, match=f"position_dims must be a positive multiple of {4 if ndim == 2 else 2} "
+                                             f"below the model's dim {dim} less one, got {k}"):
+            check_dims(k, dim, ndim)
+
+
+def test_the_basis_draw_is_pinned():
+    """The basis is part of what an artifact or run key stands for: another draw from the same seed
+    needs a new fit version. Pinned on the values of seed 0."""
+    b = subspace_basis(8, 4, seed=0)
+    got = [float(b[i, j]) for i, j in ((0, 0), (1, 2), (3, 3), (7, 1))]
+    assert got == pytest.approx([-0.099789, 0.272913, -0.693135, -0.540385], abs=2e-6)
+
+
+def test_every_tensor_layout_is_projected_out_of_the_subspace_and_keeps_the_rest():
+    """A Linear ``[D, in]``, a bias ``[D]``, a conv ``[D, C, kh, kw]``, prefix tokens ``[1, 2, D]`` (a
+    class and a register token), a float16 weight (kept float16) and a Conv1D ``[in, D]``: each loses
+    its part in ``B`` and keeps the rest, and is named once in ``projected``."""
+    from structinit.init.position_subspace import PositionSubspace
+
+    ps = PositionSubspace(4, 2.0, subspace_basis(12, 4, 0))
+    b = ps.basis
+    g = torch.Generator().manual_seed(0)
+    sd = {"lin": torch.randn(12, 5, generator=g), "bias": torch.randn(12, generator=g),
+          "conv": torch.randn(12, 3, 2, 2, generator=g), "prefix": torch.randn(1, 2, 12, generator=g),
+          "half": torch.randn(12, 5, generator=g).half()}
+    before = {k: v.clone() for k, v in sd.items()}
+    ps._project(sd, list(sd), transposed=False)
+    assert float((b.T @ sd["lin"]).abs().max()) < 1e-5 and float((sd["bias"] @ b).abs().max()) < 1e-5
+    assert float((b.T @ sd["conv"].reshape(12, -1)).abs().max()) < 1e-5
+    assert float((sd["prefix"] @ b).abs().max()) < 1e-5
+    assert torch.allclose(sd["lin"], before["lin"] - b @ (b.T @ before["lin"]), atol=1e-5)
+    assert sd["half"].dtype == torch.float16
+    want = before["half"].float() - b @ (b.T @ before["half"].float())
+    assert torch.allclose(sd["half"].float(), want, atol=1e-2)
+    ps._project(sd, ["lin"], transposed=False)
+    assert ps.projected == ["lin", "bias", "conv", "prefix", "half"]
+    conv1d = {"c_proj": torch.randn(5, 12, generator=g)}
+    ps._project(conv1d, ["c_proj"], transposed=True)
+    assert float((conv1d["c_proj"] @ b).abs().max()) < 1e-5
+
+
+def test_the_table_with_its_rest_holds_the_k_dim_table_in_b_and_the_full_table_outside():
+    from structinit.geometry.grid import Grid
+    from structinit.init.position_subspace import PositionSubspace
+
+    grid = Grid((4, 4))
+    ps = PositionSubspace(8, 3.0, subspace_basis(24, 8, 0), rest_scale=1.5)
+    out = ps.table(grid)
+    assert out.shape == (16, 24)
+    assert torch.allclose(out @ ps.basis, 3.0 * torch.from_numpy(sincos(grid, 8)).float(), atol=1e-5)
+    rest = 1.5 * torch.from_numpy(sincos(grid, 24)).float() @ ps.complement()
+    assert torch.allclose(out @ ps.complement(), rest, atol=1e-5)
+    assert ps.record() == {"dims": 8, "gain": 3.0, "projected": []}
+    assert PositionSubspace(16, math.sqrt(12), ps.basis).record()["gain"] == 3.464102  # six decimals
+
+
+def test_a_table_too_long_for_the_position_embedding_is_refused():
+    from types import SimpleNamespace
+
+    from structinit.geometry.grid import Grid
+    from structinit.init.position_subspace import PositionSubspace
+
+    ps = PositionSubspace(4, 1.0, subspace_basis(12, 4, 0))
+    for shape in ((1, 15, 12), (15, 12)):  # 15 rows for a 4x4 grid; a 2-D table
+        t = SimpleNamespace(sd={"pos_embed": torch.zeros(shape)}, pos_key="pos_embed", grid=Grid((4, 4)))
+        with pytest.raises(UsageError, match=rf"pos_embed of shape \[{', '.join(map(str, shape))}\] cannot hold the "
+                                             "4x4 grid"):
+            ps.write_table(t)
+
+
+def sequence_model(seed=0):
+    from structinit.training.sequence_models import SequenceTransformer
+
+    torch.manual_seed(seed)
+    return SequenceTransformer(40, 1, 10, dim=24, heads=4, depth=2)
+
+
+def test_a_sequence_takes_the_sequences_step_its_pe_scale_and_its_rest():
+    """A 1-D transformer (MNIST-1D's, timm blocks, dim 24, 4 heads): the default size is a multiple
+    of 2 (6, where an image's would be 4); ``pe_scale`` scales the gain; ``position_rest`` writes the
+    full table x pe_scale outside the subspace; without it nothing of the table is outside."""
+    from structinit.geometry.grid import Grid
+
+    report = initialize_model(sequence_model(), "impulse", position_subspace=True, data_fit=5)
+    assert report["position_subspace"]["dims"] == 6 and report["position_subspace"]["gain"] == pytest.approx(2.0)
+    model = sequence_model()
+    report = initialize_model(model, "impulse", position_subspace=True, data_fit=5, pe_scale=2.0, position_rest=True,
+                              seed=3)
+    assert report["position_subspace"]["gain"] == pytest.approx(4.0)
+    b = subspace_basis(24, 6, seed=3)
+    pe = model.pos_embed.detach()[0]
+    c = torch.eye(24) - b @ b.T
+    assert torch.allclose(pe @ c, 2.0 * torch.from_numpy(sincos(Grid((40,)), 24)).float() @ c, atol=1e-4)
+    plain = sequence_model()
+    initialize_model(plain, "impulse", position_subspace=True, data_fit=5, seed=3)
+    assert float((plain.pos_embed.detach()[0] @ c).abs().max()) < 1e-5
+
+
+def test_a_model_without_a_position_embedding_or_a_writer_is_refused():
+    import timm
+
+    from structinit.errors import StructinitError
+
+    torch.manual_seed(0)
+    no_pe = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=DIM,
+                              depth=1, num_heads=HEADS, num_classes=10, pos_embed="none")
+    with pytest.raises(UsageError, match="position_subspace needs a model whose position embedding"):
+        initialize(no_pe.state_dict(), "impulse", grid=(4, 4), heads=HEADS, position_subspace=True)
+    sd = big_patch_vit().state_dict()
+    del sd["blocks.1.mlp.fc2.weight"]
+    with pytest.raises(StructinitError, match="impulse parameter position_subspace: layer 1 has no "
+                                              "blocks.1.mlp.fc2.weight, which writes into its residual stream"):
+        initialize(sd, "impulse", grid=(4, 4), heads=HEADS, position_subspace=True)
