@@ -359,3 +359,16 @@ def test_a_model_without_a_position_embedding_or_a_writer_is_refused():
     with pytest.raises(StructinitError, match="impulse parameter position_subspace: layer 1 has no "
                                               "blocks.1.mlp.fc2.weight, which writes into its residual stream"):
         initialize(sd, "impulse", grid=(4, 4), heads=HEADS, position_subspace=True)
+
+
+def test_an_image_grid_takes_the_images_step_and_the_rest_is_off_unless_asked():
+    """dim 24 with 4 heads on a 4x4 grid: 4 (a multiple of 4), where a sequence of that model takes 6;
+    the full table's rest outside the subspace is written only when asked for."""
+    from structinit.init.attention_target import AttentionTarget
+    from structinit.init.position_subspace import PositionSubspace
+
+    report = initialize_model(big_patch_vit(dim=24, heads=4), "impulse", position_subspace=True, data_fit=5)
+    assert report["position_subspace"]["dims"] == 4
+    t = AttentionTarget(sequence_model(), None, None, None, need_grid=True)
+    assert PositionSubspace.for_target(t, 0, None, seed=0).rest_scale == 0.0
+    assert PositionSubspace.for_target(t, 0, 2.0, seed=0, rest=True).rest_scale == 2.0

@@ -104,7 +104,7 @@ class PositionSubspace:
             raise UsageError(f"impulse parameter {param('position_subspace')} needs a model whose position embedding "
                              f"and stream writers structinit knows (timm ViTs, Hugging Face ViT/DeiT); the "
                              f"{t.layout} target is not one")
-        ndim = t.grid.ndim if t.grid is not None else 2
+        ndim = t.grid.ndim  # the impulse init always has its grid
         k = dims or auto_dims(t.dim, t.heads, ndim)
         check_dims(k, t.dim, ndim)
         scale = 1.0 if pe_scale is None else float(pe_scale)
