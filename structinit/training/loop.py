@@ -342,7 +342,12 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
                 return _result_from_checkpoint(ck, run, ctx, key)
         data = _load_data(s)
         built = _initialized_model(s, data, resumed=old if ck is not None else None, on_init=on_init)
-        return _train_model(s, data, built, ck, on_step=on_step, on_epoch=on_epoch)
+        result = _train_model(s, data, built, ck, on_step=on_step, on_epoch=on_epoch)
+        # Every process waits for rank 0's last writes before any tears the group down: a process that
+        # destroyed its gloo group and exited while a peer still held it aborted that peer at exit
+        # ("terminate called without an active exception", torchrun then failing the run).
+        dist_.barrier(ctx)
+        return result
     except BaseException:
         if run is not None and ctx.main and run.opened:
             run.discard_unstarted()  # a run that failed before its first checkpoint leaves nothing behind
