@@ -234,3 +234,17 @@ def vit_digits(seed=0, **preset):
     from structinit.training.models import ModelConfig, build_model
 
     return build_model(ModelConfig("vit-digits", **preset), num_classes=10, image_size=8, in_chans=1, seed=seed)
+
+
+def wait_for(cond, timeout=300, every=0.2):
+    """``cond()``'s first true value, polled every ``every`` seconds; fails after ``timeout`` (a hang
+    bound, not a speed: nothing here asserts how fast a loaded machine gets there)."""
+    import time
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        value = cond()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError("timed out waiting")

@@ -8,10 +8,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from conftest import wait_for
 from grids import TINY_GRID, expand_text, variant
 
 from structinit.experiments.launch import prepare_runs
@@ -34,15 +34,6 @@ def popen(*args, cwd):
     return subprocess.Popen([sys.executable, "-m", "structinit", *map(str, args)], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
-
-def wait_for(cond, timeout=300, every=0.2):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        value = cond()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError("timed out waiting")
 
 
 def epochs_of(run: Path):

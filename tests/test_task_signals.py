@@ -13,11 +13,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from conftest import digest
+from conftest import wait_for as poll
 from grids import TINY_GRID, expand_text, variant
 
 from structinit.experiments.launch import prepare_runs
@@ -26,6 +26,11 @@ from structinit.training.rundir import RunDir, checkpoint_info
 REPO = Path(__file__).resolve().parents[1]
 TINY = variant(TINY_GRID, baseline="mimetic", val_size=100)
 
+
+
+def wait_for(cond):
+    """Polled every 5 ms: the moments these tests catch (a handler just installed) are short."""
+    return poll(cond, timeout=600, every=0.005)
 
 def popen(*args, cwd):
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
@@ -38,15 +43,6 @@ def structinit(*args, cwd, timeout=1200):
     return subprocess.run([sys.executable, "-m", "structinit", *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
-
-def wait_for(cond, timeout=600, every=0.005):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        value = cond()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError("timed out waiting")
 
 
 def signal_set(pid: int, field: str) -> int:
