@@ -8,11 +8,15 @@ renders the library name, :meth:`StructinitError.render` any other.
 
 from __future__ import annotations
 
+import contextvars
+import json
 import re
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 _MARK = "\x1f"
 _MARKED = re.compile(_MARK + r"([A-Za-z0-9_.\-]+)" + _MARK)
+_SET = "\x1e"
+_SETTING = re.compile(_SET + r"([A-Za-z0-9_.\-]+)" + _SET + r"([^\x1e]*)" + _SET)
 
 
 def param(name: str) -> str:
@@ -20,9 +24,42 @@ def param(name: str) -> str:
     return f"{_MARK}{name}{_MARK}"
 
 
+def setting(name: str, value: Any) -> str:
+    """Mark parameter ``name`` set to ``value`` (a bool, number or string) inside a message: advice
+    the caller can act on, written in the caller's syntax when rendered (:class:`Syntax`): a keyword
+    argument from Python (``position_subspace=True``), a flag on the command line
+    (``-p position_subspace=true``, ``--data-fit 1000``), a key in a grid file."""
+    return f"{_SET}{name}{_SET}{json.dumps(value)}{_SET}"
+
+
+class Syntax:
+    """How a caller writes a parameter's name (``syntax(name)``) and a setting (:meth:`setting`):
+    Python's, the library's keyword arguments, by default. The CLI and the grid runner give their own
+    (:data:`SYNTAX` holds the one in force)."""
+
+    def __call__(self, name: str) -> str:
+        return name
+
+    def setting(self, name: str, value: Any) -> str:
+        """``name`` set to ``value`` (a JSON value) as this caller writes it."""
+        return f"{self(name)}={value!r}"
+
+
+#: The syntax of whoever runs the library now (the CLI's command, a grid's task); ``None``: Python's.
+SYNTAX: contextvars.ContextVar[Optional[Callable[[str], str]]] = contextvars.ContextVar("SYNTAX", default=None)
+
+
 def _render(exc: BaseException, name_of: Optional[Callable[[str], str]]) -> str:
     text = str(exc.args[0]) if exc.args else type(exc).__name__
-    return _MARKED.sub(lambda m: (name_of or (lambda n: n))(m.group(1)), text)
+    namer = name_of or Syntax()
+
+    def one_setting(m: "re.Match[str]") -> str:
+        value = json.loads(m.group(2))
+        if hasattr(namer, "setting"):
+            return namer.setting(m.group(1), value)
+        return f"{namer(m.group(1))}={json.dumps(value) if not isinstance(value, str) else value}"
+
+    return _MARKED.sub(lambda m: namer(m.group(1)), _SETTING.sub(one_setting, text))
 
 
 class StructinitError(Exception):

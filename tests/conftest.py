@@ -236,6 +236,23 @@ def vit_digits(seed=0, **preset):
     return build_model(ModelConfig("vit-digits", **preset), num_classes=10, image_size=8, in_chans=1, seed=seed)
 
 
+def vit_filling(seed=0):
+    """A ViT whose token's content fills its residual stream (16x16 images in 4x4 patches: 16 values a
+    token into dim 16, a 4x4 grid, 4 blocks of 4 heads): the class of shape where the whole-stream
+    fit was measured unstructured and the weak-structure warning advises (see structinit.fit.advice)."""
+    from structinit.training.models import ModelConfig, build_model
+
+    return build_model(ModelConfig("vit-digits", patch=4, dim=16), num_classes=10, image_size=16, in_chans=1,
+                       seed=seed)
+
+
+def filling_images(n, split="train"):
+    """The first ``n`` digits of ``split`` upsampled to 16x16 (bilinear), the inputs of :func:`vit_filling`."""
+    import torch.nn.functional as F
+
+    return F.interpolate(digits_images(n, split), size=(16, 16), mode="bilinear", align_corners=False)
+
+
 def wait_for(cond, timeout=300, every=0.2):
     """``cond()``'s first true value, polled every ``every`` seconds; fails after ``timeout`` (a hang
     bound, not a speed: nothing here asserts how fast a loaded machine gets there)."""

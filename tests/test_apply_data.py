@@ -315,15 +315,18 @@ def test_without_data_the_noise_fit_is_written_and_one_line_says_so(tmp_path, cl
 
 
 @pytest.mark.slow  # under mutmut a library warning comes from its trampoline, and the CLI cannot tell it is ours
-def test_a_fit_left_partly_structured_says_how_a_checkpoint_takes_a_stronger_position_signal(tmp_path, cli,
-                                                                                             bare_checkpoint):
-    r = cli("apply", bare_checkpoint, "--heads", "4", "--out", tmp_path / "o.pt", "--data", "digits", "--samples", "16",
+def test_a_fit_left_partly_structured_where_content_fills_the_stream_advises_the_subspace_as_a_flag(tmp_path, cli):
+    from conftest import filling_images, vit_filling
+
+    torch.save(vit_filling().state_dict(), tmp_path / "fill.pt")
+    torch.save(filling_images(16), tmp_path / "x.pt")
+    r = cli("apply", tmp_path / "fill.pt", "--heads", "4", "--out", tmp_path / "o.pt", "--data", tmp_path / "x.pt",
             "--init-param", "data_fit=1")
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
     assert len(lines) == 1 and "the data fit left layer" in lines[0], r.stderr
-    # a checkpoint's embedding is written with --set-pe, scaled with --pe-scale (x2 of the table it has)
-    assert lines[0].endswith("or a stronger position signal (--set-pe=sincos with --pe-scale=2; compare on validation)")
+    # given real inputs, the subspace is what is left to try, written as apply takes it
+    assert "for structure try -p position_subspace=true (" in lines[0] and "real inputs" not in lines[0]
 
 
 def test_a_folder_of_images_is_read_resized_and_standardized(tmp_path, cli, bare_checkpoint):

@@ -83,15 +83,17 @@ def test_local_grid_runs_every_run_once_and_a_rerun_launches_nothing(tmp_path):
 
 @pytest.mark.slow
 def test_a_warning_of_the_library_is_one_line_of_the_runs_log(tmp_path):
-    # one step of data fit leaves the init partly structured: the library warns, the log says it once
+    # one step of data fit leaves the init partly structured where a token's 4 values fill a stream of 4: the
+    # library warns, the log says it once, its advice written as the grid's key
     weak = TINY.replace("data_fit = 30", "data_fit = 1")
-    ex = expand_text(weak, tmp_path, overrides=["epochs=1"], seeds=1)
+    ex = expand_text(weak, tmp_path, overrides=["epochs=1", "dim=4"], seeds=1)
     run = next(ex.run_dir(k) for k in prepare_runs(ex) if "impulse" in (ex.run_dir(k) / "config.json").read_text())
     r = structinit("bench", "run", run, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     log = (run / "log.txt").read_text()
     said = [line for line in log.splitlines() if "warning:" in line]
     assert len(said) == 1 and "warning: impulse: the data fit left layer 0 hitting its offsets in" in said[0], log
+    assert "for structure try init_params.position_subspace = true (" in said[0]
     assert "Warning:" not in log and ".py:" not in log
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import digits_images, error_line, vit_digits
+from conftest import error_line, filling_images, vit_digits, vit_filling
 
 from structinit.errors import StructinitWarning
 from structinit.init.initialize import initialize_model
@@ -15,30 +15,26 @@ from structinit.init.initialize import initialize_model
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _weak_warning(**params) -> str:
-    """The weak-structure warning of a one-step fit on 16 digits (one step leaves the layers weak)."""
+def _weak_warnings(**params) -> list:
+    """The weak-structure warnings of a one-step fit of a model whose tokens fill its stream (one step
+    leaves the layers weak)."""
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        initialize_model(vit_digits(), "impulse", data=digits_images(16), data_fit=1, data_fit_samples=16, seed=0,
-                         **params)
-    weak = [str(w.message) for w in seen if isinstance(w.message, StructinitWarning)
+        initialize_model(vit_filling(), "impulse", data_fit=1, data_fit_samples=16, seed=0, **params)
+    return [str(w.message) for w in seen if isinstance(w.message, StructinitWarning)
             and "the data fit left layer" in str(w.message)]
-    assert len(weak) == 1, [str(w.message) for w in seen]
-    return weak[0]
 
 
 def test_the_weak_structure_warning_advises_only_what_was_not_set_already():
-    """Issue 45: it advised data_fit_mass=0.8 to a user who had passed it."""
-    default = _weak_warning()
-    assert "content fills the stream), more steps (data_fit=1000), a sharper fit target (data_fit_mass=0.8), more " \
-           "inputs or a stronger position signal (pe_scale=2" in default
-    sharp = _weak_warning(data_fit_mass=0.8)
-    assert "data_fit_mass" not in sharp
-    assert "content fills the stream), more steps (data_fit=1000), more inputs or a stronger position signal " \
-           "(pe_scale=2" in sharp
-    sharper = _weak_warning(data_fit_mass=0.9)
-    assert "data_fit_mass" not in sharper and "more steps (data_fit=1000), more inputs or" in sharper
-
+    """Issue 45: it advised data_fit_mass=0.8 to a user who had passed it. Issue 52: what the fit used
+    (the subspace, real inputs) is not advised again, and with nothing left to try nothing is said."""
+    (noise,) = _weak_warnings()
+    assert "try position_subspace=True (" in noise and "; then real inputs (data) (" in noise
+    (data,) = _weak_warnings(data=filling_images(16))
+    assert "try position_subspace=True (" in data and "real inputs" not in data
+    (sub,) = _weak_warnings(position_subspace=True, position_dims=4)
+    assert "position_subspace=True" not in sub and "try real inputs (data) (" in sub
+    assert _weak_warnings(data=filling_images(16), position_subspace=True, position_dims=4) == []
 
 
 def test_a_bare_timm_checkpoint_asks_for_its_heads_or_its_model(tmp_path, cli):

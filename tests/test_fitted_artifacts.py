@@ -219,23 +219,28 @@ def test_the_key_follows_the_models_own_tensors(digits):
 
 
 def test_inspect_of_a_weakly_structured_fit_says_so_as_the_init_did(cli):
-    """The warning an init gives for a fit that left layers below 0.9 on its inputs (noise here) is
-    the one `structinit inspect` shows for that fitted artifact; a structured fit gets none."""
+    """The warning an init gives for a fit that left layers below 0.9 on its inputs (noise here), where
+    a token's content fills the stream, is the one `structinit inspect` shows for that fitted
+    artifact, in inspect's syntax; a structured fit gets none."""
     import warnings
 
-    from structinit.errors import StructinitWarning
+    from conftest import vit_filling
+
+    from structinit.cli.apply import ALIASES, apply
+    from structinit.cli.common import CommandSyntax, declared_flags
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        weak = initialize_model(vit_digits(), "impulse", data_fit=1)  # one step on noise: partly structured
-    said = [str(w.message) for w in caught if "only partly structured" in str(w.message)]
-    assert len(said) == 1 and "on its noise inputs" in said[0]
+        weak = initialize_model(vit_filling(), "impulse", data_fit=1, data_fit_samples=16)  # one step: weak
+    said = [w.message for w in caught if "the data fit left layer" in str(w.message)]
+    assert len(said) == 1 and "on its noise inputs" in str(said[0])
     r = cli("inspect", weak["data_fit"]["artifact"]["path"])
     assert r.returncode == 0
     lines = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
-    what, tries = StructinitWarning(said[0]).render().split("; try ")  # the init adds its target's table hint
-    assert len(lines) == 1 and lines[0].startswith(f"warning: {what}; try the position subspace")
-    assert lines[0].endswith("a sharper fit target (data_fit_mass=0.8) or real inputs (data)")
+    # the remedies are the init's settings, written as `structinit apply` takes them
+    assert len(lines) == 1 and lines[0] == "warning: " + said[0].render(
+        CommandSyntax(declared_flags(apply), ALIASES))
+    assert "try -p position_subspace=true (" in lines[0] and "; then real inputs (--data) (" in lines[0]
     strong = initialize_model(vit_digits(), "impulse", position_subspace=True, data_fit=100)
     assert min(row["hit_rate"] for row in strong["data_fit"]["layers"]) >= 0.9
     r = cli("inspect", strong["data_fit"]["artifact"]["path"])

@@ -5,7 +5,6 @@ exit code, JSON output, and the progress reporter (a rich bar on a terminal, pla
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import json
 import sys
@@ -16,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 import typer
 from typing_extensions import Annotated
 
-from structinit.errors import StructinitError
+from structinit.errors import SYNTAX, StructinitError, Syntax
 from structinit.runtime import duration_text
 from structinit.solver.recipes import RECIPE_DEFAULTS
 
@@ -261,9 +260,32 @@ def declared_flags(fn: Callable) -> List[str]:
     return flags
 
 
-#: How the running command names a library parameter (``flag_for`` with its flags); ``None`` outside one.
-FLAG_NAMER: contextvars.ContextVar[Optional[Callable[[str], str]]] = contextvars.ContextVar("FLAG_NAMER",
-                                                                                          default=None)
+class CommandSyntax(Syntax):
+    """How a command names a library parameter (its own flag, :func:`flag_for`) and writes a setting:
+    ``--flag VALUE`` (``--flag``/``--no-flag`` for a switch) where it has the flag, else
+    ``-p NAME=VALUE`` where it takes init parameters, else ``NAME=VALUE``."""
+
+    def __init__(self, flags: List[str], aliases: Optional[Dict[str, str]] = None):
+        self.flags, self.aliases = flags, aliases
+
+    def __call__(self, name: str) -> str:
+        return flag_for(name, self.flags, self.aliases)
+
+    def setting(self, name: str, value: Any) -> str:
+        flag = self(name)
+        text = json.dumps(value) if not isinstance(value, str) else value
+        if flag.startswith("--") and " " not in flag:
+            if isinstance(value, bool):
+                off = "--no-" + flag[2:]
+                return flag if value else off
+            return f"{flag} {text}"
+        if "--init-param" in self.flags:
+            return f"-p {name}={text}"
+        return f"{name}={text}"
+
+
+#: How the running command names a library parameter (its :class:`CommandSyntax`); ``None`` outside one.
+FLAG_NAMER = SYNTAX
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
@@ -280,11 +302,12 @@ def handle_errors(fn: Callable, aliases: Optional[Dict[str, str]] = None) -> Cal
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        token = FLAG_NAMER.set(lambda n: flag_for(n, flags, aliases))  # warnings name this command's flags too
+        syntax = CommandSyntax(flags, aliases)
+        token = FLAG_NAMER.set(syntax)  # warnings name this command's flags too
         try:
             return fn(*args, **kwargs)
         except StructinitError as exc:
-            raise fail(exc.render(lambda n: flag_for(n, flags, aliases)), exc.exit_code) from None
+            raise fail(exc.render(syntax), exc.exit_code) from None
         except KeyboardInterrupt:
             raise fail("interrupted", 130) from None
         except MemoryError:

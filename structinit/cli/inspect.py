@@ -9,7 +9,17 @@ from typing import List, Optional
 import typer
 from typing_extensions import Annotated
 
-from structinit.cli.common import CacheDir, Force, GridOpt, JsonOut, Threads, emit_json, examples, option, shown
+from structinit.cli.common import (
+    CacheDir,
+    Force,
+    GridOpt,
+    JsonOut,
+    Threads,
+    emit_json,
+    examples,
+    option,
+    shown,
+)
 from structinit.solver.recipes import DEFAULT_FILTER
 from structinit.training.config import FIDELITY_SAMPLES
 
@@ -248,9 +258,13 @@ def _show_artifact(path: Path, layer: int, head: int, query: Optional[int], png:
         from structinit.fit.advice import fitted_structure_warning
 
         typer.echo(fit_text(art.fit))
-        weak = fitted_structure_warning(art.fit)
-        if weak:
-            typer.echo("warning: impulse: " + StructinitWarning(weak).render(), err=True)
+        weak = fitted_structure_warning(art.fit, cfg.grid, cfg.dim)
+        if weak:  # its remedies are settings of the init: written as `structinit apply` takes them
+            from structinit.cli.apply import ALIASES, apply
+            from structinit.cli.common import CommandSyntax, declared_flags
+
+            syntax = CommandSyntax(declared_flags(apply), ALIASES)
+            typer.echo("warning: impulse: " + StructinitWarning(weak).render(syntax), err=True)
         typer.echo("quality of the fitted Q/K on the pseudo input (what the solve was made for):")
     typer.echo(quality_table(art.quality, art.offsets))
     typer.echo("")

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from structinit.errors import StructinitError, UsageError, param
+from structinit.errors import SYNTAX, StructinitError, Syntax, UsageError, param
 
 #: Seconds between two touches of a running task's ``heartbeat``.
 HEARTBEAT_EVERY = 30.0
@@ -524,18 +524,27 @@ def _checkpoint_epoch(rd) -> int:
     return epoch if isinstance(epoch, int) else 0
 
 
+class GridSyntax(Syntax):
+    """How a grid file writes a setting of the init: a key of the row's ``init_params`` table."""
+
+    def setting(self, name: str, value: Any) -> str:
+        return f"init_params.{name} = {json.dumps(value)}"
+
+
 def _train_here(config, stopper: Stopper, log) -> tuple:
     from structinit.training.loop import train
 
     epochs = int(config.hparams()["epochs"])
 
     def say_warning(message, category, filename, lineno, file=None, line=None):
-        log(f"warning: {message}")  # one line in the run's log, not Python's two
+        text = message.render(SYNTAX.get()) if hasattr(message, "render") else message
+        log(f"warning: {text}")  # one line in the run's log, not Python's two
 
     def on_epoch(record: Dict[str, Any]) -> None:
         log(_epoch_line(record, epochs))
         stopper.on_epoch(record, epochs)
 
+    syntax = SYNTAX.set(GridSyntax())  # advice in the run's log names the grid's keys
     try:
         with warnings.catch_warnings():
             warnings.showwarning = say_warning
@@ -551,6 +560,8 @@ def _train_here(config, stopper: Stopper, log) -> tuple:
         return "failed", None, "out of memory"
     except Exception as exc:  # noqa: BLE001 - a failed run is reported, the other runs go on
         return "failed", None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    finally:
+        SYNTAX.reset(syntax)
     return "finished", result.final_acc, None
 
 

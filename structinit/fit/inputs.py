@@ -34,6 +34,14 @@ class FitInputs:
     def samples(self) -> int:
         return int(self.x.shape[0])
 
+    def token_values(self, tokens: int) -> Optional[int]:
+        """How many values of one input each of the ``tokens`` tokens carries (``C * p * p`` for
+        images in ``p x p`` patches, ``C`` for a sequence); ``None`` for token ids, whose embedding
+        is a row of the model's own."""
+        if not self.x.is_floating_point() or tokens <= 0:
+            return None
+        return int(self.x[0].numel()) // int(tokens)
+
     def identity(self) -> Dict[str, Any]:
         """The inputs' part of a fitted artifact's identity: a batch's digest and count, or the
         noise's kind, seed, count and shape."""

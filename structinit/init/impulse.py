@@ -32,17 +32,6 @@ PLAIN_SOLVE_NOTE = (f"{param('data_fit')} 0 writes the plain solve, which real i
                     "below mimetic init at 100 digits (docs/results/digits-datafit)")
 
 
-def position_hint(pe_scale: Optional[float], checkpoint: bool) -> str:
-    """How to write the sin-cos position table at twice the scale used (``pe_scale``; ``None``: x1),
-    which lifts the deeper layers' hit rate on real inputs (docs/results/stock-models; on stock digits
-    it trains as well, on Fashion-MNIST below x1): on a model ``pe_scale``, on a checkpoint
-    ``set_pe=sincos`` with ``pe_scale``."""
-    scale = 2.0 * (1.0 if pe_scale is None else float(pe_scale))
-    if checkpoint:
-        return f"{param('set_pe')}=sincos with {param('pe_scale')}={scale:g}"
-    return f"{param('pe_scale')}={scale:g}: the sin-cos table x{scale:g}"
-
-
 @register
 @dataclass(frozen=True)
 class ImpulseInit(InitSpec):
@@ -341,14 +330,13 @@ class ImpulseInit(InitSpec):
     def warnings(self, report: Dict[str, Any], target, *, checkpoint: bool = False,
                  pe_scale: Optional[float] = None) -> List[InitWarning]:
         """A fit that could not run on a model, a fit on noise inputs (real ones can be given), and a
-        fit that left a layer weakly structured (:func:`~structinit.fit.advice.structure_warning`,
-        with the stronger position table this target takes)."""
+        fit that left a layer weakly structured where a remedy was measured to help at its shape
+        (:func:`~structinit.fit.advice.structure_warning`)."""
         from structinit.fit.advice import structure_warning
         from structinit.init.impulse_write import noise_notice
 
         if checkpoint:
-            hint = position_hint(pe_scale, checkpoint=True) if target.pos_key and not self.fit_pe else None
-            weak = structure_warning(report, hint)
+            weak = structure_warning(report)
             return [InitWarning(f"impulse: {weak}", loggable=False)] if weak else []
         out = []
         skipped = (report.get("data_fit") or {}).get("skipped")
@@ -357,10 +345,7 @@ class ImpulseInit(InitSpec):
         notice = noise_notice(report)
         if notice:
             out.append(InitWarning(notice))
-        hint = None
-        if not report.get("fit_pe") and target.model is not None and target.pos_key is not None:
-            hint = position_hint(report.get("pe_scale"), checkpoint=False)
-        weak = structure_warning(report, hint)
+        weak = structure_warning(report)
         if weak:
             out.append(InitWarning(f"{self.method}: {weak}", warning=True))
         return out

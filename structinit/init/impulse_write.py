@@ -255,6 +255,7 @@ def fit_record(spec, prepared: Prepared) -> Optional[Dict[str, Any]]:
     out.update(steps=fit.steps, mass=fit.mass, l2=fit.l2, lr=fit.lr, norm=fit.norm, calibrated_to=fit.calibrated_to,
                version=fit.version, inputs=inputs.kind if inputs is not None else None,
                default_inputs=inputs is not None and inputs.kind == "noise" and spec.data_fit_inputs == "data",
+               token_values=inputs.token_values(int(np.prod(art.config.grid))) if inputs is not None else None,
                source=inputs.source if inputs is not None else art.fit.get("source"),
                artifact={"key": art.key, "path": str(art.path) if art.path else None,
                          "cached": prepared.fit_cached})

@@ -14,7 +14,7 @@ import os
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Dict, MutableMapping, Optional, Sequence, Union
 
-from structinit.errors import StructinitWarning, UsageError
+from structinit.errors import SYNTAX, StructinitWarning, UsageError
 from structinit.geometry.grid import GridLike
 from structinit.init.base import InitSpec
 from structinit.init.registry import init_spec
@@ -53,7 +53,7 @@ def initialize(target: Union[torch.nn.Module, MutableMapping[str, Any]], spec: U
                         source=source)
     for line in spec.warnings(report, t):
         if line.loggable and log is not None:
-            log(("warning: " if line.warning else "") + StructinitWarning(line.text).render())
+            log(("warning: " if line.warning else "") + StructinitWarning(line.text).render(SYNTAX.get()))
         else:
             warnings.warn(StructinitWarning(line.text), stacklevel=3)
     return _with_base_note(spec, report)
