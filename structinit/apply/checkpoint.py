@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from typing import Any, Callable, Dict, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
 from structinit.apply.files import LoadedCheckpoint, load_for_apply, write_output, write_position_table
 from structinit.apply.models import HF_EXTRA, transformers_installed
@@ -40,6 +40,7 @@ from structinit.errors import StructinitError, StructinitWarning, UsageError, pa
 from structinit.geometry.grid import Grid
 from structinit.init.attention_target import AttentionTarget
 from structinit.init.base import DEFAULT_METHOD, InitSpec
+from structinit.init.changes import changed, snapshot
 from structinit.init.checkpoints import describe_state_dict
 from structinit.init.registry import init_spec
 
@@ -85,12 +86,15 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
         loaded.plan["data_fit"] = "through the model the checkpoint describes" if model_path else None
         return loaded.plan
     say = log or (lambda message: None)
+    before = [snapshot(sd) for _, sd in loaded.ckpt.state_dicts]
+    if spec.needs_model:
+        return _apply_through_model(loaded, spec, options, say, before)
     if options.set_pe:
         write_position_table(loaded, loaded.plan["pe_scale"])
     elif table:
         write_position_table(loaded, 1.0)
     prepared = _prepare_on_model(loaded, spec, options, say, progress, fit_progress) if model_path else None
-    report = write_checkpoint(loaded, spec, options, prepared, progress, log)
+    report = write_checkpoint(loaded, spec, options, prepared, progress, log, before)
     if fits and not model_path:
         report["data_fit"] = {"skipped": _why_no_fit(loaded)}
     from structinit.init.baselines import base_note
@@ -104,12 +108,17 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
 def write_checkpoint(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOptions,
                      prepared: Any = None,
                      progress: Optional[Callable[[int, int], None]] = None,
-                     log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+                     log: Optional[Callable[[str], None]] = None,
+                     before: Optional[List[Dict[str, Any]]] = None) -> Dict[str, Any]:
     """Initialize every copy of the model in ``loaded`` with ``spec`` and write the output file:
     with ``prepared`` (what :meth:`~structinit.init.base.InitSpec.prepare` made on the model the file
     describes: say, a fitted artifact) every copy gets it (:meth:`~structinit.init.base.InitSpec.write_copy`);
     without it the first copy is prepared and what it makes serves every other (one solve for
-    all). Returns the report (the plan, with what was written)."""
+    all). Returns the report (the plan, with what was written; ``changed``: each state dict's
+    changed tensors, read against ``before``, a :func:`~structinit.init.changes.snapshot` of each
+    taken before anything was written, default now)."""
+    if before is None:
+        before = [snapshot(sd) for _, sd in loaded.ckpt.state_dicts]
     say = log or (lambda message: None)
     plan, views, first = loaded.plan, loaded.views, loaded.first
     common: Dict[str, Any] = {"seed": options.seed, "cache_dir": options.cache_dir, "device": options.device}
@@ -135,6 +144,8 @@ def write_checkpoint(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOpt
             if row["layer"] in rows:
                 rows[row["layer"]].update({k: row[k] for k in ("hit_rate", "target_mass", "mse", "offsets")})
         plan["measured_on"] = measured["measured_on"]
+    plan["changed"] = {name: changed(old, sd)
+                       for name, (_, sd), old in zip(loaded.ckpt.where, loaded.ckpt.state_dicts, before)}
     say(f"writing {loaded.target}")
     write_output(loaded, options, plan)
     plan["layers"] = [rows[i] for i in first.layers]
@@ -145,6 +156,42 @@ def write_checkpoint(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOpt
         plan["pos_embed_written"] = report["pos_embed_written"]
     plan["pos_embed_kind"] = first.pos_embed_kind()
     plan["written"] = True
+    return plan
+
+
+def _apply_through_model(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOptions,
+                         say: Callable[[str], None], before: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """A method that needs the model (:attr:`~structinit.init.base.InitSpec.needs_model`): build the
+    model the checkpoint describes, initialize it as ``initialize_model`` does, and write every weight
+    of the model back into every copy of it in the file (in the file's dtypes); entries the model
+    does not hold are kept as loaded."""
+    import torch
+
+    from structinit.apply.models import checkpoint_model
+    from structinit.init.initialize import initialize
+
+    first = loaded.first
+    say("building the model")
+    built = checkpoint_model(loaded.ckpt, first.sd, model_name=options.model_name, config=options.config,
+                             heads=first.heads, grid=first.grid)
+    report = initialize(built.model, spec, grid=first.grid or built.grid, heads=first.heads, layers=options.layers,
+                        seed=options.seed, cache_dir=options.cache_dir, device=options.device)
+    prefix = loaded.ckpt.detected.model_prefix
+    state = built.model.state_dict()
+    for _, sd in loaded.ckpt.state_dicts:
+        for name, value in state.items():
+            key = prefix + name
+            if isinstance(sd.get(key), torch.Tensor):
+                sd[key] = value.detach().to(device=sd[key].device, dtype=sd[key].dtype).clone()
+    plan = loaded.plan
+    plan["changed"] = {name: changed(old, sd)
+                       for name, (_, sd), old in zip(loaded.ckpt.where, loaded.ckpt.state_dicts, before)}
+    say(f"writing {loaded.target}")
+    write_output(loaded, options, plan)
+    for key in ("layers", "hit_rate", "target_mass", "measured_on", "pos_embed_written", "base_note"):
+        if key in report:
+            plan[key] = report[key]
+    plan.update(model=built.how, written=True, pos_embed_kind=first.pos_embed_kind())
     return plan
 
 

@@ -174,7 +174,8 @@ def load_for_apply(path: Union[str, os.PathLike], spec: InitSpec, options: Apply
     views = [AttentionTarget(sd, Grid(grid) if grid is not None else None, heads, options.layers,
                              need_grid=spec.needs_grid or options.set_pe is not None) for _, sd in ckpt.state_dicts]
     first = views[0]
-    spec.check_target(first)
+    if not spec.needs_model:  # a method that needs the model is checked on the model apply builds
+        spec.check_target(first)
     if options.set_pe is not None and det.pos_key is None:
         raise UsageError(f"{param('set_pe')}: the {det.layout.name} checkpoint has no position embedding")
     weights_out = target / path.name if folder is not None else target

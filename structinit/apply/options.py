@@ -90,9 +90,10 @@ class ApplyOptions:
             raise UsageError(f"{', '.join(param(n) for n in needs_source)} "
                              f"{'needs' if len(needs_source) == 1 else 'need'} {param('data')}")
         builds = [name for name in ("model_name", "config") if getattr(self, name) is not None]
-        if builds and not fits:
-            raise UsageError(f"{', '.join(param(n) for n in builds)} name the model the data fit runs through; the "
-                             f"{spec.method} init does not fit{off}")
+        if builds and not fits and not spec.needs_model:
+            verb = "names" if len(builds) == 1 else "name"
+            raise UsageError(f"{', '.join(param(n) for n in builds)} {verb} the model apply builds, for the data fit "
+                             f"or a method that runs on the model; the {spec.method} init does neither{off}")
         if self.samples is not None and (isinstance(self.samples, bool) or not isinstance(self.samples, int)
                                          or self.samples < 1):
             raise UsageError(f"{param('samples')} must be a positive integer, got {self.samples!r}")

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import typer
 from typing_extensions import Annotated
@@ -200,9 +200,11 @@ def apply(
 ):
     """Initialize the attention of a checkpoint (impulse, mimetic, ...) and write a new file.
 
-    Only the Q/K rows and biases of the chosen layers change (plus V/proj for mimetic and for
-    impulse unless --no-mimetic-vproj, and the position embedding with --set-pe); everything else
-    is kept bit for bit. The impulse init is fitted through the model the checkpoint describes (a
+    What changes is what the method writes (Q/K of the chosen layers; V/proj for mimetic and for
+    impulse unless --no-mimetic-vproj; the position embedding where a table is written; with -p
+    position_subspace=true also the patch embedding, class token and every block's output
+    projections), and the result names every tensor that changed, read from the tensors; every
+    other tensor and entry is written back as loaded. The impulse init is fitted through the model the checkpoint describes (a
     structinit train run, a timm ViT, a Hugging Face ViT/DeiT, BERT or GPT-2) exactly as
     initialize_model and train fit it: to --data, or without it to Gaussian noise inputs of the
     model's input shape; a learned position embedding gets the sin-cos table in its place (kept
@@ -313,9 +315,34 @@ def format_report(r: dict) -> str:
     elif r["layers"] and "hit_rate" in r["layers"][0]:
         lines.append("  attention on the position embedding alone: " + _layers_line("hit rate", r["layers"],
                                                                                       "hit_rate"))
+    for where, names in (r.get("changed") or {}).items():
+        place = "" if len(r["changed"]) == 1 else f" in {where}"
+        lines.append(f"  tensors changed{place}: {len(names)} ({compact_names(names) or 'none'}); every other "
+                     "tensor and entry written back as loaded")
     if r.get("base_note"):
         lines.append(f"  other weights: {r['base_note']}")
     return "\n".join(lines)
+
+
+def compact_names(names: List[str]) -> str:
+    """Tensor names with their layer index folded: ``blocks.{0-11}.attn.qkv.weight`` for the same
+    tensor of consecutive layers (``{0,2}`` otherwise), in first-seen order."""
+    import re
+
+    groups: Dict[tuple, List[int]] = {}
+    for name in names:
+        m = re.match(r"^(.*?\.)(\d+)(\..*)$", name)
+        key = (m.group(1), m.group(3)) if m else (name, None)
+        groups.setdefault(key, []).append(int(m.group(2)) if m else -1)
+    out = []
+    for (head, tail), idx in groups.items():
+        if tail is None:
+            out.append(head)
+            continue
+        run = len(idx) > 1 and idx == list(range(idx[0], idx[0] + len(idx)))
+        inner = f"{idx[0]}-{idx[-1]}" if run else ",".join(map(str, idx))
+        out.append(f"{head}{{{inner}}}{tail}" if len(idx) > 1 else f"{head}{idx[0]}{tail}")
+    return ", ".join(out)
 
 
 def format_verbose(r: dict) -> str:

@@ -98,6 +98,7 @@ class _AuthorsInit(InitSpec):
     #: The authors' code leaves every weight it does not write at PyTorch's defaults.
     fixed_base = "pytorch"
     reports_offsets = True
+    needs_model = True
 
     needs_grid = True
     paper: ClassVar[str] = ""
@@ -107,8 +108,8 @@ class _AuthorsInit(InitSpec):
 
         if target.model is None:
             raise UsageError(f"{self.method} resets every other weight to PyTorch's defaults (reset_parameters() of "
-                             "each module), so it needs the model, not a checkpoint or state dict; build the model "
-                             "and call initialize_model")
+                             "each module), so it needs the model, not a state dict: call initialize_model on the "
+                             "model, or apply on a checkpoint whose model structinit can build")
         if not isinstance(getattr(target.model, "pos_embed", None), torch.Tensor):
             raise UsageError(f"{self.method} writes the model's position embedding, but the model has no pos_embed "
                              "tensor")

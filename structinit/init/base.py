@@ -173,6 +173,9 @@ class InitSpec:
     reports_offsets: ClassVar[bool] = False
     #: Whether the method has a data fit (run when :attr:`uses_data`): what ``apply --data`` is for.
     fits_data: ClassVar[bool] = False
+    #: Whether the method runs on the model itself, not a state dict (it resets modules): ``apply``
+    #: builds the model the checkpoint describes, initializes it, and writes its weights back.
+    needs_model: ClassVar[bool] = False
 
     @property
     def other_weights(self) -> str:

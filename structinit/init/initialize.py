@@ -15,6 +15,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Callable, Dict, MutableMapping, Optional, Sequence, Union
 
 from structinit.errors import SYNTAX, StructinitWarning, UsageError
+from structinit.init.changes import changed, snapshot
 from structinit.geometry.grid import GridLike
 from structinit.init.base import InitSpec
 from structinit.init.registry import init_spec
@@ -31,7 +32,8 @@ def initialize(target: Union[torch.nn.Module, MutableMapping[str, Any]], spec: U
                log: Optional[Callable[[str], None]] = None, source: Optional[str] = None,
                **params: Any) -> Dict[str, Any]:
     """Initialize a model or a state dict (written in place) with ``spec`` (a spec, or a method name
-    with ``params``) and return the method's JSON-able report.
+    with ``params``) and return the method's JSON-able report; its ``changed`` names every tensor
+    whose values the init changed (read from the tensors, before against after).
 
     ``grid``/``heads`` are needed only where the target does not tell; ``layers`` selects attention
     layers (``None``: all; a spec such as ``"0-3,5"`` or a list of indices). ``data``: a batch of
@@ -49,8 +51,10 @@ def initialize(target: Union[torch.nn.Module, MutableMapping[str, Any]], spec: U
     spec = init_spec(spec, **params)
     t = AttentionTarget(target, grid, heads, layers, need_grid=spec.needs_grid)
     spec.check_target(t)
+    before = snapshot(t.sd)
     report = spec.apply(t, seed=seed, cache_dir=cache_dir, device=device, data=data, fit_progress=progress, log=log,
                         source=source)
+    report["changed"] = changed(before, target.state_dict() if hasattr(target, "state_dict") else t.sd)
     for line in spec.warnings(report, t):
         if line.loggable and log is not None:
             log(("warning: " if line.warning else "") + StructinitWarning(line.text).render(SYNTAX.get()))
