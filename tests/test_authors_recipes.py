@@ -453,7 +453,8 @@ def test_specs_round_trip_and_refuse_what_the_code_does_not_have(tmp_path):
     for method in ("impulse-2024", "impulse-2025"):
         assert rendered(initialize, sd, method, heads=4) == (
             f"{method} resets every other weight to PyTorch's defaults (reset_parameters() of each module), so it "
-            "needs the model, not a checkpoint or state dict; build the model and call initialize_model")
+            "needs the model, not a state dict: call initialize_model on the model, or apply on a checkpoint whose "
+            "model structinit can build")
     from structinit.training.sequence_models import SequenceTransformer
 
     seq = SequenceTransformer(length=16, in_chans=1, num_classes=10, dim=32, depth=1, heads=4)
@@ -462,14 +463,23 @@ def test_specs_round_trip_and_refuse_what_the_code_does_not_have(tmp_path):
         "tokens")
 
 
-def test_apply_on_a_checkpoint_is_one_error_line(tmp_path, cli):
+def test_apply_runs_the_recipe_through_the_checkpoints_model(tmp_path, cli):
+    """Issue 52: apply built no model for the authors' recipes and sent the user to Python. It now runs
+    them on the model the checkpoint describes, as initialize_model does on that model, and writes
+    every weight back: the same Q/K, position embedding and reset weights as initialize_model."""
     path = tmp_path / "vit.pth"
-    torch.save(vit(grid=4, garbage=False).state_dict(), path)
+    source = vit(grid=4)  # every parameter 3.0: whatever is not reset stays visible
+    torch.save(source.state_dict(), path)
     r = cli("apply", path, "--method", "impulse-2025", "--heads", "4")
-    assert r.returncode == 2 and error_line(r.stderr) == (
-        "error: impulse-2025 resets every other weight to PyTorch's defaults (reset_parameters() of each module), "
-        "so it needs the model, not a checkpoint or state dict; build the model and call initialize_model")
-    assert not (tmp_path / "vit.impulse-2025.pth").exists()
+    assert r.returncode == 0, r.stderr
+    written = torch.load(tmp_path / "vit.impulse-2025.pth", weights_only=True)
+    model = vit(grid=4)
+    initialize_model(model, "impulse-2025", seed=0)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(written[name], value, msg=name)
+    assert "tensors changed: " in r.stdout and "blocks.{0-1}.mlp.fc1.weight" in r.stdout
+    r = cli("apply", path, "--method", "impulse-2025", "--model", "vit_tiny_patch16_224", "--out", tmp_path / "x.pth")
+    assert r.returncode == 2 and "dim 32" in error_line(r.stderr) and not (tmp_path / "x.pth").exists()
 
 
 def test_train_keeps_the_2025_position_embedding_learnable(tmp_path):
@@ -641,8 +651,8 @@ def test_the_recipes_need_a_model_with_a_position_embedding_parameter():
         with pytest.raises(UsageError) as e:
             initialize(sd, method, heads=9)
         assert str(e.value) == (f"{method} resets every other weight to PyTorch's defaults (reset_parameters() of "
-                                "each module), so it needs the model, not a checkpoint or state dict; build the "
-                                "model and call initialize_model")
+                                "each module), so it needs the model, not a state dict: call initialize_model on "
+                                "the model, or apply on a checkpoint whose model structinit can build")
     m = vit_cls()
     pe = m.pos_embed.detach().clone()
     del m.pos_embed

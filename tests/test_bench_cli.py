@@ -83,8 +83,8 @@ def test_bad_input_is_one_line_and_writes_nothing(cli, folder, args, message):
 @pytest.mark.parametrize("edit, message", [
     (('rows = "init"', 'rows = "inits"'), "error: grid.toml:3: unknown axis 'inits' in 'rows' (did you mean 'init'?)"),
     (('epochs = 2', 'epoch = 2'), "error: grid.toml:7: [settings] unknown setting 'epoch' (did you mean 'epochs'?)"),
-    (('init = "impulse"', 'init = "impluse"'), "error: grid.toml: cell init=impulse: unknown init method init "
-                                               "'impluse'"),
+    (('init = "impulse"', 'init = "impluse"'), "error: grid.toml: cell init=impulse: unknown init method "
+                                               "'impluse'; init takes one of"),
     (('seeds = 1', 'seeds = 1\nseeds = 2'), "error: grid.toml:3: Cannot overwrite a value (column 10)"),
 ])
 def test_a_typo_in_a_grid_file_says_which_key_and_line(cli, folder, edit, message):

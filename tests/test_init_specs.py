@@ -57,7 +57,7 @@ def test_registry_and_spec_lookup():
     assert INIT_METHODS == {"kaiming": KaimingInit, "trunc-normal": TruncNormalInit, "mimetic": MimeticInit,
                             "impulse": ImpulseInit, "impulse-2024": Impulse2024Init, "impulse-2025": Impulse2025Init}
     assert spec_class("mimetic") is MimeticInit
-    assert rendered(spec_class, "xavier") == ("unknown init method <init> 'xavier'; choose one of kaiming, "
+    assert rendered(spec_class, "xavier") == ("unknown init method 'xavier'; <init> takes one of kaiming, "
                                               "trunc-normal, mimetic, impulse, impulse-2024, impulse-2025")
 
 

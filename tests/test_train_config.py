@@ -73,7 +73,7 @@ def test_boundary_values_that_are_allowed():
     (dict(init_params={"filter": 3}), "init_params needs init"),
     (dict(model="convmixer-256", init="impulse"), "the ViT presets and transformer-1d; convmixer-256 keeps"),
     (dict(init="impulse", init_params={"nope": 1}), "has no parameter nope"),
-    (dict(init="xavier"), "unknown init method init 'xavier'"),
+    (dict(init="xavier"), "unknown init method 'xavier'; init takes one of"),
     (dict(device="tpu"), "unknown device 'tpu'"),
     (dict(threads=0), "threads must be at least 1, got 0"),
     (dict(amp="fp8"), "unknown amp 'fp8'; choose one of auto, bf16, fp16, off"),

@@ -47,6 +47,14 @@ def checkpoint_report(desc: Dict[str, Any]) -> str:
         offs = " ".join(f"({dy:+d},{dx:+d})" for dy, dx in row["offsets"])
         lines.append(f"  {row['layer']:>5}  {row['hit_rate']:>8.3f}  {row['target_mass']:>11.3f}  "
                      f"{row['mse']:>9.2e}  {offs}")
+    on = desc.get("on_inputs")
+    if on:
+        per = lambda key: " ".join(f"{r[key]:.2f}" for r in on["layers"])  # noqa: E731
+        lines.append(f"  attention on {on['inputs']} (as apply measures it), against the same offsets, per layer: "
+                     f"hit rate {per('hit_rate')} (mean {on['hit_rate']:.2f}); target mass {per('target_mass')} "
+                     f"(mean {on['target_mass']:.2f})")
+    elif desc.get("on_inputs_skipped"):
+        lines.append(f"  attention through the model not measured: {desc['on_inputs_skipped']}")
     return "\n".join(lines)
 
 

@@ -48,7 +48,8 @@ EXAMPLES = examples(
 )
 
 #: Library parameters this command spells with another flag.
-ALIASES = {"model_name": "--model", "data": "--data", "samples": "--samples", "data_fit": "--data-fit"}
+ALIASES = {"init": "--method", "model_name": "--model", "data": "--data", "samples": "--samples",
+           "data_fit": "--data-fit"}
 
 #: Flags for parameters of the default method (``DEFAULT_METHOD``, impulse), refused with any other:
 #: flag -> init parameter.
@@ -200,17 +201,14 @@ def apply(
 ):
     """Initialize the attention of a checkpoint (impulse, mimetic, ...) and write a new file.
 
-    What changes is what the method writes (Q/K of the chosen layers; V/proj for mimetic and for
-    impulse unless --no-mimetic-vproj; the position embedding where a table is written; with -p
-    position_subspace=true also the patch embedding, class token and every block's output
-    projections), and the result names every tensor that changed, read from the tensors; every
-    other tensor and entry is written back as loaded. The impulse init is fitted through the model the checkpoint describes (a
-    structinit train run, a timm ViT, a Hugging Face ViT/DeiT, BERT or GPT-2) exactly as
-    initialize_model and train fit it: to --data, or without it to Gaussian noise inputs of the
-    model's input shape; a learned position embedding gets the sin-cos table in its place (kept
-    learnable) unless --set-pe or --fit-pe says otherwise. The result says what was written and
-    how the attention hits its offsets on the inputs it was fitted to; --verbose shows every
-    setting and tensor.
+    What the method writes changes (Q/K; V/proj for mimetic and impulse; the position table; with
+    -p position_subspace=true the patch embedding, class token and output projections too) and the
+    result names every changed tensor, read from the tensors; all else is written back as loaded.
+    The impulse init is fitted through the model the checkpoint describes (a structinit train run,
+    a timm ViT, a Hugging Face ViT/DeiT, BERT or GPT-2) as initialize_model fits it: to --data, else
+    to Gaussian noise of the model's input shape; a learned position embedding gets the sin-cos
+    table in its place (kept learnable) unless --set-pe or --fit-pe says otherwise. The result says
+    how the attention hits its offsets on those inputs; --verbose shows every setting and tensor.
     """
     from structinit.apply.checkpoint import apply_checkpoint
     from structinit.apply.options import ApplyOptions
@@ -307,6 +305,9 @@ def format_report(r: dict) -> str:
                                                                                          "target_mass"))
     elif isinstance(fit, dict) and fit.get("skipped"):
         lines.append(f"  Q/K: the plain solve (data fit {fit['skipped']})")
+        if r["layers"] and "hit_rate" in r["layers"][0]:
+            lines.append("  attention on the position embedding alone: " + _layers_line("hit rate", r["layers"],
+                                                                                          "hit_rate"))
     elif "data_fit" in r and not r.get("dry_run"):  # an init that can fit, with its fit off
         lines.append("  Q/K: the plain solve (--data-fit 0); on the position embedding alone, which real inputs "
                      "wash out: " + _layers_line("hit rate", r["layers"], "hit_rate"))

@@ -57,8 +57,8 @@ def _is_artifact_file(path: Path) -> bool:
 
 # --------------------------------------------------------------------------- options
 
-TargetOpt = Annotated[Optional[str], typer.Argument(help="Artifact path or key, or a checkpoint file; omit to list "
-    "the cache. With --data: a train run folder, its checkpoint.pt "
+TargetOpt = Annotated[Optional[str], typer.Argument(help="Artifact path or key, a checkpoint file or a Hugging "
+    "Face folder (as apply takes them); omit to list the cache. With --data: a train run folder, its checkpoint.pt "
     "or best.pt, or a model preset.")]
 
 LayerOpt = Annotated[Optional[int], option("--layer", help="Artifact: layer whose attention is drawn.",
@@ -76,6 +76,13 @@ PngOpt = Annotated[Optional[str], option("--png", help="Artifact: write the laye
 
 HeadsOpt = Annotated[Optional[int], option("--heads", help="Checkpoint: heads, when the checkpoint does not "
     "say.")]
+
+ModelNameOpt = Annotated[Optional[str], option("--model", help="Checkpoint: the timm model it holds, to measure "
+    "the model's attention on noise inputs as apply does, e.g. vit_tiny_patch16_224 (else timm's arch in the file, "
+    "else a ViT of the tensors' shape).")]
+
+ConfigOpt = Annotated[Optional[Path], option("--config", help="Checkpoint: its Hugging Face config.json (default: "
+    "the one beside it).")]
 
 DataOpt = Annotated[Optional[str], option(
     "--data", metavar="DATASET", help="Measure a model's attention on the first training inputs of this "
@@ -118,6 +125,8 @@ def inspect(
     force: Force = False,
     heads: HeadsOpt = None,
     grid: GridOpt = None,
+    model_name: ModelNameOpt = None,
+    config: ConfigOpt = None,
     data: DataOpt = None,
     samples: SamplesOpt = None,
     init: InitOpt = None,
@@ -131,7 +140,9 @@ def inspect(
     json_out: JsonOut = False,
 ):
     """Show an artifact's config, quality and attention, a checkpoint's layout and attention
-    quality, or (no argument) list the cache. With --data: a model's attention on real inputs."""
+    quality (on its position embedding alone, and through its model on noise inputs as apply
+    measures it), or (no argument) list the cache. With --data: a model's attention on real inputs."""
+    from structinit.apply.files import HF_CONFIG
     from structinit.errors import UsageError
     from structinit.runtime import use_threads
     from structinit.solver.cache import check_cache_dir, resolve_key
@@ -143,8 +154,8 @@ def inspect(
     data_only = {"--samples": samples, "--init": init, "--init-param": init_param or None, "--seed": seed,
                  "--data-dir": data_dir, "--filter": filter_, "--per-head": per_head or None}
     if data is not None:
-        given = [f for f, v in {"--layer": layer, "--head": head, "--heads": heads, "--grid": grid}.items()
-                 if v is not None]
+        given = [f for f, v in {"--layer": layer, "--head": head, "--heads": heads, "--grid": grid,
+                                "--model": model_name, "--config": config}.items() if v is not None]
         if given:
             raise UsageError(f"{', '.join(given)} do(es) not apply with --data (it measures every layer and head; "
                              "--query picks the token drawn)")
@@ -157,7 +168,7 @@ def inspect(
     if given:
         raise UsageError(f"{', '.join(given)} need(s) --data DATASET (they set up the measure on real inputs)")
     artifact_only = {"--layer": layer, "--head": head, "--query": query, "--png": png, "--force": force or None}
-    checkpoint_only = {"--heads": heads, "--grid": grid}
+    checkpoint_only = {"--heads": heads, "--grid": grid, "--model": model_name, "--config": config}
     if target is None:
         given = [f for f, v in {**artifact_only, **checkpoint_only}.items() if v is not None]
         if given:
@@ -171,10 +182,10 @@ def inspect(
             raise UsageError(f"{target}: no such file, and no cached artifact has that key (run `structinit "
                              "inspect` to list them)")
         path = found
-    if path.is_dir():
-        raise UsageError(f"{path} is a folder; give an artifact or checkpoint file (a train run folder is measured "
-                         "on real inputs with --data DATASET)")
-    if _is_artifact_file(path):
+    if path.is_dir() and not (path / HF_CONFIG).exists():
+        raise UsageError(f"{path} is a folder and not a Hugging Face model's (no config.json); give an artifact or "
+                         "checkpoint file (a train run folder is measured on real inputs with --data DATASET)")
+    if path.is_file() and _is_artifact_file(path):
         given = [f for f, v in checkpoint_only.items() if v is not None]
         if given:
             raise UsageError(f"{', '.join(given)} apply to a checkpoint; {path.name} is an artifact (its shape is "
@@ -184,7 +195,7 @@ def inspect(
     if given:
         raise UsageError(f"{', '.join(given)} apply to an artifact; {path.name} is a checkpoint (inspect shows its "
                          "layout and per-layer quality; draw an artifact's attention instead)")
-    return _show_checkpoint(path, heads, grid, json_out)
+    return _show_checkpoint(path, heads, grid, model_name, config, json_out)
 
 
 def _list(cache_dir, json_out: bool) -> None:
@@ -296,12 +307,14 @@ def fit_text(fit: dict) -> str:
     return "\n".join(lines)
 
 
-def _show_checkpoint(path: Path, heads: Optional[int], grid: Optional[str], json_out: bool) -> None:
+def _show_checkpoint(path: Path, heads: Optional[int], grid: Optional[str], model_name: Optional[str],
+                     config: Optional[Path], json_out: bool) -> None:
     from structinit.analysis.text import checkpoint_report
+    from structinit.apply.measure import inspect_checkpoint
     from structinit.geometry.grid import parse_grid
-    from structinit.init.checkpoints import describe_checkpoint
 
-    desc = describe_checkpoint(path, heads=heads, grid=parse_grid(grid=grid) if grid else None)
+    desc = inspect_checkpoint(path, heads=heads, grid=parse_grid(grid=grid) if grid else None, model_name=model_name,
+                              config=str(config) if config is not None else None)
     if json_out:
         emit_json(desc)
     else:

@@ -15,9 +15,9 @@ import warnings
 from typing import TYPE_CHECKING, Any, Callable, Dict, MutableMapping, Optional, Sequence, Union
 
 from structinit.errors import SYNTAX, StructinitWarning, UsageError
-from structinit.init.changes import changed, snapshot
 from structinit.geometry.grid import GridLike
 from structinit.init.base import InitSpec
+from structinit.init.changes import changed, snapshot
 from structinit.init.registry import init_spec
 
 if TYPE_CHECKING:

@@ -62,7 +62,7 @@ def fitting_methods() -> str:
 def spec_class(method: str) -> Type[InitSpec]:
     """The spec class registered as ``method``."""
     if method not in INIT_METHODS:
-        raise UsageError(f"unknown init method {param('init')} {method!r}; choose one of {', '.join(INIT_METHODS)}")
+        raise UsageError(f"unknown init method {method!r}; {param('init')} takes one of {', '.join(INIT_METHODS)}")
     return INIT_METHODS[method]
 
 
