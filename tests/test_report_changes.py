@@ -114,3 +114,13 @@ def test_initialize_model_names_every_tensor_it_changed(method):
         except StructinitError:
             pytest.skip(f"{method} does not take this model")
     assert report["changed"] == changed(before, model.state_dict()) and report["changed"]
+
+
+def test_an_apply_on_a_sequence_model_prints_the_structure_it_wrote(tmp_path, cli):
+    """Issue 52: apply on GPT-2 (no data: the fit cannot run on token ids) printed no structure line."""
+    torch.save(gpt2().state_dict(), tmp_path / "gpt2.pt")
+    r = cli("apply", tmp_path / "gpt2.pt", "--heads", "4", "--causal", "--set-pe", "sincos", "--out", tmp_path / "g.pt")
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("  attention on the position embedding alone: "))
+    assert line.startswith("  attention on the position embedding alone: hit rate 1.00 1.00")
+    assert "  tensors changed: 7 (transformer.wpe.weight, transformer.h.{0-1}.attn.c_attn.weight" in r.stdout
