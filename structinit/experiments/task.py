@@ -44,6 +44,7 @@ import dataclasses
 import datetime
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -259,14 +260,18 @@ def read_run_config(run_dir: os.PathLike):
     rd = RunDir(run_dir)
     if not rd.path.is_dir():
         raise UsageError(f"run folder {rd.path} does not exist")
-    doc = rd.read_config()
+    rebuild = "; `structinit bench grid GRID.toml` (the run's grid) sets it aside and writes it again"
+    try:
+        doc = rd.read_config()
+    except StructinitError as exc:
+        raise StructinitError(f"{exc}{rebuild}") from None
     if doc is None:
         raise UsageError(f"{rd.path} holds no config.json; launch the grid with structinit bench grid to create it")
     try:
         config = TrainConfig.from_dict(doc["config"])
         key = config.key
     except (KeyError, TypeError) as exc:
-        raise StructinitError(f"{rd.file(rd.CONFIG)} is unreadable ({type(exc).__name__}: {exc})") from None
+        raise StructinitError(f"{rd.file(rd.CONFIG)} is unreadable ({type(exc).__name__}: {exc}){rebuild}") from None
     name = rd.path.resolve().name
     if looks_like_key(name) and key != name:
         raise StructinitError(f"{rd.file(rd.CONFIG)} describes run {key}, not the run {name} its folder is named "
@@ -586,9 +591,15 @@ def _train_torchrun(config, nproc: int, stopper: Stopper, log) -> tuple:
     out = proc.stdout
     assert out is not None  # stdout=PIPE
 
+    held: List[str] = []  # torchrun's own failure report after a stop: shown only if the run failed
+
     def pump():
         for line in out:
-            log(line.rstrip())
+            line = line.rstrip()
+            if held or (stopper.event.is_set() and TORCHRUN_REPORT.match(line)):
+                held.append(line)
+            else:
+                log(line)
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
@@ -613,11 +624,24 @@ def _train_torchrun(config, nproc: int, stopper: Stopper, log) -> tuple:
             stopper.request("interrupted")
     reader.join(timeout=5)
     rd = RunDir(config.out)
+    stopped = rd.state == "finished" or stopper.event.is_set()
+    if held and stopped:  # the processes stopped as asked: torchrun's traceback about their exit code is noise
+        log(f"torchrun exited with code {proc.returncode} after its processes stopped as asked "
+            f"({len(held)} lines of its failure report left out)")
+    else:
+        for line in held:
+            log(line)
     if rd.state == "finished":  # whatever torchrun's exit code: a stop after the last epoch changes nothing
         return "finished", (rd.read_final() or {}).get("final_acc"), None
     if stopper.event.is_set():
         return "interrupted", None, None
     return "failed", None, f"torchrun exited with code {proc.returncode} (see {rd.file(rd.LOG)})"
+
+
+#: The first line of torchrun's own report when its processes exit non-zero: its agent's log line
+#: (``E1129 01:46:32.246000 12790 torch/distributed/elastic/...] failed (exitcode: 143)``) or the
+#: traceback of the ``ChildFailedError`` (or ``SignalException``) it raises.
+TORCHRUN_REPORT = re.compile(r"^([EWI]\d{4} [\d:.]+ +\d+ torch/distributed/elastic/|Traceback \(most recent call last\):)")
 
 
 def _children(pid: int) -> List[int]:
