@@ -86,6 +86,13 @@ class ArtifactError(StructinitError):
     exit_code = 1
 
 
+class ArtifactNotFound(ArtifactError):
+    """An artifact path that names no regular file (nothing, a dangling link or a loop, a FIFO, a
+    device): the caller's mistake, exit code 2 (see :func:`path_error`)."""
+
+    exit_code = 2
+
+
 class Notice(str):
     """A line for the user that a caller's ``log`` should show even where it shows progress quietly
     (the estimated time of long work, a wait for another process): a ``str`` marked as such."""

@@ -280,12 +280,13 @@ PATH_PARAMS = ("data", "png", "target", "artifact", "runs_csv", "config")
 def check_paths(values: Dict[str, Any], names: Tuple[str, ...] = PATH_PARAMS) -> None:
     """Refuse, before any work, a path among ``values`` (a command's parameters: every ``Path``, and
     the text of those in ``names``) that no file could have: a name longer than the file system
-    allows, or a loop of symbolic links. Raises :class:`~structinit.errors.UsageError` naming the
-    parameter (a missing path passes: it may be an output, or a dataset's name)."""
+    allows, a loop of symbolic links, or a symbolic link to nothing. Raises
+    :class:`~structinit.errors.UsageError` naming the parameter (a missing path passes: it may be an
+    output, or a dataset's name)."""
     import os
 
     from structinit.atomic import check_name
-    from structinit.errors import param, path_error
+    from structinit.errors import UsageError, param, path_error
 
     for name, value in values.items():
         items = value if isinstance(value, (list, tuple)) else [value]
@@ -295,6 +296,10 @@ def check_paths(values: Dict[str, Any], names: Tuple[str, ...] = PATH_PARAMS) ->
             try:
                 check_name(Path(item))
                 os.stat(item)
+            except FileNotFoundError:
+                if os.path.islink(item):  # neither read from nor written through: the link is the user's
+                    raise UsageError(f"{param(name)} {item}: a symbolic link to {os.readlink(item)}, which does "
+                                     "not exist") from None
             except OSError as exc:
                 if exc.errno in (errno.ENAMETOOLONG, errno.ELOOP):
                     raise path_error(exc, param(name)) from None

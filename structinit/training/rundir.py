@@ -128,20 +128,7 @@ class RunDir:
     def set_aside_files(self, files: List[str], why: str) -> Path:
         """Move the files ``files`` of the run into a new ``damaged-<time>/`` folder of the run, with
         ``why.txt`` saying ``why``, and return that folder (nothing is deleted)."""
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        folder, k = self.path / f"damaged-{stamp}", 1
-        while folder.exists():
-            k += 1
-            folder = self.path / f"damaged-{stamp}-{k}"
-        try:
-            folder.mkdir()
-            for name in files:
-                os.replace(self.file(name), folder / name)
-            write_text(folder / self.WHY, why + "\n")
-        except OSError as exc:
-            raise StructinitError(f"cannot set the damaged files of {self.path} aside into {folder}: "
-                                  f"{exc.strerror or exc}") from None
-        return folder
+        return _move_aside(self, files, why)
 
     # ---- the lock
     def lock(self) -> None:
@@ -212,27 +199,7 @@ class RunDir:
         ``.lock`` is missing or nobody holds it (a task killed outright leaves it free), ``None``
         where that cannot be told (a file system without ``flock``). Creates nothing; the probe is a
         shared lock held for an instant."""
-        if self.locked():
-            return True
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - not POSIX
-            return None
-        try:
-            fd = os.open(self.file(self.LOCK), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-        except FileNotFoundError:
-            return False
-        except OSError:
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        except OSError:
-            return None
-        finally:
-            os.close(fd)  # closing lets go of the probe's lock
-        return False
+        return True if self.locked() else _lock_probe(self.file(self.LOCK))
 
     def locked(self) -> bool:
         """Whether this process holds the run's lock."""
@@ -418,6 +385,47 @@ class RunDir:
     def load_checkpoint(self, map_location="cpu") -> Dict[str, Any]:
         """``checkpoint.pt`` (read with ``weights_only=True``)."""
         return load_train_checkpoint(self.file(self.CHECKPOINT), map_location)
+
+
+def _move_aside(run: "RunDir", files: List[str], why: str) -> Path:
+    """:meth:`RunDir.set_aside_files`."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    folder, k = run.path / f"damaged-{stamp}", 1
+    while folder.exists():
+        k += 1
+        folder = run.path / f"damaged-{stamp}-{k}"
+    try:
+        folder.mkdir()
+        for name in files:
+            os.replace(run.file(name), folder / name)
+        write_text(folder / run.WHY, why + "\n")
+    except OSError as exc:
+        raise StructinitError(f"cannot set the damaged files of {run.path} aside into {folder}: "
+                              f"{exc.strerror or exc}") from None
+    return folder
+
+
+def _lock_probe(lock_file: Path) -> Optional[bool]:
+    """Whether some process holds the flock of ``lock_file`` (see :meth:`RunDir.lock_held`)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        return None
+    try:
+        fd = os.open(lock_file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # closing lets go of the probe's lock
+    return False
 
 
 def _remove_empty(folders: List[Path]) -> None:
