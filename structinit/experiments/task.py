@@ -270,7 +270,7 @@ def read_run_config(run_dir: os.PathLike):
     try:
         config = TrainConfig.from_dict(doc["config"])
         key = config.key
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:  # UsageError too: settings no run has
         raise StructinitError(f"{rd.file(rd.CONFIG)} is unreadable ({type(exc).__name__}: {exc}){rebuild}") from None
     name = rd.path.resolve().name
     if looks_like_key(name) and key != name:
