@@ -34,13 +34,19 @@ def regular_file(path: os.PathLike) -> os.stat_result:
     """``os.stat(path)`` when ``path`` is (or links to) a regular file; else :class:`NotRegularFile`
     saying what it is: reading a FIFO waits for a writer that may never come, and a device such as
     ``/dev/zero`` never ends. A missing path raises :class:`FileNotFoundError`; a symbolic link to
-    a missing path, :class:`NotRegularFile` naming where it points."""
+    a missing path, :class:`NotRegularFile` naming where it points; a loop of links,
+    :class:`NotRegularFile` (``errno.ELOOP``) saying so."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
         if os.path.islink(path):
             to = os.readlink(os.fspath(path))
             raise NotRegularFile(errno.ENOENT, f"a symbolic link to {to}, which does not exist", str(path)) from None
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotRegularFile(errno.ELOOP, "a loop of symbolic links (one that leads back to itself), not a "
+                                 "regular file", str(path)) from None
         raise
     if not stat.S_ISREG(st.st_mode):
         kind = _kind(st.st_mode)
@@ -49,12 +55,13 @@ def regular_file(path: os.PathLike) -> os.stat_result:
 
 
 def read_regular(path: os.PathLike, limit: Optional[int] = None,
-                 check: Optional[Callable[[IO[bytes], int], None]] = None) -> bytes:
+                 check: Optional[Callable[[IO[bytes], int], None]] = None, tail: Optional[int] = None) -> bytes:
     """The bytes of the regular file ``path`` (see :func:`regular_file`), opened without blocking and
     checked again on the open descriptor (so a FIFO put in its place meanwhile is refused, not waited
     for). ``limit``: refuse (:class:`NotRegularFile`) a file larger than this many bytes before
     reading it. ``check(fh, size)``: called with the open file and its size before the file is read
-    (it may read a header; it raises to refuse the file, e.g. a header that promises another size)."""
+    (it may read a header; it raises to refuse the file, e.g. a header that promises another size).
+    ``tail``: only the last this many bytes (the end of a log)."""
     regular_file(path)
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     with os.fdopen(fd, "rb") as fh:
@@ -67,7 +74,56 @@ def read_regular(path: os.PathLike, limit: Optional[int] = None,
         if check is not None:
             check(fh, st.st_size)
             fh.seek(0)
+        if tail is not None and st.st_size > tail:
+            fh.seek(st.st_size - tail)
+            return fh.read(tail)
         return fh.read(st.st_size)
+
+
+def read_regular_text(path: os.PathLike, limit: Optional[int] = None) -> str:
+    """The text (UTF-8, undecodable bytes replaced) of the regular file ``path``, through
+    :func:`read_regular` (a FIFO or a device raises :class:`NotRegularFile`, never waits)."""
+    return read_regular(path, limit).decode("utf-8", "replace")
+
+
+#: The longest file name (one path component, in bytes) where the system does not say: Linux's,
+#: macOS's and most file systems'.
+NAME_MAX = 255
+
+
+def name_max(folder: os.PathLike) -> int:
+    """The longest file name (bytes) the file system of ``folder`` (or of its nearest existing parent)
+    allows."""
+    folder = Path(folder)
+    for candidate in (folder, *folder.parents):
+        try:
+            return int(os.pathconf(candidate if str(candidate) else ".", "PC_NAME_MAX"))
+        except (OSError, ValueError):
+            continue
+    return NAME_MAX
+
+
+def check_name(path: os.PathLike) -> None:
+    """Raise ``OSError(ENAMETOOLONG)`` naming ``path`` when one of its components is longer than its
+    file system allows (a name checked before any long work, so that the write at the end does not
+    fail); shorter names pass whether or not they exist."""
+    path = Path(path)
+    limit = name_max(path.parent)
+    for part in path.parts:
+        if len(os.fsencode(part)) > limit:
+            raise OSError(errno.ENAMETOOLONG, f"a name of {len(os.fsencode(part))} bytes, longer than the "
+                          f"{limit} a file name may have", str(path))
+
+
+def temp_name(path: Path, tail: str = ".tmp") -> Path:
+    """A hidden, unique temp name beside ``path``: ``.NAME.PID.RAND.tmp``, with ``NAME`` shortened
+    (at a character boundary) so that the whole fits in a file name however long ``path``'s is."""
+    unique = f".{os.getpid()}.{os.urandom(4).hex()}{tail}"
+    room = max(1, name_max(path.parent) - len(os.fsencode(unique)) - 1)
+    name = path.name
+    while len(os.fsencode(name)) > room:
+        name = name[:-1]
+    return path.with_name(f".{name}{unique}")
 
 
 class OutputExists(FileExistsError):
@@ -85,10 +141,13 @@ def atomic_write(path: os.PathLike, mode: str = "wb", exclusive: bool = False,
     fails if the name is taken, so of concurrent writers exactly one succeeds and the others get
     :class:`OutputExists` (where the file system has no hard links, the name is claimed with
     ``O_CREAT | O_EXCL`` and then replaced). ``file_mode``: the permission bits of the result
-    (e.g. the input's, for a file derived from it); default: the umask's.
+    (e.g. the input's, for a file derived from it); default: the umask's. The temp name is
+    shortened to fit (:func:`temp_name`); a ``path`` whose own name is too long is refused
+    (``OSError(ENAMETOOLONG)``) before anything is written.
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    check_name(path)
+    tmp = temp_name(path)
     try:
         with open(tmp, mode) as fh:
             yield fh
@@ -114,10 +173,12 @@ def write_text(path: os.PathLike, text: str, **options) -> None:
 @contextmanager
 def atomic_path(path: os.PathLike) -> Iterator[Path]:
     """A hidden temp path beside ``path`` for a library that writes a file by name (a profiler's
-    trace), moved onto ``path`` on a clean exit and removed otherwise. It ends in ``path``'s name, so
-    a writer that picks its format by the name's ending (``.json.gz``) picks the same."""
+    trace), moved onto ``path`` on a clean exit and removed otherwise. It ends in ``path``'s endings
+    (``.tmp.json.gz``), so a writer that picks its format by the name's ending picks the same."""
     path = Path(path)
-    tmp = path.with_name(f".{os.getpid()}.{os.urandom(4).hex()}.{path.name}")
+    check_name(path)
+    suffix = "".join(path.suffixes[-2:]) if len(os.fsencode("".join(path.suffixes[-2:]))) < 32 else ""
+    tmp = temp_name(path, ".tmp" + suffix)
     try:
         yield tmp
         with open(tmp, "rb+") as fh:
@@ -147,8 +208,20 @@ def touch(path: os.PathLike) -> None:
 def append_line(path: os.PathLike, line: str, sync: bool = True) -> None:
     """Append ``line`` and a newline to the file at ``path`` (created if need be) in one write, then
     (``sync``) fsync it: a log or a record of lines, where a reader may see a torn last line (and
-    skips it) but never loses an earlier one."""
-    with open(path, "a") as fh:
+    skips it) but never loses an earlier one. Only a regular file is appended to: a FIFO, a device
+    or a folder at ``path`` raises :class:`NotRegularFile` (opened without blocking: a FIFO with no
+    reader is never waited for)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        if exc.errno in (errno.ENXIO, errno.EISDIR):  # a FIFO with no reader; a folder
+            regular_file(path)
+        raise
+    with os.fdopen(fd, "a") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno.EINVAL, f"{_kind(st.st_mode)}, not a regular file", str(path))
         fh.write(line + "\n")
         fh.flush()
         if sync:

@@ -9,7 +9,9 @@ renders the library name, :meth:`StructinitError.render` any other.
 from __future__ import annotations
 
 import contextvars
+import errno
 import json
+import os
 import re
 from typing import Any, Callable, Optional
 
@@ -92,10 +94,40 @@ class UsageError(StructinitError, ValueError):
     exit_code = 2
 
 
+#: ``errno`` values that say a path names nothing usable as asked (missing, a loop of symbolic links,
+#: a name too long, a folder for a file or a file for a folder): bad input, exit code 2, like a bad
+#: flag. Any other ``OSError`` (permission denied, an I/O error, a full or read-only disk) exits 1.
+PATH_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG, errno.ELOOP})
+
+
+def path_error(exc: OSError, what: str = "") -> StructinitError:
+    """``exc`` as one line naming its path (``what``: the parameter or words to put first), of the
+    class that gives the exit code of the rule: :class:`UsageError` (2) for a path that names
+    nothing usable as asked (:data:`PATH_ERRNOS`, or a FIFO, device or folder where a file is read:
+    :class:`structinit.atomic.NotRegularFile`), :class:`StructinitError` (1) for a file that is
+    there but cannot be read or written, and for a problem of the system."""
+    name = exc.filename if exc.filename is not None else ""
+    words = exc.strerror or str(exc)
+    if exc.errno == errno.ENAMETOOLONG and "bytes" not in words:
+        longest = max((len(os.fsencode(p)) for p in str(name).split(os.sep)), default=0)
+        words = f"{words} (a name of {longest} bytes; a file name may have at most 255)"
+    text = " ".join(t for t in (what, str(name)) if t)
+    line = f"{text}: {words}" if text else words
+    usage = exc.errno in PATH_ERRNOS or (type(exc).__name__ == "NotRegularFile" and exc.errno != errno.EFBIG)
+    return UsageError(line) if usage else StructinitError(line)
+
+
 class ArtifactError(StructinitError):
     """An artifact file that is missing, truncated, corrupt or of another format."""
 
     exit_code = 1
+
+
+class ArtifactNotFound(ArtifactError):
+    """An artifact path that names no regular file (nothing, a dangling link or a loop, a FIFO, a
+    device): the caller's mistake, exit code 2 (see :func:`path_error`)."""
+
+    exit_code = 2
 
 
 class Notice(str):

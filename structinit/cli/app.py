@@ -69,7 +69,8 @@ def build_app() -> typer.Typer:
     bench_app.command("fit", epilog=bench_fit.EXAMPLES)(handle_errors(bench_fit.bench_fit, bench_fit.ALIASES))
     bench_app.command("loop", epilog=bench_loop.EXAMPLES)(handle_errors(bench_loop.bench_loop))
     grid_aliases = bench_options.ALIASES
-    bench_app.command("grid", epilog=bench_grid.EXAMPLES)(handle_errors(bench_grid.bench_grid, grid_aliases))
+    bench_app.command("grid", epilog=bench_grid.EXAMPLES)(handle_errors(bench_grid.bench_grid, grid_aliases,
+                                                                        paths=("grid",)))
     bench_app.command("report", epilog=bench_report.EXAMPLES)(handle_errors(bench_report.bench_report, grid_aliases))
     bench_app.command("run", epilog=bench_run.EXAMPLES)(handle_errors(bench_run.bench_run, grid_aliases))
     app.add_typer(bench_app, name="bench")

@@ -5,6 +5,7 @@ exit code, JSON output, and the progress reporter (a rich bar on a terminal, pla
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import sys
@@ -294,20 +295,66 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
-def handle_errors(fn: Callable, aliases: Optional[Dict[str, str]] = None) -> Callable:
+#: Parameters whose text value is a path (a ``Path``-typed one always is): checked before any work.
+PATH_PARAMS = ("data", "png", "target", "artifact", "runs_csv", "config")
+
+
+def check_paths(values: Dict[str, Any], names: Tuple[str, ...] = PATH_PARAMS) -> None:
+    """Refuse, before any work, a path among ``values`` (a command's parameters: every ``Path``, and
+    the text of those in ``names``) that no file could have: a name longer than the file system
+    allows, a loop of symbolic links, or a symbolic link to nothing. Raises
+    :class:`~structinit.errors.UsageError` naming the parameter (a missing path passes: it may be an
+    output, or a dataset's name)."""
+    import os
+
+    from structinit.atomic import check_name
+    from structinit.errors import UsageError, param, path_error
+
+    for name, value in values.items():
+        items = value if isinstance(value, (list, tuple)) else [value]
+        for item in items:
+            if not (isinstance(item, Path) or (name in names and isinstance(item, str) and item)):
+                continue
+            try:
+                check_name(Path(item))
+                os.stat(item)
+            except FileNotFoundError:
+                if os.path.islink(item):  # neither read from nor written through: the link is the user's
+                    raise UsageError(f"{param(name)} {item}: a symbolic link to {os.readlink(item)}, which does "
+                                     "not exist") from None
+            except OSError as exc:
+                if exc.errno in (errno.ENAMETOOLONG, errno.ELOOP):
+                    raise path_error(exc, param(name)) from None
+
+
+def handle_errors(fn: Callable, aliases: Optional[Dict[str, str]] = None,
+                  paths: Tuple[str, ...] = ()) -> Callable:
     """Wrap a command so that library errors become one ``error:`` line naming the command's flags,
-    with the error's exit code (2 for usage errors); Ctrl-C exits 130."""
+    with the error's exit code (2 for usage errors and for a path that names nothing usable, see
+    :func:`structinit.errors.path_error`; 1 for a file that cannot be read or written); Ctrl-C
+    exits 130. Its path parameters (:func:`check_paths`, with ``paths`` as more of them) are
+    checked before it runs."""
 
     flags = declared_flags(fn)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from structinit.errors import path_error
+
         syntax = CommandSyntax(flags, aliases)
         token = FLAG_NAMER.set(syntax)  # warnings name this command's flags too
         try:
+            check_paths(kwargs, PATH_PARAMS + paths)
             return fn(*args, **kwargs)
         except StructinitError as exc:
             raise fail(exc.render(syntax), exc.exit_code) from None
+        except OSError as exc:  # a path the command did not check itself: one line, the rule's code
+            err = path_error(exc)
+            raise fail(err.render(syntax), err.exit_code) from None
+        except RuntimeError as exc:
+            if not str(exc).startswith("Symlink loop"):  # pathlib's resolve() on a loop (Python < 3.13)
+                raise
+            raise fail(f"{str(exc).split(' from ', 1)[-1]}: a loop of symbolic links", 2) from None
         except KeyboardInterrupt:
             raise fail("interrupted", 130) from None
         except MemoryError:

@@ -61,13 +61,49 @@ def prepare_runs(ex: Expansion, check: Optional[Callable[[List[Cell]], None]] = 
     ex.write_manifest()
     for cell in todo:
         rd = RunDir(ex.run_dir(cell))
-        if rd.file(rd.CONFIG).is_file():
+        why = config_problem(rd, cell.key)
+        if why is None:
             continue
         if cell.config is None:
-            raise UsageError(f"run {cell.key} has no config.json and the grid was not expanded from its file")
+            raise UsageError(f"run {cell.key} has no usable config.json ({why or 'none'}) and the grid was not "
+                             "expanded from its file: run `structinit bench grid GRID.toml` with its grid file")
+        if why:  # the grid holds the settings: the damaged file is kept aside and written anew
+            import warnings
+
+            from structinit.errors import StructinitWarning
+
+            rd.lock()  # a task that holds it is writing the run: RunBusy says so
+            try:
+                aside = rd.set_aside_files([rd.CONFIG], why)
+            finally:
+                rd.unlock()
+            warnings.warn(StructinitWarning(f"{why}: moved to {aside} and written again from the grid"),
+                          stacklevel=2)
         rd.create()
         rd.write_config({"config": cell.config.to_dict(), "key": cell.key, "grid": ex.spec.name})
     return todo
+
+
+def config_problem(rd: Any, key: str) -> Optional[str]:
+    """Why the ``config.json`` of run folder ``rd`` (a :class:`~structinit.training.rundir.RunDir`)
+    is not the settings of run ``key``: ``""`` when there is none, ``None`` when it is sound, else a
+    line (it does not parse, is not a regular file, lacks the settings or describes another run)."""
+    from structinit.errors import StructinitError
+    from structinit.training.config import TrainConfig
+
+    path = rd.file(rd.CONFIG)
+    if not os.path.lexists(path):
+        return ""
+    try:
+        doc = rd.read_config()
+        if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
+            return f"{path} holds no run settings"
+        found = TrainConfig.from_dict(doc["config"]).key
+    except StructinitError as exc:
+        return str(exc)
+    except (KeyError, TypeError, ValueError) as exc:
+        return f"{path} is unreadable ({type(exc).__name__}: {exc})"
+    return None if found == key else f"{path} describes run {found}, not run {key}"
 
 
 def check_environment(cells: List[Cell], launcher: str = "local", warn: Callable[[str], None] = lambda m: None) -> None:

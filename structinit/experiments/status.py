@@ -1,6 +1,7 @@
 """Where the runs of a grid stand: ``finished`` (a ``final.json`` that checks out against the run's
-config and checkpoint), ``running`` (a task's heartbeat younger than :data:`STALE_SECONDS`, or a
-fresh checkpoint), ``failed`` (the last task ended with an error; its last log line says which),
+config and checkpoint), ``running`` (a task that holds the run's lock; where the lock cannot be
+probed, a heartbeat younger than :data:`STALE_SECONDS` or a fresh checkpoint), ``failed`` (the last
+task ended with an error; its last log line says which),
 ``damaged`` (files that do not check out: a ``final.json`` that does not parse or belongs to another
 run, a checkpoint that cannot be read; see :meth:`~structinit.training.rundir.RunDir.damage`; a
 rerun sets them aside and trains the run) or ``pending`` (not started, or stopped with a checkpoint
@@ -46,7 +47,9 @@ def run_status(run: Path, now: Optional[float] = None) -> RunStatus:
     key = run.name
     beat = rd.age(rd.HEARTBEAT, now)
     task = rd.read_task() or {}
-    running = task.get("state") == "running" and beat is not None and beat < STALE_SECONDS
+    held = rd.lock_held()  # a task killed outright leaves its lock free at once, its heartbeat for minutes
+    alive = held if held is not None else beat is not None and beat < STALE_SECONDS
+    running = task.get("state") == "running" and alive
     resumable = rd.file(rd.CHECKPOINT).is_file()
     finished = rd.file(rd.FINAL).is_file()
     if not running and (finished or resumable):
@@ -57,9 +60,11 @@ def run_status(run: Path, now: Optional[float] = None) -> RunStatus:
     if finished:
         return RunStatus(key, str(run), "finished", done)
     if running:
-        return RunStatus(key, str(run), "running", done, resumable, f"heartbeat {beat:.0f}s ago on {task.get('host')}")
+        since = f"heartbeat {beat:.0f}s ago" if beat is not None else "no heartbeat yet"
+        return RunStatus(key, str(run), "running", done, resumable, f"{since} on {task.get('host')}")
     ck_age = rd.age(rd.CHECKPOINT, now) if resumable else None
-    if ck_age is not None and (task.get("state") in (None, "running")) and ck_age < FRESH_CHECKPOINT_SECONDS:
+    if (ck_age is not None and (task.get("state") in (None, "running")) and ck_age < FRESH_CHECKPOINT_SECONDS
+            and held is not False):
         return RunStatus(key, str(run), "running", done, resumable, f"checkpoint written {ck_age:.0f}s ago")
     if task.get("state") == "failed":
         return RunStatus(key, str(run), "failed", done, resumable, task.get("error") or rd.last_log_line())

@@ -44,6 +44,7 @@ import dataclasses
 import datetime
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -259,14 +260,18 @@ def read_run_config(run_dir: os.PathLike):
     rd = RunDir(run_dir)
     if not rd.path.is_dir():
         raise UsageError(f"run folder {rd.path} does not exist")
-    doc = rd.read_config()
+    rebuild = "; `structinit bench grid GRID.toml` (the run's grid) sets it aside and writes it again"
+    try:
+        doc = rd.read_config()
+    except StructinitError as exc:
+        raise StructinitError(f"{exc}{rebuild}") from None
     if doc is None:
         raise UsageError(f"{rd.path} holds no config.json; launch the grid with structinit bench grid to create it")
     try:
         config = TrainConfig.from_dict(doc["config"])
         key = config.key
-    except (KeyError, TypeError) as exc:
-        raise StructinitError(f"{rd.file(rd.CONFIG)} is unreadable ({type(exc).__name__}: {exc})") from None
+    except (KeyError, TypeError, ValueError) as exc:  # UsageError too: settings no run has
+        raise StructinitError(f"{rd.file(rd.CONFIG)} is unreadable ({type(exc).__name__}: {exc}){rebuild}") from None
     name = rd.path.resolve().name
     if looks_like_key(name) and key != name:
         raise StructinitError(f"{rd.file(rd.CONFIG)} describes run {key}, not the run {name} its folder is named "
@@ -565,6 +570,18 @@ def _train_here(config, stopper: Stopper, log) -> tuple:
     return "finished", result.final_acc, None
 
 
+def torchrun_env(config, environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """The environment of the ``torchrun`` a task starts for ``config`` (a ``TrainConfig``):
+    ``environ`` (default this process's) with one CPU thread per process unless ``config.threads``
+    says otherwise, and :data:`~structinit.training.rundir.LOCK_HELD_ENV` naming the run folder,
+    whose lock this task holds, so that torchrun's rank 0 writes the run for it instead of being
+    refused as a second writer."""
+    from structinit.training.rundir import LOCK_HELD_ENV
+
+    return dict(os.environ if environ is None else environ, OMP_NUM_THREADS=str(config.threads or 1),
+                **{LOCK_HELD_ENV: str(Path(config.out).expanduser().resolve())})
+
+
 def _train_torchrun(config, nproc: int, stopper: Stopper, log) -> tuple:
     """Train under ``torchrun``, started with SIGTERM and SIGUSR2 blocked (a child keeps the signal
     mask of the thread that starts it, across exec), which its processes inherit: torchrun's agent
@@ -576,14 +593,12 @@ def _train_torchrun(config, nproc: int, stopper: Stopper, log) -> tuple:
     (:func:`structinit.training.loop.train`'s ``stop``) and the agent ends after them. This task
     decides what SIGUSR2 means (stop and requeue). A process still running 60 s after the stop
     request is killed."""
-    from structinit.training.rundir import LOCK_HELD_ENV, RunDir
+    from structinit.training.rundir import RunDir
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "structinit"] + train_command(config, program=[])
     log("torchrun: " + shell_command(cmd))
-    # this task holds the run's lock; torchrun's rank 0 writes the run for it
-    env = dict(os.environ, OMP_NUM_THREADS=str(config.threads or 1),
-               **{LOCK_HELD_ENV: str(Path(config.out).expanduser().resolve())})
+    env = torchrun_env(config)
     # Without /proc (not Linux) this task cannot find the training processes: torchrun's agent then
     # takes SIGTERM and passes it on, as torchrun does by itself.
     linux = os.path.isdir("/proc/self")
@@ -597,9 +612,11 @@ def _train_torchrun(config, nproc: int, stopper: Stopper, log) -> tuple:
     out = proc.stdout
     assert out is not None  # stdout=PIPE
 
+    lines = TorchrunLog(log, stopper.event.is_set)
+
     def pump():
         for line in out:
-            log(line.rstrip())
+            lines(line)
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
@@ -624,11 +641,47 @@ def _train_torchrun(config, nproc: int, stopper: Stopper, log) -> tuple:
             stopper.request("interrupted")
     reader.join(timeout=5)
     rd = RunDir(config.out)
+    lines.finish(rd.state == "finished" or stopper.event.is_set(), proc.returncode)
     if rd.state == "finished":  # whatever torchrun's exit code: a stop after the last epoch changes nothing
         return "finished", (rd.read_final() or {}).get("final_acc"), None
     if stopper.event.is_set():
         return "interrupted", None, None
     return "failed", None, f"torchrun exited with code {proc.returncode} (see {rd.file(rd.LOG)})"
+
+
+#: The first line of torchrun's own report when its processes exit non-zero: its agent's log line
+#: (``E1129 01:46:32.246000 12790 torch/distributed/elastic/...] failed (exitcode: 143)``) or the
+#: traceback of the ``ChildFailedError`` (or ``SignalException``) it raises.
+TORCHRUN_REPORT = re.compile(r"^([EWI]\d{4} [\d:.]+ +\d+ torch/distributed/elastic/"
+                             r"|Traceback \(most recent call last\):)")
+
+
+class TorchrunLog:
+    """The output of a task's ``torchrun``, line by line, to ``log``; once ``stopping()`` (a stop was
+    requested), torchrun's own failure report (from :data:`TORCHRUN_REPORT` on: a traceback about
+    its processes' exit code, 40 lines) is held back, and :meth:`finish` shows it only when the run
+    did not stop as asked (else one line says it was left out)."""
+
+    def __init__(self, log: Callable[[str], None], stopping: Callable[[], bool]):
+        self.log, self.stopping = log, stopping
+        self.held: List[str] = []
+
+    def __call__(self, line: str) -> None:
+        line = line.rstrip()
+        if self.held or (self.stopping() and TORCHRUN_REPORT.match(line)):
+            self.held.append(line)
+        else:
+            self.log(line)
+
+    def finish(self, stopped: bool, returncode: Optional[int]) -> None:
+        """``stopped``: the run stopped as asked (or finished): the held report is noise."""
+        if self.held and stopped:
+            self.log(f"torchrun exited with code {returncode} after its processes stopped as asked "
+                     f"({len(self.held)} lines of its failure report left out)")
+        else:
+            for line in self.held:
+                self.log(line)
+        self.held = []
 
 
 def _children(pid: int) -> List[int]:

@@ -55,8 +55,9 @@ class CheckpointError(StructinitError):
 
 
 class CheckpointNotFound(CheckpointError):
-    """A checkpoint path that names no file (a folder, or nothing): the caller's mistake, so the CLI
-    exits 2 as for other usage errors (``inspect`` does the same for a path it cannot find)."""
+    """A checkpoint path that names no regular file (a folder, nothing, a dangling link or a loop, a
+    FIFO or a device): the caller's mistake, so the CLI exits 2 as for other usage errors
+    (``inspect`` does the same for a path it cannot find)."""
 
     exit_code = 2
 
@@ -228,7 +229,7 @@ def check_checkpoint_path(path: Union[str, os.PathLike]) -> Path:
     try:
         regular_file(path)
     except NotRegularFile as exc:
-        cls = CheckpointNotFound if exc.errno == errno.ENOENT else CheckpointError
+        cls = CheckpointError if exc.errno == errno.EFBIG else CheckpointNotFound
         raise cls(f"{path}: {exc.strerror}") from None
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read ({exc.strerror or exc})") from None

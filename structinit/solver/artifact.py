@@ -19,6 +19,7 @@ config (the plain solve's); its Q/K and offsets have one entry per model layer (
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -30,7 +31,7 @@ import numpy as np
 
 from structinit import __version__
 from structinit.atomic import NotRegularFile, atomic_write, read_regular
-from structinit.errors import ArtifactError
+from structinit.errors import ArtifactError, ArtifactNotFound
 from structinit.keys import json_key
 from structinit.solver.config import FORMAT, SolveConfig
 
@@ -155,9 +156,9 @@ def read_artifact(path: Path) -> Artifact:
     try:
         raw = read_regular(path, check=_size_check)
     except FileNotFoundError:
-        raise ArtifactError(f"{path}: no such file") from None
+        raise ArtifactNotFound(f"{path}: no such file") from None
     except NotRegularFile as exc:
-        raise ArtifactError(f"{path}: {exc.strerror}") from None
+        raise (ArtifactError if exc.errno == errno.EFBIG else ArtifactNotFound)(f"{path}: {exc.strerror}") from None
     except ValueError as exc:
         raise ArtifactError(f"{path}: not a readable safetensors file (truncated or corrupt: {exc})") from None
     except OSError as exc:

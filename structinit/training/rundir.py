@@ -18,7 +18,9 @@
 =================  =============================================================================
 
 This module is the one owner of these names and of every read and write of them: the loop, a
-grid's task, its status and its report go through :class:`RunDir`.
+grid's task, its status and its report go through :class:`RunDir`, and every read or append goes
+through :mod:`structinit.atomic`'s checked path (a FIFO or a device put at one of these names is
+refused, never waited on).
 
 A run is *fresh* (no checkpoint), *resumable* (a checkpoint, no ``final.json``), *finished* or
 *damaged*. Nothing on disk is trusted: a run is finished only when its ``final.json`` parses as a
@@ -39,7 +41,15 @@ import threading
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
-from structinit.atomic import append_line, atomic_write, touch, write_text
+from structinit.atomic import (
+    NotRegularFile,
+    append_line,
+    atomic_write,
+    read_regular,
+    read_regular_text,
+    touch,
+    write_text,
+)
 from structinit.errors import StructinitError, UsageError, param
 
 CHECKPOINT_FORMAT = "structinit-train/1"
@@ -113,20 +123,12 @@ class RunDir:
         why, files = _damage(self)
         if why is None:
             return None
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        folder, k = self.path / f"damaged-{stamp}", 1
-        while folder.exists():
-            k += 1
-            folder = self.path / f"damaged-{stamp}-{k}"
-        try:
-            folder.mkdir()
-            for name in files:
-                os.replace(self.file(name), folder / name)
-            write_text(folder / self.WHY, why + "\n")
-        except OSError as exc:
-            raise StructinitError(f"cannot set the damaged files of {self.path} aside into {folder}: "
-                                  f"{exc.strerror or exc}") from None
-        return folder
+        return self.set_aside_files(files, why)
+
+    def set_aside_files(self, files: List[str], why: str) -> Path:
+        """Move the files ``files`` of the run into a new ``damaged-<time>/`` folder of the run, with
+        ``why.txt`` saying ``why``, and return that folder (nothing is deleted)."""
+        return _move_aside(self, files, why)
 
     # ---- the lock
     def lock(self) -> None:
@@ -192,6 +194,13 @@ class RunDir:
             held.lock.release()
             _remove_empty(held.created)
 
+    def lock_held(self) -> Optional[bool]:
+        """Whether some process holds the run's lock now (this one included): ``False`` when
+        ``.lock`` is missing or nobody holds it (a task killed outright leaves it free), ``None``
+        where that cannot be told (a file system without ``flock``). Creates nothing; the probe is a
+        shared lock held for an instant."""
+        return True if self.locked() else _lock_probe(self.file(self.LOCK))
+
     def locked(self) -> bool:
         """Whether this process holds the run's lock."""
         return str(self.path.expanduser().resolve()) in _HELD
@@ -208,8 +217,8 @@ class RunDir:
         except OSError as exc:
             raise StructinitError(f"cannot create run folder {self.path}: {exc.strerror or exc}") from None
         try:
-            self.config_before = self.file(self.CONFIG).read_bytes()
-        except OSError:  # none yet
+            self.config_before = read_regular(self.file(self.CONFIG))
+        except OSError:  # none yet, or not a file to put back
             self.config_before = None
         self.created, self.opened = missing, True
 
@@ -246,10 +255,12 @@ class RunDir:
 
     def _read_json(self, name: str) -> Optional[Dict[str, Any]]:
         path = self.file(name)
-        if not path.is_file():
-            return None
         try:
-            return json.loads(path.read_text())
+            return json.loads(read_regular_text(path))
+        except FileNotFoundError:
+            return None
+        except NotRegularFile as exc:
+            raise StructinitError(f"{path} is unreadable: {exc.strerror}") from None
         except (OSError, ValueError) as exc:
             raise StructinitError(f"{path} is unreadable ({exc})") from None
 
@@ -257,7 +268,7 @@ class RunDir:
         """What the JSON file ``name`` holds, or ``None`` when it is missing or does not parse (a
         report or a status reads runs other processes are writing, and says what it could not read)."""
         try:
-            return json.loads(self.file(name).read_text())
+            return json.loads(read_regular_text(self.file(name)))
         except (OSError, ValueError):
             return None
 
@@ -283,7 +294,9 @@ class RunDir:
         path = self.file(self.METRICS)
         rows = []
         try:
-            text = path.read_text() if path.is_file() else ""
+            text = read_regular_text(path)
+        except FileNotFoundError:
+            text = ""
         except OSError:
             if strict:
                 raise
@@ -299,10 +312,10 @@ class RunDir:
         """Epoch records in ``metrics.jsonl``, counted by lines (the init's epoch-0 line left out):
         cheap, for a grid's status."""
         try:
-            with open(self.file(self.METRICS), "rb") as f:
-                return sum(1 for line in f if line.strip() and not line.startswith(INIT_LINE))
+            raw = read_regular(self.file(self.METRICS))
         except OSError:
             return 0
+        return sum(1 for line in raw.splitlines() if line.strip() and not line.startswith(INIT_LINE))
 
     def age(self, name: str, now: float) -> Optional[float]:
         """Seconds since file ``name`` was last written (``None`` when there is none)."""
@@ -341,13 +354,10 @@ class RunDir:
     def last_log_line(self, limit: int = 4096) -> Optional[str]:
         """The last non-empty line of ``log.txt`` (read from its last ``limit`` bytes)."""
         try:
-            with open(self.file(self.LOG), "rb") as f:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                f.seek(max(0, size - limit))
-                lines = [ln for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+            text = read_regular(self.file(self.LOG), tail=limit).decode("utf-8", "replace")
         except OSError:
             return None
+        lines = [ln for ln in text.splitlines() if ln.strip()]
         return lines[-1] if lines else None
 
     def touch_heartbeat(self) -> None:
@@ -375,6 +385,47 @@ class RunDir:
     def load_checkpoint(self, map_location="cpu") -> Dict[str, Any]:
         """``checkpoint.pt`` (read with ``weights_only=True``)."""
         return load_train_checkpoint(self.file(self.CHECKPOINT), map_location)
+
+
+def _move_aside(run: "RunDir", files: List[str], why: str) -> Path:
+    """:meth:`RunDir.set_aside_files`."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    folder, k = run.path / f"damaged-{stamp}", 1
+    while folder.exists():
+        k += 1
+        folder = run.path / f"damaged-{stamp}-{k}"
+    try:
+        folder.mkdir()
+        for name in files:
+            os.replace(run.file(name), folder / name)
+        write_text(folder / run.WHY, why + "\n")
+    except OSError as exc:
+        raise StructinitError(f"cannot set the damaged files of {run.path} aside into {folder}: "
+                              f"{exc.strerror or exc}") from None
+    return folder
+
+
+def _lock_probe(lock_file: Path) -> Optional[bool]:
+    """Whether some process holds the flock of ``lock_file`` (see :meth:`RunDir.lock_held`)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        return None
+    try:
+        fd = os.open(lock_file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # closing lets go of the probe's lock
+    return False
 
 
 def _remove_empty(folders: List[Path]) -> None:
@@ -424,11 +475,14 @@ def _damage(run: "RunDir"):
     if ck_why is not None:
         return ck_why, present  # no checkpoint to resume from: everything it trained goes
     if not final_path.exists():
+        if ck is None and present:  # files no run of this folder wrote (a run writes its checkpoint first)
+            return (f"{', '.join(present)} but no {run.CHECKPOINT}: not the files of a run that can be resumed",
+                    present)
         return None, []
     final: Any
     why: Optional[str]
     try:
-        final = json.loads(final_path.read_text())
+        final = json.loads(read_regular_text(final_path))
     except (OSError, ValueError) as exc:
         final, why = None, f"{final_path} does not parse ({type(exc).__name__})"
     else:
