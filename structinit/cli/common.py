@@ -359,14 +359,15 @@ class Progress:
         if self._bar is not None:
             self._bar.__exit__(*exc)
 
-    def update(self, done: int, total: int, label: Optional[str] = None) -> None:
+    def update(self, done: float, total: int, label: Optional[str] = None) -> None:
+        """``done`` of ``total`` (``done`` may be fractional: 2.4 runs of 10, shown to a tenth)."""
         if not self.enabled:
             return
         if label and label != self.label:
             self.label = label
             self._first = None  # a new stage: its rate is measured afresh
         if self._bar is not None and self._task is not None:
-            self._bar.update(self._task, completed=done, total=total, description=self.label)
+            self._bar.update(self._task, completed=_count(done), total=total, description=self.label)
             return
         if not self.plain:
             return
@@ -382,7 +383,7 @@ class Progress:
             t1, d1 = self._first
             eta = (now - t1) / (done - d1) * (total - done) if d1 < done < total else 0.0
             left = f", about {duration_text(eta)} left" if eta >= 0.5 else ""
-            print(f"{self.label}: {done}/{total} ({elapsed:.1f}s{left})", file=sys.stderr, flush=True)
+            print(f"{self.label}: {_count(done)}/{total} ({elapsed:.1f}s{left})", file=sys.stderr, flush=True)
             self._last_tenth, self._last_time = tenth, now
 
     def stage(self, label: str) -> None:
@@ -405,6 +406,11 @@ class Progress:
         else:
             print(message, file=sys.stderr, flush=True)
 
-    def __call__(self, done: int, total: int) -> None:
+    def __call__(self, done: float, total: int) -> None:
         """So that a :class:`Progress` can be passed where a ``progress(done, total)`` callback is taken."""
         self.update(done, total)
+
+
+def _count(done: float) -> float:
+    """A count as a progress line shows it: whole as it is, a fraction to a tenth (``2.4``)."""
+    return int(done) if float(done).is_integer() else round(float(done), 1)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from structinit.errors import UsageError, param
+from structinit.errors import StructinitError, UsageError, param
 from structinit.experiments.expand import Cell, Expansion
 from structinit.experiments.status import grid_status
 
@@ -320,10 +320,13 @@ def _worker_stopper(why: Any) -> Any:
 
 
 def run_local(ex: Expansion, cells: List[Cell], *, jobs: int = 1, threads: Optional[int] = None,
-              device: Optional[str] = None, progress: Optional[Callable[[int, int], None]] = None,
+              device: Optional[str] = None, progress: Optional[Callable[[float, int], None]] = None,
               log: Callable[[str], None] = lambda m: None, stop_timeout: float = 120.0) -> LocalSummary:
     """Train ``cells`` in ``jobs`` worker processes on this machine, ``threads`` torch threads each
-    (default: the CPUs divided between the workers). ``progress(done, total)`` after every run;
+    (default: the CPUs divided between the workers). ``progress(done, total)`` after every run and,
+    while runs train, every :data:`PARTIAL_EVERY` seconds with ``done`` counting each running run's
+    share of its epochs done (``2.4``: two runs finished and 40% of a third, as its
+    ``metrics.jsonl`` says), so one long run is not a silent phase;
     ``log`` gets one line per finished run. Ctrl-C (KeyboardInterrupt) or SIGTERM stops the workers
     at their next step and returns with ``interrupted``; a second one kills them. Without
     ``threads``, runs whose settings set ``threads`` keep them."""
@@ -355,6 +358,7 @@ def run_local(ex: Expansion, cells: List[Cell], *, jobs: int = 1, threads: Optio
             progress(0, got.total)
         while got.done < got.total and any(w.is_alive() for w in workers):
             got.collect(0.5)
+            got.partial()
         while got.collect(0.2):  # results sent just before the workers exited
             pass
     except KeyboardInterrupt as exc:
@@ -414,6 +418,18 @@ def sigterm_interrupts() -> Any:
     return None
 
 
+#: Seconds between two reports of the running runs' progress (:meth:`_Results.partial`).
+PARTIAL_EVERY = 5.0
+
+
+def _epochs_of(cell: Optional[Cell]) -> Optional[int]:
+    """The epochs ``cell``'s run trains for (its resolved hyperparameters), ``None`` if not known."""
+    try:
+        return int(cell.config.hparams()["epochs"]) if cell is not None and cell.config is not None else None
+    except (StructinitError, KeyError, TypeError, ValueError):
+        return None
+
+
 @dataclass
 class _Results:
     """What :func:`run_local` has heard from its workers: ``done`` of ``total`` runs finished, each
@@ -425,9 +441,26 @@ class _Results:
     by_path: Dict[str, Cell]
     summary: LocalSummary
     log: Callable[[str], None]
-    progress: Optional[Callable[[int, int], None]]
+    progress: Optional[Callable[[float, int], None]]
     total: int
     done: int = 0
+    #: The runs started and not done, with the epochs each trains for (``None``: not known).
+    running: Dict[str, Optional[int]] = field(default_factory=dict)
+    said: float = field(default_factory=time.monotonic)
+
+    def partial(self) -> None:
+        """Every :data:`PARTIAL_EVERY` seconds, ``progress`` with the running runs' shares of their
+        epochs done (read from their ``metrics.jsonl``) added to the runs finished."""
+        if self.progress is None or time.monotonic() - self.said < PARTIAL_EVERY:
+            return
+        from structinit.training.rundir import RunDir
+
+        self.said = time.monotonic()
+        share = 0.0
+        for path, epochs in self.running.items():
+            if epochs:
+                share += min(len(RunDir(path).read_metrics(strict=False)), epochs) / epochs
+        self.progress(self.done + min(share, len(self.running) * 0.999), self.total)
 
     def collect(self, block: float) -> bool:
         """Take one message, waiting up to ``block`` seconds; ``False`` when none came."""
@@ -436,7 +469,9 @@ class _Results:
         except queue.Empty:
             return False
         if kind == "start":
+            self.running[path] = _epochs_of(self.by_path.get(path))
             return True
+        self.running.pop(path, None)
         self.done += 1
         outcomes = self.summary.outcomes
         outcomes[outcome["state"]] = outcomes.get(outcome["state"], 0) + 1
