@@ -196,11 +196,11 @@ def _setup(grid: str, overrides, seeds, out: Path, data_dir, command: str, only,
     from structinit.cli.common import fail
     from structinit.experiments.launch import interruption_name, presolve
 
-    phase = "expanding the grid"
+    phase, after = "expanding the grid", "the same command continues the grid"
     try:
         ex = _expand_grid(grid, overrides, seeds, out, data_dir, command, only, yes, json_out)
         if status:
-            phase = "reading the runs' status"
+            phase, after = "reading the runs' status", "nothing was changed"
             _print_status(ex, json_out)
             return None
         phase = "preparing the runs"
@@ -209,14 +209,15 @@ def _setup(grid: str, overrides, seeds, out: Path, data_dir, command: str, only,
                                   "to_launch": len(todo), "launcher": launcher, "manifest": str(ex.manifest_path)}
         if todo:
             phase = "solving the init artifacts before the runs (the setup)"
+            after = ("before any run started; what was solved is kept in the cache, and the same command "
+                     "continues the grid")
             with Progress("setup", enabled=not json_out) as bar:
                 bar.log(f"grid {ex.spec.name}: {len(todo)} of {len(ex.unique_cells())} runs to launch into {out}")
                 result["presolve"] = presolve(todo, log=bar.log, threads=threads, progress=bar.update,
                                               stage=lambda words: bar.stage(f"setup: {words}"))
         return ex, todo, result
     except KeyboardInterrupt as exc:
-        raise fail(f"interrupted ({interruption_name(exc)}) while {phase}, before any run started; what was solved "
-                   f"is kept in the cache, and the same command continues the grid", 130) from None
+        raise fail(f"interrupted ({interruption_name(exc)}) while {phase}, {after}", 130) from None
 
 
 def _slurm_options(partition, time_limit, gpus, cpus, mem, account, qos, sbatch, max_concurrent, signal_seconds,

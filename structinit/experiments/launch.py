@@ -6,8 +6,8 @@ scheduler). The SLURM launcher is :mod:`structinit.experiments.slurm`.
 Example::
 
     ex = expand(load_grid("digits"), overrides=["epochs=2"], seeds=2, runs_dir="runs")
-    todo = prepare_runs(ex)                       # the cells to run (pending or failed)
-    presolve(ex, todo)                       # impulse artifacts into the cache, once
+    todo = prepare_runs(ex)                  # the cells to run (pending or failed)
+    presolve(todo)                           # impulse artifacts into the cache, once
     summary = run_local(ex, todo, jobs=2)    # two runs at a time, one thread each on 2 cores
 """
 
