@@ -195,6 +195,45 @@ def use_threads(threads: Optional[int] = None) -> int:
     return n
 
 
+#: What :func:`software_versions` records, in this order (``transformers`` only where it is imported).
+VERSION_FIELDS = ("python", "torch", "timm", "numpy", "transformers", "structinit", "platform", "device")
+
+
+def software_versions(device: str = "cpu") -> Dict[str, str]:
+    """What a computation runs under, to record beside its results (never in a key: the same
+    settings are the same run): the versions of Python, torch, timm, numpy (and transformers when
+    this process imported it) and structinit, the platform (``platform.platform()``) and the
+    device's name (:func:`device_name`). The same key on another install can give another number
+    in the last digits (floating-point kernels change between versions); this record is how a
+    report tells. Imports torch, timm and numpy."""
+    import platform
+
+    import numpy
+    import timm
+    import torch
+
+    from structinit import __version__
+
+    found = {"python": platform.python_version(), "torch": str(torch.__version__), "timm": str(timm.__version__),
+             "numpy": str(numpy.__version__), "structinit": __version__, "platform": platform.platform(),
+             "device": device_name(device)}
+    if "transformers" in sys.modules:
+        found["transformers"] = str(getattr(sys.modules["transformers"], "__version__", "unknown"))
+    return {k: found[k] for k in VERSION_FIELDS if k in found}
+
+
+def versions_text(versions: Dict[str, str]) -> str:
+    """A record of :func:`software_versions` in one line: ``python=3.11.2 torch=2.5.1 ...`` (the
+    form of runs.csv's ``versions`` column; :func:`parse_versions` reads it back)."""
+    return " ".join(f"{k}={str(v).replace(' ', '_')}" for k, v in versions.items())
+
+
+def parse_versions(text: str) -> Dict[str, str]:
+    """:func:`versions_text` read back (``{}`` for an empty text; words without ``=`` are skipped)."""
+    pairs = (w.split("=", 1) for w in str(text).split() if "=" in w)
+    return {k: v for k, v in pairs}
+
+
 def duration_text(seconds: float) -> str:
     """``42 s``, ``12 minutes``, ``3.5 hours``, ``2.1 days``."""
     if seconds < 120:

@@ -112,6 +112,9 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_continues(tmp_path):
     task = json.loads((first / "task.json").read_text())
     assert task["state"] == "interrupted" and not alive(task["pid"])
     stopped_at = len(epochs_of(first))
+    # the run's log names the signal the user sent, which the launcher passed on as SIGTERM
+    assert (f"task stopped (SIGINT to the launcher); the checkpoint of epoch {stopped_at} is kept"
+            in (first / "log.txt").read_text())
     assert 2 <= stopped_at < 6 and not (first / "final.json").exists()
     st = run_status(first)
     assert st.state == "pending" and st.resumable

@@ -359,3 +359,58 @@ def test_every_init_is_paired_with_the_baseline_on_its_own_base(tmp_path):
 
     ticks = [t.get_text().replace("\n", " ") for t in accuracy_figure(rep).axes[0].get_yticklabels()]
     assert "authors [pytorch]" in ticks and "impulse-mlp [pytorch-mlp]" in ticks and "mimetic [model]" in ticks
+
+
+@pytest.mark.slow  # reads the module's seven trained runs, as the other report tests do
+def test_runs_from_two_installs_are_flagged_and_a_rerun_that_differs_names_the_versions(grid_runs, tmp_path, cli):
+    """One run's final.json edited to say it ran under another torch (as a run made on another
+    install says): the report names the field and both values with their run counts, in markdown
+    and JSON; a runs.csv keeps the versions and gives them back, and one made before it had the
+    column still loads. A rerun whose number differs from the runs.csv's names what differs."""
+    import platform
+    import shutil
+
+    import torch
+
+    from structinit.experiments.report import read_runs_csv, runs_csv
+
+    runs = tmp_path / "runs"
+    shutil.copytree(grid_runs.runs_dir, runs)
+    ex = expand(grid_runs.spec, runs_dir=runs)
+    assert "different versions" not in markdown(collect(ex))  # one install: nothing to flag
+    moved = next(c for c in ex.cells if (c.row, c.column, c.seed) == ("mimetic", ("200",), 0))
+    final_path = ex.run_dir(moved) / "final.json"
+    final = json.loads(final_path.read_text())
+    assert final["versions"]["python"] == platform.python_version()
+    final_path.write_text(json.dumps(dict(final, versions=dict(final["versions"], torch="1.13.1"))))
+    here = torch.__version__
+    rep = collect(ex)
+    want = f"Ran under different versions: torch 1.13.1 (1 run), {here} (6 runs)."
+    assert want in markdown(rep) and rep.to_dict()["versions_differ"] == {"torch": {"1.13.1": 1, here: 6}}
+    r = cli("bench", "report", runs)
+    assert r.returncode == 0 and want in r.stdout, r.stderr
+    # runs.csv keeps what each run ran under; a runs.csv of before (no versions column) still loads
+    table = tmp_path / "runs.csv"
+    table.write_text(runs_csv([collect(grid_runs)]))
+    earlier = read_runs_csv(table)
+    assert earlier[moved.key].versions["torch"] == here and earlier[moved.key].versions["python"] == \
+        platform.python_version()
+    old = tmp_path / "old.csv"
+    old.write_text("\n".join(line.rsplit(",", 1)[0] for line in table.read_text().splitlines()) + "\n")
+    assert "versions" not in old.read_text().splitlines()[0] and read_runs_csv(old)[moved.key].versions is None
+    # the same key with another number: the rerun says which versions differ, or that none were recorded
+    acc = final["final_acc"]
+    lines = table.read_text().splitlines()
+    table.write_text("\n".join(line.replace(f",{acc:.4f},", f",{acc - 1:.4f},", 1) if moved.key in line else line
+                               for line in lines) + "\n")
+    rep = collect(ex, read_runs_csv(table))
+    assert [(d["key"], d["final_acc"], d["earlier_acc"]) for d in rep.reruns] == [(moved.key, acc, round(acc - 1, 4))]
+    assert rep.reruns[0]["why"] == f"versions differ: torch 1.13.1 here, {here} there"
+    assert (f"Rerun {moved.key} (Mimetic / 200, seed 0): final {acc:.4f} here, {acc - 1:.4f} in `{table}`; "
+            f"versions differ: torch 1.13.1 here, {here} there.") in markdown(rep)
+    old.write_text("\n".join(line.rsplit(",", 1)[0] for line in table.read_text().splitlines()) + "\n")
+    assert collect(ex, read_runs_csv(old)).reruns[0]["why"] == \
+        "the runs.csv recorded no versions, so what changed is not known"
+    (tmp_path / "grid.toml").write_text(GRID)
+    r = cli("bench", "report", tmp_path / "grid.toml", "--out", runs, "--runs-csv", table, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["grids"][0]["reruns"][0]["key"] == moved.key, r.stderr

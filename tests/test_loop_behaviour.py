@@ -210,6 +210,28 @@ def test_a_finished_runs_result_comes_from_its_checkpoint_field_by_field(tmp_pat
     assert (r.out, r.key, r.world_size, r.device) == (str(tmp_path / "run"), "abc", 4, "cuda:1")
 
 
+def test_a_runs_final_record_names_the_versions_it_ran_under_and_its_key_does_not(tmp_path):
+    """final.json, config.json and the checkpoint record Python, torch, timm, numpy, structinit,
+    the platform and the device as this process has them; the run key is the same without them."""
+    import platform
+
+    import numpy
+    import timm
+
+    from structinit import __version__
+
+    out = tmp_path / "run"
+    config = TrainConfig(epochs=1, out=str(out), **QUICK)
+    train(config)
+    final = json.loads((out / "final.json").read_text())
+    want = {"python": platform.python_version(), "torch": torch.__version__, "timm": timm.__version__,
+            "numpy": numpy.__version__, "structinit": __version__, "platform": platform.platform(), "device": "cpu"}
+    assert {k: final["versions"][k] for k in want} == want
+    assert json.loads((out / "config.json").read_text())["versions"] == final["versions"]
+    assert load_train_checkpoint(out / "checkpoint.pt")["versions"] == final["versions"]
+    assert final["key"] == config.key and "versions" not in json.dumps(config.to_dict())
+
+
 def test_a_finished_run_trained_again_returns_the_result_it_returned(tmp_path):
     """From its checkpoint, without training: every field as the run returned it, but the time
     (the checkpoint's, before the last evaluation) and where it resumed from."""
@@ -520,7 +542,7 @@ def test_the_summary_written_to_final_json():
                     "best_epoch": {"epoch": 2, "test_acc": 91.0, "selected_on": "val"}, "epochs": 2,
                     "wall_seconds": 12.346, "params": {"total": 5, "trainable": 4}, "out": "o", "key": "k",
                     "resumed_from": 1, "world_size": 1, "device": "cpu", "init_seconds": None,
-                    "last": {"epoch": 2, "test_acc": 90.0}}
+                    "last": {"epoch": 2, "test_acc": 90.0}, "versions": None}
     assert TrainResult(epochs=0, metrics=[], **kw).summary()["last"] is None
     assert TrainResult(epochs=0, metrics=[], init_seconds=3.25, **kw).summary()["init_seconds"] == 3.25
 

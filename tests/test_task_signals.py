@@ -330,3 +330,41 @@ def test_requeue_self_tries_again_when_the_controller_does_not_answer(tmp_path, 
     blocked = int((bin_dir / "mask-0").read_text().split()[1], 16)
     assert blocked & (1 << (signal.SIGTERM - 1)) and blocked & (1 << (signal.SIGUSR2 - 1))
     assert len(lines) == 1 and lines[0].startswith(said), lines
+
+
+#: Two seeds of the authors' 2024 init on the stock vit-digits: two iterative solves of 10,000 Adam
+#: steps each before any run starts (the setup), long enough to show progress and to be stopped in.
+SETUP = variant(TINY_GRID, name="setup", seeds=2, epochs=1, patch=None, depth=None, dim=None, heads=None,
+                axes='[[axes.init]]\nid = "impulse-2024"\ninit = "impulse-2024"\n')
+SETUP_LINE = r"^setup: artifact (\d)/2: .*recipe released: \d+/10000 \(\d+\.\ds, about \d+ s left\)$"
+
+
+@pytest.mark.slow
+def test_a_grid_setup_shows_its_progress_and_a_sigterm_in_it_is_one_line_and_a_rerun_completes(tmp_path):
+    """The setup (the init artifacts solved before the runs) prints lines that name the artifact's
+    count and the time left; a SIGTERM in it ends the command with one line naming the signal and
+    the phase, exit 130 as for the runs; the rerun solves only what was not solved and completes."""
+    import re
+
+    (tmp_path / "setup.toml").write_text(SETUP)
+    proc = popen("bench", "grid", "setup.toml", "--launcher", "print", cwd=tmp_path)
+    seen = []
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        seen.append(line.rstrip("\n"))
+        if re.match(SETUP_LINE, seen[-1]):
+            break
+    assert proc.poll() is None, seen
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    lines = [*seen, *err.splitlines()]
+    assert proc.returncode == 130 and out == "" and "Traceback" not in err, (proc.returncode, lines)
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert errors == [lines[-1]] == [
+        "error: interrupted (SIGTERM) while solving the init artifacts before the runs (the setup), before any "
+        "run started; what was solved is kept in the cache, and the same command continues the grid"], lines
+    solved_before = sum(1 for line in lines if line.startswith("solved impulse artifact"))
+    again = structinit("bench", "grid", "setup.toml", "--launcher", "print", cwd=tmp_path)
+    assert again.returncode == 0 and len(again.stdout.splitlines()) == 2, again.stderr  # one train command per run
+    solved_now = [line for line in again.stderr.splitlines() if line.startswith("solved impulse artifact")]
+    assert solved_before + len(solved_now) == 2, (lines, again.stderr)  # none solved twice, none left out

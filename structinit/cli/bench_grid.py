@@ -145,12 +145,14 @@ def bench_grid(
 
     Finished runs are skipped and interrupted ones resume from their checkpoint, so the same
     command continues a grid; impulse artifacts are solved into the cache once, before anything
-    starts. Then `structinit bench report` turns what has finished into the paper's tables.
+    starts (the setup, with progress and the time left). Ctrl-C or SIGTERM, in any phase, exits
+    130 with one line. Then `structinit bench report` turns what has finished into the paper's tables.
     """
+    import signal
     import time
 
     from structinit.errors import UsageError
-    from structinit.experiments.launch import check_launcher, presolve
+    from structinit.experiments.launch import check_launcher, sigterm_interrupts
 
     t0 = time.perf_counter()
     check_launcher(launcher)
@@ -165,25 +167,57 @@ def bench_grid(
         options = _slurm_options(partition, time_limit, gpus, cpus, mem, account, qos, sbatch, max_concurrent,
                                  signal_seconds, dry_run)
     command = grid_command(grid, out, overrides, seeds, data_dir, only)
-    ex = _expand_grid(grid, overrides, seeds, out, data_dir, command, only, yes, json_out)
-    if status:
-        _print_status(ex, json_out)
-        return
-    todo = _runs_to_launch(ex, launcher)
-    result: Dict[str, Any] = {"grid": ex.spec.name, "runs_dir": str(out), "total": len(ex.unique_cells()),
-                              "to_launch": len(todo), "launcher": launcher, "manifest": str(ex.manifest_path)}
-    if not todo:
-        _say_nothing_to_launch(ex, result, time.perf_counter() - t0, json_out)
-        return
-    with Progress("grid", enabled=not json_out) as bar:
-        bar.log(f"grid {ex.spec.name}: {len(todo)} of {len(ex.unique_cells())} runs to launch into {out}")
-        result["presolve"] = presolve(todo, log=bar.log, threads=threads)
-    if launcher == "print":
-        _print_commands(ex, todo, result, json_out)
-    elif launcher == "slurm":
-        _submit_job_array(ex, todo, options, command, dry_run, result, json_out)
-    else:
-        _launch_local(ex, todo, jobs, threads, command, result, json_out)
+    old_term = sigterm_interrupts()  # from here on SIGTERM stops the command as Ctrl-C does, named
+    try:
+        setup = _setup(grid, overrides, seeds, out, data_dir, command, only, yes, json_out, status, launcher, threads)
+        if setup is None:  # --status said where the runs stand
+            return
+        ex, todo, result = setup
+        if not todo:
+            _say_nothing_to_launch(ex, result, time.perf_counter() - t0, json_out)
+        elif launcher == "print":
+            _print_commands(ex, todo, result, json_out)
+        elif launcher == "slurm":
+            _submit_job_array(ex, todo, options, command, dry_run, result, json_out)
+        else:
+            _launch_local(ex, todo, jobs, threads, command, result, json_out)
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+
+
+def _setup(grid: str, overrides, seeds, out: Path, data_dir, command: str, only, yes: bool, json_out: bool,
+           status: bool, launcher: str, threads: Optional[int]):
+    """Everything before the runs start: the grid expanded, ``--status`` (then ``None``), the runs
+    to launch prepared and their init artifacts solved (``(ex, todo, result)``). Ctrl-C or SIGTERM
+    meanwhile ends the command with one line naming the signal and the phase, exit code 130 (what
+    was solved is in the cache and the same command goes on from there). SIGTERM must raise
+    :class:`~structinit.experiments.launch.Interrupted` (the caller's ``sigterm_interrupts``)."""
+    from structinit.cli.common import fail
+    from structinit.experiments.launch import interruption_name, presolve
+
+    phase, after = "expanding the grid", "the same command continues the grid"
+    try:
+        ex = _expand_grid(grid, overrides, seeds, out, data_dir, command, only, yes, json_out)
+        if status:
+            phase, after = "reading the runs' status", "nothing was changed"
+            _print_status(ex, json_out)
+            return None
+        phase = "preparing the runs"
+        todo = _runs_to_launch(ex, launcher)
+        result: Dict[str, Any] = {"grid": ex.spec.name, "runs_dir": str(out), "total": len(ex.unique_cells()),
+                                  "to_launch": len(todo), "launcher": launcher, "manifest": str(ex.manifest_path)}
+        if todo:
+            phase = "solving the init artifacts before the runs (the setup)"
+            after = ("before any run started; what was solved is kept in the cache, and the same command "
+                     "continues the grid")
+            with Progress("setup", enabled=not json_out) as bar:
+                bar.log(f"grid {ex.spec.name}: {len(todo)} of {len(ex.unique_cells())} runs to launch into {out}")
+                result["presolve"] = presolve(todo, log=bar.log, threads=threads, progress=bar.update,
+                                              stage=lambda words: bar.stage(f"setup: {words}"))
+        return ex, todo, result
+    except KeyboardInterrupt as exc:
+        raise fail(f"interrupted ({interruption_name(exc)}) while {phase}, {after}", 130) from None
 
 
 def _slurm_options(partition, time_limit, gpus, cpus, mem, account, qos, sbatch, max_concurrent, signal_seconds,

@@ -390,13 +390,18 @@ class Progress:
     """Progress of long work on stderr: a rich bar on a terminal; elsewhere (cluster logs) a plain
     line every 10% of the work or every ``every`` seconds, whichever comes first, once the work has
     taken ``quiet`` seconds (so quick commands print their result alone, and a quick failure its
-    one ``error:`` line).
+    one ``error:`` line). A 10% line comes at least :attr:`MIN_GAP` seconds after the line before
+    it (work that runs through its tenths in a blink, such as writing a model's layers, prints no
+    line per tenth), and says the time left only where it is half a second or more.
 
     Use as a context manager; :meth:`update` takes ``(done, total)`` (and a new label), :meth:`stage`
     names a new stage, :meth:`log` prints a line above the bar. ``enabled=False`` makes every call a
     no-op; ``plain=False`` keeps :meth:`update` silent off a terminal (where :meth:`log` lines
     already tell the progress).
     """
+
+    #: The least seconds between a plain line and a 10% line after it.
+    MIN_GAP = 1.0
 
     def __init__(self, label: str, enabled: bool = True, every: float = 30.0, transient: bool = True,
                  plain: bool = True, quiet: float = 2.0):
@@ -424,14 +429,15 @@ class Progress:
         if self._bar is not None:
             self._bar.__exit__(*exc)
 
-    def update(self, done: int, total: int, label: Optional[str] = None) -> None:
+    def update(self, done: float, total: int, label: Optional[str] = None) -> None:
+        """``done`` of ``total`` (``done`` may be fractional: 2.4 runs of 10, shown to a tenth)."""
         if not self.enabled:
             return
         if label and label != self.label:
             self.label = label
             self._first = None  # a new stage: its rate is measured afresh
         if self._bar is not None and self._task is not None:
-            self._bar.update(self._task, completed=done, total=total, description=self.label)
+            self._bar.update(self._task, completed=_count(done), total=total, description=self.label)
             return
         if not self.plain:
             return
@@ -441,12 +447,13 @@ class Progress:
         if now - self._start < self.quiet:
             return
         tenth = int(10 * done / max(total, 1))
-        if tenth != self._last_tenth or now - self._last_time >= self.every:
+        since = now - self._last_time
+        if (tenth != self._last_tenth and since >= self.MIN_GAP) or since >= self.every:
             elapsed = now - self._start
             t1, d1 = self._first
-            left = (f", about {duration_text((now - t1) / (done - d1) * (total - done))} left"
-                    if d1 < done < total else "")
-            print(f"{self.label}: {done}/{total} ({elapsed:.1f}s{left})", file=sys.stderr, flush=True)
+            eta = (now - t1) / (done - d1) * (total - done) if d1 < done < total else 0.0
+            left = f", about {duration_text(eta)} left" if eta >= 0.5 else ""
+            print(f"{self.label}: {_count(done)}/{total} ({elapsed:.1f}s{left})", file=sys.stderr, flush=True)
             self._last_tenth, self._last_time = tenth, now
 
     def stage(self, label: str) -> None:
@@ -469,6 +476,11 @@ class Progress:
         else:
             print(message, file=sys.stderr, flush=True)
 
-    def __call__(self, done: int, total: int) -> None:
+    def __call__(self, done: float, total: int) -> None:
         """So that a :class:`Progress` can be passed where a ``progress(done, total)`` callback is taken."""
         self.update(done, total)
+
+
+def _count(done: float) -> float:
+    """A count as a progress line shows it: whole as it is, a fraction to a tenth (``2.4``)."""
+    return int(done) if float(done).is_integer() else round(float(done), 1)

@@ -6,8 +6,8 @@ scheduler). The SLURM launcher is :mod:`structinit.experiments.slurm`.
 Example::
 
     ex = expand(load_grid("digits"), overrides=["epochs=2"], seeds=2, runs_dir="runs")
-    todo = prepare_runs(ex)                       # the cells to run (pending or failed)
-    presolve(ex, todo)                       # impulse artifacts into the cache, once
+    todo = prepare_runs(ex)                  # the cells to run (pending or failed)
+    presolve(todo)                           # impulse artifacts into the cache, once
     summary = run_local(ex, todo, jobs=2)    # two runs at a time, one thread each on 2 cores
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from structinit.errors import UsageError, param
+from structinit.errors import StructinitError, UsageError, param
 from structinit.experiments.expand import Cell, Expansion
 from structinit.experiments.status import grid_status
 
@@ -183,9 +183,16 @@ def init_solves(cells: List[Cell]) -> list:
 
 
 def presolve(cells: List[Cell], log: Callable[[str], None] = lambda m: None, device: str = "auto",
-             threads: Optional[int] = None) -> Dict[str, Any]:
+             threads: Optional[int] = None, progress: Optional[Callable[[int, int], None]] = None,
+             stage: Callable[[str], None] = lambda words: None) -> Dict[str, Any]:
     """Solve every impulse artifact ``cells`` need into the cache (one at a time, before any run
-    starts, so that no two tasks wait on the same solve). Returns counts and seconds."""
+    starts, so that no two tasks wait on the same solve). Returns counts and seconds.
+
+    An artifact already in the cache is read in silence; one that is solved is named to ``stage``
+    as its solve starts (``artifact 2/5: ...``, the count of all the artifacts), its steps go to
+    ``progress(done, total)`` as the solver takes them (at least once a second), and a long solve's
+    estimated time to ``log`` first. Each artifact is in the cache once solved, so a setup stopped
+    part way (Ctrl-C, SIGTERM) keeps what it solved and the next one goes on from there."""
     solves = init_solves(cells)
     if not solves:
         return {"artifacts": 0, "solved": 0, "seconds": 0.0}
@@ -194,12 +201,29 @@ def presolve(cells: List[Cell], log: Callable[[str], None] = lambda m: None, dev
     t0 = time.perf_counter()
     solved = 0
     for i, sc in enumerate(solves):
-        result = solve(sc, device=device, threads=threads)
+        steps = _named_steps(f"artifact {i + 1}/{len(solves)}: {sc.describe()}", stage, progress)
+        result = solve(sc, device=device, threads=threads, progress=steps, log=log)
         if not result.cached:
             solved += 1
             assert result.artifact.path is not None  # solve() wrote it into the cache
             log(f"solved impulse artifact {i + 1}/{len(solves)}: {result.artifact.path.name}")
     return {"artifacts": len(solves), "solved": solved, "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _named_steps(words: str, stage: Callable[[str], None],
+                 progress: Optional[Callable[[int, int], None]]) -> Callable[[int, int], None]:
+    """A solve's ``progress(done, total)`` that names the solve to ``stage`` at its first step (a
+    solve read from the cache takes none, and is not named) and passes every step on to ``progress``."""
+    started: List[bool] = []
+
+    def steps(done: int, total: int) -> None:
+        if not started:
+            started.append(True)
+            stage(words)
+        if progress is not None:
+            progress(done, total)
+
+    return steps
 
 
 # --------------------------------------------------------------------------- print
@@ -245,6 +269,20 @@ class LocalSummary:
                 else round(self.overhead_seconds, 3), "runs": self.runs}
 
 
+class Interrupted(KeyboardInterrupt):
+    """A signal that stops the launcher (SIGTERM), raised as Ctrl-C raises KeyboardInterrupt, and
+    naming it: ``signal_name``."""
+
+    def __init__(self, signal_name: str):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+def interruption_name(exc: BaseException) -> str:
+    """The signal a KeyboardInterrupt came from: ``SIGTERM`` (an :class:`Interrupted`), else ``SIGINT``."""
+    return exc.signal_name if isinstance(exc, Interrupted) else "SIGINT"
+
+
 def warm_up() -> None:
     """Import what training needs (torch, timm, the training modules) once per worker, so that
     the runs do not pay for it."""
@@ -255,15 +293,17 @@ def warm_up() -> None:
     import structinit.training.models  # noqa: F401
 
 
-def _worker(tasks, results, threads: Optional[int], default_threads: int, device: Optional[str]) -> None:
+def _worker(tasks, results, threads: Optional[int], default_threads: int, device: Optional[str],
+            why: Any = None) -> None:
     """A local worker process: runs tasks from ``tasks`` until it gets ``None`` or SIGTERM. It
     starts with SIGINT, SIGTERM and SIGUSR2 blocked (:func:`run_local`), so that one sent while it
     starts waits for its handlers: SIGINT is ignored (the launcher decides; it sends SIGTERM), and
-    a SIGTERM that came meanwhile stops it before it takes a run."""
+    a SIGTERM that came meanwhile stops it before it takes a run. ``why``: a shared byte array in
+    which the launcher names the signal it passes on (its run logs then say what was sent)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from structinit.experiments.task import Stopper, run_task
+    from structinit.experiments.task import run_task
 
-    stopper = Stopper()
+    stopper = _worker_stopper(why)
     stopper.install()  # unblocks SIGTERM and SIGUSR2
     if hasattr(signal, "pthread_sigmask"):  # a Ctrl-C that came meanwhile is dropped
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
@@ -299,11 +339,30 @@ def _worker(tasks, results, threads: Optional[int], default_threads: int, device
         stopper.retire()  # the worker exits next: a SIGTERM now has nothing left to stop
 
 
+def _worker_stopper(why: Any) -> Any:
+    """A worker's :class:`~structinit.experiments.task.Stopper` whose SIGTERM, when the launcher
+    sent it on for a signal of its own (named in the shared ``why``), is logged as that signal."""
+    from structinit.experiments.task import Stopper
+
+    class WorkerStopper(Stopper):
+        def _on_signal(self, signum: int, frame: Any) -> None:
+            sent = why.value.decode() if why is not None and signum == signal.SIGTERM else ""
+            if sent:
+                self.request(f"{sent} to the launcher")
+            else:
+                super()._on_signal(signum, frame)
+
+    return WorkerStopper()
+
+
 def run_local(ex: Expansion, cells: List[Cell], *, jobs: int = 1, threads: Optional[int] = None,
-              device: Optional[str] = None, progress: Optional[Callable[[int, int], None]] = None,
+              device: Optional[str] = None, progress: Optional[Callable[[float, int], None]] = None,
               log: Callable[[str], None] = lambda m: None, stop_timeout: float = 120.0) -> LocalSummary:
     """Train ``cells`` in ``jobs`` worker processes on this machine, ``threads`` torch threads each
-    (default: the CPUs divided between the workers). ``progress(done, total)`` after every run;
+    (default: the CPUs divided between the workers). ``progress(done, total)`` after every run and,
+    while runs train, every :data:`PARTIAL_EVERY` seconds with ``done`` counting each running run's
+    share of its epochs done (``2.4``: two runs finished and 40% of a third, as its
+    ``metrics.jsonl`` says), so one long run is not a silent phase;
     ``log`` gets one line per finished run. Ctrl-C (KeyboardInterrupt) or SIGTERM stops the workers
     at their next step and returns with ``interrupted``; a second one kills them. Without
     ``threads``, runs whose settings set ``threads`` keep them."""
@@ -324,19 +383,22 @@ def run_local(ex: Expansion, cells: List[Cell], *, jobs: int = 1, threads: Optio
         tasks.put(path)
     for _ in range(jobs):
         tasks.put(None)
-    workers = [ctx.Process(target=_worker, args=(tasks, results, threads, default_threads, device), daemon=True)
+    why: Any = ctx.Array("c", 32)  # the signal the launcher passes on to its workers (empty: none yet)
+    workers = [ctx.Process(target=_worker, args=(tasks, results, threads, default_threads, device, why), daemon=True)
                for _ in range(jobs)]
     got = _Results(ex, results, by_path, summary, log, progress, total=len(cells))
-    old_term = _sigterm_interrupts()  # before any worker starts: a SIGTERM from here on is a Ctrl-C
+    old_term = sigterm_interrupts()  # before any worker starts: a SIGTERM from here on is a Ctrl-C
     try:
         _start_workers(workers)
         if progress:
             progress(0, got.total)
         while got.done < got.total and any(w.is_alive() for w in workers):
             got.collect(0.5)
+            got.partial()
         while got.collect(0.2):  # results sent just before the workers exited
             pass
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        why.value = interruption_name(exc).encode()
         _stop_workers(workers, got, stop_timeout)
     finally:
         for w in workers:
@@ -377,18 +439,31 @@ def _start_workers(workers: List[Any]) -> None:
         if mask is not None:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     if held:
-        raise KeyboardInterrupt
+        raise Interrupted("SIGTERM") if held[0] == signal.SIGTERM else KeyboardInterrupt
 
 
-def _sigterm_interrupts() -> Any:
-    """In the main thread, make SIGTERM raise KeyboardInterrupt (as Ctrl-C does); returns the
-    handler it replaced, ``None`` elsewhere (where signals cannot be handled)."""
+def sigterm_interrupts() -> Any:
+    """In the main thread, make SIGTERM raise :class:`Interrupted` (a KeyboardInterrupt, as Ctrl-C
+    raises one); returns the handler it replaced (to put back with ``signal.signal``), ``None``
+    elsewhere (where signals cannot be handled)."""
     def on_term(signum, frame):
-        raise KeyboardInterrupt
+        raise Interrupted("SIGTERM")
 
     if threading.current_thread() is threading.main_thread():
         return signal.signal(signal.SIGTERM, on_term)
     return None
+
+
+#: Seconds between two reports of the running runs' progress (:meth:`_Results.partial`).
+PARTIAL_EVERY = 5.0
+
+
+def _epochs_of(cell: Optional[Cell]) -> Optional[int]:
+    """The epochs ``cell``'s run trains for (its resolved hyperparameters), ``None`` if not known."""
+    try:
+        return int(cell.config.hparams()["epochs"]) if cell is not None and cell.config is not None else None
+    except (StructinitError, KeyError, TypeError, ValueError):
+        return None
 
 
 @dataclass
@@ -402,9 +477,26 @@ class _Results:
     by_path: Dict[str, Cell]
     summary: LocalSummary
     log: Callable[[str], None]
-    progress: Optional[Callable[[int, int], None]]
+    progress: Optional[Callable[[float, int], None]]
     total: int
     done: int = 0
+    #: The runs started and not done, with the epochs each trains for (``None``: not known).
+    running: Dict[str, Optional[int]] = field(default_factory=dict)
+    said: float = field(default_factory=time.monotonic)
+
+    def partial(self) -> None:
+        """Every :data:`PARTIAL_EVERY` seconds, ``progress`` with the running runs' shares of their
+        epochs done (read from their ``metrics.jsonl``) added to the runs finished."""
+        if self.progress is None or time.monotonic() - self.said < PARTIAL_EVERY:
+            return
+        from structinit.training.rundir import RunDir
+
+        self.said = time.monotonic()
+        share = 0.0
+        for path, epochs in self.running.items():
+            if epochs:
+                share += min(len(RunDir(path).read_metrics(strict=False)), epochs) / epochs
+        self.progress(self.done + min(share, len(self.running) * 0.999), self.total)
 
     def collect(self, block: float) -> bool:
         """Take one message, waiting up to ``block`` seconds; ``False`` when none came."""
@@ -413,7 +505,9 @@ class _Results:
         except queue.Empty:
             return False
         if kind == "start":
+            self.running[path] = _epochs_of(self.by_path.get(path))
             return True
+        self.running.pop(path, None)
         self.done += 1
         outcomes = self.summary.outcomes
         outcomes[outcome["state"]] = outcomes.get(outcome["state"], 0) + 1
@@ -450,4 +544,5 @@ def _stop_workers(workers: List[Any], got: _Results, stop_timeout: float) -> Non
 
 
 __all__ = ["prepare_runs", "check_environment", "presolve", "init_solves", "print_commands", "run_local",
-           "LocalSummary", "LAUNCHERS", "cpu_count", "check_launcher"]
+           "LocalSummary", "LAUNCHERS", "cpu_count", "check_launcher", "Interrupted", "interruption_name",
+           "sigterm_interrupts"]

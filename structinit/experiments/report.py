@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from structinit.errors import UsageError, param
 from structinit.experiments.expand import Cell, Expansion, load_manifests, pick_manifest
 from structinit.experiments.status import STATES, run_status
+from structinit.runtime import parse_versions, versions_text
 from structinit.training.rundir import RunDir
 
 
@@ -36,8 +37,10 @@ class RunResult:
     """One cell's run as the report sees it. Accuracies in %; ``metrics``: the epoch records;
     ``algorithms``: the versions of the algorithms its init computed with, as the run recorded
     them (:func:`algorithms_text`; ``None`` for a run made before runs recorded them); ``device``:
-    where it trained, as its final.json says (``cpu``, ``cuda:0``, ...); ``source``: the runs.csv the
-    result was read from (:func:`read_runs_csv`), ``None`` for a run read from its folder."""
+    where it trained, as its final.json says (``cpu``, ``cuda:0``, ...); ``versions``: what it ran
+    under, as its final.json says (:func:`structinit.runtime.software_versions`; ``None`` for a run
+    made before runs recorded them); ``source``: the runs.csv the result was read from
+    (:func:`read_runs_csv`), ``None`` for a run read from its folder."""
 
     key: str
     row: str
@@ -58,6 +61,7 @@ class RunResult:
     algorithms: Optional[str] = None
     device: Optional[str] = None
     source: Optional[str] = None
+    versions: Optional[Dict[str, str]] = None
 
     def to_dict(self, metrics: bool = False) -> Dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k != "metrics"}
@@ -124,6 +128,9 @@ class GridReport:
     #: holds several expansions of a grid (its file edited between launches), each expansion's
     #: manifest name (``NAME-DIGEST``; :func:`name_reports`).
     name: str = ""
+    #: Runs finished here whose final accuracy differs from the one an earlier runs.csv gives for
+    #: their key (:func:`rerun_differences`).
+    reruns: List[Dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.name = self.name or self.ex.spec.name
@@ -171,7 +178,9 @@ class GridReport:
                 "baseline": s.baseline, "paper": {"source": s.paper_source, "note": s.paper_note},
                 "metric": "final-epoch test accuracy (%)", "counts": self.counts(), "problems": self.problems(),
                 "cells": [self.cells[(r, c)].to_dict() for r in self.rows for c in self.columns],
-                "runs": [r.to_dict(metrics) for r in self.runs]}
+                "runs": [r.to_dict(metrics) for r in self.runs],
+                "versions_differ": {k: dict(c) for k, c in software_spread(self.runs).items()},
+                "reruns": self.reruns}
 
 
 def read_run(ex: Expansion, cell: Cell) -> RunResult:
@@ -206,6 +215,8 @@ def read_run(ex: Expansion, cell: Cell) -> RunResult:
     r.epochs = final.get("epochs")
     r.wall_seconds = final.get("wall_seconds")
     r.device = final.get("device") if isinstance(final.get("device"), str) else None
+    versions = final.get("versions")
+    r.versions = {str(k): str(v) for k, v in versions.items()} if isinstance(versions, dict) else None
     epochs = [m.get("epoch") for m in metrics]
     want = list(range(1, (r.epochs_expected or r.epochs or 0) + 1))
     if epochs != want:
@@ -269,7 +280,8 @@ def read_runs_csv(path: os.PathLike) -> Dict[str, RunResult]:
                 best_epoch=num(r.get("best_epoch"), int), best_on=r.get("best_on") or None,
                 final_val_acc=num(r.get("final_val_acc")), epochs=num(r.get("epochs"), int),
                 train_images=num(r.get("train_images"), int), wall_seconds=num(r.get("wall_seconds")),
-                algorithms=r.get("algorithms") or None, device=r.get("device") or None, source=str(path))
+                algorithms=r.get("algorithms") or None, device=r.get("device") or None, source=str(path),
+                versions=parse_versions(r.get("versions") or "") or None)  # a runs.csv made before: none
         except ValueError:
             raise UsageError(f"{param('runs_csv')} {path}:{i}: not a number in {r}") from None
     return out
@@ -283,6 +295,7 @@ def collect(ex: Expansion, earlier: Optional[Dict[str, RunResult]] = None,
     configuration, so it is the same run). A row whose runs recorded different algorithm versions
     is refused (:func:`check_versions`) unless ``mixed_versions``."""
     runs = [read_run(ex, c) for c in ex.cells]
+    reruns = rerun_differences(ex, runs, earlier or {})
     if earlier:
         for i, (cell, r) in enumerate(zip(ex.cells, runs)):
             old = earlier.get(cell.key)
@@ -331,7 +344,7 @@ def collect(ex: Expansion, earlier: Optional[Dict[str, RunResult]] = None,
             c.delta_se = sd / math.sqrt(len(pairs)) if sd is not None and len(pairs) > 1 else None
             if c.paper is not None and base.paper is not None:
                 c.paper_delta = c.paper - base.paper
-    return GridReport(ex, runs, cells)
+    return GridReport(ex, runs, cells, reruns=reruns)
 
 
 def row_inits(ex: Expansion, runs: Optional[List[RunResult]] = None) -> Dict[str, Tuple[Optional[str], Optional[str]]]:
@@ -472,6 +485,78 @@ def device_lines(rep: GridReport) -> List[str]:
     return [text, ""]
 
 
+def _same_form(versions: Dict[str, str]) -> Dict[str, str]:
+    """``versions`` as runs.csv holds them (no spaces), so that a run's folder and a runs.csv line compare."""
+    return parse_versions(versions_text(versions))
+
+
+def software_spread(runs: List[RunResult]) -> Dict[str, Counter]:
+    """What differs between the finished runs that recorded what they ran under: each field
+    (``torch``, ``numpy``, ``platform``, ...) with more than one value, and how many runs had each
+    (a field a run did not record counts as ``not recorded``)."""
+    recorded = [_same_form(r.versions) for r in runs if r.final_acc is not None and r.versions]
+    seen: Dict[str, Counter] = {}
+    for v in recorded:
+        for k, x in v.items():
+            seen.setdefault(k, Counter())[x] += 1
+    for c in seen.values():
+        if sum(c.values()) < len(recorded):
+            c["not recorded"] += len(recorded) - sum(c.values())
+    return {k: c for k, c in seen.items() if len(c) > 1}
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def software_lines(rep: GridReport) -> List[str]:
+    """Markdown lines flagging a table whose finished runs ran under different versions (naming
+    each field that differs and its values), runs that recorded none beside runs that did, and
+    reruns whose final accuracy differs from an earlier runs.csv's (naming the versions that
+    differ between the two); none when nothing differs."""
+    lines = []
+    spread = software_spread(rep.runs)
+    if spread:
+        what = "; ".join(f"{k} " + ", ".join(f"{v} ({_plural(n, 'run')})" for v, n in sorted(c.items()))
+                         for k, c in spread.items())
+        lines += [f"Ran under different versions: {what}. The run key leaves these out (the same settings), but "
+                  "numerical kernels change between versions, so the same run can end a fraction of a point to a "
+                  "point apart (docs/reproducing.md).", ""]
+    finished = [r for r in rep.runs if r.final_acc is not None]
+    unrecorded = sum(1 for r in finished if not r.versions)
+    if unrecorded and unrecorded < len(finished):
+        lines += [f"{_plural(unrecorded, 'finished run')} of {len(finished)} recorded no versions (made before runs "
+                  "recorded them): whether they ran under the versions of the others is not known.", ""]
+    for d in rep.reruns:
+        lines += [f"Rerun {d['key']} ({d['cell']}): final {d['final_acc']:.4f} here, {d['earlier_acc']:.4f} in "
+                  f"`{d['source']}`; {d['why']}.", ""]
+    return lines
+
+
+def rerun_differences(ex: Expansion, runs: List[RunResult], earlier: Dict[str, RunResult]) -> List[Dict[str, Any]]:
+    """The runs finished in ``ex``'s folder that an earlier runs.csv (``earlier``, by run key) also
+    holds with another final accuracy (to the 4 decimals runs.csv keeps): the key, the cell, both
+    numbers, the runs.csv, and ``why`` in words: the versions that differ between the two, or that
+    one of them recorded none, or that they recorded the same."""
+    out = []
+    for r in runs:
+        old = earlier.get(r.key)
+        if r.final_acc is None or old is None or old.final_acc is None or round(r.final_acc, 4) == old.final_acc:
+            continue
+        if not r.versions or not old.versions:
+            why = ("the runs.csv" if not old.versions else "this run") + " recorded no versions, so what changed is " \
+                "not known"
+        else:
+            here, there = _same_form(r.versions), _same_form(old.versions)
+            differ = [f"{k} {here.get(k, 'none')} here, {there.get(k, 'none')} there"
+                      for k in dict.fromkeys([*here, *there]) if here.get(k) != there.get(k)]
+            why = ("versions differ: " + "; ".join(differ)) if differ else \
+                "both ran under the same recorded versions (threads or hardware may differ)"
+        out.append({"key": r.key, "cell": f"{ex.row_label(r.row)} / {ex.column_label(r.column)}, seed {r.seed}",
+                    "final_acc": r.final_acc, "earlier_acc": old.final_acc, "source": old.source, "why": why})
+    return out
+
+
 def _table(header: List[str], rows: List[List[str]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(r) + " |" for r in rows]
@@ -539,11 +624,11 @@ def _intro_lines(rep: GridReport, h: str) -> List[str]:
                   f"give `structinit bench report` the grid and `--out` with "
                   + " ".join(f"`--runs-csv {p}`" for p in sources) + ".", ""]
     state_text = ", ".join(f"{counts[k]} {k}" for k in STATES if counts.get(k))
-    lines += [f"Seeds {', '.join(map(str, s.seeds))} ({len(s.seeds)} per cell); {total} runs: {state_text}. "
+    lines += [f"Seeds {', '.join(map(str, s.seeds))} ({len(s.seeds)} per cell); {_plural(total, 'run')}: {state_text}. "
               f"Runs in `{ex.runs_dir}`." + (f" Settings changed for the whole grid: "
                                              f"{', '.join(f'{k}={v}' for k, v in ex.overrides.items())}."
                                              if ex.overrides else ""), ""]
-    return lines + device_lines(rep)
+    return lines + device_lines(rep) + software_lines(rep)
 
 
 def _final_lines(rep: GridReport, h: str, has_paper: bool) -> List[str]:
@@ -693,13 +778,13 @@ def runs_csv(reports: List[GridReport]) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["grid", "key", "row_id", "column_id", "seed", "state", "final_acc", "best_acc", "best_epoch",
                 "best_on", "final_val_acc", "epochs", "train_images", "wall_seconds", "problem", "algorithms",
-                "device"])
+                "device", "versions"])
     for rep in reports:
         for r in rep.runs:
             w.writerow([rep.name, r.key, r.row, "/".join(r.column), r.seed, r.state, _csv(r.final_acc),
                         _csv(r.best_acc), r.best_epoch or "", r.best_on or "", _csv(r.final_val_acc), r.epochs or "",
                         r.train_images or "", r.wall_seconds or "", r.problem or "", r.algorithms or "",
-                        r.device or ""])
+                        r.device or "", versions_text(r.versions) if r.versions else ""])
     return buf.getvalue()
 
 
@@ -789,4 +874,4 @@ def _short(v: Any) -> str:
 
 
 __all__ = ["collect", "markdown", "row_label", "cells_csv", "runs_csv", "GridReport", "CellStats", "RunResult",
-           "reports_for_folder", "loose_runs", "mean_std"]
+           "reports_for_folder", "loose_runs", "mean_std", "software_spread", "software_lines", "rerun_differences"]

@@ -108,7 +108,8 @@ def status_text(st: GridStatus, limit: int = 20) -> str:
     running ones (at most ``limit`` of each)."""
     c = st.counts
     resumable = sum(1 for r in st.runs if r["state"] == "pending" and r["resumable"])
-    lines = [f"grid {st.name}: {st.total} runs in {st.runs_dir}: {c['finished']} finished, {c['running']} running, "
+    runs = f"{st.total} run{'' if st.total == 1 else 's'}"
+    lines = [f"grid {st.name}: {runs} in {st.runs_dir}: {c['finished']} finished, {c['running']} running, "
              f"{c['failed']} failed, " + (f"{c['damaged']} damaged, " if c.get("damaged") else "")
              + f"{c['pending']} pending" + (f" ({resumable} with a checkpoint)" if resumable else "")]
     for state in ("failed", "damaged", "running"):

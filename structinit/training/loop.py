@@ -55,7 +55,9 @@ class TrainResult:
     init). ``best_acc`` /
     ``best_epoch`` are the test accuracy and epoch of the best evaluated epoch, chosen on the
     validation split when there is one (``best_on == "val"``), else on the test split itself
-    (``best_on == "test"``, an optimistic figure).
+    (``best_on == "test"``, an optimistic figure). ``versions``: what the last epoch was trained
+    under (:func:`structinit.runtime.software_versions`: Python, torch, timm, numpy, the platform,
+    the device), kept beside the result and out of the run key.
     """
 
     final_acc: float
@@ -74,6 +76,7 @@ class TrainResult:
     device: str = "cpu"
     init_report: Optional[Dict[str, Any]] = None
     init_seconds: Optional[float] = None
+    versions: Optional[Dict[str, str]] = None
 
     @property
     def last_acc(self) -> float:
@@ -87,7 +90,7 @@ class TrainResult:
                 "epochs": self.epochs, "wall_seconds": round(self.wall_seconds, 3), "params": self.params,
                 "out": self.out, "key": self.key, "resumed_from": self.resumed_from, "world_size": self.world_size,
                 "device": self.device, "init_seconds": self.init_seconds,
-                "last": self.metrics[-1] if self.metrics else None}
+                "last": self.metrics[-1] if self.metrics else None, "versions": self.versions}
 
 
 # --------------------------------------------------------------------------- parts
@@ -284,7 +287,8 @@ def _result_from_checkpoint(ck: Dict[str, Any], run: RunDir, ctx: DistContext, k
                        best_epoch=int(ck["best_epoch"]), best_on=ck["best_on"], epochs=len(metrics),
                        wall_seconds=float(ck["elapsed"]), params=dict(ck["params"]),
                        metrics=metrics, out=str(run.path), key=key, resumed_from=int(ck["epoch"]),
-                       world_size=ctx.world, device=ctx.device, init_seconds=ck.get("init_seconds"))
+                       world_size=ctx.world, device=ctx.device, init_seconds=ck.get("init_seconds"),
+                       versions=ck.get("versions"))
 
 
 # --------------------------------------------------------------------------- the run
@@ -373,6 +377,7 @@ class _Session:
     t_start: float
     say: Callable[[str], None]
     vote: Optional[Callable[[], bool]] = None  # ``stop`` as every process agrees on it (:func:`_stop_vote`)
+    versions: Optional[Dict[str, str]] = None  # what it trains under (:func:`_versions`), found once
 
     @property
     def writer(self) -> Optional[RunDir]:
@@ -474,7 +479,7 @@ def _write_start(s: _Session, run: RunDir, built: _Initialized, progress: _Progr
                       "init": spec.to_dict() if spec is not None else None, "init_report": built.report,
                       "init_seconds": built.rounded_seconds,
                       "algorithms": spec.algorithms() if spec is not None else {},
-                      "version": __version__})
+                      "version": __version__, "versions": _versions(s)})
     run.write_metrics(([built.record] if built.record else []) + progress.metrics)
     if progress.start_epoch < s.epochs:
         run.clear_final()
@@ -495,7 +500,7 @@ def _save_epoch(s: _Session, run: RunDir, built: _Initialized, sc: StepContext, 
              "scaler": sc.scaler.state_dict() if sc.scaler is not None else None, "metrics": progress.metrics,
              "best_acc": progress.best_acc, "best_score": progress.best_score, "best_epoch": progress.best_epoch,
              "best_on": progress.best_on, "elapsed": progress.elapsed(s.t_start), "params": params, "key": s.key,
-             "init_seconds": built.rounded_seconds,
+             "init_seconds": built.rounded_seconds, "versions": _versions(s),
              "rng": {"torch": torch.get_rng_state(),
                      "cuda": torch.cuda.get_rng_state() if device.startswith("cuda") else None}}
     if improved:
@@ -923,7 +928,16 @@ def _result(s: _Session, progress: _Progress, built: _Initialized, params: Dict[
                        epochs=len(progress.metrics), wall_seconds=progress.elapsed(s.t_start), params=params,
                        metrics=progress.metrics, out=str(s.run.path) if s.run is not None else None, key=s.key,
                        resumed_from=progress.resumed_from, world_size=s.ctx.world, device=s.ctx.device,
-                       init_report=built.report, init_seconds=built.rounded_seconds)
+                       init_report=built.report, init_seconds=built.rounded_seconds, versions=_versions(s))
+
+
+def _versions(s: _Session) -> Dict[str, str]:
+    """What this session trains under (:func:`structinit.runtime.software_versions`), found once."""
+    if s.versions is None:
+        from structinit.runtime import software_versions
+
+        s.versions = software_versions(s.ctx.device)
+    return s.versions
 
 
 def _refuse_taken(run: RunDir, config: TrainConfig) -> None:

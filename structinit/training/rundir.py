@@ -1,13 +1,16 @@
 """A training run's directory and its files.
 
 =================  =============================================================================
-``config.json``    the settings as given and as resolved, the run key, the init report
+``config.json``    the settings as given and as resolved, the run key, the init report, the
+                   versions the run (re)started under (``versions``)
 ``metrics.jsonl``  one JSON record per finished epoch
 ``checkpoint.pt``  everything needed to resume (timm's ``{'state_dict', 'epoch', 'arch', 'args'}``
                    layout plus optimizer, RNG and metrics), written atomically after every epoch
 ``best.pt``        the weights of the best epoch on the validation split (on the test split when
                    there is none; labelled so in ``final.json``)
-``final.json``     the result: final-epoch accuracy first, the best epoch labelled as such
+``final.json``     the result: final-epoch accuracy first, the best epoch labelled as such, and
+                   ``versions``: what its last epoch ran under (Python, torch, timm, numpy, the
+                   platform, the device; :func:`structinit.runtime.software_versions`)
 ``.lock``          held by the process that writes the run (``train``, a grid's task); it exists
                    only while one does
 ``task.json``      a grid task's state (``running``, ``finished``, ``failed``, ``interrupted``),
