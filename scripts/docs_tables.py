@@ -6,6 +6,8 @@ Two kinds of marker in README.md and docs/*.md (HTML comments: invisible where t
   are :data:`BLOCKS` ``[NAME]()``: the grid table of docs/bench.md (every shipped grid, its title and run
   count), the grid-per-table table of docs/reproducing.md, the output of ``bench grid NAME --status`` in an
   empty folder;
+- a list in a sentence, ``<!-- NAME -->`` ... ``<!-- /NAME -->``, whose text is :data:`INLINE_LISTS`
+  ``[NAME]()`` (the modules whose every function mypy requires annotated, from pyproject.toml);
 - a run count in a sentence, ``<!-- runs: GRID [--seeds S] [--only AXIS=IDS ...] -->N<!-- /runs -->``, where
   ``N`` is how many runs ``structinit bench grid GRID ...`` makes with those options (``--set`` changes no
   count and is not written there).
@@ -36,6 +38,7 @@ DOC_FILES = ["README.md", "docs/*.md"]
 BLOCK = re.compile(r"(<!-- docs_tables: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /docs_tables: (?P=name) -->)",
                    re.S)
 RUNS = re.compile(r"(<!-- runs: (?P<args>[^>]*?) -->)(?P<body>[^<]*)(<!-- /runs -->)")
+INLINE = re.compile(r"(<!-- (?P<name>[\w-]+) -->)(?P<body>[^<]*)(<!-- /(?P=name) -->)")
 
 #: The paper's table each shipped grid reproduces, and the data it reads below ``--data-dir``
 #: (docs/reproducing.md); the runs per seed are counted from the grid.
@@ -112,6 +115,25 @@ BLOCKS: Dict[str, Callable[[], str]] = {
 }
 
 
+def typed_modules() -> str:
+    """docs/testing.md: the modules pyproject.toml's mypy override requires fully annotated
+    (``disallow_untyped_defs``), without the ``structinit.`` prefix, the package root last."""
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    doc = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    modules = [m for o in doc["tool"]["mypy"]["overrides"] if o.get("disallow_untyped_defs")
+               for m in ([o["module"]] if isinstance(o["module"], str) else o["module"])]
+    names = [f"`{m[len('structinit.'):]}`" for m in modules if m != "structinit"]
+    return ", ".join(names) + (" and the package root" if "structinit" in modules else "")
+
+
+#: Inline list name -> its text.
+INLINE_LISTS: Dict[str, Callable[[], str]] = {"typed-modules": typed_modules}
+
+
 def count_runs(args: str) -> int:
     """The runs of ``structinit bench grid ARGS`` (``GRID [--seeds S] [--only AXIS=IDS ...] [--set ...]``)."""
     from structinit.experiments.gridspec import load_grid, parse_seeds, parse_selection, restrict
@@ -141,7 +163,15 @@ def render(text: str, cache: Dict[str, str]) -> str:
             cache[name] = BLOCKS[name]()
         return m.group(1) + cache[name] + m.group(4)
 
-    text = BLOCK.sub(block, text)
+    def inline(m: "re.Match[str]") -> str:
+        name = m.group("name")
+        if name not in INLINE_LISTS:
+            return m.group(0)  # another comment that happens to have a closing twin: not ours
+        if name not in cache:
+            cache[name] = INLINE_LISTS[name]()
+        return m.group(1) + cache[name] + m.group(4)
+
+    text = INLINE.sub(inline, BLOCK.sub(block, text))
     return RUNS.sub(lambda m: m.group(1) + f"{count_runs(m.group('args')):,}" + m.group(4), text)
 
 
