@@ -5,7 +5,8 @@ Two kinds of marker in README.md and docs/*.md (HTML comments: invisible where t
 - a block, ``<!-- docs_tables: NAME -->`` ... ``<!-- /docs_tables: NAME -->``, whose lines between the markers
   are :data:`BLOCKS` ``[NAME]()``: the grid table of docs/bench.md (every shipped grid, its title and run
   count), the grid-per-table table of docs/reproducing.md, the output of ``bench grid NAME --status`` in an
-  empty folder;
+  empty folder, every option of a command (``options-apply``, ``options-bench-grid``: the end of each command's
+  page);
 - a list in a sentence, ``<!-- NAME -->`` ... ``<!-- /NAME -->``, whose text is :data:`INLINE_LISTS`
   ``[NAME]()`` (the modules whose every function mypy requires annotated, from pyproject.toml);
 - a run count in a sentence, ``<!-- runs: GRID [--seeds S] [--only AXIS=IDS ...] -->N<!-- /runs -->``, where
@@ -107,12 +108,36 @@ def status_block(grid: str) -> Callable[[], str]:
     return make
 
 
-#: Block name -> its text.
+def options_list(path: List[str]) -> str:
+    """Every option of ``structinit PATH`` in the order ``--help`` lists them (a command's page ends with it)."""
+    from structinit.cli.app import click_command
+
+    cmd = click_command()
+    for name in path:
+        cmd = cmd.commands[name]
+    flags = []
+    for p in cmd.params:
+        if p.param_type_name == "option":
+            longs = [o for o in (*p.opts, *p.secondary_opts) if o.startswith("--")]
+            flags.append(" / ".join(f"`{o}`" for o in longs))
+    return f"`structinit {' '.join(path)}`: " + ", ".join(flags) + ".\n"
+
+
+#: Block name -> its text; ``options-CMD`` (``options-apply``, ``options-bench-grid``) is every option
+#: of that command (:func:`options_list`).
 BLOCKS: Dict[str, Callable[[], str]] = {
     "grids": grid_table,
     "reproducing": reproducing_table,
     "status-digits": status_block("digits"),
 }
+
+
+def block_text(name: str) -> str:
+    if name.startswith("options-"):
+        return options_list(name[len("options-"):].split("-"))
+    if name not in BLOCKS:
+        raise SystemExit(f"unknown docs_tables block {name!r}; known: {', '.join(BLOCKS)}, options-CMD")
+    return BLOCKS[name]()
 
 
 def typed_modules() -> str:
@@ -157,10 +182,8 @@ def render(text: str, cache: Dict[str, str]) -> str:
     """``text`` with every marker's contents as this script computes them (``cache``: block texts)."""
     def block(m: "re.Match[str]") -> str:
         name = m.group("name")
-        if name not in BLOCKS:
-            raise SystemExit(f"unknown docs_tables block {name!r}; known: {', '.join(BLOCKS)}")
         if name not in cache:
-            cache[name] = BLOCKS[name]()
+            cache[name] = block_text(name)
         return m.group(1) + cache[name] + m.group(4)
 
     def inline(m: "re.Match[str]") -> str:

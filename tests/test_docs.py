@@ -265,6 +265,62 @@ def test_the_option_check_catches_what_it_is_for():
     assert structinit_args("python -c 'print(1)'") is None
 
 
+#: A command's page -> the commands whose options its inline code names.
+PAGE_COMMANDS = {
+    "docs/apply.md": [("apply",)], "docs/solve.md": [("solve",)], "docs/inspect.md": [("inspect",)],
+    "docs/train.md": [("train",)], "docs/bench.md": [("bench", "grid"), ("bench", "report"), ("bench", "run")],
+    "docs/bench-solver.md": [("bench", "solver")], "docs/bench-fit.md": [("bench", "fit"), ("bench", "loop")],
+    "docs/bench-exactness.md": [("bench", "exactness")],
+}
+#: Flags in a command's page that belong to another program: page -> {flag: whose}.
+OTHER_PROGRAMS = {
+    "docs/apply.md": {"--initial-checkpoint": "timm's train.py"},
+    "docs/train.md": {"--nproc_per_node": "torchrun"},
+    "docs/bench.md": {f: "sbatch (the job script's #SBATCH lines)" for f in
+                      ("--array", "--constraint", "--cpus-per-task", "--gres", "--open-mode", "--output", "--signal")},
+    "docs/bench-fit.md": {"--grids": "scripts/device_grid.py", "--plan": "scripts/device_grid.py"},
+}
+
+
+def _options_of(path) -> set:
+    from structinit.cli.app import click_command
+
+    cmd = click_command()
+    for name in path:
+        cmd = cmd.commands[name]
+    return {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)} | {"--help", "-h"}
+
+
+def _named_command(span: str):
+    """The structinit command a span of inline code starts with (``bench report --x``: bench report)."""
+    from structinit.cli.app import click_command
+
+    cmd, path = click_command(), []
+    for word in span.split():
+        if word not in getattr(cmd, "commands", {}):
+            break
+        cmd, path = cmd.commands[word], [*path, word]
+    return tuple(path) if path and not getattr(cmd, "commands", None) else None
+
+
+def test_every_flag_a_command_page_names_is_an_option_of_its_command():
+    problems = []
+    for page, commands in PAGE_COMMANDS.items():
+        known = set().union(*(_options_of(c) for c in commands))
+        other = OTHER_PROGRAMS.get(page, {})
+        prose = FENCE.sub("", (REPO / page).read_text(encoding="utf-8"))
+        for m in re.finditer(r"(?<!`)`([^`\n]+)`", prose):
+            span = m.group(1)
+            if span.startswith("structinit "):
+                continue  # a whole command: test_every_structinit_command_... parses it
+            named = _named_command(span)
+            allowed = _options_of(named) if named else known
+            for flag in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", span):
+                if flag not in allowed and flag not in other:
+                    problems.append(f"{page}: {flag} in `{span}`")
+    assert not problems, "\n".join(problems)
+
+
 # --------------------------------------------------------------------------- bash blocks run
 
 
@@ -391,6 +447,9 @@ def test_the_tables_script_counts_and_lists_every_shipped_grid(tmp_path):
         assert f"| `{name}` |" in table and f" {load_grid(name).runs} (" in table
     assert dt.count_runs("digits --set epochs=2 --seeds 2 --only train_size=100,250") == \
         load_grid("digits").cells // 2 * 2  # half the sizes, two seeds
+    apply_options = dt.options_list(["apply"])
+    assert apply_options.startswith("`structinit apply`: ") and "`--heads`" in apply_options
+    assert "`--figures` / `--no-figures`" in dt.options_list(["bench", "report"])
     # a stale count is found and rewritten; markers elsewhere are left alone
     doc = tmp_path / "docs"
     doc.mkdir()
