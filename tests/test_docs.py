@@ -42,8 +42,9 @@ SHELL_OPERATORS = {">", ">>", "2>", "2>&1", "|", "||", "&&", ";", "&"}
 NOT_RUN = {
     ("README.md", "python3 -m venv .venv"): "makes a virtualenv and installs from the package index (the "
                                             "second line is the suite itself)",
-    ("docs/apply.md", "vit.pth"): "the user's own ViT checkpoint; tests/test_apply*.py run these options on "
-                                  "checkpoints they build",
+    ("docs/apply.md", "vit.pth"): "the user's own ViT-T checkpoint (3 heads): a fit of its 12 layers takes minutes "
+                                  "on one CPU thread; tests/test_apply*.py run these options on small checkpoints "
+                                  "they build",
     ("docs/apply.md", "runs/digits/checkpoint.pt"): "needs a finished `structinit train` run (minutes); "
                                                     "tests/test_apply_data.py applies to one",
     ("docs/apply.md", "train.pth.tar"): "a checkpoint of timm's train.py, the user's own",
