@@ -253,6 +253,16 @@ def filling_images(n, split="train"):
     return F.interpolate(digits_images(n, split), size=(16, 16), mode="bilinear", align_corners=False)
 
 
+def hold_lock(folder: Path):
+    """Another process that holds ``folder``'s run lock until it is killed."""
+    code = ("import sys, time; from structinit.training.rundir import RunDir; RunDir(sys.argv[1]).lock(); "
+            "print('held', flush=True); time.sleep(600)")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
 def wait_for(cond, timeout=300, every=0.2):
     """``cond()``'s first true value, polled every ``every`` seconds; fails after ``timeout`` (a hang
     bound, not a speed: nothing here asserts how fast a loaded machine gets there)."""

@@ -349,7 +349,7 @@ def test_inspect_checkpoint_numbers_are_the_checkpoints(cli, tmp_path):
     rep = run_json(cli, "apply", src, "--heads", HEADS, "--data-fit", "0", "--target-mass", "0.35")
     desc = describe_checkpoint(rep["output"], heads=HEADS)
     shown = run_json(cli, "inspect", rep["output"], "--heads", HEADS)
-    through = shown.pop("on_inputs")  # and, beside them, the model's attention on noise inputs (test_inspect_checkpoint)
+    through = shown.pop("on_inputs")  # the model's measure beside (test_inspect_checkpoint)
     assert shown.pop("on_inputs_skipped") is None and len(through["layers"]) == len(desc["layers"])
     assert shown == json.loads(json.dumps(desc))
     for row, applied in zip(shown["layers"], rep["layers"]):

@@ -10,14 +10,12 @@ import errno
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import digest, error_line
+from conftest import digest, error_line, hold_lock
 from grids import TINY_GRID, expand_text, trained_grid, variant
 
 from structinit import atomic
@@ -278,16 +276,6 @@ def test_the_readme_states_the_rule():
 
 
 # --------------------------------------------------------------------------- 18: a task killed outright
-
-def hold_lock(folder: Path):
-    """Another process that holds ``folder``'s run lock until it is killed."""
-    code = ("import sys, time; from structinit.training.rundir import RunDir; RunDir(sys.argv[1]).lock(); "
-            "print('held', flush=True); time.sleep(600)")
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout.readline().strip() == "held"
-    return proc
-
 
 def test_a_task_killed_outright_is_not_running_once_its_lock_is_free(tmp_path):
     ex = expand_text(ONE, tmp_path / "runs")

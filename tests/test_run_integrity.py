@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import error_line
+from conftest import error_line, hold_lock
 from grids import MIMETIC_KAIMING, TINY_GRID, expand_text, trained_grid, variant
 
 from structinit.experiments.launch import prepare_runs
@@ -58,16 +58,6 @@ def grid(finished, tmp_path):
 
 
 # --------------------------------------------------------------------------- one writer per run folder
-
-def hold_lock(folder: Path):
-    """Another process that holds ``folder``'s run lock until it is killed."""
-    code = ("import sys, time; from structinit.training.rundir import RunDir; RunDir(sys.argv[1]).lock(); "
-            "print('held', flush=True); time.sleep(600)")
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout.readline().strip() == "held"
-    return proc
-
 
 def test_a_run_folder_held_by_another_process_is_refused_by_train_and_the_task(grid, cli):
     folder, ex = grid
