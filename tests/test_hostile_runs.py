@@ -111,7 +111,7 @@ def test_a_fifo_at_any_name_of_a_run_folder_is_never_waited_on(one_run, tmp_path
     (run / name).unlink()
     os.mkfifo(run / name)
     status = bounded(folder, lambda: cli("bench", "grid", "grid.toml", "--out", "runs", "--status", cwd=folder))
-    assert status.returncode == 0 and "1 runs in" in status.stdout, status.stderr
+    assert status.returncode == 0 and "1 run in" in status.stdout, status.stderr
     report = bounded(folder, lambda: cli("bench", "report", "runs", cwd=folder))
     assert report.returncode == 0 and "Traceback" not in report.stderr, report.stderr
     again = bounded(folder, lambda: cli("bench", "grid", "grid.toml", "--out", "runs", "--launcher", "print",

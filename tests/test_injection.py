@@ -341,11 +341,16 @@ def test_baselines_on_a_model_reset_what_they_document():
     n_linear = sum(isinstance(x, torch.nn.Linear) for x in m.modules())
     n_conv = sum(isinstance(x, (torch.nn.Conv2d, torch.nn.Conv1d)) for x in m.modules())
     rep = initialize_model(m, "kaiming", seed=0)
+    changed = rep.pop("changed")  # every weight of a Linear or Conv, read from the tensors
     assert rep == {"method": "kaiming", "modules_reset": n_linear + n_conv}
+    # every Linear is redrawn (the patch embedding's Conv2d is drawn as the model was built, from the same seed)
+    weights = [n for n, mod in m.named_modules() if isinstance(mod, torch.nn.Linear)]
+    assert {f"{n}.weight" for n in weights} <= set(changed) and "pos_embed" not in changed
     assert pe_kind(m.pos_embed, GRID) == "sincos"  # not a module: kept
     learned = tiny_vit()
     learned.pos_embed.requires_grad_(True)
     rep = initialize_model(learned, "trunc-normal", std=0.03, seed=0)
+    assert "pos_embed" in rep.pop("changed")
     assert rep == {"method": "trunc-normal", "std": 0.03, "linear_reset": n_linear}
     assert abs(float(learned.pos_embed.detach().std()) - 0.03) < 0.005  # a learnable PE is redrawn
     assert abs(float(learned.blocks[1].mlp.fc1.weight.detach().std()) - 0.03) < 0.003
@@ -371,7 +376,8 @@ def test_methods_that_need_no_grid_work_on_any_attention_module():
         "in_proj_weight[0:32]", "in_proj_weight[32:64]", "in_proj_bias[0:32]", "in_proj_bias[32:64]",
         "in_proj_weight[64:96]", "out_proj.weight"]
     assert not torch.equal(mha.in_proj_weight.detach()[:DIM], before[:DIM])
-    assert initialize(mha, "trunc-normal", heads=HEADS) == {"method": "trunc-normal", "std": 0.02, "linear_reset": 1}
+    assert initialize(mha, "trunc-normal", heads=HEADS) == {"method": "trunc-normal", "std": 0.02, "linear_reset": 1,
+                                                            "changed": ["out_proj.weight"]}  # its one Linear
     assert torch.count_nonzero(mha.out_proj.bias) == 0
     assert initialize(mha, "kaiming", heads=HEADS)["modules_reset"] == 1
     with pytest.raises(UsageError, match="no patch_embed.grid_size; pass grid"):

@@ -142,7 +142,7 @@ def inspect(
     """Show an artifact's config, quality and attention, a checkpoint's layout and attention
     quality (on its position embedding alone, and through its model on noise inputs as apply
     measures it), or (no argument) list the cache. With --data: a model's attention on real inputs."""
-    from structinit.apply.files import HF_CONFIG
+    from structinit.apply.files import HF_CONFIG, HF_WEIGHTS
     from structinit.errors import UsageError
     from structinit.runtime import use_threads
     from structinit.solver.cache import check_cache_dir, resolve_key
@@ -182,9 +182,11 @@ def inspect(
             raise UsageError(f"{target}: no such file, and no cached artifact has that key (run `structinit "
                              "inspect` to list them)")
         path = found
-    if path.is_dir() and not (path / HF_CONFIG).exists():
-        raise UsageError(f"{path} is a folder and not a Hugging Face model's (no config.json); give an artifact or "
-                         "checkpoint file (a train run folder is measured on real inputs with --data DATASET)")
+    hf = (path / HF_CONFIG).exists() and any((path / name).exists() for name in HF_WEIGHTS)
+    if path.is_dir() and not hf:
+        raise UsageError(f"{path} is a folder and not a Hugging Face model's (config.json and its weights); give an "
+                         "artifact or checkpoint file (a train run folder is measured on real inputs with --data "
+                         "DATASET)")
     if path.is_file() and _is_artifact_file(path):
         given = [f for f, v in checkpoint_only.items() if v is not None]
         if given:
