@@ -16,6 +16,7 @@ from structinit.cli.common import (
     GridOpt,
     JsonOut,
     Progress,
+    Seed,
     Threads,
     emit_json,
     examples,
@@ -122,8 +123,6 @@ SetPeOpt = Annotated[Optional[str], option("--set-pe", help="Also write the fixe
 PeScaleOpt = Annotated[Optional[float], option("--pe-scale", help="Scale of the --set-pe embedding (positive).",
     show_default=shown(DEFAULT_PE_SCALE))]
 
-SeedOpt = Annotated[int, option("--seed", min=0, help="Seed of the offsets and random draws.")]
-
 OutOpt = Annotated[Optional[Path], option("--out", metavar="PATH", help="Output file; its name sets the format "
     "(.safetensors, else torch). For a Hugging Face folder, the output "
     "folder.", show_default="CKPT.METHOD.EXT")]
@@ -182,7 +181,7 @@ def apply(
     grid: GridOpt = None,
     set_pe: SetPeOpt = None,
     pe_scale: PeScaleOpt = None,
-    seed: SeedOpt = 0,
+    seed: Seed = 0,
     out: OutOpt = None,
     force: ForceOpt = False,
     in_place: InPlaceOpt = False,
