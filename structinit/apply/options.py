@@ -39,8 +39,9 @@ class ApplyOptions:
     checkpoint does not tell them. Position: ``set_pe="sincos"`` writes the fixed table times
     ``pe_scale`` (default :data:`DEFAULT_PE_SCALE`). ``seed``, ``cache_dir``, ``device`` as for a solve. The data fit:
     ``data`` (a dataset name, an image folder, a tensor file, ``"noise"``, or a tensor of inputs;
-    ``None``: noise inputs, as without data on a model), at most ``samples`` of them
-    (default: the fit's ``data_fit_samples``), ``data_dir`` for a dataset read from disk,
+    ``None``: noise inputs, as without data on a model), at most ``samples`` of them (the fit reads
+    them all: its ``data_fit_samples`` becomes ``samples``; default: the fit's own), ``data_dir`` for a
+    dataset read from disk,
     ``model_name`` (a timm model) or ``config`` (a Hugging Face ``config.json``) for the model the
     checkpoint holds."""
 

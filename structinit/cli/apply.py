@@ -142,7 +142,8 @@ DataOpt = Annotated[Optional[str], option(
     "normalized as the model sees them, or noise.", show_default="noise: Gaussian inputs of the model's input "
     "shape, no data")]
 
-SamplesOpt = Annotated[Optional[int], option("--samples", min=1, help="--data: how many inputs (the first).",
+SamplesOpt = Annotated[Optional[int], option("--samples", min=1, help="--data: how many inputs (the first); the "
+    "fit reads them all.",
     show_default=f"the fit's data_fit_samples, {FIT_DEFAULTS.samples}")]
 
 DataDirOpt = Annotated[Optional[Path], option("--data-dir", help="--data: the folder a named dataset is read "
@@ -211,7 +212,7 @@ def apply(
     """
     from structinit.apply.checkpoint import apply_checkpoint
     from structinit.apply.options import ApplyOptions
-    from structinit.errors import Notice
+    from structinit.errors import Notice, UsageError
     from structinit.geometry.grid import parse_grid
     from structinit.init.registry import parse_assignments
     from structinit.runtime import use_threads
@@ -222,6 +223,10 @@ def apply(
         "--recipe-param": parse_assignments(recipe_param, "recipe_params") or None, "--artifact": artifact,
         "--share": share, "--offsets": offsets, "--mimetic-vproj": mimetic_vproj, "--fit-pe": fit_pe,
         "--causal": causal, "--padding": padding, "--data-fit": data_fit})
+    if samples is not None and any(i.partition("=")[0].strip().replace("-", "_") == "data_fit_samples"
+                                   for i in init_param):
+        raise UsageError("--samples and --init-param data_fit_samples both set how many inputs the fit reads; "
+                         "give one of them")
     options = ApplyOptions(out=out, in_place=in_place, dry_run=dry_run, force=force, layers=layers, heads=heads,
                            grid=parse_grid(grid=grid) if grid else None, set_pe=set_pe, pe_scale=pe_scale, seed=seed,
                            cache_dir=cache_dir, device=device, data=data, samples=samples, data_dir=data_dir,
@@ -247,15 +252,30 @@ def method_spec(method: str, init_param: List[str], flags: dict):
     flag -> value, ``None`` where not given); such a flag with another method than the default is
     refused naming it."""
     from structinit.errors import UsageError
-    from structinit.init.registry import init_spec, parse_init
+    from structinit.init.registry import init_spec, parse_assignments, parse_init
 
     given = {flag: value for flag, value in flags.items() if value is not None}
     if given and method != DEFAULT_METHOD:
         names = ", ".join(given)
         raise UsageError(f"{names} {'applies' if len(given) == 1 else 'apply'} to --method {DEFAULT_METHOD}, not "
                          f"{method}")
+    assigned = parse_assignments(init_param)
+    for flag, value in given.items():
+        name = METHOD_FLAGS[flag]
+        if name in assigned:
+            text = next(i for i in init_param if i.partition("=")[0].strip().replace("-", "_") == name)
+            raise UsageError(f"{_flag_text(flag, value)} and --init-param {text} both set {name}; give one of them")
     spec = parse_init(method, init_param)
     return init_spec(spec, **{METHOD_FLAGS[flag]: value for flag, value in given.items()}) if given else spec
+
+
+def _flag_text(flag: str, value) -> str:
+    """``flag`` with ``value`` as the user typed it: ``--filter 3``, ``--share``, ``--no-mimetic-vproj``."""
+    if isinstance(value, bool):
+        return flag if value else "--no-" + flag[2:]
+    if isinstance(value, dict):  # --recipe-param NAME=VALUE, read
+        return " ".join(f"{flag} {k}={v}" for k, v in value.items())
+    return f"{flag} {value}"
 
 
 def say_notices(spec, report: dict) -> None:
