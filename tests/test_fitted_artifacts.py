@@ -363,6 +363,6 @@ def test_the_seed_is_in_the_fit_key_seed_1_never_reads_seed_0s_fit(digits, cache
     report = initialize_model(one, "impulse", data=digits, seed=1, **how)
     assert report["artifact"]["key"] == first["artifact"]["key"]  # the same plain solve: only the fit key tells
     initialize_model(alone, "impulse", data=digits, seed=1, cache_dir=tmp_path / "empty", **how)
-    for (q1, k1), (qa, ka), (q0, k0) in zip(qk(one), qk(alone), qk(zero)):
+    for (q1, k1), (qa, ka), (q0, _) in zip(qk(one), qk(alone), qk(zero)):
         assert torch.equal(q1, qa) and torch.equal(k1, ka)
         assert not torch.equal(q1, q0)

@@ -120,3 +120,163 @@ def test_a_setting_given_twice_is_refused_by_train_too(cli, tmp_path):
     r = cli("train", "--dataset", "digits", "-p", "filter=3", "-p", "filter=5", "--out", tmp_path / "run")
     assert refused(r) == "error: --init-param sets filter twice (filter=3, filter=5); give it once"
     assert not (tmp_path / "run").exists()
+
+
+# --------------------------------------------------------------------------- options that do nothing
+
+@pytest.mark.parametrize("params, want", [
+    ({"position_rest": True}, "impulse parameter position_rest changes the position subspace, which is off: give "
+                              "position_subspace=true, or leave position_rest out"),
+    ({"mimetic_vproj": False, "alpha2": 0.5}, "impulse parameter alpha2 sets the mimetic V/proj, which "
+                                              "mimetic_vproj=false keeps as it is: give mimetic_vproj=true, or leave "
+                                              "them out"),
+])
+def test_a_parameter_that_would_do_nothing_is_refused(params, want):
+    """Case 8: ``position_rest`` without the subspace is refused as its sibling ``position_dims`` is;
+    so are ``alpha2``/``beta2`` where ``mimetic_vproj=false`` keeps V/proj."""
+    from structinit.errors import UsageError
+    from structinit.init.registry import init_spec
+
+    with pytest.raises(UsageError) as err:
+        init_spec("impulse", **params)
+    assert err.value.render() == want
+    init_spec("impulse", position_subspace=True, position_rest=True)  # with the subspace: accepted
+    init_spec("impulse", mimetic_vproj=False)
+
+
+def test_position_rest_without_the_subspace_is_refused_by_apply(cli, made, tmp_path):
+    r = cli("apply", made / "plain.pt", "--heads", HEADS, "-p", "position_rest=true", "--out", tmp_path / "o.pt")
+    assert refused(r) == ("error: impulse parameter position_rest changes the position subspace, which is off: give "
+                          "position_subspace=true, or leave position_rest out")
+    assert not (tmp_path / "o.pt").exists()
+
+
+# --------------------------------------------------------------------------- wrong causes
+
+@pytest.mark.parametrize("heads", ["-4", "0"])
+def test_a_heads_count_below_one_is_refused_for_its_sign(cli, made, tmp_path, heads):
+    """Case 17: ``--heads -4`` and ``--heads 0`` are refused for what they are, not for not dividing
+    the dim."""
+    line = refused(cli("apply", made / "plain.pt", "--heads", heads, "--out", tmp_path / "o.pt"))
+    assert line == f"error: --heads must be a positive integer, got {heads}"
+
+
+def test_heads_below_one_are_refused_by_the_library_too(made):
+    from structinit.errors import UsageError
+    from structinit.init.attention_target import AttentionTarget
+    from structinit.init.checkpoints import load_checkpoint
+
+    sd = load_checkpoint(made / "plain.pt").state_dicts[0][1]
+    with pytest.raises(UsageError, match=r"^heads must be a positive integer, got -4$"):
+        AttentionTarget(sd, None, -4)
+
+
+def test_a_named_model_whose_heads_cannot_be_the_checkpoints_is_blamed_not_heads(cli, made, tmp_path):
+    """Case 18: ``--model vit_tiny_patch16_224`` (3 heads) on a dim-64 checkpoint names the model,
+    not a ``--heads 3`` the user never gave."""
+    line = refused(cli("apply", made / "plain.pt", "--model", "vit_tiny_patch16_224", "--out", tmp_path / "o.pt"))
+    assert line == ("error: --model vit_tiny_patch16_224 has 3 heads, which do not divide the checkpoint's dim 64: the "
+                    "checkpoint holds another model (name it, or give --heads)")
+
+
+@pytest.mark.parametrize("args, want", [
+    (["--model", ""], "error: --model is empty; give a name, or leave it out"),
+    (["--grid", ""], "error: --grid must look like HxW (e.g. 16x16) or L (a sequence), got ''"),
+    (["--data", "digits", "--data-dir", "."], "error: --data-dir does not apply to the digits dataset, which needs no "
+                                              "files"),
+])
+def test_empty_names_and_a_data_dir_that_does_nothing_are_refused(cli, made, tmp_path, args, want):
+    """Case 18: ``--model ""`` and ``--grid ""`` are refused, not taken as not given; ``--data digits
+    --data-dir X`` is refused as ``train`` refuses it."""
+    assert refused(cli("apply", made / "plain.pt", "--heads", HEADS, *args, "--out", tmp_path / "o.pt")) == want
+    assert not (tmp_path / "o.pt").exists()
+
+
+def hf_vit_folder(folder, config_bytes):
+    """A one-layer Hugging Face ViT state dict (dim 8) as model.safetensors, with ``config_bytes``
+    as its config.json."""
+    import safetensors.torch
+
+    d, pre = 8, "encoder.layer.0.attention."
+    sd = {pre + f"attention.{n}.{w}": torch.zeros(d, d) if w == "weight" else torch.zeros(d)
+          for n in ("query", "key", "value") for w in ("weight", "bias")}
+    sd[pre + "output.dense.weight"] = torch.zeros(d, d)
+    sd["embeddings.position_embeddings"] = torch.zeros(1, 17, d)
+    sd["embeddings.cls_token"] = torch.zeros(1, 1, d)
+    folder.mkdir()
+    safetensors.torch.save_file(sd, str(folder / "model.safetensors"))
+    (folder / "config.json").write_bytes(config_bytes)
+    return folder
+
+
+@pytest.mark.parametrize("config, why", [
+    (b'{"num_attention_heads": 2, "hidden_', "is not valid JSON"),
+    (b"{" + b" " * (17 * 2 ** 20) + b"}", "is not readable: "),
+    (b'{"hidden_size": 8}', "names no num_attention_heads"),
+])
+def test_a_broken_config_json_is_named_as_the_cause(cli, tmp_path, config, why):
+    """Case 18: a broken, oversized or headless config.json beside the weights is reported as such,
+    not only as a checkpoint that "does not tell its number of heads"."""
+    folder = hf_vit_folder(tmp_path / "vit", config)
+    line = refused(cli("apply", folder, "--method", "mimetic", "--dry-run"))
+    assert line.startswith("error: the hf-vit checkpoint does not tell its number of heads (") and why in line, line
+    assert str(folder / "config.json") in line
+
+
+# --------------------------------------------------------------------------- files that are not what they say
+
+def damaged_files(folder):
+    """Files given as ``--data``: a safetensors header claiming [1e10, 1e10, 8, 8], a truncated
+    safetensors file, and a 25 KB .npy whose header claims 9,999,999,999,999 rows."""
+    import struct
+
+    import numpy as np
+    from safetensors.torch import save_file
+
+    header = json.dumps({"inputs": {"dtype": "F32", "shape": [10 ** 10, 10 ** 10, 8, 8],
+                                    "data_offsets": [0, 16]}}).encode()
+    (folder / "huge.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(16))
+    save_file({"inputs": torch.randn(20, 3, 16, 16)}, str(folder / "whole.safetensors"))
+    whole = (folder / "whole.safetensors").read_bytes()
+    (folder / "cut.safetensors").write_bytes(whole[:len(whole) // 2])
+    np.save(folder / "whole.npy", np.zeros((20, 3, 16, 16), dtype=np.float32))
+    raw = (folder / "whole.npy").read_bytes()
+    end = raw.index(b"\n") + 1
+    head = raw[:end].replace(b"(20, 3, 16, 16)", b"(9999999999999, 3, 16, 16)")
+    head = head[:-1].rstrip() + b" " * (end - len(head[:-1].rstrip()) - 1) + b"\n"  # the header keeps its length
+    (folder / "rows.npy").write_bytes(head + raw[end:end + 25_000])
+    return folder
+
+
+@pytest.mark.parametrize("name, why", [
+    ("huge.safetensors", "tensor 'inputs' claims shape [10000000000, 10000000000, 8, 8]"),
+    ("cut.safetensors", "tensor 'inputs' claims shape [20, 3, 16, 16] (61,440 bytes at 0..61,440); the file holds "
+                        "30,"),
+    ("rows.npy", "its header promises [9999999999999, 3, 16, 16] float32 values"),
+])
+def test_a_damaged_data_file_is_one_line_that_says_so(cli, made, tmp_path, name, why):
+    """Case 12: a tensor file whose header promises more than the file holds is damaged: one line,
+    checked against the file's size before reading (no traceback, no out-of-memory advice), and
+    nothing written."""
+    damaged_files(tmp_path)
+    line = refused(cli("apply", made / "plain.pt", "--heads", HEADS, "--data", tmp_path / name,
+                       "--out", tmp_path / "o.pt"))
+    assert line.startswith(f"error: --data {tmp_path / name} is damaged: ") and why in line, line
+    assert "memory" not in line and not (tmp_path / "o.pt").exists()
+
+
+def test_a_torch_file_named_safetensors_is_read_as_the_torch_file_it_is(cli, made, tmp_path):
+    """Case 15: the format is read from the content, as the docs say, for a checkpoint and for
+    ``--data``: a ``torch.save`` file named ``.safetensors`` is not refused as a broken safetensors."""
+    from structinit.init.checkpoints import read_object
+
+    torch.save(torch.load(made / "plain.pt"), tmp_path / "vit.safetensors")
+    x = torch.load(made / "x.pt")[:20]
+    torch.save(x, tmp_path / "inputs.safetensors")
+    obj, fmt, _ = read_object(tmp_path / "vit.safetensors")
+    assert fmt == "torch" and torch.equal(obj["blocks.0.attn.qkv.weight"],
+                                          torch.load(made / "plain.pt")["blocks.0.attn.qkv.weight"])
+    r = cli("apply", tmp_path / "vit.safetensors", "--heads", HEADS, *QUICK, "--data", tmp_path / "inputs.safetensors",
+            "--out", tmp_path / "o.pt", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["data_fit"]["source"].endswith("inputs.safetensors: the first 20 inputs")

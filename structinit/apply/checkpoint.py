@@ -28,7 +28,6 @@ for a learned one); every other tensor and entry is written back as loaded. File
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import warnings
 from typing import Any, Callable, Dict, Optional, Union
@@ -62,10 +61,6 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
     spec = init_spec(spec, **params)
     if options.samples is not None and options.data is not None and spec.uses_data:
         spec = spec.with_fit_samples(options.samples)  # the fit reads the inputs it is given, as the report says
-    if options.model_name is not None and options.heads is None:  # a named timm model tells its heads
-        from structinit.apply.models import timm_heads
-
-        options = dataclasses.replace(options, heads=timm_heads(options.model_name))
     loaded = load_for_apply(path, spec, options)
     fits = spec.uses_data
     model_path = fits and _can_fit(loaded, options)

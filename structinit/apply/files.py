@@ -35,6 +35,7 @@ from structinit.init.checkpoints import (
     safetensors_dict,
     save_checkpoint,
 )
+from structinit.init.layouts import heads_unknown
 
 #: File-name endings of checkpoints, kept after the method's name in a default output name.
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".tar", ".ckpt", ".safetensors", ".gz")
@@ -163,7 +164,10 @@ def load_for_apply(path: Union[str, os.PathLike], spec: InitSpec, options: Apply
         stat = None
     ckpt = load_checkpoint(path)
     det = ckpt.detected
-    heads = options.heads if options.heads is not None else det.heads  # the file's hints (HF config.json, timm arch)
+    heads = options.heads if options.heads is not None else _named_model_heads(options.model_name, det.dim)
+    heads = heads if heads is not None else det.heads  # the file's hints (HF config.json, timm arch)
+    if heads is None and det.heads_note is not None:  # a config.json that should tell them cannot be read
+        raise heads_unknown(det)
     if heads is None and det.layout.builder == "timm" and spec.uses_data:  # a named timm model tells its heads
         raise UsageError(f"the timm-vit checkpoint does not tell its number of heads; give it with {param('heads')} "
                          f"(it must divide dim {det.dim}), or name the timm model it holds with "
@@ -197,6 +201,21 @@ def load_for_apply(path: Union[str, os.PathLike], spec: InitSpec, options: Apply
     if folder is not None:
         plan["weights"] = str(weights_out)  # the weights file inside the output folder
     return LoadedCheckpoint(path, ckpt, views, target, stat, plan, folder)
+
+
+def _named_model_heads(model_name: Optional[str], dim: int) -> Optional[int]:
+    """The heads of the timm model ``model_name`` names (``None`` without one), refused when they
+    cannot be the checkpoint's (they do not divide its ``dim``): the model is then not the one it holds."""
+    if model_name is None:
+        return None
+    from structinit.apply.models import timm_heads
+
+    heads = timm_heads(model_name)
+    if dim % heads:
+        raise UsageError(f"{param('model_name')} {model_name} has {heads} heads, which do not divide the "
+                         f"checkpoint's dim {dim}: the checkpoint holds another model (name it, or give "
+                         f"{param('heads')})")
+    return heads
 
 
 def write_position_table(loaded: LoadedCheckpoint, scale: float) -> None:

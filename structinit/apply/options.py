@@ -15,6 +15,9 @@ from structinit.init.base import InitSpec
 
 #: What ``set_pe`` writes, and the scale it writes it at unless ``pe_scale`` says.
 PE_KINDS = ("sincos",)
+#: Datasets made in memory (scikit-learn's digits, the seeded synthetic bars): no ``data_dir`` is read
+#: for them, as ``train`` says too.
+FILELESS_DATASETS = ("digits", "synthetic")
 DEFAULT_PE_SCALE = 1.0
 
 
@@ -86,6 +89,8 @@ class ApplyOptions:
             if not fits:
                 raise UsageError(f"{param('data')} is for the {fitting_methods()} data fit; the {spec.method} "
                                  f"init does not use it{off}")
+        if self.data_dir is not None and isinstance(self.data, str) and self.data in FILELESS_DATASETS:
+            raise UsageError(f"{param('data_dir')} does not apply to the {self.data} dataset, which needs no files")
         needs_source = [name for name in ("samples", "data_dir") if getattr(self, name) is not None]
         if needs_source and self.data is None:
             raise UsageError(f"{', '.join(param(n) for n in needs_source)} "
@@ -94,6 +99,13 @@ class ApplyOptions:
         if builds and not fits:
             raise UsageError(f"{', '.join(param(n) for n in builds)} name the model the data fit runs through; the "
                              f"{spec.method} init does not fit{off}")
+        if self.heads is not None and (isinstance(self.heads, bool) or not isinstance(self.heads, int)
+                                       or self.heads < 1):
+            raise UsageError(f"{param('heads')} must be a positive integer, got {self.heads!r}")
+        for name in ("model_name", "config"):
+            value = getattr(self, name)
+            if value is not None and not str(value).strip():
+                raise UsageError(f"{param(name)} is empty; give a name, or leave it out")
         if self.samples is not None and (isinstance(self.samples, bool) or not isinstance(self.samples, int)
                                          or self.samples < 1):
             raise UsageError(f"{param('samples')} must be a positive integer, got {self.samples!r}")

@@ -228,7 +228,8 @@ def apply(
         raise UsageError("--samples and --init-param data_fit_samples both set how many inputs the fit reads; "
                          "give one of them")
     options = ApplyOptions(out=out, in_place=in_place, dry_run=dry_run, force=force, layers=layers, heads=heads,
-                           grid=parse_grid(grid=grid) if grid else None, set_pe=set_pe, pe_scale=pe_scale, seed=seed,
+                           grid=parse_grid(grid=grid) if grid is not None else None, set_pe=set_pe, pe_scale=pe_scale,
+                           seed=seed,
                            cache_dir=cache_dir, device=device, data=data, samples=samples, data_dir=data_dir,
                            model_name=model_name, config=str(config) if config is not None else None)
     with Progress(f"apply {method}", enabled=not json_out) as bar:

@@ -287,7 +287,7 @@ def _show_checkpoint(path: Path, heads: Optional[int], grid: Optional[str], json
     from structinit.geometry.grid import parse_grid
     from structinit.init.checkpoints import describe_checkpoint
 
-    desc = describe_checkpoint(path, heads=heads, grid=parse_grid(grid=grid) if grid else None)
+    desc = describe_checkpoint(path, heads=heads, grid=parse_grid(grid=grid) if grid is not None else None)
     if json_out:
         emit_json(desc)
     else:

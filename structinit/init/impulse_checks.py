@@ -4,6 +4,7 @@ and layers (:func:`check_artifact`) and its attention mask (:func:`check_causal`
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 from structinit.errors import UsageError, param
@@ -76,6 +77,13 @@ def check_impulse_params(spec) -> None:
         why = "data_fit is 0" if not spec.data_fit else "version 1 steps on the whole batch"
         raise UsageError(f"impulse parameter {param('data_fit_batch')} sets the images of a version-2 fit step, "
                          f"and {why}: leave it out")
+    if not spec.mimetic_vproj:
+        defaults = {f.name: f.default for f in dataclasses.fields(spec)}
+        unused = [name for name in ("alpha2", "beta2") if getattr(spec, name) != defaults[name]]
+        if unused:
+            raise UsageError(f"impulse parameter {', '.join(param(n) for n in unused)} "
+                             f"{'sets' if len(unused) == 1 else 'set'} the mimetic V/proj, which mimetic_vproj=false "
+                             "keeps as it is: give mimetic_vproj=true, or leave them out")
     check_choice("base", spec.base, BASES)
     check_subspace_params(spec)
     check_recipe(spec.recipe)
@@ -108,6 +116,9 @@ def check_subspace_params(spec) -> None:
     if spec.position_dims and not spec.position_subspace:
         raise UsageError(f"impulse parameter {param('position_dims')} sizes the position subspace, which is off: "
                          "give position_subspace=true, or leave position_dims out")
+    if spec.position_rest and not spec.position_subspace:
+        raise UsageError(f"impulse parameter {param('position_rest')} changes the position subspace, which is off: "
+                         "give position_subspace=true, or leave position_rest out")
     if spec.position_subspace:
         for other in ("fit_pe", "artifact"):
             if getattr(spec, other):
