@@ -280,3 +280,107 @@ def test_a_torch_file_named_safetensors_is_read_as_the_torch_file_it_is(cli, mad
             "--out", tmp_path / "o.pt", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["data_fit"]["source"].endswith("inputs.safetensors: the first 20 inputs")
+
+
+# --------------------------------------------------------------------------- non-finite and integer weights
+
+def diverged(made, folder, key, value, index=0):
+    """``plain.pt`` with ``value`` (inf, NaN) at flat ``index`` of tensor ``key``, saved in ``folder``."""
+    sd = torch.load(made / "plain.pt")
+    sd[key].view(-1)[index] = value
+    path = folder / f"diverged-{key}.pt"
+    torch.save(sd, path)
+    return path
+
+
+@pytest.mark.parametrize("key, value, bad", [
+    ("blocks.0.mlp.fc1.weight", float("inf"), "1 inf of its 16,384 values"),
+    ("patch_embed.proj.weight", float("nan"), "1 NaN of its 768 values"),
+])
+def test_a_checkpoint_with_a_non_finite_weight_is_refused_before_any_work(cli, made, tmp_path, cache_dir, key, value,
+                                                                          bad):
+    """Case 2: a diverged checkpoint (one inf in an MLP, a NaN in the patch embedding) is refused
+    naming the tensor and how many values, before any solve or fit: nothing is written or cached."""
+    path = diverged(made, tmp_path, key, value)
+    line = refused(cli("apply", path, "--heads", HEADS, "--out", tmp_path / "o.pt", "--json"))
+    assert line == (f"error: the checkpoint {path}: tensor {key} holds {bad}; an init reads finite weights "
+                    "only (a diverged run?), and nothing was written")
+    assert not (tmp_path / "o.pt").exists() and not any(cache_dir.rglob("*.safetensors"))
+
+
+def test_initialize_model_refuses_non_finite_weights_and_inputs(cache_dir):
+    from structinit.errors import UsageError
+    from structinit.init.initialize import initialize_model
+
+    model = timm_vit()
+    with torch.no_grad():
+        model.blocks[1].norm1.weight[3] = float("nan")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(UsageError, match=r"^the model: tensor blocks\.1\.norm1\.weight holds 1 NaN of its 64 values"):
+        initialize_model(model, "impulse", data_fit=2)
+    assert all(torch.equal(before[k], v, ) or k == "blocks.1.norm1.weight" for k, v in model.state_dict().items())
+    x = torch.randn(8, 3, 16, 16)
+    x[2, 0, 0, 0] = float("inf")
+    with pytest.raises(UsageError, match=r"^data holds 1 inf of its 6,144 values; give finite inputs$"):
+        initialize_model(timm_vit(), "impulse", data=x, data_fit=2)
+    assert not any(cache_dir.rglob("*-fit-*.safetensors"))
+
+
+def test_a_fit_that_produces_non_finite_values_fails_and_stores_nothing(cache_dir):
+    """Case 2: finite inputs that overflow the model (3e38) make the fit non-finite: it fails with
+    its own message, and no fitted artifact is cached."""
+    from structinit.errors import StructinitError
+    from structinit.init.initialize import initialize_model
+
+    x = torch.full((8, 3, 16, 16), 3e38)
+    with pytest.raises(StructinitError, match=r"^the data fit produced non-finite values \(q: .*nothing was stored "
+                                              r"or written$"):
+        initialize_model(timm_vit(), "impulse", data=x, data_fit=2)
+    assert not any(cache_dir.rglob("*-fit-*.safetensors"))
+
+
+def test_a_non_finite_artifact_in_the_cache_is_named_as_such_and_never_written(cache_dir):
+    """Case 2: an artifact holding NaN (with valid checksums) is reported as non-finite, not as
+    edited, and set aside; ``write_artifact`` refuses to write one."""
+    import numpy as np
+    from safetensors.numpy import load, save
+
+    from structinit.errors import ArtifactError
+    from structinit.init.initialize import initialize_model
+    from structinit.solver import artifact as art_module
+
+    report = initialize_model(timm_vit(), "impulse", data_fit=0)
+    path = art_module.Path(report["artifact"]["path"])
+    raw = path.read_bytes()
+    tensors = load(raw)
+    tensors["q"] = tensors["q"].copy()
+    tensors["q"][0, 0, 0, 0] = np.nan
+    meta = art_module._metadata(raw)
+    meta.pop("header_checksum")
+    meta["checksum"] = art_module._checksum(tensors)
+    meta["header_checksum"] = art_module._header_checksum(meta)
+    path.write_bytes(save(tensors, metadata=meta))
+    with pytest.raises(ArtifactError, match=r"its tensors hold values that are not finite \(q: 1 of "):
+        art_module.read_artifact(path)
+    with pytest.warns(UserWarning) as seen:
+        again = initialize_model(timm_vit(), "impulse", data_fit=0)
+    said = [str(w.message) for w in seen.list if "ignoring" in str(w.message)]
+    assert len(said) == 1 and "not finite (q: 1 of" in said[0] and "edited" not in said[0], said
+    assert again["artifact"]["cached"] is False and art_module.read_artifact(path).key == report["artifact"]["key"]
+    broken = art_module.read_artifact(path)
+    broken.q = broken.q.copy()
+    broken.q[0, 0, 0, 0] = np.inf
+    with pytest.raises(ArtifactError, match=r"not written: its tensors hold values that are not finite \(q: 1 of "):
+        art_module.write_artifact(broken, cache_dir / "x.safetensors")
+    assert not (cache_dir / "x.safetensors").exists()
+
+
+def test_an_integer_checkpoint_is_refused_naming_the_tensor_and_dtype(cli, made, tmp_path, cache_dir):
+    """Case 14: an int8 checkpoint is refused up front (not after a fit, as a misplaced write)."""
+    sd = {k: v.to(torch.int8) if v.is_floating_point() else v for k, v in torch.load(made / "plain.pt").items()}
+    torch.save(sd, tmp_path / "int8.pt")
+    line = refused(cli("apply", tmp_path / "int8.pt", "--heads", HEADS, "--out", tmp_path / "o.pt"))
+    assert line == (f"error: the checkpoint {tmp_path / 'int8.pt'}: tensor blocks.0.attn.qkv.weight is "
+                    "int8, not floating point (a quantized checkpoint?); an init writes float weights: give the float "
+                    "checkpoint")
+    assert not (tmp_path / "o.pt").exists() and not any(cache_dir.rglob("*.safetensors"))

@@ -35,6 +35,7 @@ from structinit.init.checkpoints import (
     safetensors_dict,
     save_checkpoint,
 )
+from structinit.init.finite import attention_keys, check_finite, check_float_weights, model_tensors
 from structinit.init.layouts import heads_unknown
 
 #: File-name endings of checkpoints, kept after the method's name in a default output name.
@@ -164,6 +165,10 @@ def load_for_apply(path: Union[str, os.PathLike], spec: InitSpec, options: Apply
         stat = None
     ckpt = load_checkpoint(path)
     det = ckpt.detected
+    for where, (_, sd) in zip(ckpt.where, ckpt.state_dicts):  # before any work: weights an init cannot take
+        label = f"the checkpoint {path}" + ("" if where.startswith("(") else f", {where}")  # "(top level)": no name
+        check_float_weights(((k, sd.get(k)) for k in attention_keys(det)), label)
+        check_finite(model_tensors(sd), label)
     heads = options.heads if options.heads is not None else _named_model_heads(options.model_name, det.dim)
     heads = heads if heads is not None else det.heads  # the file's hints (HF config.json, timm arch)
     if heads is None and det.heads_note is not None:  # a config.json that should tell them cannot be read

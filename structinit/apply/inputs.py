@@ -34,6 +34,7 @@ from typing import Optional, Union
 from structinit.atomic import NotRegularFile, regular_file
 from structinit.errors import StructinitError, UsageError, param
 from structinit.fit.inputs import FitInputs
+from structinit.init.finite import nonfinite_text
 
 #: Images whose standard deviation or mean magnitude exceeds these look unnormalized.
 MAX_STD, MAX_MEAN = 20.0, 10.0
@@ -205,7 +206,6 @@ def _file_inputs(path: Path, samples: int) -> FitInputs:
 
 def check_inputs(x, built, where: str = "the inputs") -> None:
     """Refuse inputs ``built``'s model cannot take as normalized inputs (see the module docstring)."""
-    import torch
 
     if x.dim() < 2 or int(x.shape[0]) < 1:
         raise UsageError(f"{param('data')} ({where}) must be a non-empty batch [B, ...], got shape {list(x.shape)}")
@@ -227,8 +227,9 @@ def check_inputs(x, built, where: str = "the inputs") -> None:
         got = (1, *got)
     if got != want:
         raise UsageError(f"{param('data')} ({where}) has inputs of shape {list(got)}; the model takes {list(want)}")
-    if not bool(torch.isfinite(x).all()):
-        raise UsageError(f"{param('data')} ({where}) holds values that are not finite")
+    bad = nonfinite_text(x)
+    if bad:
+        raise UsageError(f"{param('data')} ({where}) holds {bad} of its {x.numel():,} values; give finite inputs")
     mean, std = float(x.float().mean()), float(x.float().std()) if x.numel() > 1 else 0.0
     if std > MAX_STD or abs(mean) > MAX_MEAN:
         raise UsageError(f"{param('data')} ({where}) does not look normalized (mean {mean:.3g}, std {std:.3g}); give "

@@ -116,6 +116,19 @@ def _header_checksum(meta: Dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def nonfinite_tensors(tensors: Dict[str, np.ndarray]) -> str:
+    """``""`` when every value of ``tensors`` is finite, else which tensors hold how many that are
+    not, in words (``"q: 8,192 of 65,536"``)."""
+    bad = []
+    for name, t in tensors.items():
+        arr = np.asarray(t)
+        if arr.dtype.kind in "fc":
+            count = int(arr.size - np.count_nonzero(np.isfinite(arr)))
+            if count:
+                bad.append(f"{name}: {count:,} of {arr.size:,}")
+    return "; ".join(bad)
+
+
 def write_artifact(artifact: Artifact, path: Path) -> Path:
     """Write ``artifact`` to ``path`` atomically (temp file in the same folder, fsync, ``os.replace``).
 
@@ -125,6 +138,9 @@ def write_artifact(artifact: Artifact, path: Path) -> Path:
 
     path = Path(path)
     tensors = artifact.tensors()
+    bad = nonfinite_tensors(tensors)
+    if bad:
+        raise ArtifactError(f"{path}: not written: its tensors hold values that are not finite ({bad})")
     meta = {
         "format": FORMAT,
         "config": artifact.config.canonical_json(),
@@ -193,6 +209,10 @@ def read_artifact(path: Path) -> Artifact:
     for name, shape in expect.items():
         if tuple(tensors[name].shape) != shape:
             raise ArtifactError(f"{path}: tensor {name} has shape {tuple(tensors[name].shape)}, expected {shape}")
+    bad = nonfinite_tensors(tensors)
+    if bad:
+        raise ArtifactError(f"{path}: its tensors hold values that are not finite ({bad}): a solve or fit that "
+                            "diverged, not one to use")
     return Artifact(config=config, q=tensors["q"], k=tensors["k"], offsets=tensors["offsets"],
                     pseudo_input=tensors["pseudo_input"], pseudo_input_rest=tensors.get("pseudo_input_rest"),
                     stats=stats, path=path, version=meta.get("version", "?"), fit=fit)
