@@ -384,3 +384,63 @@ def test_an_integer_checkpoint_is_refused_naming_the_tensor_and_dtype(cli, made,
                     "int8, not floating point (a quantized checkpoint?); an init writes float weights: give the float "
                     "checkpoint")
     assert not (tmp_path / "o.pt").exists() and not any(cache_dir.rglob("*.safetensors"))
+
+
+# --------------------------------------------------------------------------- artifacts, given and cached
+
+def test_a_missing_artifact_is_refused_by_a_dry_run_as_by_the_real_run(cli, made, tmp_path):
+    """Case 17: ``--artifact missing.safetensors --dry-run`` fails as the run would, before any plan."""
+    want = ("error: --artifact missing.safetensors: no such file, and no cached artifact has that key (list them "
+            "with `structinit inspect`)")
+    for dry in (["--dry-run"], []):
+        r = cli("apply", made / "plain.pt", "--heads", HEADS, "--artifact", "missing.safetensors", *dry,
+                "--out", tmp_path / "o.pt")
+        assert refused(r) == want
+    assert not (tmp_path / "o.pt").exists()
+
+
+def test_a_fitted_artifact_of_other_weights_is_refused_and_one_of_these_is_written_as_given(cli, made, tmp_path,
+                                                                                             cache_dir):
+    """Case 17: ``apply other.pt --artifact FIT`` with FIT fitted through plain.pt's weights is
+    refused (it does not belong to them); on plain.pt it is written as given, no fit run, and the
+    report says so."""
+    first = cli("apply", made / "plain.pt", "--heads", HEADS, *QUICK, "--out", tmp_path / "a.pt", "--json")
+    assert first.returncode == 0, first.stderr
+    fit = json.loads(first.stdout)["data_fit"]["artifact"]["path"]
+    torch.save(timm_vit(seed=5).state_dict(), tmp_path / "other.pt")
+    line = refused(cli("apply", tmp_path / "other.pt", "--heads", HEADS, "--artifact", fit, "--out", tmp_path / "b.pt"))
+    assert line.startswith(f"error: the --artifact {fit} was fitted through other weights (digest ") \
+        and line.endswith("its Q/K do not belong to them; leave artifact out to fit them here"), line
+    assert not (tmp_path / "b.pt").exists()
+    fits = sorted(cache_dir.glob("*-fit-*"))
+    again = cli("apply", made / "plain.pt", "--heads", HEADS, "--artifact", fit, "--out", tmp_path / "c.pt")
+    assert again.returncode == 0, again.stderr
+    assert sorted(cache_dir.glob("*-fit-*")) == fits and "no data given" not in again.stderr  # no fit ran
+    assert ", the given --artifact)" in again.stdout
+    assert torch.equal(load_sd(tmp_path / "c.pt")["blocks.1.attn.qkv.weight"],
+                       load_sd(tmp_path / "a.pt")["blocks.1.attn.qkv.weight"])
+
+
+def test_solve_json_keeps_the_warning_about_a_corrupt_artifact(cli, cache_dir):
+    """Case 17: ``solve --json`` says on stderr that it set a corrupt cached artifact aside, once."""
+    args = ("solve", "--tokens", "16", "--dim", "32", "--heads", "2")
+    assert cli(*args).returncode == 0
+    (path,) = cache_dir.glob("*.safetensors")
+    path.write_bytes(b"garbage")
+    for extra in (["--json"], []):
+        r = cli(*args, *extra)
+        assert r.returncode == 0, r.stderr
+        warned = [line for line in r.stderr.splitlines() if line.startswith("warning: ignoring corrupt artifact")]
+        assert len(warned) == 1 and str(path) in warned[0], r.stderr
+        path.write_bytes(b"garbage")
+
+
+def test_a_learned_embedding_takes_the_subspace_table_with_the_plain_solve(cli, made, tmp_path):
+    """Case 17: ``--data-fit 0 -p position_subspace=true`` on a learned position embedding is not
+    refused with advice the subspace refuses (fit_pe) or overwrites (set_pe): the subspace writes
+    its own table, as on a model."""
+    r = cli("apply", made / "learned.pth", "--heads", HEADS, "--data-fit", "0", "-p", "position_subspace=true",
+            "--out", tmp_path / "o.pt", "--json")
+    assert r.returncode == 0, r.stderr
+    before, after = torch.load(made / "learned.pth")["pos_embed"], load_sd(tmp_path / "o.pt")["pos_embed"]
+    assert not torch.equal(before, after) and json.loads(r.stdout)["params"]["position_subspace"] is True

@@ -202,7 +202,8 @@ def load_for_apply(path: Union[str, os.PathLike], spec: InitSpec, options: Apply
     if options.set_pe:
         plan["pos_embed_replaced"] = det.pos_key
     if first.grid is not None:
-        spec.check_shape(first.grid, first.dim, first.heads, first.depth, options.seed)  # refuses bad settings first
+        spec.check_shape(first.grid, first.dim, first.heads, first.depth, options.seed,  # refuses bad settings first
+                         cache_dir=options.cache_dir)
     if folder is not None:
         plan["weights"] = str(weights_out)  # the weights file inside the output folder
     return LoadedCheckpoint(path, ckpt, views, target, stat, plan, folder)

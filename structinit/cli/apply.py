@@ -316,7 +316,8 @@ def format_report(r: dict) -> str:
         lines.append(f"  position embedding {r['pos_embed_replaced']}: {r['set_pe']} x{r['pe_scale']:g}")
     fit = r.get("data_fit")
     if isinstance(fit, dict) and fit.get("layers"):
-        cached = ", read from the cache" if (fit.get("artifact") or {}).get("cached") else ""
+        art = fit.get("artifact") or {}
+        cached = ", read from the cache" if art.get("cached") else ", the given --artifact" if art.get("given") else ""
         lines.append(f"  Q/K fitted through {r.get('model') or 'the model'} on {fit.get('source')} "
                      f"({fit.get('seconds', 0):.1f}s{cached})")
         rows = fit["layers"]

@@ -256,10 +256,16 @@ class ImpulseInit(InitSpec):
                 raise UsageError(f"impulse parameter {param('data_fit')} fits q and k as linear maps; layer {i} "
                                  "normalizes them (q_norm/k_norm)")
 
-    def check_shape(self, grid, dim: int, heads: int, depth: int, seed: int = 0) -> None:
-        """A solve's settings for this shape (refused by :meth:`solve_config`); none for a given artifact."""
+    def check_shape(self, grid, dim: int, heads: int, depth: int, seed: int = 0, cache_dir=None) -> None:
+        """A solve's settings for this shape (refused by :meth:`solve_config`); a given artifact is
+        read (a missing or damaged one refused, as the write would) and checked to fit the shape."""
         if self.artifact is None:
             self.solve_config(grid, dim, heads, depth, seed)
+            return
+        from structinit.init.impulse_checks import check_artifact
+        from structinit.solver.cache import resolve_artifact
+
+        check_artifact(resolve_artifact(self.artifact, cache_dir), grid, dim, heads, [0])
 
     def check_pos_embed(self, target, art=None) -> None:
         """See :func:`structinit.init.impulse_solve.check_pos_embed`."""
