@@ -444,3 +444,49 @@ def test_a_learned_embedding_takes_the_subspace_table_with_the_plain_solve(cli, 
     assert r.returncode == 0, r.stderr
     before, after = torch.load(made / "learned.pth")["pos_embed"], load_sd(tmp_path / "o.pt")["pos_embed"]
     assert not torch.equal(before, after) and json.loads(r.stdout)["params"]["position_subspace"] is True
+
+
+def rewritten(path, edit):
+    """The artifact at ``path`` with ``edit(tensors)`` applied and both checksums made again (what
+    structinit's own writer would make of the edited tensors): whole and consistent as a file."""
+    from safetensors.numpy import load, save
+
+    from structinit.solver import artifact as art_module
+
+    raw = path.read_bytes()
+    tensors = {k: v.copy() for k, v in load(raw).items()}
+    edit(tensors)
+    meta = art_module._metadata(raw)
+    meta.pop("header_checksum", None)
+    meta["checksum"] = art_module._checksum(tensors)
+    meta["header_checksum"] = art_module._header_checksum(meta)
+    return save(tensors, metadata=meta)
+
+
+def scale_head(tensors):
+    tensors["q"][0, 2] *= 1.01
+
+
+def swap_heads(tensors):
+    for name in ("q", "k"):
+        tensors[name][0, [0, 1]] = tensors[name][0, [1, 0]]
+
+
+@pytest.mark.parametrize("edit, head", [(scale_head, 2), (swap_heads, 0)])
+def test_a_per_head_edit_of_an_artifact_is_caught(cache_dir, edit, head):
+    """Case 7: one head's Q scaled by 1.01, or two heads' Q/K swapped, written with valid checksums:
+    the content check compares every head's target mass with its stats, not only the layer mean."""
+    from structinit.errors import ArtifactError
+    from structinit.solver.artifact import read_artifact
+    from structinit.solver.cache import resolve_artifact
+    from structinit.solver.config import SolveConfig
+    from structinit.solver.run import solve
+
+    config = SolveConfig(grid=(8, 8), dim=DIM, heads=HEADS, filter=3, layers=1, seed=0)
+    path = solve(config, cache_dir=cache_dir, force=True).artifact.path  # solved into the user cache, not shipped
+    assert path.parent == cache_dir
+    path.write_bytes(rewritten(path, edit))
+    read_artifact(path)  # whole and consistent as a file
+    with pytest.raises(ArtifactError, match=rf"its Q/K give head {head} of layer 0 a target mass of .* the tensors are "
+                                            "not the ones that were solved"):
+        resolve_artifact(path)

@@ -24,7 +24,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Dict, Optional
+from typing import IO, TYPE_CHECKING, Any, Dict, List, Optional
 
 import numpy as np
 
@@ -254,10 +254,16 @@ STATS_TOLERANCE = 1e-3
 
 def target_mass(x: np.ndarray, q: np.ndarray, k: np.ndarray, columns: np.ndarray,
                 mask: Optional[np.ndarray] = None) -> float:
-    """The mean over heads of the attention ``softmax(x q_h (x k_h)^T / sqrt(d))`` on each row's
-    target column (rows with a target only), as :func:`structinit.analysis.quality.measure` gives
-    it, in NumPy (a cache hit imports no torch), row chunk by row chunk. ``x: [N, D]``,
-    ``q, k: [H, D, d]``, ``columns: [H, N]``, ``mask``: bool ``[N, N]`` or ``None``."""
+    """The mean over heads of :func:`head_target_masses`."""
+    return float(np.mean(head_target_masses(x, q, k, columns, mask)))
+
+
+def head_target_masses(x: np.ndarray, q: np.ndarray, k: np.ndarray, columns: np.ndarray,
+                       mask: Optional[np.ndarray] = None) -> List[float]:
+    """Per head, the attention ``softmax(x q_h (x k_h)^T / sqrt(d))`` on each row's target column
+    (rows with a target only), as :func:`structinit.analysis.quality.measure` gives it, in NumPy (a
+    cache hit imports no torch), row chunk by row chunk. ``x: [N, D]``, ``q, k: [H, D, d]``,
+    ``columns: [H, N]``, ``mask``: bool ``[N, N]`` or ``None``."""
     n = x.shape[0]
     step = max(1, min(n, 2 ** 22 // max(n, 1)))
     masses = []
@@ -277,12 +283,13 @@ def target_mass(x: np.ndarray, q: np.ndarray, k: np.ndarray, columns: np.ndarray
             rows = np.nonzero(c >= 0)[0]
             on += float(attn[rows, c[rows]].astype(np.float64).sum())
         masses.append(on / max(int((cols >= 0).sum()), 1))
-    return float(np.mean(masses))
+    return masses
 
 
 def check_stats(art: Artifact) -> None:
     """Raise :class:`ArtifactError` unless ``art``'s Q/K give, on its own pseudo input, the target
-    mass its ``stats`` record for every layer (the mean over heads, within :data:`STATS_TOLERANCE`).
+    mass its ``stats`` record for every head of every layer (within :data:`STATS_TOLERANCE`): one
+    head scaled, or two heads swapped, is caught, not only a change of a layer's mean.
 
     The checksums say that a file is as it was written, not that a solve or a fit wrote it: Q/K
     scaled by hand with both checksums made again pass them. Such an artifact would be written into
@@ -298,17 +305,21 @@ def check_stats(art: Artifact) -> None:
     mask = causal_mask(c.grid, c.causal)
     for layer in range(art.depth):
         try:
-            want = float(np.mean([float(head["target_mass"]) for head in recorded[layer]]))
+            wants = [float(head["target_mass"]) for head in recorded[layer]]
         except (TypeError, KeyError, ValueError):
             raise ArtifactError(f"{art.path}: its stats of layer {layer} hold no target mass per head") from None
+        if len(wants) != c.heads:
+            raise ArtifactError(f"{art.path}: its stats of layer {layer} record {len(wants)} head(s), its Q/K hold "
+                                f"{c.heads}")
         columns = impulse_columns(c.grid, art.offsets[layer], c.padding)
         # a fit of a one-layer solve measured every layer on that layer's input (fit.artifact.run_fit)
         x = art.layer_input(0 if c.layers == 1 else layer)
-        got = target_mass(x, art.q[layer], art.k[layer], columns, mask)
-        if not abs(got - want) <= STATS_TOLERANCE:
-            raise ArtifactError(f"{art.path}: its Q/K give layer {layer} a target mass of {got:.3f} on its own pseudo "
-                                f"input, and its stats record {want:.3f}: the tensors are not the ones that were "
-                                "solved (edited, with its checksums made again)")
+        gots = head_target_masses(x, art.q[layer], art.k[layer], columns, mask)
+        for head, (got, want) in enumerate(zip(gots, wants)):
+            if not abs(got - want) <= STATS_TOLERANCE:
+                raise ArtifactError(f"{art.path}: its Q/K give head {head} of layer {layer} a target mass of {got:.3f} "
+                                    f"on its own pseudo input, and its stats record {want:.3f}: the tensors are not "
+                                    "the ones that were solved (edited, with its checksums made again)")
 
 
 def _metadata(raw: bytes) -> Dict[str, str]:
