@@ -490,3 +490,31 @@ def test_a_per_head_edit_of_an_artifact_is_caught(cache_dir, edit, head):
     with pytest.raises(ArtifactError, match=rf"its Q/K give head {head} of layer 0 a target mass of .* the tensors are "
                                             "not the ones that were solved"):
         resolve_artifact(path)
+
+
+# --------------------------------------------------------------------------- what the position subspace cannot keep
+
+def test_the_subspace_is_refused_where_it_would_change_what_the_user_keeps(cli, made, tmp_path):
+    """Case 5: ``--no-mimetic-vproj`` promises the checkpoint's V/proj, and ``--layers 1`` layer 0
+    and the embeddings it reads; the position subspace rewrites both, so it is refused with them."""
+    args = ("apply", made / "plain.pt", "--heads", HEADS, "-p", "position_subspace=true", "--out", tmp_path / "o.pt")
+    assert refused(cli(*args, "--no-mimetic-vproj")) == (
+        "error: impulse parameter position_subspace projects every layer's output projection out of its directions, "
+        "which mimetic_vproj=false would keep as it is: give one of them")
+    assert refused(cli(*args, "--layers", "1")) == (
+        "error: impulse parameter position_subspace writes the position table into the embedding every layer reads "
+        "and keeps each layer's writes out of it, so the layers --layers leaves out would change too: select every "
+        "layer, or leave position_subspace out")
+    assert not (tmp_path / "o.pt").exists()
+
+
+def test_no_mimetic_vproj_and_a_layer_selection_keep_what_they_promise(cli, made, tmp_path):
+    """Case 5, what is kept: with ``--no-mimetic-vproj --layers 1`` every tensor but layer 1's Q/K
+    is the checkpoint's, bit for bit (patch and position embedding included)."""
+    r = cli("apply", made / "plain.pt", "--heads", HEADS, *QUICK, "--no-mimetic-vproj", "--layers", "1",
+            "--out", tmp_path / "o.pt")
+    assert r.returncode == 0, r.stderr
+    before, after = torch.load(made / "plain.pt"), load_sd(tmp_path / "o.pt")
+    changed = sorted(k for k in before if not torch.equal(before[k], after[k]))
+    assert changed == ["blocks.1.attn.qkv.weight"]  # its bias was zero, and stays so
+    assert torch.equal(before["blocks.1.attn.qkv.weight"][2 * DIM:], after["blocks.1.attn.qkv.weight"][2 * DIM:])

@@ -231,11 +231,17 @@ class ImpulseInit(InitSpec):
     def check_target(self, target) -> None:
         """A decoder that masks later tokens (GPT-2) needs causal offsets; a model known to attend
         both ways (BERT) must not get them (they were solved under a mask it does not apply). An
-        artifact given by path or key is checked once it is read (in :meth:`prepare`)."""
+        artifact given by path or key is checked once it is read (in :meth:`prepare`). The position
+        subspace rewrites the embeddings every layer reads: it needs every layer selected."""
         if self.artifact is None:
             check_causal(target, self.causal)
         elif hasattr(self.artifact, "config"):
             check_causal(target, self.artifact.config.causal)
+        if self.position_subspace and len(target.layers) != target.depth:
+            raise UsageError(f"impulse parameter {param('position_subspace')} writes the position table into the "
+                             "embedding every layer reads and keeps each layer's writes out of it, so the layers "
+                             f"{param('layers')} leaves out would change too: select every layer, or leave "
+                             "position_subspace out")
 
     def check_data_target(self, target) -> None:
         """``data_fit`` on a batch needs a model (it runs the inputs through it) whose q and k are
