@@ -518,3 +518,19 @@ def test_no_mimetic_vproj_and_a_layer_selection_keep_what_they_promise(cli, made
     changed = sorted(k for k in before if not torch.equal(before[k], after[k]))
     assert changed == ["blocks.1.attn.qkv.weight"]  # its bias was zero, and stays so
     assert torch.equal(before["blocks.1.attn.qkv.weight"][2 * DIM:], after["blocks.1.attn.qkv.weight"][2 * DIM:])
+
+
+def test_a_hugging_face_folder_with_two_weights_files_is_refused(cli, tmp_path):
+    """Case 6: a folder holding model.safetensors and pytorch_model.bin would have one initialized
+    and the other copied beside it, stale: refused, saying why; nothing is written."""
+    folder = hf_vit_folder(tmp_path / "vit", json.dumps({"num_attention_heads": 2, "hidden_size": 8}).encode())
+    import safetensors.torch
+
+    torch.save(safetensors.torch.load_file(str(folder / "model.safetensors")), folder / "pytorch_model.bin")
+    line = refused(cli("apply", folder, "--method", "mimetic", "--out", tmp_path / "out"))
+    assert line == (f"error: {folder} holds both model.safetensors and pytorch_model.bin; structinit initializes one "
+                    "weights file, and the other would be copied beside it unchanged (from_pretrained reads "
+                    "model.safetensors first): remove the one the model does not use, or give its file")
+    assert not (tmp_path / "out").exists()
+    (folder / "pytorch_model.bin").unlink()
+    assert cli("apply", folder, "--method", "mimetic", "--out", tmp_path / "out").returncode == 0

@@ -60,14 +60,20 @@ def hf_folder(folder: Path) -> Path:
     """The weights file of the Hugging Face folder ``folder`` (as ``save_pretrained`` writes it:
     ``config.json`` and ``model.safetensors`` or ``pytorch_model.bin``). Raises
     :class:`~structinit.init.checkpoints.CheckpointNotFound` for a folder that is not one (no
-    config.json, no weights file) and :class:`UsageError` for weights split into shards."""
+    config.json, no weights file) and :class:`UsageError` for weights split into shards, or held
+    twice (``model.safetensors`` and ``pytorch_model.bin``: one would be written, the other left stale)."""
     from structinit.init.checkpoints import CheckpointNotFound
 
     sharded = [f"{name}.index.json" for name in HF_WEIGHTS if (folder / f"{name}.index.json").exists()]
     if sharded:
         raise UsageError(f"{folder}: its weights are split into shards ({sharded[0]}); structinit reads one weights "
                          "file: save the model with save_pretrained(..., max_shard_size=\"100GB\") first")
-    found = next((folder / name for name in HF_WEIGHTS if (folder / name).exists()), None)
+    present = [folder / name for name in HF_WEIGHTS if (folder / name).exists()]
+    if len(present) > 1 and (folder / HF_CONFIG).exists():  # one would be initialized, the other copied stale
+        raise UsageError(f"{folder} holds both {' and '.join(HF_WEIGHTS)}; structinit initializes one weights "
+                         f"file, and the other would be copied beside it unchanged (from_pretrained reads "
+                         f"{HF_WEIGHTS[0]} first): remove the one the model does not use, or give its file")
+    found = present[0] if present else None
     if found is None or not (folder / HF_CONFIG).exists():
         raise CheckpointNotFound(f"{folder}: is a folder; give the checkpoint file inside it (a Hugging Face folder "
                                  f"holds config.json and {' or '.join(HF_WEIGHTS)})")
