@@ -534,3 +534,18 @@ def test_a_hugging_face_folder_with_two_weights_files_is_refused(cli, tmp_path):
     assert not (tmp_path / "out").exists()
     (folder / "pytorch_model.bin").unlink()
     assert cli("apply", folder, "--method", "mimetic", "--out", tmp_path / "out").returncode == 0
+
+
+def test_a_grid_file_that_is_a_device_or_a_fifo_is_named_for_what_it_is(cli, tmp_path):
+    """Case 17: ``bench grid /dev/zero`` and a FIFO named ``.toml`` are not said not to exist, and
+    neither is read (the FIFO answers any reader, so a read fails the assertion instead of hanging)."""
+    from conftest import feeding_fifo
+
+    line = refused(cli("bench", "grid", "/dev/zero"))
+    assert line == "error: grid file /dev/zero: a character device, not a regular file"
+    fifo = tmp_path / "g.toml"
+    with feeding_fifo(fifo, b'name = "x"\n'):
+        line = refused(cli("bench", "grid", fifo))
+    assert line == f"error: grid file {fifo}: a FIFO (named pipe), not a regular file"
+    line = refused(cli("bench", "grid", tmp_path / "none.toml"))
+    assert line == f"error: grid file {tmp_path / 'none.toml'} does not exist"

@@ -121,8 +121,8 @@ def check_subspace_params(spec) -> None:
                          "give position_subspace=true, or leave position_rest out")
     if spec.position_subspace and not spec.mimetic_vproj:
         raise UsageError(f"impulse parameter {param('position_subspace')} projects every layer's output projection "
-                         f"out of its directions, which {param('mimetic_vproj')}=false would keep as it is: give one of "
-                         "them")
+                         f"out of its directions, which {param('mimetic_vproj')}=false would keep as it is: give one "
+                         "of them")
     if spec.position_subspace:
         for other in ("fit_pe", "artifact"):
             if getattr(spec, other):
