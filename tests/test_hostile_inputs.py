@@ -549,3 +549,18 @@ def test_a_grid_file_that_is_a_device_or_a_fifo_is_named_for_what_it_is(cli, tmp
     assert line == f"error: grid file {fifo}: a FIFO (named pipe), not a regular file"
     line = refused(cli("bench", "grid", tmp_path / "none.toml"))
     assert line == f"error: grid file {tmp_path / 'none.toml'} does not exist"
+
+
+def test_an_attention_masks_minus_inf_is_no_divergence_but_a_nan_in_it_is():
+    from structinit.errors import UsageError
+    from structinit.init.finite import check_finite
+
+    mask = torch.triu(torch.full((4, 4), float("-inf")), diagonal=1)
+    check_finite([("blocks.0.attn.mask", mask), ("w", torch.ones(2))], "the model")
+    for bad in (float("nan"), float("inf")):
+        broken = mask.clone()
+        broken[0, 0] = bad
+        with pytest.raises(UsageError, match="tensor blocks.0.attn.mask holds"):
+            check_finite([("blocks.0.attn.mask", broken)], "the model")
+    with pytest.raises(UsageError, match=r"^the model: tensor w holds 1 inf of its 2 values"):
+        check_finite([("w", torch.tensor([1.0, float("-inf")]))], "the model")

@@ -30,11 +30,15 @@ def nonfinite_text(t: Any) -> str:
 
 def check_finite(named: Iterable[Tuple[str, Any]], where: str) -> None:
     """Raise :class:`UsageError` for the first tensor of ``named`` (``(name, tensor)`` pairs, in
-    ``where``, words such as "the checkpoint") holding a value that is not finite."""
+    ``where``, words such as "the checkpoint") holding a value that is not finite; a tensor named
+    as a mask may hold ``-inf`` (an attention mask's blocked entries)."""
     import torch
 
     for name, t in named:
         bad = nonfinite_text(t)
+        if bad and "mask" in name.lower() and bad.endswith(" inf") and " NaN" not in bad \
+                and not bool((torch.as_tensor(t) == float("inf")).any()):
+            continue  # an attention mask's -inf entries (a buffer, not a weight)
         if bad:
             raise UsageError(f"{where}: tensor {name} holds {bad} of its {torch.as_tensor(t).numel():,} values; an "
                              "init reads finite weights only (a diverged run?), and nothing was written")
