@@ -212,7 +212,7 @@ def apply(
     """
     from structinit.apply.checkpoint import apply_checkpoint
     from structinit.apply.options import ApplyOptions
-    from structinit.errors import Notice, UsageError
+    from structinit.errors import Notice
     from structinit.geometry.grid import parse_grid
     from structinit.init.registry import parse_assignments
     from structinit.runtime import use_threads
@@ -222,16 +222,11 @@ def apply(
         "--filter": filter_size, "--recipe": recipe, "--target-mass": target_mass,
         "--recipe-param": parse_assignments(recipe_param, "recipe_params") or None, "--artifact": artifact,
         "--share": share, "--offsets": offsets, "--mimetic-vproj": mimetic_vproj, "--fit-pe": fit_pe,
-        "--causal": causal, "--padding": padding, "--data-fit": data_fit})
-    if samples is not None and any(i.partition("=")[0].strip().replace("-", "_") == "data_fit_samples"
-                                   for i in init_param):
-        raise UsageError("--samples and --init-param data_fit_samples both set how many inputs the fit reads; "
-                         "give one of them")
+        "--causal": causal, "--padding": padding, "--data-fit": data_fit}, samples=samples)
     options = ApplyOptions(out=out, in_place=in_place, dry_run=dry_run, force=force, layers=layers, heads=heads,
                            grid=parse_grid(grid=grid) if grid is not None else None, set_pe=set_pe, pe_scale=pe_scale,
-                           seed=seed,
-                           cache_dir=cache_dir, device=device, data=data, samples=samples, data_dir=data_dir,
-                           model_name=model_name, config=str(config) if config is not None else None)
+                           seed=seed, cache_dir=cache_dir, device=device, data=data, samples=samples,
+                           data_dir=data_dir, model_name=model_name, config=str(config) if config is not None else None)
     with Progress(f"apply {method}", enabled=not json_out) as bar:
         def log(message: str) -> None:
             if isinstance(message, Notice):  # the fit's estimated time, a wait for another process: always shown
@@ -248,10 +243,11 @@ def apply(
     typer.echo(format_verbose(report) if verbose else format_report(report))
 
 
-def method_spec(method: str, init_param: List[str], flags: dict):
+def method_spec(method: str, init_param: List[str], flags: dict, samples: Optional[int] = None):
     """The spec of ``method`` from ``--init-param`` and the :data:`METHOD_FLAGS` given (``flags``:
     flag -> value, ``None`` where not given); such a flag with another method than the default is
-    refused naming it."""
+    refused naming it, and so is a value given twice (a flag and ``--init-param``; ``--samples``
+    and ``data_fit_samples``)."""
     from structinit.errors import UsageError
     from structinit.init.registry import init_spec, parse_assignments, parse_init
 
@@ -266,6 +262,9 @@ def method_spec(method: str, init_param: List[str], flags: dict):
         if name in assigned:
             text = next(i for i in init_param if i.partition("=")[0].strip().replace("-", "_") == name)
             raise UsageError(f"{_flag_text(flag, value)} and --init-param {text} both set {name}; give one of them")
+    if samples is not None and "data_fit_samples" in assigned:
+        raise UsageError("--samples and --init-param data_fit_samples both set how many inputs the fit reads; "
+                         "give one of them")
     spec = parse_init(method, init_param)
     return init_spec(spec, **{METHOD_FLAGS[flag]: value for flag, value in given.items()}) if given else spec
 

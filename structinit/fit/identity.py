@@ -137,18 +137,16 @@ def fit_identity(settings, target: FitTarget, plain, inputs, seed: int) -> Dict[
             **inputs.identity(), "fit": settings.identity()}
 
 
-def check_fitted_to(art, target: FitTarget) -> None:
+def check_fitted_to(art, target: FitTarget, shape) -> None:
     """Refuse (:class:`~structinit.errors.UsageError`) the fitted artifact ``art`` when its fit ran
     through other weights than ``target``'s model has: its Q/K were fitted to what those weights give
-    each layer, not to what these give. A model whose input shape is not known (token ids) is not
-    checked."""
+    each layer, not to what these give. ``shape``: one input's shape, for a probe of zeros; a model
+    whose input shape is not known (``None``: token ids) is not checked."""
     import torch
 
     from structinit.errors import UsageError, param
-    from structinit.fit.inputs import model_input_shape
 
     model, identity = target.model, art.fit["identity"]
-    shape = model_input_shape(model)
     if model is None or shape is None:
         return
     last = projection_module(model, target.det.slots[min(max(identity["layers"]), target.depth - 1)].q.key)

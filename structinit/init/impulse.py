@@ -16,7 +16,12 @@ from structinit.errors import UsageError, param
 from structinit.fit.settings import FIT_DEFAULTS as _FIT
 from structinit.fit.settings import FitSettings
 from structinit.init.base import InitSpec, InitWarning, register
-from structinit.init.impulse_checks import check_causal, check_impulse_params
+from structinit.init.impulse_checks import (
+    check_causal,
+    check_given_artifact,
+    check_impulse_params,
+    check_subspace_layers,
+)
 from structinit.init.mimetic import vproj_keys
 from structinit.solver.recipes import (
     DEFAULT_FILTER,
@@ -231,17 +236,12 @@ class ImpulseInit(InitSpec):
     def check_target(self, target) -> None:
         """A decoder that masks later tokens (GPT-2) needs causal offsets; a model known to attend
         both ways (BERT) must not get them (they were solved under a mask it does not apply). An
-        artifact given by path or key is checked once it is read (in :meth:`prepare`). The position
-        subspace rewrites the embeddings every layer reads: it needs every layer selected."""
+        artifact given by path or key is checked once it is read (in :meth:`prepare`)."""
         if self.artifact is None:
             check_causal(target, self.causal)
         elif hasattr(self.artifact, "config"):
             check_causal(target, self.artifact.config.causal)
-        if self.position_subspace and len(target.layers) != target.depth:
-            raise UsageError(f"impulse parameter {param('position_subspace')} writes the position table into the "
-                             "embedding every layer reads and keeps each layer's writes out of it, so the layers "
-                             f"{param('layers')} leaves out would change too: select every layer, or leave "
-                             "position_subspace out")
+        check_subspace_layers(self, target)
 
     def check_data_target(self, target) -> None:
         """``data_fit`` on a batch needs a model (it runs the inputs through it) whose q and k are
@@ -263,15 +263,11 @@ class ImpulseInit(InitSpec):
                                  "normalizes them (q_norm/k_norm)")
 
     def check_shape(self, grid, dim: int, heads: int, depth: int, seed: int = 0, cache_dir=None) -> None:
-        """A solve's settings for this shape (refused by :meth:`solve_config`); a given artifact is
-        read (a missing or damaged one refused, as the write would) and checked to fit the shape."""
+        """A solve's settings for this shape (refused by :meth:`solve_config`), or the given artifact."""
         if self.artifact is None:
             self.solve_config(grid, dim, heads, depth, seed)
-            return
-        from structinit.init.impulse_checks import check_artifact
-        from structinit.solver.cache import resolve_artifact
-
-        check_artifact(resolve_artifact(self.artifact, cache_dir), grid, dim, heads, [0])
+        else:
+            check_given_artifact(self.artifact, cache_dir, grid, dim, heads)
 
     def check_pos_embed(self, target, art=None) -> None:
         """See :func:`structinit.init.impulse_solve.check_pos_embed`."""

@@ -37,6 +37,24 @@ def check_artifact(artifact, grid: Grid, dim: int, heads: int, layers: Sequence[
         raise UsageError(f"the {param('artifact')} has {c.layers} layers but layer {max(layers)} was asked for")
 
 
+def check_given_artifact(artifact, cache_dir, grid: Grid, dim: int, heads: int) -> None:
+    """Read the ``artifact`` an impulse spec names (a path or key in ``cache_dir``): a missing or
+    damaged one is refused before any work, as the write would refuse it; so is one of another shape."""
+    from structinit.solver.cache import resolve_artifact
+
+    check_artifact(resolve_artifact(artifact, cache_dir), grid, dim, heads, [0])
+
+
+def check_subspace_layers(spec, target) -> None:
+    """The position subspace rewrites the embeddings every layer reads (and keeps each layer's
+    writes out of it): refused unless every layer of ``target`` is selected."""
+    if spec.position_subspace and len(target.layers) != target.depth:
+        raise UsageError(f"impulse parameter {param('position_subspace')} writes the position table into the "
+                         "embedding every layer reads and keeps each layer's writes out of it, so the layers "
+                         f"{param('layers')} leaves out would change too: select every layer, or leave "
+                         "position_subspace out")
+
+
 def check_causal(target, causal: bool) -> None:
     """Raise :class:`UsageError` when causal offsets meet a model that attends both ways, or
     non-causal ones a decoder that masks later tokens (``target.causal``; ``None`` accepts both)."""
@@ -130,4 +148,5 @@ def check_subspace_params(spec) -> None:
                                  "other: the subspace writes its own position table and solves for it")
 
 
-__all__ = ["check_artifact", "check_causal", "check_impulse_params", "check_subspace_params"]
+__all__ = ["check_artifact", "check_causal", "check_given_artifact", "check_impulse_params", "check_subspace_layers",
+           "check_subspace_params"]

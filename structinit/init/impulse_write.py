@@ -188,7 +188,7 @@ def prepare(spec, t, *, seed: int = 0, cache_dir=None, device: str = "cpu", arti
     if given_fit and check_pe and t.model is not None:  # on the model the fit ran through: the same weights?
         from structinit.fit.identity import check_fitted_to
 
-        check_fitted_to(artifact, t)
+        check_fitted_to(artifact, t, model_input_shape(t.model))
     plain = artifact
     check_artifact(plain, t.grid, t.dim, t.heads, t.layers)
     check_causal(t, plain.config.causal)
