@@ -192,6 +192,11 @@ def test_empty_names_and_a_data_dir_that_does_nothing_are_refused(cli, made, tmp
     assert not (tmp_path / "o.pt").exists()
 
 
+def test_inspect_refuses_an_empty_grid_too(cli, made):
+    line = refused(cli("inspect", made / "plain.pt", "--heads", HEADS, "--grid", ""))
+    assert line == "error: --grid must look like HxW (e.g. 16x16) or L (a sequence), got ''"
+
+
 def hf_vit_folder(folder, config_bytes):
     """A one-layer Hugging Face ViT state dict (dim 8) as model.safetensors, with ``config_bytes``
     as its config.json."""
