@@ -313,6 +313,18 @@ def test_a_checkpoint_with_a_non_finite_weight_is_refused_before_any_work(cli, m
     assert not (tmp_path / "o.pt").exists() and not any(cache_dir.rglob("*.safetensors"))
 
 
+def test_data_holding_non_finite_values_is_refused_with_the_count(cli, made, tmp_path, cache_dir):
+    x = torch.load(made / "x.pt")[:20].clone()
+    x[3, 1, 2, 2] = float("nan")
+    x[4, 0, 0, 0] = float("-inf")
+    torch.save(x, tmp_path / "nan.pt")
+    line = refused(cli("apply", made / "plain.pt", "--heads", HEADS, "--data", tmp_path / "nan.pt",
+                       "--out", tmp_path / "o.pt"))
+    assert line == (f"error: --data ({tmp_path / 'nan.pt'}: the first 20 inputs) holds 1 NaN and 1 inf of its 15,360 "
+                    "values; give finite inputs")
+    assert not (tmp_path / "o.pt").exists() and not any(cache_dir.rglob("*-fit-*.safetensors"))
+
+
 def test_initialize_model_refuses_non_finite_weights_and_inputs(cache_dir):
     from structinit.errors import UsageError
     from structinit.init.initialize import initialize_model
