@@ -582,3 +582,20 @@ def test_an_attention_masks_minus_inf_is_no_divergence_but_a_nan_in_it_is():
             check_finite([("blocks.0.attn.mask", broken)], "the model")
     with pytest.raises(UsageError, match=r"^the model: tensor w holds 1 inf of its 2 values"):
         check_finite([("w", torch.tensor([1.0, float("-inf")]))], "the model")
+
+
+def test_a_corrupt_copy_that_is_not_set_aside_is_told_once(cli, tmp_path, cache_dir, monkeypatch):
+    """Case 17: a corrupt shipped copy (read only, never set aside) is read before the key's lock and
+    again under it; ``solve`` says so once, not twice."""
+    from structinit.solver import cache as cache_mod
+    from structinit.solver.config import SolveConfig
+
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    config = SolveConfig(grid=(4, 4), dim=32, heads=2, filter=3, layers=1, seed=0)
+    (shipped / config.filename).write_bytes(b"garbage")
+    monkeypatch.setattr(cache_mod, "shipped_cache_dir", lambda: shipped)
+    r = cli("solve", "--tokens", "16", "--dim", "32", "--heads", "2")
+    assert r.returncode == 0, r.stderr
+    warned = [line for line in r.stderr.splitlines() if line.startswith("warning: ignoring corrupt artifact")]
+    assert len(warned) == 1 and str(shipped / config.filename) in warned[0], r.stderr

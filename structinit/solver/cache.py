@@ -144,6 +144,14 @@ def load_or_compute(filename: str, compute: Callable[[], Artifact], *, key: str,
     what was computed."""
     check_cache_dir(cache_dir)
     expect = (key, fitted)
+    if warn is not None:  # the cache is read twice (before and under the lock): a copy not set aside is told once
+        told: set = set()
+        say = warn
+
+        def warn(message: str) -> None:
+            if message not in told:
+                told.add(message)
+                say(message)
     if not force:
         hit = find_cached(filename, cache_dir, warn, expect)
         if hit is not None:
