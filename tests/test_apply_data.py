@@ -262,7 +262,7 @@ class _RunsCode:
     (lambda p: torch.save(torch.rand(4, 1, 8, 8) * 255, p), ["--data", "{x}"], "does not look normalized"),
     (lambda p: torch.save(_RunsCode(), p), ["--data", "{x}"], "refusing to load a pickle that asks to run code"),
     (lambda p: np.save(p.with_suffix(".npy"), np.zeros((4, 1, 8, 8), dtype=object), allow_pickle=True),
-     ["--data", "{npy}"], "is not a readable tensor file"),
+     ["--data", "{npy}"], "holds object values, not numbers"),  # pickled objects: never loaded
     (lambda p: np.save(p.with_suffix(".npy"), np.float32(0.5)), ["--data", "{npy}"],
      "is a single number (a 0-d tensor); give a batch [B, ...]"),  # NumPy's ascontiguousarray made it [1]
     (lambda p: os.mkfifo(p), ["--data", "{x}"], "x.pt: a FIFO (named pipe), not a regular file"),

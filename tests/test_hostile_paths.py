@@ -135,7 +135,7 @@ def test_a_forged_artifact_in_the_cache_is_named_set_aside_and_solved_again(cach
     assert r.returncode == 0, r.stderr
     moved = path.with_name(path.name + ".set-aside")
     assert [line for line in r.stderr.splitlines() if line.startswith("warning:")] == [
-        f"warning: ignoring unusable artifact: {path}: its Q/K give layer 0 a target mass of "
+        f"warning: ignoring unusable artifact: {path}: its Q/K give head 0 of layer 0 a target mass of "
         f"{_forged_mass(moved)} on its own pseudo input, and its stats record 0.300: the tensors are not the ones that "
         f"were solved (edited, with its checksums made again); set aside as {moved.name}; it will be recomputed"]
     again = json.loads(r.stdout)
@@ -146,10 +146,11 @@ def test_a_forged_artifact_in_the_cache_is_named_set_aside_and_solved_again(cach
 
 def _forged_mass(path) -> str:
     from structinit.geometry.targets import impulse_columns
-    from structinit.solver.artifact import target_mass
+    from structinit.solver.artifact import head_target_masses
 
     art = read_artifact(path)
-    got = target_mass(art.layer_input(0), art.q[0], art.k[0], impulse_columns(art.config.grid, art.offsets[0]))
+    columns = impulse_columns(art.config.grid, art.offsets[0])
+    got = head_target_masses(art.layer_input(0), art.q[0], art.k[0], columns)[0]
     assert abs(got - 0.3) > 0.1  # far from what was solved
     return f"{got:.3f}"
 
@@ -163,7 +164,8 @@ def test_a_forged_artifact_given_by_the_user_is_refused_naming_it_and_kept(cache
 
     with pytest.raises(ArtifactError) as e:
         resolve_artifact(mine)
-    assert str(e.value).startswith(f"{mine}: its Q/K give layer 0 a target mass of ") and "were solved" in str(e.value)
+    assert str(e.value).startswith(f"{mine}: its Q/K give head 0 of layer 0 a target mass of ") \
+        and "were solved" in str(e.value)
     torch.save(vit_digits().state_dict(), tmp_path / "vit.pt")
     r = cli("apply", tmp_path / "vit.pt", "--heads", "4", "--artifact", mine, "--set-pe", "sincos", "--out",
             tmp_path / "o.pt")

@@ -257,3 +257,49 @@ def test_apply_fits_it_through_the_model_the_checkpoint_describes(example_method
     assert refused.returncode == 2
     assert error_line(refused.stderr) == ("error: --data is for the impulse / example-pca data fit; the mimetic init "
                                           "does not use it")
+
+
+def test_a_second_method_under_a_registered_name_is_refused_and_the_first_kept():
+    """Issue 54, case 20: a plugin registering ``impulse`` again is refused, naming both classes; the
+    built-in stays registered (runs keep impulse's keys, the registry its spec)."""
+    import dataclasses
+
+    from structinit.init.base import InitSpec, register
+    from structinit.init.impulse import ImpulseInit
+
+    @dataclasses.dataclass(frozen=True)
+    class ImpulseImpostor(InitSpec):
+        method = "impulse"
+        writes = "nothing"
+
+    saved = dict(REGISTERED)
+    try:
+        with pytest.raises(ValueError, match=r"'impulse' is registered twice \(ImpulseInit, .*ImpulseImpostor\)"):
+            register(ImpulseImpostor)
+        assert REGISTERED["impulse"] is ImpulseInit and type(init_spec("impulse")) is ImpulseInit
+        assert register(ImpulseInit) is ImpulseInit  # the same class again (a module reloaded) is not a second
+    finally:  # a broken check must not leave the impostor registered for the tests after this one
+        REGISTERED.clear()
+        REGISTERED.update(saved)
+
+
+def test_a_fitting_method_keeps_a_learned_position_embedding_it_does_not_replace(example_method, cli, tmp_path):
+    """Issue 54, case 21: ``replaces_pos_embed`` defaults to no replacement, so ``apply --data`` with a
+    data-fitting method that does not override it keeps a trained, learned (not sin-cos) pos_embed
+    bit for bit, while its Q/K are written."""
+    from structinit.init.checkpoints import load_checkpoint
+    from structinit.init.pos_embed import pe_kind
+
+    model = tiny_vit()
+    with torch.no_grad():
+        model.pos_embed.copy_(torch.randn(model.pos_embed.shape, generator=torch.Generator().manual_seed(3)))
+    sd = state(model)
+    assert pe_kind(sd["pos_embed"], (4, 4)) == "other"
+    torch.save(sd, tmp_path / "learned.pth")
+    torch.save(images(12), tmp_path / "inputs.pt")
+    r = cli("apply", tmp_path / "learned.pth", "--heads", "2", "--method", "example-pca", "--data",
+            tmp_path / "inputs.pt", "--out", tmp_path / "out.pth", "--json")
+    assert r.returncode == 0, r.stderr
+    written = load_checkpoint(tmp_path / "out.pth").state_dicts[0][1]
+    assert torch.equal(torch.as_tensor(written["pos_embed"]), sd["pos_embed"])
+    assert not torch.equal(torch.as_tensor(written["blocks.0.attn.qkv.weight"]), sd["blocks.0.attn.qkv.weight"])

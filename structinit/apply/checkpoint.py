@@ -28,7 +28,6 @@ for a learned one); every other tensor and entry is written back as loaded. File
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Union
@@ -61,10 +60,8 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
     Returns a JSON-able report; with ``dry_run`` the plan only (nothing solved, built or written)."""
     options, params = split_settings(options, settings)
     spec = init_spec(spec, **params)
-    if options.model_name is not None and options.heads is None:  # a named timm model tells its heads
-        from structinit.apply.models import timm_heads
-
-        options = dataclasses.replace(options, heads=timm_heads(options.model_name))
+    if options.samples is not None and options.data is not None and spec.uses_data:
+        spec = spec.with_fit_samples(options.samples)  # the fit reads the inputs it is given, as the report says
     loaded = load_for_apply(path, spec, options)
     fits = spec.uses_data
     model_path = fits and _can_fit(loaded, options)
@@ -247,10 +244,8 @@ def _prepare_on_model(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOp
                              heads=first.heads, grid=first.grid)
     data, source = None, None
     if options.data is not None and not (isinstance(options.data, str) and options.data == NOISE):
-        inputs = fit_inputs_for(options.data, built, options.samples or spec.fit_samples, options.data_dir)
+        inputs = fit_inputs_for(options.data, built, spec.fit_samples, options.data_dir)
         data, source = inputs.x, inputs.source
-    elif options.samples is not None:
-        spec = spec.with_fit_samples(min(options.samples, spec.fit_samples))
     if built.kind == "tokens" and options.grid is None and data is not None:
         _regrid(loaded, Grid((int(data.shape[-1]),)), options)  # a sequence model's grid is the inputs' length
         first = loaded.first

@@ -35,6 +35,8 @@ from structinit.init.checkpoints import (
     safetensors_dict,
     save_checkpoint,
 )
+from structinit.init.finite import attention_keys, check_finite, check_float_weights, model_tensors
+from structinit.init.layouts import heads_unknown
 
 #: File-name endings of checkpoints, kept after the method's name in a default output name.
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".tar", ".ckpt", ".safetensors", ".gz")
@@ -58,14 +60,20 @@ def hf_folder(folder: Path) -> Path:
     """The weights file of the Hugging Face folder ``folder`` (as ``save_pretrained`` writes it:
     ``config.json`` and ``model.safetensors`` or ``pytorch_model.bin``). Raises
     :class:`~structinit.init.checkpoints.CheckpointNotFound` for a folder that is not one (no
-    config.json, no weights file) and :class:`UsageError` for weights split into shards."""
+    config.json, no weights file) and :class:`UsageError` for weights split into shards, or held
+    twice (``model.safetensors`` and ``pytorch_model.bin``: one would be written, the other left stale)."""
     from structinit.init.checkpoints import CheckpointNotFound
 
     sharded = [f"{name}.index.json" for name in HF_WEIGHTS if (folder / f"{name}.index.json").exists()]
     if sharded:
         raise UsageError(f"{folder}: its weights are split into shards ({sharded[0]}); structinit reads one weights "
                          "file: save the model with save_pretrained(..., max_shard_size=\"100GB\") first")
-    found = next((folder / name for name in HF_WEIGHTS if (folder / name).exists()), None)
+    present = [folder / name for name in HF_WEIGHTS if (folder / name).exists()]
+    if len(present) > 1 and (folder / HF_CONFIG).exists():  # one would be initialized, the other copied stale
+        raise UsageError(f"{folder} holds both {' and '.join(HF_WEIGHTS)}; structinit initializes one weights "
+                         f"file, and the other would be copied beside it unchanged (from_pretrained reads "
+                         f"{HF_WEIGHTS[0]} first): remove the one the model does not use, or give its file")
+    found = present[0] if present else None
     if found is None or not (folder / HF_CONFIG).exists():
         raise CheckpointNotFound(f"{folder}: is a folder; give the checkpoint file inside it (a Hugging Face folder "
                                  f"holds config.json and {' or '.join(HF_WEIGHTS)})")
@@ -163,7 +171,14 @@ def load_for_apply(path: Union[str, os.PathLike], spec: InitSpec, options: Apply
         stat = None
     ckpt = load_checkpoint(path)
     det = ckpt.detected
-    heads = options.heads if options.heads is not None else det.heads  # the file's hints (HF config.json, timm arch)
+    for where, (_, sd) in zip(ckpt.where, ckpt.state_dicts):  # before any work: weights an init cannot take
+        label = f"the checkpoint {path}" + ("" if where.startswith("(") else f", {where}")  # "(top level)": no name
+        check_float_weights(((k, sd.get(k)) for k in attention_keys(det)), label)
+        check_finite(model_tensors(sd), label)
+    heads = options.heads if options.heads is not None else _named_model_heads(options.model_name, det.dim)
+    heads = heads if heads is not None else det.heads  # the file's hints (HF config.json, timm arch)
+    if heads is None and det.heads_note is not None:  # a config.json that should tell them cannot be read
+        raise heads_unknown(det)
     if heads is None and det.layout.builder == "timm" and spec.uses_data:  # a named timm model tells its heads
         raise UsageError(f"the timm-vit checkpoint does not tell its number of heads; give it with {param('heads')} "
                          f"(it must divide dim {det.dim}), or name the timm model it holds with "
@@ -194,10 +209,26 @@ def load_for_apply(path: Union[str, os.PathLike], spec: InitSpec, options: Apply
     if options.set_pe:
         plan["pos_embed_replaced"] = det.pos_key
     if first.grid is not None:
-        spec.check_shape(first.grid, first.dim, first.heads, first.depth, options.seed)  # refuses bad settings first
+        spec.check_shape(first.grid, first.dim, first.heads, first.depth, options.seed,  # refuses bad settings first
+                         cache_dir=options.cache_dir)
     if folder is not None:
         plan["weights"] = str(weights_out)  # the weights file inside the output folder
     return LoadedCheckpoint(path, ckpt, views, target, stat, plan, folder)
+
+
+def _named_model_heads(model_name: Optional[str], dim: int) -> Optional[int]:
+    """The heads of the timm model ``model_name`` names (``None`` without one), refused when they
+    cannot be the checkpoint's (they do not divide its ``dim``): the model is then not the one it holds."""
+    if model_name is None:
+        return None
+    from structinit.apply.models import timm_heads
+
+    heads = timm_heads(model_name)
+    if dim % heads:
+        raise UsageError(f"{param('model_name')} {model_name} has {heads} heads, which do not divide the "
+                         f"checkpoint's dim {dim}: the checkpoint holds another model (name it, or give "
+                         f"{param('heads')})")
+    return heads
 
 
 def write_position_table(loaded: LoadedCheckpoint, scale: float) -> None:

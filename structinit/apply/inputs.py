@@ -12,7 +12,9 @@ model the checkpoint describes sees them (:func:`fit_inputs_for`).
   channel with the batch's own mean and standard deviation;
 - a tensor file (``.pt``/``.pth``: a tensor, loaded without running code; ``.npy``; ``.safetensors``:
   its one tensor, or the one named ``inputs``) of inputs already normalized as the model will see
-  them: ``[B, C, H, W]`` images, ``[B, C, L]`` or ``[B, L]`` sequences, ``[B, L]`` token ids.
+  them: ``[B, C, H, W]`` images, ``[B, C, L]`` or ``[B, L]`` sequences, ``[B, L]`` token ids. Its
+  format is read from its content (:mod:`structinit.apply.tensor_files`), and a header that promises
+  more than the file holds is refused as damaged before anything is read.
 
 ``noise`` asks for no data: the fit runs on Gaussian inputs ``N(0, 1)`` of the model's input shape,
 as it does without any data (the same fit for the same seed; :mod:`structinit.fit.inputs`).
@@ -32,6 +34,7 @@ from typing import Optional, Union
 from structinit.atomic import NotRegularFile, regular_file
 from structinit.errors import StructinitError, UsageError, param
 from structinit.fit.inputs import FitInputs
+from structinit.init.finite import nonfinite_text
 
 #: Images whose standard deviation or mean magnitude exceeds these look unnormalized.
 MAX_STD, MAX_MEAN = 20.0, 10.0
@@ -172,33 +175,23 @@ def _folder_inputs(folder: Path, built, samples: int) -> FitInputs:
 
 
 def _file_inputs(path: Path, samples: int) -> FitInputs:
-    import numpy as np
-    import torch
+    from structinit.apply.tensor_files import read_npy, read_safetensors_inputs, tensor_file_format
 
-    suffix = path.suffix.lower()
+    if path.suffix.lower() not in (".npy", ".safetensors", ".pt", ".pth"):
+        raise UsageError(f"{param('data')} {path}: a tensor file ends in .pt, .pth, .npy or .safetensors")
     try:
-        if suffix == ".npy":
-            arr = np.load(path, allow_pickle=False)
-            if arr.dtype.kind not in "fiub":  # strings, structured records, dates: no numeric inputs
-                raise UsageError(f"{param('data')} {path} holds {arr.dtype} values, not numbers; give float inputs "
-                                 "normalized as the model sees them")
-            x = torch.from_numpy(np.array(arr, order="C"))  # not ascontiguousarray, which makes a 0-d array 1-d
-        elif suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            tensors = load_file(str(path))
-            if "inputs" in tensors:
-                x = tensors["inputs"]
-            elif len(tensors) == 1:
-                x = next(iter(tensors.values()))
-            else:
-                raise UsageError(f"{param('data')} {path} holds {len(tensors)} tensors; name the inputs 'inputs'")
-        elif suffix in (".pt", ".pth"):
+        kind = tensor_file_format(path)  # the content says which, not the name
+        if kind is None:
+            raise UsageError(f"{param('data')} {path} is not a tensor file: its first bytes are those of no .npy, "
+                             "safetensors or torch.save file")
+        if kind == "npy":
+            x = read_npy(path)
+        elif kind == "safetensors":
+            x = read_safetensors_inputs(path)
+        else:
             from structinit.init.checkpoints import read_object
 
             x, _, _ = read_object(path)
-        else:
-            raise UsageError(f"{param('data')} {path}: a tensor file ends in .pt, .pth, .npy or .safetensors")
     except UsageError:
         raise
     except StructinitError as exc:
@@ -213,7 +206,6 @@ def _file_inputs(path: Path, samples: int) -> FitInputs:
 
 def check_inputs(x, built, where: str = "the inputs") -> None:
     """Refuse inputs ``built``'s model cannot take as normalized inputs (see the module docstring)."""
-    import torch
 
     if x.dim() < 2 or int(x.shape[0]) < 1:
         raise UsageError(f"{param('data')} ({where}) must be a non-empty batch [B, ...], got shape {list(x.shape)}")
@@ -235,8 +227,9 @@ def check_inputs(x, built, where: str = "the inputs") -> None:
         got = (1, *got)
     if got != want:
         raise UsageError(f"{param('data')} ({where}) has inputs of shape {list(got)}; the model takes {list(want)}")
-    if not bool(torch.isfinite(x).all()):
-        raise UsageError(f"{param('data')} ({where}) holds values that are not finite")
+    bad = nonfinite_text(x)
+    if bad:
+        raise UsageError(f"{param('data')} ({where}) holds {bad} of its {x.numel():,} values; give finite inputs")
     mean, std = float(x.float().mean()), float(x.float().std()) if x.numel() > 1 else 0.0
     if std > MAX_STD or abs(mean) > MAX_MEAN:
         raise UsageError(f"{param('data')} ({where}) does not look normalized (mean {mean:.3g}, std {std:.3g}); give "

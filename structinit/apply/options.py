@@ -15,6 +15,9 @@ from structinit.init.base import InitSpec
 
 #: What ``set_pe`` writes, and the scale it writes it at unless ``pe_scale`` says.
 PE_KINDS = ("sincos",)
+#: Datasets made in memory (scikit-learn's digits, the seeded synthetic bars): no ``data_dir`` is read
+#: for them, as ``train`` says too.
+FILELESS_DATASETS = ("digits", "synthetic")
 DEFAULT_PE_SCALE = 1.0
 
 
@@ -39,8 +42,9 @@ class ApplyOptions:
     checkpoint does not tell them. Position: ``set_pe="sincos"`` writes the fixed table times
     ``pe_scale`` (default :data:`DEFAULT_PE_SCALE`). ``seed``, ``cache_dir``, ``device`` as for a solve. The data fit:
     ``data`` (a dataset name, an image folder, a tensor file, ``"noise"``, or a tensor of inputs;
-    ``None``: noise inputs, as without data on a model), at most ``samples`` of them
-    (default: the fit's ``data_fit_samples``), ``data_dir`` for a dataset read from disk,
+    ``None``: noise inputs, as without data on a model), at most ``samples`` of them (the fit reads
+    them all: its ``data_fit_samples`` becomes ``samples``; default: the fit's own), ``data_dir`` for a
+    dataset read from disk,
     ``model_name`` (a timm model) or ``config`` (a Hugging Face ``config.json``) for the model the
     checkpoint holds."""
 
@@ -85,6 +89,8 @@ class ApplyOptions:
             if not fits:
                 raise UsageError(f"{param('data')} is for the {fitting_methods()} data fit; the {spec.method} "
                                  f"init does not use it{off}")
+        if self.data_dir is not None and isinstance(self.data, str) and self.data in FILELESS_DATASETS:
+            raise UsageError(f"{param('data_dir')} does not apply to the {self.data} dataset, which needs no files")
         needs_source = [name for name in ("samples", "data_dir") if getattr(self, name) is not None]
         if needs_source and self.data is None:
             raise UsageError(f"{', '.join(param(n) for n in needs_source)} "
@@ -94,6 +100,13 @@ class ApplyOptions:
             verb = "names" if len(builds) == 1 else "name"
             raise UsageError(f"{', '.join(param(n) for n in builds)} {verb} the model apply builds, for the data fit "
                              f"or a method that runs on the model; the {spec.method} init does neither{off}")
+        if self.heads is not None and (isinstance(self.heads, bool) or not isinstance(self.heads, int)
+                                       or self.heads < 1):
+            raise UsageError(f"{param('heads')} must be a positive integer, got {self.heads!r}")
+        for name in ("model_name", "config"):
+            value = getattr(self, name)
+            if value is not None and not str(value).strip():
+                raise UsageError(f"{param(name)} is empty; give a name, or leave it out")
         if self.samples is not None and (isinstance(self.samples, bool) or not isinstance(self.samples, int)
                                          or self.samples < 1):
             raise UsageError(f"{param('samples')} must be a positive integer, got {self.samples!r}")

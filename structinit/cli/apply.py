@@ -16,6 +16,7 @@ from structinit.cli.common import (
     GridOpt,
     JsonOut,
     Progress,
+    Seed,
     Threads,
     emit_json,
     examples,
@@ -123,8 +124,6 @@ SetPeOpt = Annotated[Optional[str], option("--set-pe", help="Also write the fixe
 PeScaleOpt = Annotated[Optional[float], option("--pe-scale", help="Scale of the --set-pe embedding (positive).",
     show_default=shown(DEFAULT_PE_SCALE))]
 
-SeedOpt = Annotated[int, option("--seed", min=0, help="Seed of the offsets and random draws.")]
-
 OutOpt = Annotated[Optional[Path], option("--out", metavar="PATH", help="Output file; its name sets the format "
     "(.safetensors, else torch). For a Hugging Face folder, the output "
     "folder.", show_default="CKPT.METHOD.EXT")]
@@ -144,7 +143,8 @@ DataOpt = Annotated[Optional[str], option(
     "normalized as the model sees them, or noise.", show_default="noise: Gaussian inputs of the model's input "
     "shape, no data")]
 
-SamplesOpt = Annotated[Optional[int], option("--samples", min=1, help="--data: how many inputs (the first).",
+SamplesOpt = Annotated[Optional[int], option("--samples", min=1, help="--data: how many inputs (the first); the "
+    "fit reads them all.",
     show_default=f"the fit's data_fit_samples, {FIT_DEFAULTS.samples}")]
 
 DataDirOpt = Annotated[Optional[Path], option("--data-dir", help="--data: the folder a named dataset is read "
@@ -183,7 +183,7 @@ def apply(
     grid: GridOpt = None,
     set_pe: SetPeOpt = None,
     pe_scale: PeScaleOpt = None,
-    seed: SeedOpt = 0,
+    seed: Seed = 0,
     out: OutOpt = None,
     force: ForceOpt = False,
     in_place: InPlaceOpt = False,
@@ -222,11 +222,11 @@ def apply(
         "--filter": filter_size, "--recipe": recipe, "--target-mass": target_mass,
         "--recipe-param": parse_assignments(recipe_param, "recipe_params") or None, "--artifact": artifact,
         "--share": share, "--offsets": offsets, "--mimetic-vproj": mimetic_vproj, "--fit-pe": fit_pe,
-        "--causal": causal, "--padding": padding, "--data-fit": data_fit})
+        "--causal": causal, "--padding": padding, "--data-fit": data_fit}, samples=samples)
     options = ApplyOptions(out=out, in_place=in_place, dry_run=dry_run, force=force, layers=layers, heads=heads,
-                           grid=parse_grid(grid=grid) if grid else None, set_pe=set_pe, pe_scale=pe_scale, seed=seed,
-                           cache_dir=cache_dir, device=device, data=data, samples=samples, data_dir=data_dir,
-                           model_name=model_name, config=str(config) if config is not None else None)
+                           grid=parse_grid(grid=grid) if grid is not None else None, set_pe=set_pe, pe_scale=pe_scale,
+                           seed=seed, cache_dir=cache_dir, device=device, data=data, samples=samples,
+                           data_dir=data_dir, model_name=model_name, config=str(config) if config is not None else None)
     with Progress(f"apply {method}", enabled=not json_out) as bar:
         def log(message: str) -> None:
             if isinstance(message, Notice):  # the fit's estimated time, a wait for another process: always shown
@@ -243,20 +243,39 @@ def apply(
     typer.echo(format_verbose(report) if verbose else format_report(report))
 
 
-def method_spec(method: str, init_param: List[str], flags: dict):
+def method_spec(method: str, init_param: List[str], flags: dict, samples: Optional[int] = None):
     """The spec of ``method`` from ``--init-param`` and the :data:`METHOD_FLAGS` given (``flags``:
     flag -> value, ``None`` where not given); such a flag with another method than the default is
-    refused naming it."""
+    refused naming it, and so is a value given twice (a flag and ``--init-param``; ``--samples``
+    and ``data_fit_samples``)."""
     from structinit.errors import UsageError
-    from structinit.init.registry import init_spec, parse_init
+    from structinit.init.registry import init_spec, parse_assignments, parse_init
 
     given = {flag: value for flag, value in flags.items() if value is not None}
     if given and method != DEFAULT_METHOD:
         names = ", ".join(given)
         raise UsageError(f"{names} {'applies' if len(given) == 1 else 'apply'} to --method {DEFAULT_METHOD}, not "
                          f"{method}")
+    assigned = parse_assignments(init_param)
+    for flag, value in given.items():
+        name = METHOD_FLAGS[flag]
+        if name in assigned:
+            text = next(i for i in init_param if i.partition("=")[0].strip().replace("-", "_") == name)
+            raise UsageError(f"{_flag_text(flag, value)} and --init-param {text} both set {name}; give one of them")
+    if samples is not None and "data_fit_samples" in assigned:
+        raise UsageError("--samples and --init-param data_fit_samples both set how many inputs the fit reads; "
+                         "give one of them")
     spec = parse_init(method, init_param)
     return init_spec(spec, **{METHOD_FLAGS[flag]: value for flag, value in given.items()}) if given else spec
+
+
+def _flag_text(flag: str, value) -> str:
+    """``flag`` with ``value`` as the user typed it: ``--filter 3``, ``--share``, ``--no-mimetic-vproj``."""
+    if isinstance(value, bool):
+        return flag if value else "--no-" + flag[2:]
+    if isinstance(value, dict):  # --recipe-param NAME=VALUE, read
+        return " ".join(f"{flag} {k}={v}" for k, v in value.items())
+    return f"{flag} {value}"
 
 
 def say_notices(spec, report: dict) -> None:
@@ -296,7 +315,8 @@ def format_report(r: dict) -> str:
         lines.append(f"  position embedding {r['pos_embed_replaced']}: {r['set_pe']} x{r['pe_scale']:g}")
     fit = r.get("data_fit")
     if isinstance(fit, dict) and fit.get("layers"):
-        cached = ", read from the cache" if (fit.get("artifact") or {}).get("cached") else ""
+        art = fit.get("artifact") or {}
+        cached = ", read from the cache" if art.get("cached") else ", the given --artifact" if art.get("given") else ""
         lines.append(f"  Q/K fitted through {r.get('model') or 'the model'} on {fit.get('source')} "
                      f"({fit.get('seconds', 0):.1f}s{cached})")
         rows = fit["layers"]

@@ -315,8 +315,8 @@ def _show_checkpoint(path: Path, heads: Optional[int], grid: Optional[str], mode
     from structinit.apply.measure import inspect_checkpoint
     from structinit.geometry.grid import parse_grid
 
-    desc = inspect_checkpoint(path, heads=heads, grid=parse_grid(grid=grid) if grid else None, model_name=model_name,
-                              config=str(config) if config is not None else None)
+    desc = inspect_checkpoint(path, heads=heads, grid=parse_grid(grid=grid) if grid is not None else None,
+                              model_name=model_name, config=str(config) if config is not None else None)
     if json_out:
         emit_json(desc)
     else:

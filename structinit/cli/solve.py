@@ -111,8 +111,14 @@ def solve(
                          pseudo_input=pseudo_input, pseudo_input_rest=pseudo_input_rest, padding=padding,
                          offset_order=offsets, seed=seed, causal=causal)
     with Progress(f"solving {config.recipe}", enabled=not json_out) as bar:
-        result = run_solve(config, cache_dir=cache_dir, device=device, force=force, progress=bar,
-                           warn=lambda msg: bar.log(f"warning: {msg}"), threads=threads, log=bar.log)
+        def warn(message: str) -> None:  # shown with --json too (on stderr): the bar is then off
+            if json_out:
+                typer.echo(f"warning: {message}", err=True)
+            else:
+                bar.log(f"warning: {message}")
+
+        result = run_solve(config, cache_dir=cache_dir, device=device, force=force, progress=bar, warn=warn,
+                           threads=threads, log=bar.log)
     if json_out:
         emit_json(artifact_summary(result))
         return

@@ -581,10 +581,14 @@ def load_grid(name_or_path: str) -> GridSpec:
     text_arg = str(name_or_path)
     path = Path(text_arg).expanduser()
     if path.is_file() or text_arg.endswith(".toml") or "/" in text_arg:
-        if not path.is_file():
-            raise GridError(f"grid file {text_arg} does not exist")
+        from structinit.atomic import NotRegularFile, read_regular
+
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_regular(path).decode("utf-8")  # a FIFO or a device is named, never read
+        except NotRegularFile as exc:
+            raise GridError(f"grid file {text_arg}: {exc.strerror}") from None
+        except FileNotFoundError:
+            raise GridError(f"grid file {text_arg} does not exist") from None
         except OSError as exc:  # a file-system problem (exit code 1), not a mistake in the grid
             from structinit.errors import StructinitError
 

@@ -137,4 +137,26 @@ def fit_identity(settings, target: FitTarget, plain, inputs, seed: int) -> Dict[
             **inputs.identity(), "fit": settings.identity()}
 
 
-__all__ = ["fit_identity", "weights_digest", "structure_digest", "batch_digest", "modules_run", "tensor_digest"]
+def check_fitted_to(art, target: FitTarget, shape) -> None:
+    """Refuse (:class:`~structinit.errors.UsageError`) the fitted artifact ``art`` when its fit ran
+    through other weights than ``target``'s model has: its Q/K were fitted to what those weights give
+    each layer, not to what these give. ``shape``: one input's shape, for a probe of zeros; a model
+    whose input shape is not known (``None``: token ids) is not checked."""
+    import torch
+
+    from structinit.errors import UsageError, param
+
+    model, identity = target.model, art.fit["identity"]
+    if model is None or shape is None:
+        return
+    last = projection_module(model, target.det.slots[min(max(identity["layers"]), target.depth - 1)].q.key)
+    device = next(model.parameters()).device
+    here = weights_digest(model, torch.zeros(1, *shape, device=device), last)
+    if here != identity.get("weights"):
+        raise UsageError(f"the {param('artifact')} {art.path or art.key} was fitted through other weights (digest "
+                         f"{str(identity.get('weights'))[7:19]}) than this model's ({here[7:19]}): its Q/K do not "
+                         "belong to them; leave artifact out to fit them here")
+
+
+__all__ = ["check_fitted_to", "fit_identity", "weights_digest", "structure_digest", "batch_digest", "modules_run",
+           "tensor_digest"]

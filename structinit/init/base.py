@@ -254,9 +254,11 @@ class InitSpec:
         """Raise :class:`UsageError` if the method cannot be applied to ``target`` as it is (called
         before anything is solved or written; the default accepts every target)."""
 
-    def check_shape(self, grid: Any, dim: int, heads: int, depth: int, seed: int = 0) -> None:
-        """Raise :class:`UsageError` for settings that cannot be solved for a model of this shape,
-        before any work (the default: nothing is solved)."""
+    def check_shape(self, grid: Any, dim: int, heads: int, depth: int, seed: int = 0,
+                    cache_dir: Union[str, os.PathLike, None] = None) -> None:
+        """Raise :class:`UsageError` for settings that cannot be solved for a model of this shape, or
+        a given artifact (looked up in ``cache_dir``) that does not fit it, before any work (the
+        default: nothing is solved)."""
 
     def check_pos_embed(self, target: AttentionTarget) -> None:
         """Raise :class:`UsageError` when ``target``'s position embedding is not one this init can

@@ -268,7 +268,8 @@ def read_object(path: Union[str, os.PathLike]) -> Tuple[Any, str, Optional[Dict[
     try:
         with warnings.catch_warnings(), torch.serialization.safe_globals(list(SAFE_GLOBALS)):
             warnings.simplefilter("ignore")  # torch's advice about weights_only; the error below says it all
-            obj = torch.load(path, map_location="cpu", weights_only=True)
+            with open(path, "rb") as fh:  # a file, not its name: torch reads a name ending .safetensors as one
+                obj = torch.load(fh, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line
         msg = str(exc)
         if is_cut_short(exc):  # torch's own reader gave up early: refuse code it did not reach, else unreadable
@@ -356,14 +357,22 @@ def _shape_hints(ckpt: Checkpoint) -> None:
         return
     if det.layout.builder == "transformers":
         cfg_path = ckpt.path.parent / HF_CONFIG
+        cfg = None
         try:
             cfg = json.loads(read_regular(cfg_path, limit=CONFIG_LIMIT))
-        except (OSError, ValueError):
-            cfg = None
+        except FileNotFoundError:
+            pass
+        except OSError as exc:  # a folder, a FIFO, one too large to be a config: say so, not "no heads"
+            det.heads_note = f"{cfg_path} beside it is not readable: {exc.strerror or exc}"
+        except ValueError as exc:
+            det.heads_note = f"{cfg_path} beside it is not valid JSON: {str(exc)[:120]}"
         heads, hidden = _hf_config_shape(cfg)
         if isinstance(heads, int) and hidden == det.dim:
             det.heads = heads
             ckpt.extra[HF_CONFIG] = str(cfg_path)
+        elif cfg is not None:
+            det.heads_note = (f"{cfg_path} beside it is for hidden size {hidden}, not dim {det.dim}"
+                              if isinstance(heads, int) else f"{cfg_path} beside it names no num_attention_heads")
     arch = ckpt.obj.get("arch")
     if det.layout.builder == "timm" and isinstance(arch, str):
         heads = _timm_arch_heads(arch, det.dim)

@@ -16,7 +16,12 @@ from structinit.errors import UsageError, param
 from structinit.fit.settings import FIT_DEFAULTS as _FIT
 from structinit.fit.settings import FitSettings
 from structinit.init.base import InitSpec, InitWarning, register
-from structinit.init.impulse_checks import check_causal, check_impulse_params
+from structinit.init.impulse_checks import (
+    check_causal,
+    check_given_artifact,
+    check_impulse_params,
+    check_subspace_layers,
+)
 from structinit.init.mimetic import vproj_keys
 from structinit.solver.recipes import (
     DEFAULT_FILTER,
@@ -225,6 +230,7 @@ class ImpulseInit(InitSpec):
             check_causal(target, self.causal)
         elif hasattr(self.artifact, "config"):
             check_causal(target, self.artifact.config.causal)
+        check_subspace_layers(self, target)
 
     def check_data_target(self, target) -> None:
         """``data_fit`` on a batch needs a model (it runs the inputs through it) whose q and k are
@@ -245,10 +251,12 @@ class ImpulseInit(InitSpec):
                 raise UsageError(f"impulse parameter {param('data_fit')} fits q and k as linear maps; layer {i} "
                                  "normalizes them (q_norm/k_norm)")
 
-    def check_shape(self, grid, dim: int, heads: int, depth: int, seed: int = 0) -> None:
-        """A solve's settings for this shape (refused by :meth:`solve_config`); none for a given artifact."""
+    def check_shape(self, grid, dim: int, heads: int, depth: int, seed: int = 0, cache_dir=None) -> None:
+        """A solve's settings for this shape (refused by :meth:`solve_config`), or the given artifact."""
         if self.artifact is None:
             self.solve_config(grid, dim, heads, depth, seed)
+        else:
+            check_given_artifact(self.artifact, cache_dir, grid, dim, heads)
 
     def check_pos_embed(self, target, art=None) -> None:
         """See :func:`structinit.init.impulse_solve.check_pos_embed`."""

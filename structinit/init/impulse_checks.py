@@ -4,6 +4,7 @@ and layers (:func:`check_artifact`) and its attention mask (:func:`check_causal`
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 from structinit.errors import UsageError, param
@@ -34,6 +35,24 @@ def check_artifact(artifact, grid: Grid, dim: int, heads: int, layers: Sequence[
         raise UsageError(f"the {param('artifact')} does not fit the model: {'; '.join(problems)} (artifact vs model)")
     if c.layers != 1 and max(layers) >= c.layers:
         raise UsageError(f"the {param('artifact')} has {c.layers} layers but layer {max(layers)} was asked for")
+
+
+def check_given_artifact(artifact, cache_dir, grid: Grid, dim: int, heads: int) -> None:
+    """Read the ``artifact`` an impulse spec names (a path or key in ``cache_dir``): a missing or
+    damaged one is refused before any work, as the write would refuse it; so is one of another shape."""
+    from structinit.solver.cache import resolve_artifact
+
+    check_artifact(resolve_artifact(artifact, cache_dir), grid, dim, heads, [0])
+
+
+def check_subspace_layers(spec, target) -> None:
+    """The position subspace rewrites the embeddings every layer reads (and keeps each layer's
+    writes out of it): refused unless every layer of ``target`` is selected."""
+    if spec.position_subspace and len(target.layers) != target.depth:
+        raise UsageError(f"impulse parameter {param('position_subspace')} writes the position table into the "
+                         "embedding every layer reads and keeps each layer's writes out of it, so the layers "
+                         f"{param('layers')} leaves out would change too: select every layer, or leave "
+                         "position_subspace out")
 
 
 def check_causal(target, causal: bool) -> None:
@@ -76,6 +95,13 @@ def check_impulse_params(spec) -> None:
         why = "data_fit is 0" if not spec.data_fit else "version 1 steps on the whole batch"
         raise UsageError(f"impulse parameter {param('data_fit_batch')} sets the images of a version-2 fit step, "
                          f"and {why}: leave it out")
+    if not spec.mimetic_vproj:
+        defaults = {f.name: f.default for f in dataclasses.fields(spec)}
+        unused = [name for name in ("alpha2", "beta2") if getattr(spec, name) != defaults[name]]
+        if unused:
+            raise UsageError(f"impulse parameter {', '.join(param(n) for n in unused)} "
+                             f"{'sets' if len(unused) == 1 else 'set'} the mimetic V/proj, which mimetic_vproj=false "
+                             "keeps as it is: give mimetic_vproj=true, or leave them out")
     check_choice("base", spec.base, BASES)
     check_subspace_params(spec)
     check_recipe(spec.recipe)
@@ -108,6 +134,13 @@ def check_subspace_params(spec) -> None:
     if spec.position_dims and not spec.position_subspace:
         raise UsageError(f"impulse parameter {param('position_dims')} sizes the position subspace, which is off: "
                          "give position_subspace=true, or leave position_dims out")
+    if spec.position_rest and not spec.position_subspace:
+        raise UsageError(f"impulse parameter {param('position_rest')} changes the position subspace, which is off: "
+                         "give position_subspace=true, or leave position_rest out")
+    if spec.position_subspace and not spec.mimetic_vproj:
+        raise UsageError(f"impulse parameter {param('position_subspace')} projects every layer's output projection "
+                         f"out of its directions, which {param('mimetic_vproj')}=false would keep as it is: give one "
+                         "of them")
     if spec.position_subspace:
         for other in ("fit_pe", "artifact"):
             if getattr(spec, other):
@@ -115,4 +148,5 @@ def check_subspace_params(spec) -> None:
                                  "other: the subspace writes its own position table and solves for it")
 
 
-__all__ = ["check_artifact", "check_causal", "check_impulse_params", "check_subspace_params"]
+__all__ = ["check_artifact", "check_causal", "check_given_artifact", "check_impulse_params", "check_subspace_layers",
+           "check_subspace_params"]

@@ -54,8 +54,8 @@ def check_pos_embed(spec, t, art=None) -> None:
     from structinit.solver.config import embedding_digest
 
     kind = t.pos_embed_kind()
-    if kind is None or (art is None and (spec.fit_pe or spec.artifact is not None)):
-        return
+    if kind is None or (art is None and (spec.fit_pe or spec.artifact is not None or spec.position_subspace)):
+        return  # fit_pe solves for it, a given artifact is checked when read, the subspace writes its own table
     fitted = art.config.pos_embed if art is not None else None
     if fitted is not None:
         if embedding_digest(t.pos_embed()) != fitted:

@@ -163,6 +163,12 @@ def prepare(spec, t, *, seed: int = 0, cache_dir=None, device: str = "cpu", arti
     hears "solving" (or "reading the artifact") before the artifact is made."""
     from structinit.fit.artifact import load_or_fit
 
+    if artifact is None and spec.artifact is not None:  # a given fitted artifact is written as it is, not fitted on
+        from structinit.solver.cache import resolve_artifact
+
+        given = resolve_artifact(spec.artifact, cache_dir)
+        if given.fit:
+            artifact, cached = given, None
     given_fit = artifact is not None and bool(getattr(artifact, "fit", None))
     base_reset = apply_base(t, spec.base, seed, spec.method)
     inputs, skipped = fit_inputs(spec, t, data, seed, source) if not given_fit else (None, None)
@@ -179,6 +185,10 @@ def prepare(spec, t, *, seed: int = 0, cache_dir=None, device: str = "cpu", arti
         artifact, cached = spec.artifact_for(t, seed, cache_dir, device, progress)
     elif check_pe:
         spec.check_pos_embed(t, artifact)
+    if given_fit and check_pe and t.model is not None:  # on the model the fit ran through: the same weights?
+        from structinit.fit.identity import check_fitted_to
+
+        check_fitted_to(artifact, t, model_input_shape(t.model))
     plain = artifact
     check_artifact(plain, t.grid, t.dim, t.heads, t.layers)
     check_causal(t, plain.config.causal)
@@ -258,7 +268,8 @@ def fit_record(spec, prepared: Prepared) -> Optional[Dict[str, Any]]:
                token_values=inputs.token_values(int(np.prod(art.config.grid))) if inputs is not None else None,
                source=inputs.source if inputs is not None else art.fit.get("source"),
                artifact={"key": art.key, "path": str(art.path) if art.path else None,
-                         "cached": prepared.fit_cached})
+                         "cached": prepared.fit_cached,
+                         **({"given": True} if inputs is None and spec.artifact is not None else {})})
     return out
 
 

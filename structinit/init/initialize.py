@@ -47,10 +47,22 @@ def initialize(target: Union[torch.nn.Module, MutableMapping[str, Any]], spec: U
     per fitted layer, and ``source`` (words) says where ``data`` came from, for the fitted artifact.
     """
     from structinit.init.attention_target import AttentionTarget
+    from structinit.init.finite import (
+        attention_keys,
+        check_finite,
+        check_finite_inputs,
+        check_float_weights,
+        model_tensors,
+    )
 
     spec = init_spec(spec, **params)
     t = AttentionTarget(target, grid, heads, layers, need_grid=spec.needs_grid)
     spec.check_target(t)
+    where = "the model" if hasattr(target, "named_parameters") else "the state dict"
+    check_float_weights(((k, t.sd.get(k)) for k in attention_keys(t.det)), where)
+    check_finite(model_tensors(target), where)  # a diverged model would give NaN Q/K in every layer
+    if data is not None and spec.uses_data:
+        check_finite_inputs(data)
     before = snapshot(t.sd)
     report = spec.apply(t, seed=seed, cache_dir=cache_dir, device=device, data=data, fit_progress=progress, log=log,
                         source=source)

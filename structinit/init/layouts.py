@@ -172,6 +172,7 @@ class Detected:
     heads: Optional[int] = None
     pos_rows: Optional[int] = None  # rows of the position embedding (prefix rows included)
     grid_note: Optional[str] = None  # why the grid could not be told, when it could not
+    heads_note: Optional[str] = None  # why the heads could not be told (a config.json that cannot be read), when not
 
     @property
     def depth(self) -> int:
@@ -320,6 +321,15 @@ def _check_sequence_grid(det: Detected, grid: Grid) -> None:
                          f"({det.grid.tokens} positions)")
 
 
+def heads_unknown(det: Detected) -> UsageError:
+    """The refusal of a checkpoint that does not tell its number of heads (and why, where a file that
+    should have told it, a ``config.json``, could not be read: ``det.heads_note``)."""
+    why = f" ({det.heads_note})" if det.heads_note else ""
+    return UsageError(f"the {det.layout.name} checkpoint does not tell its number of heads{why}; give it with "
+                      f"{param('heads')} (it must divide dim {det.dim})")
+
+
+
 def resolve_shape(det: Detected, heads: Optional[int] = None, grid: Optional[GridLike] = None,
                   need_grid: bool = True) -> Tuple[Optional[Grid], int]:
     """``(grid, heads)`` from the checkpoint and the caller's values; raises :class:`UsageError` when
@@ -344,11 +354,12 @@ def resolve_shape(det: Detected, heads: Optional[int] = None, grid: Optional[Gri
         why = f" ({det.grid_note})" if det.grid_note else ""
         raise UsageError(f"the {det.layout.name} checkpoint does not tell its token grid{why}; give it with "
                          f"{param('grid')} (HxW, or L for a sequence)")
+    if heads is not None and (isinstance(heads, bool) or not isinstance(heads, int) or heads < 1):
+        raise UsageError(f"{param('heads')} must be a positive integer, got {heads!r}")
     if heads is None:
         heads = det.heads
     if heads is None:
-        raise UsageError(f"the {det.layout.name} checkpoint does not tell its number of heads; give it with "
-                         f"{param('heads')} (it must divide dim {det.dim})")
+        raise heads_unknown(det)
     if det.heads is not None and heads != det.heads:
         raise UsageError(f"{param('heads')} {heads} contradicts the checkpoint, which has {det.heads} heads")
     if heads < 1 or det.dim % heads:

@@ -97,13 +97,17 @@ def init_spec(method: Union[str, InitSpec], **params: Any) -> InitSpec:
 def parse_assignments(items: Iterable[str], what: str = "init_params") -> Dict[str, Any]:
     """``["filter=5", "share=true"]`` -> ``{"filter": 5, "share": True}`` (values as in
     :func:`~structinit.init.base.parse_value`; ``-`` in names becomes ``_``); ``what`` names the
-    parameter in errors."""
+    parameter in errors. A name given twice is refused naming both values (never the last one kept)."""
     out: Dict[str, Any] = {}
+    seen: Dict[str, str] = {}
     for item in items:
         name, sep, value = str(item).partition("=")
         name = name.strip().replace("-", "_")
         if not sep or not name:
             raise UsageError(f"{param(what)} must look like NAME=VALUE, got {item!r}")
+        if name in seen:
+            raise UsageError(f"{param(what)} sets {name} twice ({seen[name]}, {item}); give it once")
+        seen[name] = str(item)
         out[name] = parse_value(value)
     return out
 

@@ -25,7 +25,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Dict, Optional
+from typing import IO, TYPE_CHECKING, Any, Dict, List, Optional
 
 import numpy as np
 
@@ -117,6 +117,19 @@ def _header_checksum(meta: Dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def nonfinite_tensors(tensors: Dict[str, np.ndarray]) -> str:
+    """``""`` when every value of ``tensors`` is finite, else which tensors hold how many that are
+    not, in words (``"q: 8,192 of 65,536"``)."""
+    bad = []
+    for name, t in tensors.items():
+        arr = np.asarray(t)
+        if arr.dtype.kind in "fc":
+            count = int(arr.size - np.count_nonzero(np.isfinite(arr)))
+            if count:
+                bad.append(f"{name}: {count:,} of {arr.size:,}")
+    return "; ".join(bad)
+
+
 def write_artifact(artifact: Artifact, path: Path) -> Path:
     """Write ``artifact`` to ``path`` atomically (temp file in the same folder, fsync, ``os.replace``).
 
@@ -126,6 +139,9 @@ def write_artifact(artifact: Artifact, path: Path) -> Path:
 
     path = Path(path)
     tensors = artifact.tensors()
+    bad = nonfinite_tensors(tensors)
+    if bad:
+        raise ArtifactError(f"{path}: not written: its tensors hold values that are not finite ({bad})")
     meta = {
         "format": FORMAT,
         "config": artifact.config.canonical_json(),
@@ -194,6 +210,10 @@ def read_artifact(path: Path) -> Artifact:
     for name, shape in expect.items():
         if tuple(tensors[name].shape) != shape:
             raise ArtifactError(f"{path}: tensor {name} has shape {tuple(tensors[name].shape)}, expected {shape}")
+    bad = nonfinite_tensors(tensors)
+    if bad:
+        raise ArtifactError(f"{path}: its tensors hold values that are not finite ({bad}): a solve or fit that "
+                            "diverged, not one to use")
     return Artifact(config=config, q=tensors["q"], k=tensors["k"], offsets=tensors["offsets"],
                     pseudo_input=tensors["pseudo_input"], pseudo_input_rest=tensors.get("pseudo_input_rest"),
                     stats=stats, path=path, version=meta.get("version", "?"), fit=fit)
@@ -235,10 +255,16 @@ STATS_TOLERANCE = 1e-3
 
 def target_mass(x: np.ndarray, q: np.ndarray, k: np.ndarray, columns: np.ndarray,
                 mask: Optional[np.ndarray] = None) -> float:
-    """The mean over heads of the attention ``softmax(x q_h (x k_h)^T / sqrt(d))`` on each row's
-    target column (rows with a target only), as :func:`structinit.analysis.quality.measure` gives
-    it, in NumPy (a cache hit imports no torch), row chunk by row chunk. ``x: [N, D]``,
-    ``q, k: [H, D, d]``, ``columns: [H, N]``, ``mask``: bool ``[N, N]`` or ``None``."""
+    """The mean over heads of :func:`head_target_masses`."""
+    return float(np.mean(head_target_masses(x, q, k, columns, mask)))
+
+
+def head_target_masses(x: np.ndarray, q: np.ndarray, k: np.ndarray, columns: np.ndarray,
+                       mask: Optional[np.ndarray] = None) -> List[float]:
+    """Per head, the attention ``softmax(x q_h (x k_h)^T / sqrt(d))`` on each row's target column
+    (rows with a target only), as :func:`structinit.analysis.quality.measure` gives it, in NumPy (a
+    cache hit imports no torch), row chunk by row chunk. ``x: [N, D]``, ``q, k: [H, D, d]``,
+    ``columns: [H, N]``, ``mask``: bool ``[N, N]`` or ``None``."""
     n = x.shape[0]
     step = max(1, min(n, 2 ** 22 // max(n, 1)))
     masses = []
@@ -258,12 +284,13 @@ def target_mass(x: np.ndarray, q: np.ndarray, k: np.ndarray, columns: np.ndarray
             rows = np.nonzero(c >= 0)[0]
             on += float(attn[rows, c[rows]].astype(np.float64).sum())
         masses.append(on / max(int((cols >= 0).sum()), 1))
-    return float(np.mean(masses))
+    return masses
 
 
 def check_stats(art: Artifact) -> None:
     """Raise :class:`ArtifactError` unless ``art``'s Q/K give, on its own pseudo input, the target
-    mass its ``stats`` record for every layer (the mean over heads, within :data:`STATS_TOLERANCE`).
+    mass its ``stats`` record for every head of every layer (within :data:`STATS_TOLERANCE`): one
+    head scaled, or two heads swapped, is caught, not only a change of a layer's mean.
 
     The checksums say that a file is as it was written, not that a solve or a fit wrote it: Q/K
     scaled by hand with both checksums made again pass them. Such an artifact would be written into
@@ -279,17 +306,21 @@ def check_stats(art: Artifact) -> None:
     mask = causal_mask(c.grid, c.causal)
     for layer in range(art.depth):
         try:
-            want = float(np.mean([float(head["target_mass"]) for head in recorded[layer]]))
+            wants = [float(head["target_mass"]) for head in recorded[layer]]
         except (TypeError, KeyError, ValueError):
             raise ArtifactError(f"{art.path}: its stats of layer {layer} hold no target mass per head") from None
+        if len(wants) != c.heads:
+            raise ArtifactError(f"{art.path}: its stats of layer {layer} record {len(wants)} head(s), its Q/K hold "
+                                f"{c.heads}")
         columns = impulse_columns(c.grid, art.offsets[layer], c.padding)
         # a fit of a one-layer solve measured every layer on that layer's input (fit.artifact.run_fit)
         x = art.layer_input(0 if c.layers == 1 else layer)
-        got = target_mass(x, art.q[layer], art.k[layer], columns, mask)
-        if not abs(got - want) <= STATS_TOLERANCE:
-            raise ArtifactError(f"{art.path}: its Q/K give layer {layer} a target mass of {got:.3f} on its own pseudo "
-                                f"input, and its stats record {want:.3f}: the tensors are not the ones that were "
-                                "solved (edited, with its checksums made again)")
+        gots = head_target_masses(x, art.q[layer], art.k[layer], columns, mask)
+        for head, (got, want) in enumerate(zip(gots, wants)):
+            if not abs(got - want) <= STATS_TOLERANCE:
+                raise ArtifactError(f"{art.path}: its Q/K give head {head} of layer {layer} a target mass of {got:.3f} "
+                                    f"on its own pseudo input, and its stats record {want:.3f}: the tensors are not "
+                                    "the ones that were solved (edited, with its checksums made again)")
 
 
 def _metadata(raw: bytes) -> Dict[str, str]:

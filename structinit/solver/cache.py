@@ -20,7 +20,7 @@ from typing import Callable, Iterator, List, Optional, Tuple, Union
 
 from structinit.atomic import NotRegularFile, regular_file, set_aside
 from structinit.errors import ArtifactError, Notice, StructinitError, UsageError, param
-from structinit.solver.artifact import Artifact, check_stats, read_artifact, write_artifact
+from structinit.solver.artifact import Artifact, check_stats, nonfinite_tensors, read_artifact, write_artifact
 
 ENV_VAR = "STRUCTINIT_CACHE"
 #: Seconds a writer waits for another process solving the same key before giving up with an error.
@@ -144,6 +144,14 @@ def load_or_compute(filename: str, compute: Callable[[], Artifact], *, key: str,
     what was computed."""
     check_cache_dir(cache_dir)
     expect = (key, fitted)
+    if warn is not None:  # the cache is read twice (before and under the lock): a copy not set aside is told once
+        told: set = set()
+        say = warn
+
+        def warn(message: str) -> None:
+            if message not in told:
+                told.add(message)
+                say(message)
     if not force:
         hit = find_cached(filename, cache_dir, warn, expect)
         if hit is not None:
@@ -163,6 +171,10 @@ def load_or_compute(filename: str, compute: Callable[[], Artifact], *, key: str,
                 return hit, True
         artifact = compute()
         noun = "fitted artifact" if fitted else "artifact"
+        bad = nonfinite_tensors(artifact.tensors())
+        if bad:  # never cached, never written into a model
+            raise StructinitError(f"the {'data fit' if fitted else 'solve'} produced non-finite values ({bad}); "
+                                  "nothing was stored or written")
         try:
             artifact.path = write_artifact(artifact, folder / filename)
         except ArtifactError as exc:  # write_artifact's, its context the OSError of the failed write
