@@ -142,10 +142,9 @@ def inspect(
     """Show an artifact's config, quality and attention, a checkpoint's layout and attention
     quality (on its position embedding alone, and through its model on noise inputs as apply
     measures it), or (no argument) list the cache. With --data: a model's attention on real inputs."""
-    from structinit.apply.files import HF_CONFIG, HF_WEIGHTS
     from structinit.errors import UsageError
     from structinit.runtime import use_threads
-    from structinit.solver.cache import check_cache_dir, resolve_key
+    from structinit.solver.cache import check_cache_dir
 
     use_threads(threads)
     check_cache_dir(cache_dir)
@@ -175,6 +174,26 @@ def inspect(
             raise UsageError(f"{', '.join(given)} need(s) an artifact or checkpoint to inspect; listing the cache "
                              "takes none")
         return _list(cache_dir, json_out)
+    path = _target_path(target, cache_dir)
+    if path.is_file() and _is_artifact_file(path):
+        given = [f for f, v in checkpoint_only.items() if v is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} apply to a checkpoint; {path.name} is an artifact (its shape is "
+                             "in its config)")
+        return _show_artifact(path, layer or 0, head or 0, query, png, force, json_out)
+    given = [f for f, v in artifact_only.items() if v is not None]
+    if given:
+        raise UsageError(f"{', '.join(given)} apply to an artifact; {path.name} is a checkpoint (inspect shows its "
+                         "layout and per-layer quality; draw an artifact's attention instead)")
+    return _show_checkpoint(path, heads, grid, model_name, config, json_out)
+
+
+def _target_path(target: str, cache_dir) -> Path:
+    """What ``target`` names: a file, a cached artifact's key, or a Hugging Face model's folder."""
+    from structinit.apply.files import HF_CONFIG, HF_WEIGHTS
+    from structinit.errors import UsageError
+    from structinit.solver.cache import resolve_key
+
     path = Path(target).expanduser()
     if not path.exists():
         found = resolve_key(target, cache_dir)
@@ -187,17 +206,7 @@ def inspect(
         raise UsageError(f"{path} is a folder and not a Hugging Face model's (config.json and its weights); give an "
                          "artifact or checkpoint file (a train run folder is measured on real inputs with --data "
                          "DATASET)")
-    if path.is_file() and _is_artifact_file(path):
-        given = [f for f, v in checkpoint_only.items() if v is not None]
-        if given:
-            raise UsageError(f"{', '.join(given)} apply to a checkpoint; {path.name} is an artifact (its shape is "
-                             "in its config)")
-        return _show_artifact(path, layer or 0, head or 0, query, png, force, json_out)
-    given = [f for f, v in artifact_only.items() if v is not None]
-    if given:
-        raise UsageError(f"{', '.join(given)} apply to an artifact; {path.name} is a checkpoint (inspect shows its "
-                         "layout and per-layer quality; draw an artifact's attention instead)")
-    return _show_checkpoint(path, heads, grid, model_name, config, json_out)
+    return path
 
 
 def _list(cache_dir, json_out: bool) -> None:
