@@ -109,19 +109,19 @@ def test_bad_parameters_are_refused_by_name():
     assert rendered(init_spec, "conditioned", alpha1=0.5) == ("init method 'conditioned' has no parameter <alpha1> "
                                                               "(it takes: qk_scale, v_scale, base)")
     assert init_spec("conditioned").to_dict() == {"method": "conditioned",
-                                                  "params": {"qk_scale": 1.0, "v_scale": 1.0, "base": "model"}}
+                                                  "params": {"qk_scale": 2.0, "v_scale": 1.0, "base": "model"}}
     assert ConditionedInit(qk_scale="2") == init_spec("conditioned", qk_scale=2.0)
 
 
 def test_structinit_train_runs_it_on_the_train_base(cli, tmp_path):
     out = tmp_path / "run"
-    r = cli("train", "--model", "vit-digits", "--dataset", "digits", "--init", "conditioned", "-p", "qk_scale=2",
+    r = cli("train", "--model", "vit-digits", "--dataset", "digits", "--init", "conditioned", "-p", "qk_scale=3",
             "--epochs", "1", "--train-size", "64", "--patch", "2", "--depth", "1", "--dim", "32", "--heads", "2",
             "--batch-size", "32", "--out", out, "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads((out / "config.json").read_text())
     assert doc["config"]["init"] == "conditioned"
-    assert doc["config"]["init_params"] == {"qk_scale": 2, "base": "pytorch-mlp"}
+    assert doc["config"]["init_params"] == {"qk_scale": 3, "base": "pytorch-mlp"}
     layers = doc["init_report"]["layers"]
     assert len(layers) == 1 and layers[0]["qk_condition"] == pytest.approx(1.0, abs=1e-5)
 
