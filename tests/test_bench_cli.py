@@ -27,11 +27,11 @@ def test_list_shows_every_shipped_grid_with_its_run_count(cli):
     r = cli("bench", "grid", "--list")
     assert r.returncode == 0
     counts = re.findall(r"^(\S+) +(\d+) runs \((.*?)\)", r.stdout, flags=re.M)
-    assert ("digits", "160", "8 init x 4 train_size x 5 seeds") in counts
+    assert ("digits", "180", "9 init x 4 train_size x 5 seeds") in counts
     assert ("mnist1d", "100", "10 init x 2 data x 5 seeds") in counts
-    assert ("fashion-196", "175", "7 init x 5 train_size x 5 seeds") in counts
+    assert ("fashion-196", "200", "8 init x 5 train_size x 5 seeds") in counts
     assert ("table6", "216", "9 pseudo x 2 qk x 2 model x 2 filter x 3 seeds") in counts
-    assert ("vit-t16", "45", "5 init x 3 train_size x 3 seeds") in counts
+    assert ("vit-t16", "54", "6 init x 3 train_size x 3 seeds") in counts
     assert len(counts) == 12
     doc = json.loads(cli("bench", "grid", "--list", "--json").stdout)
     assert {d["name"]: d["runs"] for d in doc}["table4"] == 72

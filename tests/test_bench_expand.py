@@ -68,9 +68,9 @@ def test_cells_merge_settings_then_axis_values_then_overrides(tmp_path):
                             "its peak (set warmup_epochs too)"]  # digits' default warm-up is 2 epochs
     short = expand(load_grid("digits"), overrides=["epochs=2"], seeds=1, only=["train_size=100,all"])
     assert short.warnings == [
-        "8 cell(s) warm up for 2.65 epochs but train for only 2: the learning rate never reaches its peak (set "
+        "9 cell(s) warm up for 2.65 epochs but train for only 2: the learning rate never reaches its peak (set "
         "warmup_epochs too)",
-        "8 cell(s) warm up for 22.5 epochs but train for only 2: the learning rate never reaches its peak (set "
+        "9 cell(s) warm up for 22.5 epochs but train for only 2: the learning rate never reaches its peak (set "
         "warmup_epochs too)"]
     with pytest.raises(GridError, match=r"overrides init_params.alpha9: no init method of this grid takes it"):
         expand(mini(), overrides=["init_params.alpha9=1"])
@@ -178,7 +178,7 @@ def test_printed_commands_reproduce_the_run_keys(tmp_path, cli, monkeypatch):
     ex = expand(load_grid("digits"), seeds=1, runs_dir=tmp_path / "runs",
                 overrides=["eval_every=3", "init_params.share=true"])
     cmds = print_commands(ex, ex.unique_cells())
-    assert len(cmds) == 32
+    assert len(cmds) == 36
     for cmd, cell in zip(cmds, ex.unique_cells()):
         argv = shlex.split(cmd["command"])
         assert argv[:2] == ["structinit", "train"] and argv[-3:] == ["--out", str(ex.run_dir(cell)), "--resume"]

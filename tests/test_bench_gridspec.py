@@ -56,17 +56,20 @@ def test_the_shipped_grids_have_the_papers_shapes_and_numbers():
     assert names == ["digits", "fashion", "fashion-196", "mnist1d", "table1", "table2", "table3", "table4", "table5",
                      "table6", "table7", "vit-t16"]
     runs = {n: load_grid(n).runs for n in names}
-    # digits: 8 methods x 4 training-set sizes x 5 seeds; Fashion-MNIST 7 x 5 x 5; the paper's grids at 3 seeds
-    assert runs == {"digits": 160, "fashion": 175, "fashion-196": 175, "mnist1d": 100, "table1": 12,
-                    "table2": 60, "table3": 60, "table4": 72,
-                    "table5": 120, "table6": 216, "table7": 120, "vit-t16": 45}
+    # digits: 9 methods x 4 training-set sizes x 5 seeds; Fashion-MNIST 8 x 5 x 5; the paper's grids at 3 seeds
+    # (table2 with conditioned init beside the paper's five)
+    assert runs == {"digits": 180, "fashion": 200, "fashion-196": 200, "mnist1d": 100, "table1": 12,
+                    "table2": 72, "table3": 60, "table4": 72,
+                    "table5": 120, "table6": 216, "table7": 120, "vit-t16": 54}
     t2 = load_grid("table2")
+    assert t2.row_axis.value("conditioned").settings == {"init": "conditioned", "init_params": {"base": "model"}}
+    assert "conditioned" not in t2.paper  # the newer peer: no number in the paper's table
     assert [c[0].id for c in t2.column_cells()] == ["cifar10", "cifar100", "svhn", "imagenet"]
     assert t2.paper["impulse-3"] == [91.62, 68.81, 97.21, 74.24] and t2.baseline == "trunc-normal"
     v = load_grid("vit-t16")  # 16x16 patches at 224: the stream's content fills it; the subspace against the stream
     assert v.settings["patch"] == 16 and v.settings["image_size"] == 224 and v.baseline == "mimetic"
     assert [x.settings.get("init_params") for x in v.row_axis.values] == [  # one base: trunc normal's, the model's
-        None, {"base": "model"}, {"base": "model", "position_subspace": False},
+        None, {"base": "model"}, {"base": "model"}, {"base": "model", "position_subspace": False},
         {"base": "model", "position_subspace": True},
         {"base": "model", "position_subspace": True, "position_dims": 16}]
     t4 = load_grid("table4")  # rows kernel, columns dim x filters (dim outermost)

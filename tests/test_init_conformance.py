@@ -111,8 +111,10 @@ def test_every_registered_method_keeps_the_interface(method, tmp_path):
 
 
 def test_the_built_in_methods_are_listed_in_one_order_whatever_was_imported_first():
-    assert list(INIT_METHODS)[:6] == ["kaiming", "trunc-normal", "mimetic", "impulse", "impulse-2024", "impulse-2025"]
-    assert [m.__name__.rsplit(".", 1)[1] for m in BUILTIN_MODULES] == ["baselines", "mimetic", "impulse", "authors"]
+    assert list(INIT_METHODS)[:7] == ["kaiming", "trunc-normal", "mimetic", "impulse", "impulse-2024", "impulse-2025",
+                                  "conditioned"]
+    assert [m.__name__.rsplit(".", 1)[1] for m in BUILTIN_MODULES] == ["baselines", "mimetic", "impulse", "authors",
+                                                                        "conditioned"]
     assert fitting_methods() == "impulse"
 
 
@@ -202,8 +204,9 @@ def first_layer_directions(model, x):
 
 def test_a_method_added_in_its_own_module_passes_every_check(example_method, tmp_path):
     check_method(example_method, tmp_path)
-    assert list(INIT_METHODS)[:6] == ["kaiming", "trunc-normal", "mimetic", "impulse", "impulse-2024", "impulse-2025"]
-    assert list(INIT_METHODS)[6:] == ["example-pca"] and fitting_methods() == "impulse / example-pca"
+    assert list(INIT_METHODS)[:7] == ["kaiming", "trunc-normal", "mimetic", "impulse", "impulse-2024", "impulse-2025",
+                                  "conditioned"]
+    assert list(INIT_METHODS)[7:] == ["example-pca"] and fitting_methods() == "impulse / example-pca"
 
 
 def test_it_is_fitted_to_the_data_given_and_to_noise_without(example_method):

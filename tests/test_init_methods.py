@@ -54,7 +54,8 @@ def timm_attention(model):
 
 
 def test_registry_names():
-    assert list(INIT_METHODS) == ["kaiming", "trunc-normal", "mimetic", "impulse", "impulse-2024", "impulse-2025"]
+    assert list(INIT_METHODS) == ["kaiming", "trunc-normal", "mimetic", "impulse", "impulse-2024", "impulse-2025",
+                                  "conditioned"]
 
 
 def test_heads_rows_round_trip_follows_spec_convention():

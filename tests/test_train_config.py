@@ -236,6 +236,7 @@ def test_a_grid_with_overrides_expands_to_the_literal_keys_of_before():
         ("trunc-normal", 0): "3aaaf141e1d6", ("trunc-normal", 4): "8f5f25bcec3e",
         ("kaiming", 0): "2d418ad91296", ("kaiming", 4): "db3b60a76b0a",
         ("mimetic", 0): "5964e6959d62", ("mimetic", 4): "b3ffa49497cd",
+        ("conditioned", 0): "8871463add6d", ("conditioned", 4): "c31e9cede601",
         ("impulse", 0): "d3aa89f83fb1", ("impulse", 4): "4717ee2d3e46",
         ("impulse-plain", 0): "a89b5537eedc", ("impulse-plain", 4): "d5a20c09444d",
         ("impulse-2024", 0): "9c6c99e0e0a8", ("impulse-2024", 4): "285fdd3e0eb7",

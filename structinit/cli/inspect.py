@@ -95,7 +95,7 @@ SamplesOpt = Annotated[Optional[int], option("--samples", min=1, help="--data: h
     show_default=shown(FIDELITY_SAMPLES))]
 
 InitOpt = Annotated[Optional[str], option("--init", help="--data with a preset: attention init method "
-    "(kaiming, trunc-normal, mimetic or impulse).",
+    "(kaiming, trunc-normal, mimetic, conditioned or impulse).",
     show_default="the model's own")]
 
 InitParamOpt = Annotated[List[str], option("--init-param", help="--data with a preset: init "

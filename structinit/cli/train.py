@@ -76,8 +76,9 @@ ResumeOpt = Annotated[bool, option("--resume", help="Continue the run in --out f
     "there is none).")]
 
 InitOpt = Annotated[Optional[str], option("--init", help="Attention init method (ViTs, transformer-1d): kaiming, "
-    "trunc-normal, mimetic, impulse, or the authors' exact impulse-2024 / "
-    "impulse-2025. impulse and mimetic start the weights they do not write from "
+    "trunc-normal, mimetic, impulse, the authors' exact impulse-2024 / "
+    "impulse-2025, or conditioned (Q/K semi-orthogonal, V the identity). impulse, mimetic and conditioned start "
+    "the weights they do not write from "
     f"base={TRAIN_BASE} (the MLPs at PyTorch's default; chosen on validation) "
     "unless -p base=... says otherwise (base=model: timm's init).",
     show_default="timm's own")]

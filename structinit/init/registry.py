@@ -8,6 +8,7 @@ points that initialize a model or a state dict with a spec are in :mod:`structin
 ``impulse``               Q/K solved so each head's attention starts as an impulse filter
 ``impulse-2024``          the authors' released 2024 code exactly (:mod:`structinit.init.authors`)
 ``impulse-2025``          the authors' 2025 closed form exactly (:mod:`structinit.init.authors`)
+``conditioned``           Q/K semi-orthogonal and V the identity per head (:mod:`structinit.init.conditioned`)
 ========================  =========================================================================
 
 Example::
@@ -24,12 +25,12 @@ import dataclasses
 from typing import Any, Dict, Iterable, Mapping, Tuple, Type, TypeVar, Union, overload
 
 from structinit.errors import UsageError, param
-from structinit.init import authors, baselines, impulse, mimetic
+from structinit.init import authors, baselines, conditioned, impulse, mimetic
 from structinit.init.base import REGISTERED, InitSpec, parse_value
 
 #: The modules of the built-in methods, in the order the docs and messages list their methods (each
 #: registers its own with :func:`~structinit.init.base.register` when imported).
-BUILTIN_MODULES = (baselines, mimetic, impulse, authors)
+BUILTIN_MODULES = (baselines, mimetic, impulse, authors, conditioned)
 
 
 def _builtins_first() -> None:
