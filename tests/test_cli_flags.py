@@ -364,3 +364,13 @@ def test_inspect_checkpoint_numbers_are_the_checkpoints(cli, tmp_path):
         assert float(m.group(1)) == pytest.approx(row["hit_rate"], abs=5e-4)
         assert float(m.group(2)) == pytest.approx(row["target_mass"], abs=5e-4)
         assert float(m.group(3)) == pytest.approx(row["mse"], rel=5e-3)
+
+
+def test_every_registered_method_is_named_in_the_help_of_each_command_that_takes_one(cli):
+    """The method lists of --method and --init are read from the registry (apply listed 4 of 6)."""
+    from structinit.init.registry import INIT_METHODS
+
+    for command in (["apply"], ["train"], ["inspect"]):
+        text = " ".join(cli(*command, "--help").stdout.split())
+        for name in INIT_METHODS:
+            assert re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text), (command, name)

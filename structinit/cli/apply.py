@@ -20,6 +20,7 @@ from structinit.cli.common import (
     Threads,
     emit_json,
     examples,
+    init_methods,
     option,
     shown,
 )
@@ -67,7 +68,7 @@ CkptOpt = Annotated[Path, typer.Argument(help="Checkpoint file: timm ViT, Huggin
     ".safetensors. Or a Hugging Face folder (save_pretrained's): "
     "written as a folder, CKPT.METHOD by default.")]
 
-MethodOpt = Annotated[str, option("--method", help="impulse, mimetic, conditioned, kaiming or trunc-normal.")]
+MethodOpt = Annotated[str, option("--method", help=f"The init method: {init_methods()}.")]
 
 InitParamOpt = Annotated[List[str], option("--init-param", help="Init parameter NAME=VALUE (repeatable), "
     "e.g. alpha1=0.5 for mimetic.")]

@@ -235,6 +235,15 @@ FLAG_ALIASES: Dict[str, str] = {"offset_order": "--offsets", "layers": "--layers
                                 "recipe_params": "--recipe-param", "filter_size": "--filter"}
 
 
+def init_methods(last: str = "or") -> str:
+    """The registered init methods, in the registry's order, as a help text lists them (read from
+    the registry, so a method registered there is listed everywhere)."""
+    from structinit.init.registry import INIT_METHODS
+
+    names = list(INIT_METHODS)
+    return ", ".join(names[:-1]) + f" {last} " + names[-1] if len(names) > 1 else names[0]
+
+
 def flag_for(name: str, command_flags: List[str], aliases: Optional[Dict[str, str]] = None) -> str:
     """How the CLI names library parameter ``name``: the command's own ``--name`` flag (or its alias)
     when it has one, else the plain name (e.g. an ``--init-param`` key)."""

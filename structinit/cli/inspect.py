@@ -17,6 +17,7 @@ from structinit.cli.common import (
     Threads,
     emit_json,
     examples,
+    init_methods,
     option,
     shown,
 )
@@ -95,7 +96,7 @@ SamplesOpt = Annotated[Optional[int], option("--samples", min=1, help="--data: h
     show_default=shown(FIDELITY_SAMPLES))]
 
 InitOpt = Annotated[Optional[str], option("--init", help="--data with a preset: attention init method "
-    "(kaiming, trunc-normal, mimetic, conditioned or impulse).",
+    f"({init_methods()}).",
     show_default="the model's own")]
 
 InitParamOpt = Annotated[List[str], option("--init-param", help="--data with a preset: init "

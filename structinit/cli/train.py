@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 import typer
 from typing_extensions import Annotated
 
-from structinit.cli.common import Device, JsonOut, Out, Progress, Threads, emit_json, examples, option
+from structinit.cli.common import Device, JsonOut, Out, Progress, Threads, emit_json, examples, init_methods, option
 from structinit.training.config import TRAIN_BASE
 
 if TYPE_CHECKING:
@@ -75,10 +75,9 @@ ShuffleSeqOpt = Annotated[bool, option("--shuffle-seq", help="mnist1d: permute t
 ResumeOpt = Annotated[bool, option("--resume", help="Continue the run in --out from its last checkpoint (start it if "
     "there is none).")]
 
-InitOpt = Annotated[Optional[str], option("--init", help="Attention init method (ViTs, transformer-1d): kaiming, "
-    "trunc-normal, mimetic, impulse, the authors' exact impulse-2024 / "
-    "impulse-2025, or conditioned (Q/K semi-orthogonal, V the identity). impulse, mimetic and conditioned start "
-    "the weights they do not write from "
+InitOpt = Annotated[Optional[str], option("--init", help="Attention init method (ViTs, transformer-1d): "
+    f"{init_methods()} (impulse-2024 and impulse-2025 are the authors' exact recipes). impulse, mimetic and "
+    "conditioned start the weights they do not write from "
     f"base={TRAIN_BASE} (the MLPs at PyTorch's default; chosen on validation) "
     "unless -p base=... says otherwise (base=model: timm's init).",
     show_default="timm's own")]
