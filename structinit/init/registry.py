@@ -22,7 +22,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Iterable, Mapping, Tuple, Type, TypeVar, Union, overload
+from typing import Any, Dict, Iterable, List, Mapping, Tuple, Type, TypeVar, Union, overload
 
 from structinit.errors import UsageError, param
 from structinit.init import authors, baselines, conditioned, impulse, mimetic
@@ -49,6 +49,33 @@ def _builtins_first() -> None:
     REGISTERED.update(ordered)
 
 
+#: The entry-point group through which another installed package adds init methods: each entry
+#: point names a module (``mypkg.inits``) whose import registers its methods with
+#: :func:`~structinit.init.base.register`, e.g. in its pyproject.toml::
+#:
+#:     [project.entry-points."structinit.inits"]
+#:     my-init = "mypkg.inits"
+ENTRY_POINT_GROUP = "structinit.inits"
+
+
+#: Plugins that failed to load, in words, not yet said (the first lookup of a method warns of each once).
+_PLUGIN_FAILURES: List[str] = []
+
+
+def _load_plugins() -> None:
+    """Import every module of :data:`ENTRY_POINT_GROUP` (its methods register as it loads); one that
+    fails to load is left out, never breaking the built-in methods, and named in a warning at the
+    first lookup of a method (:func:`spec_class`), where the caller shows warnings its way."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            ep.load()
+        except Exception as exc:  # noqa: BLE001 - another package's failure is reported, not raised
+            _PLUGIN_FAILURES.append(f"init plugin {ep.name} ({ep.value}) was not loaded: {type(exc).__name__}: {exc}")
+
+
+_load_plugins()
 _builtins_first()
 #: Registered init methods: name -> spec class (the built-in ones, then any registered later).
 INIT_METHODS: Dict[str, Type[InitSpec]] = REGISTERED
@@ -62,6 +89,12 @@ def fitting_methods() -> str:
 
 def spec_class(method: str) -> Type[InitSpec]:
     """The spec class registered as ``method``."""
+    while _PLUGIN_FAILURES:
+        import warnings
+
+        from structinit.errors import StructinitWarning
+
+        warnings.warn(StructinitWarning(_PLUGIN_FAILURES.pop(0)), stacklevel=2)
     if method not in INIT_METHODS:
         raise UsageError(f"unknown init method {method!r}; {param('init')} takes one of {', '.join(INIT_METHODS)}")
     return INIT_METHODS[method]
