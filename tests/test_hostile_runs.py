@@ -164,7 +164,7 @@ def test_a_run_folders_readers_refuse_a_fifo(tmp_path):
         os.mkfifo(run.file(run.CONFIG))
         with pytest.raises(Exception, match="FIFO"):
             run.read_config()
-        assert run.damage() == "metrics.jsonl, final.json: not a regular file"
+        assert run.damage() == "final.json, metrics.jsonl: not a regular file"
 
     bounded(run.path, reads)
 
