@@ -91,7 +91,7 @@ def test_inspect_names_a_fifo_in_the_cache_and_reads_nothing_from_it(cache_dir, 
     fifo = cache_dir / ("n16-d16-h2-f3-fit-" + "0" * 12 + ".safetensors")
     with feeding_fifo(fifo, res.artifact.path.read_bytes()):
         r = cli("inspect", fifo)
-        assert r.returncode == 1 and error_line(r.stderr) == f"error: {fifo}: a FIFO (named pipe), not a regular file"
+        assert r.returncode == 2 and error_line(r.stderr) == f"error: {fifo}: a FIFO (named pipe), not a regular file"
         r = cli("inspect", "--json")
         assert r.returncode == 0, r.stderr
         listed = {Path(a["path"]).name: a for a in json.loads(r.stdout)["artifacts"]}

@@ -84,20 +84,23 @@ def release(folder: Path) -> None:
 def bounded(folder: Path, call):
     """``call()`` in this thread with a watchdog that frees every FIFO under ``folder`` after
     :data:`HANG_BOUND` seconds; fails if the call waited on one that long."""
-    hung = threading.Event()
+    hung, done = threading.Event(), threading.Event()
 
     def watchdog():
+        if done.wait(HANG_BOUND):
+            return
         hung.set()
-        for _ in range(200):
+        while not done.is_set():  # until the call returns: it may open a FIFO again
             release(folder)
-            time.sleep(0.05)
+            done.wait(0.05)
 
-    timer = threading.Timer(HANG_BOUND, watchdog)
-    timer.start()
+    guard = threading.Thread(target=watchdog, daemon=True)
+    guard.start()
     try:
         result = call()
     finally:
-        timer.cancel()
+        done.set()
+        guard.join()
     assert not hung.is_set(), f"waited {HANG_BOUND:.0f} s on a FIFO"
     return result
 
@@ -110,6 +113,8 @@ def test_a_fifo_at_any_name_of_a_run_folder_is_never_waited_on(one_run, tmp_path
     run = next(p for p in (folder / "runs").iterdir() if p.is_dir() and p.name != "grids")
     (run / name).unlink()
     os.mkfifo(run / name)
+    if name != RunDir.FINAL:  # the rerun has work to do (and a log to write): final.json again, from the checkpoint
+        (run / RunDir.FINAL).unlink()
     status = bounded(folder, lambda: cli("bench", "grid", "grid.toml", "--out", "runs", "--status", cwd=folder))
     assert status.returncode == 0 and "1 run in" in status.stdout, status.stderr
     report = bounded(folder, lambda: cli("bench", "report", "runs", cwd=folder))
@@ -119,25 +124,28 @@ def test_a_fifo_at_any_name_of_a_run_folder_is_never_waited_on(one_run, tmp_path
     assert again.returncode == 0, again.stderr
     rerun = bounded(folder, lambda: cli("bench", "run", run, "--threads", "1", cwd=folder))
     assert rerun.returncode == 0 and "Traceback" not in rerun.stderr, rerun.stderr
-    assert RunDir(run).state == "finished"
+    assert bounded(folder, lambda: RunDir(run).state) == "finished"
     kept = [p for p in run.rglob(name + "*") if p.is_fifo()]
     assert len(kept) <= 1  # replaced by the run's own file, or kept (aside or in place); never read
 
 
 def test_appending_to_a_fifo_or_a_folder_is_refused_not_waited_on(tmp_path):
-    os.mkfifo(tmp_path / "log.txt")
-    with pytest.raises(atomic.NotRegularFile, match="FIFO"):
-        atomic.append_line(tmp_path / "log.txt", "a line")
-    with open(os.open(tmp_path / "log.txt", os.O_RDONLY | os.O_NONBLOCK), "rb") as reader:  # a reader is there
+    def appends():
+        os.mkfifo(tmp_path / "log.txt")
         with pytest.raises(atomic.NotRegularFile, match="FIFO"):
             atomic.append_line(tmp_path / "log.txt", "a line")
-        assert reader.read() in (b"", None)  # nothing was written into it
-    (tmp_path / "dir").mkdir()
-    with pytest.raises(OSError):
-        atomic.append_line(tmp_path / "dir", "a line")
-    atomic.append_line(tmp_path / "plain.txt", "one")
-    atomic.append_line(tmp_path / "plain.txt", "two")
-    assert (tmp_path / "plain.txt").read_text() == "one\ntwo\n"
+        with open(os.open(tmp_path / "log.txt", os.O_RDONLY | os.O_NONBLOCK), "rb") as reader:  # a reader is there
+            with pytest.raises(atomic.NotRegularFile, match="FIFO"):
+                atomic.append_line(tmp_path / "log.txt", "a line")
+            assert reader.read() in (b"", None)  # nothing was written into it
+        (tmp_path / "dir").mkdir()
+        with pytest.raises(OSError):
+            atomic.append_line(tmp_path / "dir", "a line")
+        atomic.append_line(tmp_path / "plain.txt", "one")
+        atomic.append_line(tmp_path / "plain.txt", "two")
+        assert (tmp_path / "plain.txt").read_text() == "one\ntwo\n"
+
+    bounded(tmp_path, appends)
 
 
 def test_a_run_folders_readers_refuse_a_fifo(tmp_path):
@@ -145,14 +153,18 @@ def test_a_run_folders_readers_refuse_a_fifo(tmp_path):
     run.path.mkdir()
     for name in (run.METRICS, run.LOG, run.TASK, run.FINAL):
         os.mkfifo(run.file(name))
-    assert run.epochs_recorded() == 0 and run.last_log_line() is None and run.read_task() is None
-    assert run.read_metrics(strict=False) == [] and run.peek_json(run.FINAL) is None
-    with pytest.raises(OSError):
-        run.read_metrics()
-    os.mkfifo(run.file(run.CONFIG))
-    with pytest.raises(Exception, match="FIFO"):
-        run.read_config()
-    assert "FIFO" in run.damage() or "does not parse" in run.damage()
+
+    def reads():
+        assert run.epochs_recorded() == 0 and run.last_log_line() is None and run.read_task() is None
+        assert run.read_metrics(strict=False) == [] and run.peek_json(run.FINAL) is None
+        with pytest.raises(OSError):
+            run.read_metrics()
+        os.mkfifo(run.file(run.CONFIG))
+        with pytest.raises(Exception, match="FIFO"):
+            run.read_config()
+        assert run.damage() == "final.json, metrics.jsonl: not a regular file"
+
+    bounded(run.path, reads)
 
 
 # --------------------------------------------------------------------------- 10: long names

@@ -455,7 +455,10 @@ def checkpoint_info(path: Union[str, os.PathLike]) -> Dict[str, Any]:
 
 def _damage(run: "RunDir"):
     """``(why, files to set aside)``, or ``(None, [])`` for a sound run (see :meth:`RunDir.damage`)."""
-    present = [n for n in run.RESULTS if run.file(n).exists()]
+    present = [n for n in run.RESULTS if os.path.lexists(run.file(n))]
+    odd = [n for n in present if n != run.CHECKPOINT and not run.file(n).is_file()]
+    if odd:  # a FIFO, a device, a folder or a dangling link: nothing a run wrote (a checkpoint is checked below)
+        return f"{', '.join(odd)}: not a regular file", odd
     ck_path, final_path = run.file(run.CHECKPOINT), run.file(run.FINAL)
     ck: Optional[Dict[str, Any]] = None
     ck_why: Optional[str] = None
