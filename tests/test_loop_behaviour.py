@@ -457,10 +457,11 @@ def test_run_files_and_their_errors(tmp_path):
     blocked.create()
     metrics = blocked.file(blocked.METRICS)
     metrics.mkdir()
-    for write in (lambda: blocked.append_metrics({"epoch": 1}), lambda: blocked.write_metrics([])):
+    for write, why in ((lambda: blocked.append_metrics({"epoch": 1}), "a folder, not a regular file"),
+                       (lambda: blocked.write_metrics([]), "Is a directory")):
         with pytest.raises(StructinitError) as exc:
             write()
-        assert str(exc.value) == f"cannot write {metrics}: a folder, not a regular file"
+        assert str(exc.value) == f"cannot write {metrics}: {why}"
 
 
 def test_run_files_are_sorted_readable_json(tmp_path):
