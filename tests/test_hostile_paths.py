@@ -180,10 +180,10 @@ def test_a_fifo_a_device_or_a_link_to_nothing_as_the_checkpoint_is_one_line(tmp_
     """Issue 45: `apply some.fifo` blocked; /dev/zero was "the file is empty"."""
     zero = tmp_path / "zero.pt"
     os.symlink("/dev/zero", zero)
-    r = cli("apply", zero, "--heads", "4")
-    assert r.returncode == 1 and error_line(r.stderr) == f"error: {zero}: a character device, not a regular file"
+    r = cli("apply", zero, "--heads", "4")  # exit 2: a path that names no usable file (the README's rule)
+    assert r.returncode == 2 and error_line(r.stderr) == f"error: {zero}: a character device, not a regular file"
     r = cli("apply", "/dev/zero", "--heads", "4", "--out", tmp_path / "o.pt")
-    assert r.returncode == 1 and error_line(r.stderr) == "error: /dev/zero: a character device, not a regular file"
+    assert r.returncode == 2 and error_line(r.stderr) == "error: /dev/zero: a character device, not a regular file"
     gone = tmp_path / "gone.pt"
     os.symlink(tmp_path / "nothing.pt", gone)
     r = cli("apply", gone, "--heads", "4")
@@ -193,7 +193,7 @@ def test_a_fifo_a_device_or_a_link_to_nothing_as_the_checkpoint_is_one_line(tmp_
     with feeding_fifo(fifo, b"PK\x03\x04 not a zip"):
         for args in (("apply", fifo, "--heads", "4"), ("inspect", fifo, "--heads", "4")):
             r = cli(*args)
-            assert r.returncode == 1
+            assert r.returncode == 2
             assert error_line(r.stderr) == f"error: {fifo}: a FIFO (named pipe), not a regular file"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gone.pt", "some.fifo", "zero.pt"]  # nothing written
 

@@ -422,7 +422,11 @@ def test_run_files_and_their_errors(tmp_path):
     assert run.state == "fresh" and not run.holds_run() and run.read_config() is None and run.read_final() is None
     run.create()
     run.write_metrics([{"epoch": 1}, {"epoch": 2}])
-    assert run.holds_run() and run.state == "fresh"
+    assert run.holds_run() and run.state == "damaged"  # metrics, but neither a checkpoint nor a run's config.json
+    assert "no checkpoint.pt and no run's config.json" in run.damage()
+    run.write_config({"config": {}, "key": "k"})
+    assert run.state == "fresh"  # a run's own start, stopped before its first checkpoint
+    run.file(run.CONFIG).unlink()
     with open(run.file(run.METRICS), "a") as f:
         f.write('{"epoch": 3, "tor')  # a torn last line
     assert run.read_metrics() == [{"epoch": 1}, {"epoch": 2}]
@@ -475,10 +479,11 @@ def test_run_files_and_their_errors(tmp_path):
     blocked.create()
     metrics = blocked.file(blocked.METRICS)
     metrics.mkdir()
-    for write in (lambda: blocked.append_metrics({"epoch": 1}), lambda: blocked.write_metrics([])):
+    for write, why in ((lambda: blocked.append_metrics({"epoch": 1}), "a folder, not a regular file"),
+                       (lambda: blocked.write_metrics([]), "Is a directory")):
         with pytest.raises(StructinitError) as exc:
             write()
-        assert str(exc.value) == f"cannot write {metrics}: Is a directory"
+        assert str(exc.value) == f"cannot write {metrics}: {why}"
 
 
 def test_run_files_are_sorted_readable_json(tmp_path):

@@ -308,18 +308,22 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 PATH_PARAMS = ("data", "png", "target", "artifact", "runs_csv", "config")
 
 
-def check_paths(values: Dict[str, Any], names: Tuple[str, ...] = PATH_PARAMS) -> None:
+def check_paths(values: Dict[str, Any], names: Tuple[str, ...] = PATH_PARAMS,
+                flag_of: Callable[[str], str] = lambda n: "--" + n.replace("_", "-")) -> None:
     """Refuse, before any work, a path among ``values`` (a command's parameters: every ``Path``, and
     the text of those in ``names``) that no file could have: a name longer than the file system
     allows, a loop of symbolic links, or a symbolic link to nothing. Raises
-    :class:`~structinit.errors.UsageError` naming the parameter (a missing path passes: it may be an
-    output, or a dataset's name)."""
+    :class:`~structinit.errors.UsageError` naming the parameter by its flag (``flag_of``; an
+    argument, which has none, by its path alone); a missing path passes: it may be an output, or a
+    dataset's name."""
     import os
 
     from structinit.atomic import check_name
-    from structinit.errors import UsageError, param, path_error
+    from structinit.errors import UsageError, path_error
 
     for name, value in values.items():
+        flag = flag_of(name)
+        what = flag if flag.startswith("--") else ""
         items = value if isinstance(value, (list, tuple)) else [value]
         for item in items:
             if not (isinstance(item, Path) or (name in names and isinstance(item, str) and item)):
@@ -329,11 +333,11 @@ def check_paths(values: Dict[str, Any], names: Tuple[str, ...] = PATH_PARAMS) ->
                 os.stat(item)
             except FileNotFoundError:
                 if os.path.islink(item):  # neither read from nor written through: the link is the user's
-                    raise UsageError(f"{param(name)} {item}: a symbolic link to {os.readlink(item)}, which does "
-                                     "not exist") from None
+                    text = f"{item}: a symbolic link to {os.readlink(item)}, which does not exist"
+                    raise UsageError(f"{what} {text}" if what else text) from None
             except OSError as exc:
                 if exc.errno in (errno.ENAMETOOLONG, errno.ELOOP):
-                    raise path_error(exc, param(name)) from None
+                    raise path_error(exc, what) from None
 
 
 def handle_errors(fn: Callable, aliases: Optional[Dict[str, str]] = None,
@@ -353,7 +357,7 @@ def handle_errors(fn: Callable, aliases: Optional[Dict[str, str]] = None,
         syntax = CommandSyntax(flags, aliases)
         token = FLAG_NAMER.set(syntax)  # warnings name this command's flags too
         try:
-            check_paths(kwargs, PATH_PARAMS + paths)
+            check_paths(kwargs, PATH_PARAMS + paths, name_of)
             return fn(*args, **kwargs)
         except StructinitError as exc:
             raise fail(exc.render(syntax), exc.exit_code) from None

@@ -481,9 +481,9 @@ def _damage(run: "RunDir"):
     if ck_why is not None:
         return ck_why, present  # no checkpoint to resume from: everything it trained goes
     if not final_path.exists():
-        if ck is None and present:  # files no run of this folder wrote (a run writes its checkpoint first)
-            return (f"{', '.join(present)} but no {run.CHECKPOINT}: not the files of a run that can be resumed",
-                    present)
+        if ck is None and present and key is None:  # no run's config.json, no checkpoint: no run wrote these
+            return (f"{', '.join(present)} but no {run.CHECKPOINT} and no run's {run.CONFIG}: not the files of a "
+                    "run that can be resumed", present)
         return None, []
     final: Any
     why: Optional[str]
