@@ -692,3 +692,16 @@ def test_safetensors_files_are_checked_against_their_size_branch_by_branch(tmp_p
         assert why(safetensors_file(p, {"inputs": {**entry, "data_offsets": offsets}}, body)) == (
             f"data {p} is damaged: tensor 'inputs' claims shape [2] (8 bytes at {offsets[0]}..{offsets[1]}); the file "
             f"holds {len(body)} bytes of tensors")
+
+
+def test_each_tensor_is_checked_past_a_mask_or_a_missing_one():
+    """A mask's -inf, or a tensor the layout names but the file lacks (``None``), ends no check: the
+    tensors after it are checked too."""
+    from structinit.errors import UsageError
+    from structinit.init.finite import check_finite, check_float_weights
+
+    mask = torch.triu(torch.full((3, 3), float("-inf")), diagonal=1)
+    with pytest.raises(UsageError, match=r"^the model: tensor w holds 1 NaN of its 2 values"):
+        check_finite([("attn.mask", mask), ("w", torch.tensor([0.0, float("nan")]))], "the model")
+    with pytest.raises(UsageError, match=r"^the file: tensor q is int8, not floating point"):
+        check_float_weights([("bias", None), ("q", torch.zeros(2, dtype=torch.int8))], "the file")
