@@ -599,3 +599,109 @@ def test_a_corrupt_copy_that_is_not_set_aside_is_told_once(cli, tmp_path, cache_
     assert r.returncode == 0, r.stderr
     warned = [line for line in r.stderr.splitlines() if line.startswith("warning: ignoring corrupt artifact")]
     assert len(warned) == 1 and str(shipped / config.filename) in warned[0], r.stderr
+
+
+# --------------------------------------------------------------------------- tensor files, branch by branch
+
+def npy_file(path, arr, version=None, cut=None):
+    """``arr`` as a .npy file at ``path`` (format ``version``), its last ``cut`` bytes dropped."""
+    import io
+
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, arr, version=version)
+    raw = buf.getvalue()
+    path.write_bytes(raw[:len(raw) - cut] if cut else raw)
+    return path
+
+
+def safetensors_file(path, header, body=b""):
+    """A safetensors file at ``path`` with ``header`` (a dict, or raw bytes) and ``body``."""
+    import struct
+
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + body)
+    return path
+
+
+def test_npy_files_are_read_whole_and_refused_damaged_with_the_reason(tmp_path):
+    import numpy as np
+
+    from structinit.apply.tensor_files import read_npy
+    from structinit.errors import UsageError
+
+    arr = np.arange(60, dtype=np.float32).reshape(20, 3)
+    for version in ((1, 0), (2, 0)):
+        assert torch.equal(read_npy(npy_file(tmp_path / "a.npy", arr, version)), torch.from_numpy(arr))
+    fortran = np.asfortranarray(arr)
+    assert torch.equal(read_npy(npy_file(tmp_path / "f.npy", fortran)), torch.from_numpy(arr))
+
+    def why(path):
+        with pytest.raises(UsageError) as err:
+            read_npy(path)
+        return err.value.render()
+
+    cut = npy_file(tmp_path / "cut.npy", arr, cut=100)
+    assert why(cut) == (f"data {cut} is damaged: its header promises [20, 3] float32 values (240 bytes), but the file "
+                        "holds 140 after it")
+    bad = tmp_path / "bad.npy"
+    bad.write_bytes(b"\x93NUMPY\x03\x00" + bytes(8))
+    assert why(bad) == (f"data {bad} is damaged: its header cannot be read (format version 3.0, which NumPy 1.x files "
+                        "do not use)")
+    bad.write_bytes(b"\x93NUMPY\x01\x00\x10\x00{'descr': 1,    }\n")
+    assert why(bad).startswith(f"data {bad} is damaged: its header cannot be read (")
+    words = npy_file(tmp_path / "u.npy", np.array([["ab", "c"]]))
+    assert why(words) == (f"data {words} holds <U2 values, not numbers; give float inputs normalized as the model "
+                          "sees them")
+
+
+def test_safetensors_files_are_checked_against_their_size_branch_by_branch(tmp_path):
+    import numpy as np
+
+    from structinit.apply.tensor_files import read_safetensors_inputs
+    from structinit.errors import UsageError
+
+    def why(path):
+        with pytest.raises(UsageError) as err:
+            read_safetensors_inputs(path)
+        return err.value.render()
+
+    two = np.arange(2, dtype=np.float32).tobytes()
+    entry = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
+    p = tmp_path / "x.safetensors"
+    assert torch.equal(read_safetensors_inputs(safetensors_file(p, {"__metadata__": {"a": "b"}, "other": entry}, two)),
+                       torch.tensor([0.0, 1.0]))
+    both = {"a": entry, "inputs": {**entry, "data_offsets": [8, 16]}}
+    assert torch.equal(read_safetensors_inputs(safetensors_file(p, both, two + two[::-1])),
+                       torch.from_numpy(np.frombuffer(two[::-1], dtype=np.float32).copy()))
+    assert why(safetensors_file(p, {"a": entry, "b": {**entry, "data_offsets": [8, 16]}}, two + two)) == (
+        f"data {p} holds 2 tensors; name the inputs 'inputs'")
+    p.write_bytes(b"\x05\x00")
+    assert why(p) == f"data {p} is damaged: it ends inside the header's length"
+    p.write_bytes((4096).to_bytes(8, "little") + b"{}")
+    assert why(p) == f"data {p} is damaged: its header claims 4,096 bytes; the file holds 2 after the length"
+    assert why(safetensors_file(p, b"{not json}")).startswith(f"data {p} is damaged: its header is not JSON (")
+    assert why(safetensors_file(p, b"[1, 2]")) == f"data {p} is damaged: its header is not a JSON object"
+    for broken in ({"dtype": "F32", "shape": [2]}, {**entry, "dtype": "X9"}, {**entry, "shape": "two"}):
+        assert why(safetensors_file(p, {"inputs": broken}, two)) == (
+            f"data {p} is damaged: its header's entry for 'inputs' is not a tensor's")
+    gap = safetensors_file(p, {"inputs": {**entry, "data_offsets": [4, 12]}}, two + two)  # inside, not from 0
+    assert why(gap) == f"data {p} is damaged: Error while deserializing header: invalid offset for tensor `inputs`"
+    for offsets, body in (([0, 4], two), ([0, 8], two[:4]), ([8, 0], two)):
+        assert why(safetensors_file(p, {"inputs": {**entry, "data_offsets": offsets}}, body)) == (
+            f"data {p} is damaged: tensor 'inputs' claims shape [2] (8 bytes at {offsets[0]}..{offsets[1]}); the file "
+            f"holds {len(body)} bytes of tensors")
+
+
+def test_each_tensor_is_checked_past_a_mask_or_a_missing_one():
+    """A mask's -inf, or a tensor the layout names but the file lacks (``None``), ends no check: the
+    tensors after it are checked too."""
+    from structinit.errors import UsageError
+    from structinit.init.finite import check_finite, check_float_weights
+
+    mask = torch.triu(torch.full((3, 3), float("-inf")), diagonal=1)
+    with pytest.raises(UsageError, match=r"^the model: tensor w holds 1 NaN of its 2 values"):
+        check_finite([("attn.mask", mask), ("w", torch.tensor([0.0, float("nan")]))], "the model")
+    with pytest.raises(UsageError, match=r"^the file: tensor q is int8, not floating point"):
+        check_float_weights([("bias", None), ("q", torch.zeros(2, dtype=torch.int8))], "the file")
