@@ -357,7 +357,7 @@ def handle_errors(fn: Callable, aliases: Optional[Dict[str, str]] = None,
         syntax = CommandSyntax(flags, aliases)
         token = FLAG_NAMER.set(syntax)  # warnings name this command's flags too
         try:
-            check_paths(kwargs, PATH_PARAMS + paths, name_of)
+            check_paths(kwargs, PATH_PARAMS + paths, syntax)
             return fn(*args, **kwargs)
         except StructinitError as exc:
             raise fail(exc.render(syntax), exc.exit_code) from None
