@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -196,11 +195,9 @@ def test_a_temp_name_always_fits_and_a_name_too_long_is_refused_before_writing(t
     ["solve", "--cache-dir", f"{LONG}/c"],
 ], ids=["apply-out", "apply-data", "train-out", "inspect", "inspect-png", "grid-out", "solve-cache"])
 def test_a_path_component_over_the_limit_is_one_line_and_exit_2_before_any_work(tmp_path, cli, args):
-    t = time.monotonic()
     r = cli(*args, cwd=tmp_path)
     one_error(r, 2, "bytes, longer than the 255 a file name may have")
-    assert time.monotonic() - t < 20  # refused up front, not after a model was built
-    assert os.listdir(tmp_path) == ["user-cache"] or os.listdir(tmp_path) == []
+    assert os.listdir(tmp_path) == []  # refused up front: no model built, no cache made, nothing written
 
 
 def test_a_legal_long_png_name_is_written(tmp_path, cli):
