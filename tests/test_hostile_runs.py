@@ -225,6 +225,15 @@ def test_a_loop_of_symbolic_links_is_one_line_and_exit_2(tmp_path, cli, args):
     one_error(cli(*args, cwd=tmp_path), 2, "loop", "symbolic links")
 
 
+def test_a_run_folder_that_no_folder_can_be_is_refused_by_the_library_too(tmp_path):
+    from structinit.errors import UsageError
+
+    os.symlink("loop", tmp_path / "loop")
+    for path, why in ((tmp_path / "loop", "symbolic links"), (tmp_path / LONG, "File name too long")):
+        with pytest.raises(UsageError, match=why):
+            RunDir(path)
+
+
 def test_a_looping_cache_entry_is_set_aside_like_a_damaged_one(tmp_path, cli, cache_dir):
     from structinit.solver.config import SolveConfig
 
