@@ -135,7 +135,7 @@ def test_a_task_stopped_by_sigterm_resumes_from_its_checkpoint(tmp_path):
     # busy machine, longer than the 10 epochs left); the SIGTERM waits for it to be thawed.
     os.killpg(proc.pid, signal.SIGSTOP)
     assert len(epochs_of(run)) < 12
-    assert run_status(run).state == "running"  # a live heartbeat
+    assert run_status(run).state == "running"  # its lock is held (by a live task, frozen)
     busy = structinit("bench", "run", run, "--json", cwd=tmp_path)  # a second task leaves the run alone
     assert json.loads(busy.stdout)[0]["state"] == "busy"
     os.killpg(proc.pid, signal.SIGTERM)

@@ -38,6 +38,7 @@ trains what is missing.
 from __future__ import annotations
 
 import datetime
+import errno
 import json
 import os
 import threading
@@ -53,7 +54,7 @@ from structinit.atomic import (
     touch,
     write_text,
 )
-from structinit.errors import StructinitError, UsageError, param
+from structinit.errors import StructinitError, UsageError, param, path_error
 
 CHECKPOINT_FORMAT = "structinit-train/1"
 #: A run folder whose lock the parent process holds for this one (``bench run --nproc N`` starts
@@ -93,6 +94,7 @@ class RunDir:
         if str(path).strip() == "":
             raise UsageError(f"{param('out')} needs a folder name")
         self.path = Path(path)
+        _refuse_impossible(self.path)
         if self.path.exists() and not self.path.is_dir():
             raise UsageError(f"{param('out')} {self.path} exists and is not a directory")
         self.created: List[Path] = []  # folders create() made, outermost first
@@ -429,6 +431,16 @@ def _lock_probe(lock_file: Path) -> Optional[bool]:
     finally:
         os.close(fd)  # closing lets go of the probe's lock
     return False
+
+
+def _refuse_impossible(path: Path) -> None:
+    """A :class:`UsageError` naming ``out`` for a path where no folder can be: a loop of symbolic
+    links, or a name too long."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENAMETOOLONG):
+            raise path_error(exc, param("out")) from None
 
 
 def _remove_empty(folders: List[Path]) -> None:
