@@ -55,8 +55,10 @@ def read_npy(path: Path):
             if version not in readers:
                 raise ValueError(f"format version {version[0]}.{version[1]}, which NumPy 1.x files do not use")
             shape, _, dtype = readers[version](fh)
-        except (ValueError, OSError, SyntaxError) as exc:
-            raise _damaged(path, f"its header cannot be read ({str(exc).splitlines()[0][:160]})") from None
+        except Exception as exc:  # noqa: BLE001 - NumPy's header parser raises ValueError, SyntaxError, TokenError...
+            text = str(exc).strip().splitlines()
+            raise _damaged(path, f"its header cannot be read ({text[0][:160] if text else type(exc).__name__})") \
+                from None
         start = fh.tell()
     if dtype.hasobject or dtype.kind not in "fiub":  # strings, structured records, dates: no numeric inputs
         raise UsageError(f"{param('data')} {path} holds {dtype} values, not numbers; give float inputs "
