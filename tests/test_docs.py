@@ -40,6 +40,9 @@ SHELL_OPERATORS = {">", ">>", "2>", "2>&1", "|", "||", "&&", ";", "&"}
 #: Lines of README.md and docs/*.md ```bash blocks that the suite does not run: (file, a text that
 #: is in each such line of that file) -> why. Every other line runs (test_every_bash_line_runs_or_is_listed).
 NOT_RUN = {
+    ("docs/init-methods.md", "bench grid docs/results/conditioned/grid.toml"): "the qk_scale screen: 12 training "
+                                                                                "runs of 2,000 images (hours on a CPU)",
+    ("docs/init-methods.md", "--only train_size=2000 --seeds 3 --jobs 1"): "the same command's second line",
     ("README.md", "python3 -m venv .venv"): "makes a virtualenv and installs from the package index (the "
                                             "second line is the suite itself)",
     ("docs/apply.md", "vit.pth"): "the user's own ViT-T checkpoint (3 heads): a fit of its 12 layers takes minutes "
