@@ -9,6 +9,7 @@ import typing
 import pytest
 import torch
 from conftest import error_line
+from test_hostile import timm_vit  # a timm ViT of an 8x8 grid, dim 64, 4 heads
 
 DIM, HEADS = 64, 4
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -36,22 +37,6 @@ def test_the_shared_seed_flag_refuses_a_negative_seed_in_every_command_that_take
 
 
 # --------------------------------------------------------------------------- checkpoints
-
-def timm_vit(class_token=False, learned=False, depth=2, seed=0):
-    """A timm ViT of an 8x8 grid (16x16 images, 2x2 patches), dim 64, 4 heads; the sin-cos table
-    unless ``learned``."""
-    import timm
-
-    from structinit.init.pos_embed import set_sincos_pos_embed
-
-    torch.manual_seed(seed)
-    m = timm.create_model("vit_tiny_patch16_224", img_size=16, patch_size=2, embed_dim=DIM, depth=depth,
-                          num_heads=HEADS, class_token=class_token, global_pool="token" if class_token else "avg",
-                          num_classes=10)
-    if not learned:
-        set_sincos_pos_embed(m, zero_prefix=True)
-    return m
-
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
