@@ -148,3 +148,28 @@ def test_apply_on_a_stock_digits_checkpoint_gives_no_warning(tmp_path, cli):
     assert "warning:" not in r.stderr and "position_subspace" not in r.stderr
     r = cli("apply", tmp_path / "stock.pt", "--heads", "4", "--out", tmp_path / "bad.pt", "-p", "data_fit=-1")
     assert r.returncode == 2 and error_line(r.stderr).startswith("error: ")
+
+
+def test_a_fitted_artifacts_record_is_advised_as_the_init_was():
+    """inspect's advice for a fitted artifact reads its identity: the noise inputs' shape classes the
+    shape; a fit in the subspace is not advised the subspace; a fit on a batch, whose shape the
+    record does not keep, and a shape where the whole-stream fit wins get nothing."""
+    from structinit.fit.advice import fitted_structure_warning
+
+    layers = [{"layer": 0, "hit_rate": 0.5}, {"layer": 1, "hit_rate": 0.95}]
+
+    def record(fit=None, inputs=None, **ident):
+        return {"identity": {"fit": fit or {}, **({"inputs": inputs} if inputs else {}), **ident},
+                "report": {"layers": layers}}
+
+    noise = {"kind": "noise", "seed": 0, "samples": 16, "shape": [3, 64, 64]}
+    text = StructinitWarning(fitted_structure_warning(record({"data_fit": 300}, noise), (4, 4), 192)).render()
+    assert text.startswith("the data fit left layer 0 hitting its offsets in 0.50 of the rows on its noise inputs:")
+    assert "a token's 768 values fill the stream of 192" in text
+    assert "try position_subspace=True (" in text and "; then real inputs (data) (" in text
+    sub = StructinitWarning(fitted_structure_warning(record({"position_dims": 48}, noise), (4, 4), 192)).render()
+    assert "position_subspace" not in sub.split("try ")[1] and "try real inputs (data) (" in sub
+    assert fitted_structure_warning(record(batch="sha256:0", samples=16), (4, 4), 192) is None  # shape not kept
+    few = {"kind": "noise", "seed": 0, "samples": 16, "shape": [1, 8, 8]}
+    assert fitted_structure_warning(record({}, few), (8, 8), 64) is None  # 1 value a token into 64
+    assert fitted_structure_warning({"report": {"layers": layers}}, (4, 4), 192) is None

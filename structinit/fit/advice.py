@@ -14,6 +14,7 @@ syntax (a flag, a keyword argument, a grid key).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Dict, List, Optional, Tuple
@@ -99,9 +100,9 @@ def shape_class(token_values: Optional[int], dim: Optional[int]) -> Optional[Sha
 
 
 def _remedies(cls: ShapeClass, report: Dict[str, Any], noise: bool) -> List[Remedy]:
-    """The class's remedies the fit did not use already."""
+    """The class's remedies the fit did not use already (every remedy's setting is looked up here)."""
     used = {"position_subspace": bool(report.get("position_subspace")), "data": not noise}
-    return [r for r in cls.remedies if not used.get(r.name, False)]
+    return [r for r in cls.remedies if not used[r.name]]
 
 
 def structure_warning(report: Dict[str, Any]) -> Optional[str]:
@@ -156,7 +157,7 @@ def advice_table() -> str:
     lines = ["| a token's content, against the stream | measured at | what the default does | what to try, in order "
              "(measured effect) |", "|---|---|---|---|"]
     for c in SHAPE_CLASSES:
-        tries = "<br>".join(f"{i}. `{r.name}={'true' if r.value is True else r.value}`" if r.value is not None
+        tries = "<br>".join(f"{i}. `{r.name}={json.dumps(r.value)}`" if r.value is not None
                             else f"{i}. real inputs (`{r.name}`)" for i, r in enumerate(c.remedies, 1))
         effects = "; ".join(f"{r.structure}; accuracy: {r.accuracy} ({r.source})" for r in c.remedies)
         what = f"{tries}<br>{effects}" if c.remedies else "nothing is advised (no warning)"
