@@ -58,5 +58,8 @@ def test_inspect_takes_a_hugging_face_folder_and_a_timm_model_name(tmp_path, cli
     seen = json.loads(r.stdout)
     assert seen["heads"] == 3 and seen["on_inputs"]["inputs"].startswith("64 Gaussian noise inputs N(0, 1) of "
                                                                           "shape [3, 32, 32]")
+    r = cli("inspect", tmp_path / "t.pt", "--model", "")
+    assert r.returncode == 2
+    assert error_line(r.stderr) == "error: --model is empty; give a timm model's name, or leave it out"
     r = cli("inspect", tmp_path / "t.pt", "--model", "vit_tiny_patch16_224", "--data", "digits")
     assert r.returncode == 2 and "--model" in error_line(r.stderr)

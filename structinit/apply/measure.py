@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Optional, Union
 
-from structinit.errors import StructinitError
+from structinit.errors import StructinitError, UsageError, param
 from structinit.geometry.grid import Grid, GridLike
 
 #: How many noise inputs the model's attention is measured on (as the data fit's report measures).
@@ -41,6 +41,8 @@ def inspect_checkpoint(path: Union[str, os.PathLike], *, heads: Optional[int] = 
     from structinit.apply.models import timm_heads
     from structinit.init.checkpoints import describe_checkpoint
 
+    if model_name is not None and not model_name.strip():
+        raise UsageError(f"{param('model_name')} is empty; give a timm model's name, or leave it out")
     if model_name is not None and heads is None:
         heads = timm_heads(model_name)
     desc = describe_checkpoint(checkpoint_file(path), heads=heads, grid=grid)

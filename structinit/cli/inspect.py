@@ -35,7 +35,7 @@ EXAMPLES = examples(
 )
 
 #: Library parameter names that inspect spells with another flag.
-ALIASES = {"dataset": "--data", "init_params": "--init-param", "filter": "--filter"}
+ALIASES = {"dataset": "--data", "init_params": "--init-param", "filter": "--filter", "model_name": "--model"}
 
 
 def _is_artifact_file(path: Path) -> bool:
