@@ -141,8 +141,7 @@ def write_checkpoint(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOpt
             if row["layer"] in rows:
                 rows[row["layer"]].update({k: row[k] for k in ("hit_rate", "target_mass", "mse", "offsets")})
         plan["measured_on"] = measured["measured_on"]
-    plan["changed"] = {name: changed(old, sd)
-                       for name, (_, sd), old in zip(loaded.ckpt.where, loaded.ckpt.state_dicts, before)}
+    plan["changed"] = _changed(loaded, before)
     say(f"writing {loaded.target}")
     write_output(loaded, options, plan)
     plan["layers"] = [rows[i] for i in first.layers]
@@ -181,8 +180,7 @@ def _apply_through_model(loaded: LoadedCheckpoint, spec: InitSpec, options: Appl
             if isinstance(sd.get(key), torch.Tensor):
                 sd[key] = value.detach().to(device=sd[key].device, dtype=sd[key].dtype).clone()
     plan = loaded.plan
-    plan["changed"] = {name: changed(old, sd)
-                       for name, (_, sd), old in zip(loaded.ckpt.where, loaded.ckpt.state_dicts, before)}
+    plan["changed"] = _changed(loaded, before)
     say(f"writing {loaded.target}")
     write_output(loaded, options, plan)
     for key in ("layers", "hit_rate", "target_mass", "measured_on", "pos_embed_written", "base_note"):
@@ -190,6 +188,11 @@ def _apply_through_model(loaded: LoadedCheckpoint, spec: InitSpec, options: Appl
             plan[key] = report[key]
     plan.update(model=built.how, written=True, pos_embed_kind=first.pos_embed_kind())
     return plan
+
+
+def _changed(loaded: LoadedCheckpoint, before: List[Dict[str, Any]]) -> Dict[str, List[str]]:
+    """Each state dict's changed tensors (by its name), read against ``before``, its snapshots."""
+    return {name: changed(old, sd) for name, (_, sd), old in zip(loaded.ckpt.where, loaded.ckpt.state_dicts, before)}
 
 
 def _can_fit(loaded: LoadedCheckpoint, options: ApplyOptions) -> bool:
