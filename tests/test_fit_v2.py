@@ -202,8 +202,8 @@ def test_version_2_is_the_default_and_its_parameters_say_when_they_do_nothing():
                              "impulse parameter data_fit_batch sets the images of a version-2 fit step, and version "
                              "1 steps on the whole batch: leave it out"),
                             ({"data_fit_batch": 4, "data_fit": 0},
-                             "impulse parameter data_fit_batch sets the images of a version-2 fit step, and data_fit "
-                             "is 0: leave it out")):
+                             "impulse parameter data_fit_batch tunes the data fit, and data_fit is 0 (no fit): "
+                             "leave it out")):
         with pytest.raises(UsageError) as e:
             init_spec("impulse", **params)
         assert str(e.value) == message

@@ -91,7 +91,7 @@ def test_the_fit_on_noise_needs_no_data_and_uses_only_the_shape_of_data_given(di
     c = initialize_model(build_model(ModelConfig("vit-digits"), num_classes=10, image_size=8, in_chans=1, seed=1),
                          "impulse", data_fit_inputs="noise", data_fit=3, seed=1)
     assert c["data_fit"]["artifact"]["key"] != a["data_fit"]["artifact"]["key"]
-    with pytest.raises(UsageError, match="data_fit_inputs chooses the data fit's inputs, and data_fit is 0"):
+    with pytest.raises(UsageError, match="data_fit_inputs tunes the data fit, and data_fit is 0"):
         initialize_model(stock(), "impulse", data_fit_inputs="noise", data_fit=0)
     with pytest.raises(UsageError, match="must be one of data, noise, got 'images'"):
         initialize_model(stock(), "impulse", data_fit_inputs="images")

@@ -195,7 +195,10 @@ class ImpulseInit(InitSpec):
         weights, which its checkpoint holds): ``data_fit=0`` and the fit-only parameters at rest."""
         if not self.data_fit:
             return self
-        return dataclasses.replace(self, data_fit=0, data_fit_inputs="data", data_fit_batch=0)
+        from structinit.init.impulse_checks import FIT_ONLY_PARAMS
+
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        return dataclasses.replace(self, data_fit=0, **{name: defaults[name] for name in FIT_ONLY_PARAMS})
 
     def fit_settings(self, subspace=None):
         """The data fit's :class:`~structinit.fit.settings.FitSettings` from this spec's parameters
