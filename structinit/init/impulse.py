@@ -23,6 +23,7 @@ from structinit.init.impulse_checks import (
     check_subspace_layers,
 )
 from structinit.init.mimetic import vproj_keys
+from structinit.init.report import FitRecord, InitReport, layers_line
 from structinit.solver.recipes import (
     DEFAULT_FILTER,
     DEFAULT_OFFSET_ORDER,
@@ -122,6 +123,7 @@ class ImpulseInit(InitSpec):
     data_fit_inputs: str = "data"
     pe_factor: Optional[float] = None
     base: str = "model"
+    has_base = True
     position_subspace: bool = False
     position_dims: int = 0
     position_rest: bool = False
@@ -189,6 +191,10 @@ class ImpulseInit(InitSpec):
 
     def fit_off(self) -> str:
         return "data_fit is 0" if not self.data_fit else ""
+
+    def is_causal(self) -> bool:
+        """``causal``: offsets only in the past, solved under a decoder's mask."""
+        return self.causal
 
     def without_fit(self) -> "ImpulseInit":
         """This spec with the data fit off (what a resumed run re-applies for the settings beside the
@@ -310,14 +316,14 @@ class ImpulseInit(InitSpec):
                        progress=progress, check_pe=check_pe, data=data, fit_progress=fit_progress, log=log,
                        source=source, stage=stage)
 
-    def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
+    def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> InitReport:
         """See :func:`structinit.init.impulse_write.write`."""
         from structinit.init.impulse_write import write
 
         return write(self, target, prepared, seed)
 
     def write_copy(self, target, shared, *, first: bool, seed: int = 0, cache_dir=None, device: str = "cpu",
-                   progress=None, stage=None) -> Dict[str, Any]:
+                   progress=None, stage=None) -> InitReport:
         """The artifact ``shared`` holds (fitted on the model the checkpoint describes, or solved for
         its first copy), written into ``target`` as it is: no solve, no fit, no second check of
         the position embedding; the report's ``data_fit`` is the model's fit, and ``data_source`` the
@@ -328,14 +334,15 @@ class ImpulseInit(InitSpec):
         report = self.apply(target, seed=seed, cache_dir=cache_dir, device=device, artifact=shared.artifact,
                             cached=cached, check_pe=False)
         if shared.on_model:
-            report["data_fit"] = fit_record(self, shared)
+            fit = fit_record(self, shared)
+            report.fit = FitRecord.from_dict(fit) if fit is not None else None
             if shared.inputs is not None:
-                report["data_source"] = shared.inputs.source
+                report.data_source = shared.inputs.source
         return report
 
     # ---- what the user is told
 
-    def warnings(self, report: Dict[str, Any], target, *, checkpoint: bool = False,
+    def warnings(self, report: InitReport, target, *, checkpoint: bool = False,
                  pe_scale: Optional[float] = None) -> List[InitWarning]:
         """A fit that could not run on a model, a fit on noise inputs (real ones can be given), and a
         fit that left a layer weakly structured where a remedy was measured to help at its shape
@@ -344,28 +351,49 @@ class ImpulseInit(InitSpec):
         from structinit.init.impulse_write import noise_notice
 
         if checkpoint:
-            weak = structure_warning(report)
+            weak = structure_warning(report.to_dict())
             return [InitWarning(f"impulse: {weak}", loggable=False)] if weak else []
         out = []
-        skipped = (report.get("data_fit") or {}).get("skipped")
+        skipped = report.fit.skipped if report.fit is not None else None
         if skipped and target.model is not None:
             out.append(InitWarning(f"{self.method} {param('data_fit')} {skipped}", loggable=False))
         notice = noise_notice(report)
         if notice:
             out.append(InitWarning(notice))
-        weak = structure_warning(report)
+        weak = structure_warning(report.to_dict())
         if weak:
             out.append(InitWarning(f"{self.method}: {weak}", warning=True))
         return out
 
-    def notes(self, report: Dict[str, Any]) -> List[str]:
+    def notes(self, report: InitReport) -> List[str]:
         """That the fit ran on noise inputs (real ones can be given), or that the plain solve was written."""
         from structinit.init.impulse_write import noise_notice
 
         out = []
-        notice = noise_notice(report) if isinstance(report.get("data_fit"), dict) else None
+        notice = noise_notice(report)
         if notice:
             out.append(notice)
-        if not report.get("dry_run") and not self.data_fit:
+        if not self.data_fit:
             out.append(PLAIN_SOLVE_NOTE)
         return out
+
+    def summary(self, report: InitReport, *, model: Optional[str] = None) -> List[str]:
+        """Where Q/K were fitted and the attention on those inputs, per layer; else that they are the
+        plain solve (and why), with the attention on the position embedding alone."""
+        fit = report.fit
+        alone = layers_line("hit rate", [row.hit_rate for row in report.layers])
+        if fit is not None and fit.layers:
+            art = fit.artifact or {}
+            cached = ", read from the cache" if art.get("cached") else f", the given {param('artifact')}" if art.get("given") else ""
+            rows = fit.layers
+            return [f"Q/K fitted through {model or 'the model'} on {fit.source} ({fit.seconds or 0:.1f}s{cached})",
+                    f"attention on {fit.measured_on if fit.measured_on is not None else fit.samples} of those inputs, "
+                    "per layer: " + layers_line("hit rate", [r.get("hit_rate") for r in rows]) + "; "
+                    + layers_line("target mass", [r.get("target_mass") for r in rows])]
+        if fit is not None and fit.skipped:
+            return [f"Q/K: the plain solve (data fit {fit.skipped})"] + (
+                [f"attention on the position embedding alone: {alone}"] if alone else [])
+        if not self.data_fit:
+            return [f"Q/K: the plain solve ({param('data_fit')} 0); on the position embedding alone, which real "
+                    f"inputs wash out: {alone}"]
+        return [f"attention on the position embedding alone: {alone}"] if alone else []
