@@ -199,7 +199,7 @@ class InitSpec:
         """The base of every weight this init does not write (its ``base`` parameter, else
         :attr:`fixed_base`): ``model`` (as built: timm's trunc normal 0.02), ``pytorch`` (PyTorch's
         defaults), ``pytorch-mlp`` or ``pytorch-head``. Reports compare inits on the same base."""
-        return str(getattr(self, "base")) if self.has_base else self.fixed_base
+        return str(self.params()["base"]) if self.has_base else self.fixed_base
 
     @property
     def uses_data(self) -> bool:
@@ -360,8 +360,9 @@ class InitSpec:
             lines.append(f"{self.method}: the data fit {fit.skipped}")
         elif fit is not None:
             count = f"{fit.samples} " if fit.samples is not None else ""
-            lines.append(f"{self.method}: fitted through {model or 'the model'} on {count}{fit.inputs or 'given'} "
-                         f"inputs" + (f" ({fit.source})" if fit.source else ""))
+            kind = {"data": "real", "noise": "Gaussian noise"}.get(fit.inputs or "", fit.inputs or "given")
+            lines.append(f"{self.method}: fitted through {model or 'the model'} on {count}{kind} inputs"
+                         + (f" ({fit.source})" if fit.source else ""))
         hits = layers_line("hit rate", [row.hit_rate for row in report.layers])
         if hits:
             lines.append(f"attention on the position embedding alone: {hits}")

@@ -21,7 +21,7 @@ rectangular identity. No code was released; what the paper leaves open is chosen
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List
+from typing import List
 
 from structinit.errors import param
 from structinit.geometry.targets import check_choice

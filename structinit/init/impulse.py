@@ -384,10 +384,11 @@ class ImpulseInit(InitSpec):
         alone = layers_line("hit rate", [row.hit_rate for row in report.layers])
         if fit is not None and fit.layers:
             art = fit.artifact or {}
-            cached = ", read from the cache" if art.get("cached") else f", the given {param('artifact')}" if art.get("given") else ""
+            cached = (", read from the cache" if art.get("cached") else
+                      f", the given {param('artifact')}" if art.get("given") else "")
             rows = fit.layers
             return [f"Q/K fitted through {model or 'the model'} on {fit.source} ({fit.seconds or 0:.1f}s{cached})",
-                    f"attention on {fit.measured_on if fit.measured_on is not None else fit.samples} of those inputs, "
+                    f"attention on {fit.measured_count} of those inputs, "
                     "per layer: " + layers_line("hit rate", [r.get("hit_rate") for r in rows]) + "; "
                     + layers_line("target mass", [r.get("target_mass") for r in rows])]
         if fit is not None and fit.skipped:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Dict, MutableMapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, MutableMapping, Optional, Sequence, Union
 
 from structinit.errors import SYNTAX, StructinitWarning, UsageError
 from structinit.geometry.grid import GridLike
@@ -94,8 +94,9 @@ def initialize_model(model: torch.nn.Module, spec: Union[str, InitSpec], *, grid
                      log: Optional[Callable[[str], None]] = None, source: Optional[str] = None,
                      **params: Any) -> InitReport:
     """Initialize a timm-style model in place (``grid`` defaults to ``model.patch_embed.grid_size``)
-    and return its :class:`~structinit.init.report.InitReport`; ``data``: real inputs for a method that fits to them, ``progress``,
-    ``log`` and ``source`` go with that fit (see :func:`initialize`). Example::
+    and return its :class:`~structinit.init.report.InitReport`; ``data``: real inputs for a method
+    that fits to them, ``progress``, ``log`` and ``source`` go with that fit (see :func:`initialize`).
+    Example::
 
         model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=2,
                                   class_token=False, global_pool="avg", num_classes=10)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List
+from typing import List
 
 from structinit.geometry.targets import check_choice
 from structinit.init.base import InitSpec, register

@@ -25,7 +25,21 @@ import dataclasses
 import typing
 from collections.abc import Mapping as MappingABC
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Type, TypeVar, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    TypeVar,
+    Union,
+)
 
 _R = TypeVar("_R", bound="Record")
 #: Field names that are not keys of the JSON layout.
@@ -74,7 +88,6 @@ def layers_line(name: str, values: Sequence[Optional[float]]) -> str:
     return f"{name} " + " ".join(f"{v:.2f}" for v in given) + f" (mean {sum(given) / len(given):.2f})"
 
 
-@dataclass
 class Record:
     """A typed part of a report: declared fields, the rest of its JSON object in ``extra``, and
     ``order`` (the keys as they came, so :meth:`to_dict` writes them back in that order). A field
@@ -84,6 +97,12 @@ class Record:
     json_keys: ClassVar[Dict[str, str]] = {}
     #: Fields that are a view of others, not keys of the JSON layout.
     derived: ClassVar[Tuple[str, ...]] = ()
+    if TYPE_CHECKING:  # every record is a dataclass that declares these two last, with their defaults
+        __dataclass_fields__: ClassVar[Dict[str, dataclasses.Field]]
+        extra: Dict[str, Any]
+        order: Tuple[str, ...]
+
+        def __init__(self, **fields: Any) -> None: ...
 
     @classmethod
     def _fields(cls) -> Dict[str, dataclasses.Field]:
@@ -116,7 +135,7 @@ class Record:
                    and f.name not in values]
         if missing:
             raise ValueError(f"{cls.__name__} needs {', '.join(missing)}")
-        out = cls(**values, extra=extra, order=tuple(d))  # type: ignore[call-arg]
+        out = cls(**values, extra=extra, order=tuple(d))
         out.check()
         return out
 
@@ -139,12 +158,19 @@ class Record:
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         return getattr(self, f.name) != default
 
+    def holds(self, name: str) -> bool:
+        """Whether :meth:`to_dict` writes field ``name`` (``None`` included: a method that reports a
+        data fit writes ``data_fit: null`` when its fit is off)."""
+        fields = {f.name: (key, f) for key, f in self._fields().items()}
+        key, f = fields[name]
+        return self._written(f, key)
+
     def to_dict(self) -> Dict[str, Any]:
         """The JSON object: the keys read in their order, then fields set since, then ``extra``'s new keys."""
         fields = self._fields()
-        extra: Dict[str, Any] = getattr(self, "extra")
+        extra = self.extra
         out: Dict[str, Any] = {}
-        for key in [*getattr(self, "order"), *fields, *extra]:
+        for key in [*self.order, *fields, *extra]:
             if key in out:
                 continue
             f = fields.get(key)
@@ -196,6 +222,11 @@ class FitRecord(Record):
     extra: Dict[str, Any] = field(default_factory=dict)
     order: Tuple[str, ...] = field(default=(), repr=False, compare=False)
 
+    @property
+    def measured_count(self) -> Optional[int]:
+        """How many inputs the per-layer attention was measured on (``measured_on``, else ``samples``)."""
+        return self.measured_on if self.measured_on is not None else self.samples
+
 
 @dataclass(frozen=True)
 class StructureRecord:
@@ -220,7 +251,9 @@ def _structure(d: Mapping[str, Any], layers: List[LayerRow]) -> Optional[Structu
     if not layers or not isinstance(grid, list) or any(row.offsets is None for row in layers):
         return None
     art = d.get("artifact")
-    solved = art.get("config") if isinstance(art, dict) and isinstance(art.get("config"), dict) else d
+    solved: Mapping[str, Any] = d
+    if isinstance(art, dict) and isinstance(art.get("config"), dict):
+        solved = art["config"]
     filt = solved.get("filter")
     return StructureRecord(grid=[int(g) for g in grid], offsets={row.layer: row.offsets for row in layers
                                                                  if row.offsets is not None},
