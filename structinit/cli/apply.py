@@ -215,7 +215,7 @@ def apply(
     table in its place (kept learnable) unless --set-pe or --fit-pe says otherwise. The result says
     how the attention hits its offsets on those inputs; --verbose shows every setting and tensor.
     """
-    from structinit.apply.checkpoint import apply_checkpoint, init_report_of
+    from structinit.apply.checkpoint import apply_checkpoint
     from structinit.apply.options import ApplyOptions
     from structinit.errors import Notice
     from structinit.geometry.grid import parse_grid
@@ -241,6 +241,14 @@ def apply(
 
         report = apply_checkpoint(ckpt, spec, options, progress=bar, log=log,
                                   fit_progress=lambda d, n: bar.update(d, n, f"apply {method}: data fit"))
+    show(spec, report, dry_run=dry_run, verbose=verbose, json_out=json_out)
+
+
+def show(spec: InitSpec, report: dict, *, dry_run: bool, verbose: bool, json_out: bool) -> None:
+    """Print apply's ``report``: the init's notes on stderr (none on a dry run), then the JSON, or the
+    text with the init's own summary (:meth:`~structinit.init.base.InitSpec.summary`)."""
+    from structinit.apply.checkpoint import init_report_of
+
     init = init_report_of(report)
     if not dry_run:
         say_notices(spec, init)

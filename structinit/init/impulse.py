@@ -23,7 +23,7 @@ from structinit.init.impulse_checks import (
     check_subspace_layers,
 )
 from structinit.init.mimetic import vproj_keys
-from structinit.init.report import FitRecord, InitReport, layers_line
+from structinit.init.report import FitRecord, InitReport
 from structinit.solver.recipes import (
     DEFAULT_FILTER,
     DEFAULT_OFFSET_ORDER,
@@ -369,32 +369,10 @@ class ImpulseInit(InitSpec):
         """That the fit ran on noise inputs (real ones can be given), or that the plain solve was written."""
         from structinit.init.impulse_write import noise_notice
 
-        out = []
-        notice = noise_notice(report)
-        if notice:
-            out.append(notice)
-        if not self.data_fit:
-            out.append(PLAIN_SOLVE_NOTE)
-        return out
+        return [line for line in (noise_notice(report), None if self.data_fit else PLAIN_SOLVE_NOTE) if line]
 
     def summary(self, report: InitReport, *, model: Optional[str] = None) -> List[str]:
-        """Where Q/K were fitted and the attention on those inputs, per layer; else that they are the
-        plain solve (and why), with the attention on the position embedding alone."""
-        fit = report.fit
-        alone = layers_line("hit rate", [row.hit_rate for row in report.layers])
-        if fit is not None and fit.layers:
-            art = fit.artifact or {}
-            cached = (", read from the cache" if art.get("cached") else
-                      f", the given {param('artifact')}" if art.get("given") else "")
-            rows = fit.layers
-            return [f"Q/K fitted through {model or 'the model'} on {fit.source} ({fit.seconds or 0:.1f}s{cached})",
-                    f"attention on {fit.measured_count} of those inputs, "
-                    "per layer: " + layers_line("hit rate", [r.get("hit_rate") for r in rows]) + "; "
-                    + layers_line("target mass", [r.get("target_mass") for r in rows])]
-        if fit is not None and fit.skipped:
-            return [f"Q/K: the plain solve (data fit {fit.skipped})"] + (
-                [f"attention on the position embedding alone: {alone}"] if alone else [])
-        if not self.data_fit:
-            return [f"Q/K: the plain solve ({param('data_fit')} 0); on the position embedding alone, which real "
-                    f"inputs wash out: {alone}"]
-        return [f"attention on the position embedding alone: {alone}"] if alone else []
+        """See :func:`structinit.init.impulse_write.summary`."""
+        from structinit.init.impulse_write import summary
+
+        return summary(self, report, model)

@@ -27,7 +27,7 @@ from structinit.init.inject import read_qk, write_qk, write_vproj
 from structinit.init.mimetic import mimetic_v_proj
 from structinit.init.pos_embed import write_sincos
 from structinit.init.position_subspace import PositionSubspace
-from structinit.init.report import InitReport
+from structinit.init.report import InitReport, layers_line
 from structinit.solver.self_shift import add_self_term
 
 #: The scale of the sin-cos table written in place of a learned position embedding (see ``pe_scale``).
@@ -255,6 +255,30 @@ def noise_notice(report: InitReport) -> Optional[str]:
             f"give real inputs ({param('data')}) to fit those")
 
 
+def summary(spec, report: InitReport, model: Optional[str] = None) -> List[str]:
+    """What a command prints of an impulse init (:meth:`~structinit.init.base.InitSpec.summary`):
+    where Q/K were fitted (through ``model``, words) and the attention on those inputs, per layer;
+    else that they are the plain solve (and why), with the attention on the position embedding alone."""
+    fit = report.fit
+    alone = layers_line("hit rate", [row.hit_rate for row in report.layers])
+    if fit is not None and fit.layers:
+        art = fit.artifact or {}
+        cached = (", read from the cache" if art.get("cached") else
+                  f", the given {param('artifact')}" if art.get("given") else "")
+        rows = fit.layers
+        return [f"Q/K fitted through {model or 'the model'} on {fit.source} ({fit.seconds or 0:.1f}s{cached})",
+                f"attention on {fit.measured_count} of those inputs, per layer: "
+                + layers_line("hit rate", [r.get("hit_rate") for r in rows]) + "; "
+                + layers_line("target mass", [r.get("target_mass") for r in rows])]
+    if fit is not None and fit.skipped:
+        return [f"Q/K: the plain solve (data fit {fit.skipped})"] + (
+            [f"attention on the position embedding alone: {alone}"] if alone else [])
+    if not spec.data_fit:
+        return [f"Q/K: the plain solve ({param('data_fit')} 0); on the position embedding alone, which real "
+                f"inputs wash out: {alone}"]
+    return [f"attention on the position embedding alone: {alone}"] if alone else []
+
+
 def fit_record(spec, prepared: Prepared) -> Optional[Dict[str, Any]]:
     """The report's ``data_fit``: what the fit did and on what (``None`` when it is off)."""
     art = prepared.artifact
@@ -296,4 +320,4 @@ def report(spec, t, prepared: Prepared, rows, own: bool) -> Dict[str, Any]:
             "target_mass": float(np.mean([r["target_mass"] for r in rows]))}
 
 
-__all__ = ["Prepared", "ImpulseWriter", "prepare", "write", "fit_inputs", "write_position", "noise_notice"]
+__all__ = ["Prepared", "ImpulseWriter", "prepare", "write", "fit_inputs", "write_position", "noise_notice", "summary"]
