@@ -328,6 +328,17 @@ class InitReport(Record, MappingABC):
     def __contains__(self, key: object) -> bool:
         return key in self.to_dict()
 
+    def __eq__(self, other: object) -> bool:
+        """Against a report: the same fields; against a mapping (code written against the dict): the
+        same JSON layout."""
+        if isinstance(other, InitReport):
+            return self.to_dict() == other.to_dict() and self.structure == other.structure
+        if isinstance(other, MappingABC):
+            return self.to_dict() == dict(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
 
 
 __all__ = ["InitReport", "LayerRow", "FitRecord", "StructureRecord", "Record", "layers_line"]
