@@ -180,7 +180,7 @@ class InitSpec:
     #: What every weight the method does not write starts from, for a method without a ``base``
     #: parameter (one of :data:`~structinit.init.baselines.BASES`).
     fixed_base: ClassVar[str] = "model"
-    #: Whether the report gives each layer's impulse offsets (``report["layers"][i]["offsets"]``),
+    #: Whether the report gives each layer's impulse offsets (its :attr:`~structinit.init.report.InitReport.structure`),
     #: the ``grid`` and the attention measured on them: ``train`` then measures the attention at init
     #: on real inputs against those offsets, and ``apply`` reports them as they are (for any other
     #: method it measures the written weights itself).
