@@ -79,6 +79,16 @@ def _fits(value: Any, hint: Any) -> bool:
     return isinstance(value, hint)
 
 
+_HINTS: Dict[type, Dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> Dict[str, Any]:
+    """``typing.get_type_hints(cls)``, once per record class."""
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
 def layers_line(name: str, values: Sequence[Optional[float]]) -> str:
     """``"hit rate 0.91 0.88 (mean 0.90)"``: ``name`` and a value per layer (``None`` left out; ``""``
     when none is left)."""
@@ -141,7 +151,7 @@ class Record:
 
     def check(self) -> None:
         """:class:`ValueError` naming the first field (nested ones too) not of its declared type."""
-        hints = typing.get_type_hints(type(self))
+        hints = _hints(type(self))
         for f in dataclasses.fields(self):
             if f.name == "order":
                 continue
