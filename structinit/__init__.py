@@ -42,6 +42,7 @@ _EXPORTS = {
     "parse_init": "structinit.init.registry",
     "initialize": "structinit.init.initialize",
     "initialize_model": "structinit.init.initialize",
+    "InitReport": "structinit.init.report",
     "set_sincos_pos_embed": "structinit.init.pos_embed",
     "apply_checkpoint": "structinit.apply.checkpoint",
     "ApplyOptions": "structinit.apply.options",

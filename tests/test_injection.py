@@ -340,7 +340,7 @@ def test_baselines_on_a_model_reset_what_they_document():
     m = tiny_vit()
     n_linear = sum(isinstance(x, torch.nn.Linear) for x in m.modules())
     n_conv = sum(isinstance(x, (torch.nn.Conv2d, torch.nn.Conv1d)) for x in m.modules())
-    rep = initialize_model(m, "kaiming", seed=0)
+    rep = initialize_model(m, "kaiming", seed=0).to_dict()
     changed = rep.pop("changed")  # every weight of a Linear or Conv, read from the tensors
     assert rep == {"method": "kaiming", "modules_reset": n_linear + n_conv}
     # every Linear is redrawn (the patch embedding's Conv2d is drawn as the model was built, from the same seed)
@@ -349,7 +349,7 @@ def test_baselines_on_a_model_reset_what_they_document():
     assert pe_kind(m.pos_embed, GRID) == "sincos"  # not a module: kept
     learned = tiny_vit()
     learned.pos_embed.requires_grad_(True)
-    rep = initialize_model(learned, "trunc-normal", std=0.03, seed=0)
+    rep = initialize_model(learned, "trunc-normal", std=0.03, seed=0).to_dict()
     assert "pos_embed" in rep.pop("changed")
     assert rep == {"method": "trunc-normal", "std": 0.03, "linear_reset": n_linear}
     assert abs(float(learned.pos_embed.detach().std()) - 0.03) < 0.005  # a learnable PE is redrawn

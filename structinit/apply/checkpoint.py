@@ -42,6 +42,7 @@ from structinit.init.base import DEFAULT_METHOD, InitSpec
 from structinit.init.changes import changed, snapshot
 from structinit.init.checkpoints import describe_state_dict
 from structinit.init.registry import init_spec
+from structinit.init.report import FitRecord, InitReport
 
 #: The words of the position table written in place of a learned embedding.
 TABLE_IN_PLACE = "sin-cos table x1 in place of the checkpoint's own {key}, kept learnable"
@@ -93,7 +94,7 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
     prepared = _prepare_on_model(loaded, spec, options, say, progress, fit_progress) if model_path else None
     report = write_checkpoint(loaded, spec, options, prepared, progress, log, before)
     if fits and not model_path:
-        report["data_fit"] = {"skipped": _why_no_fit(loaded)}
+        report["data_fit"] = FitRecord(skipped=_why_no_fit(loaded)).to_dict()
     from structinit.init.baselines import base_note
 
     note = base_note(spec)
@@ -134,22 +135,20 @@ def write_checkpoint(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOpt
     report = reports[0]
     for line in spec.warnings(report, first, checkpoint=True, pe_scale=plan["pe_scale"]):
         warnings.warn(StructinitWarning(line.text), stacklevel=2)
-    rows = {r["layer"]: r for r in report["layers"]}
+    rows = {row.layer: row for row in report.layers}
     if not spec.reports_offsets and first.grid is not None:
         measured = describe_state_dict(loaded.ckpt.state_dicts[0][1], loaded.ckpt.detected, first.heads, first.grid)
-        for row in measured["layers"]:
-            if row["layer"] in rows:
-                rows[row["layer"]].update({k: row[k] for k in ("hit_rate", "target_mass", "mse", "offsets")})
+        for got in measured["layers"]:
+            row = rows.get(got["layer"])
+            if row is not None:
+                row.hit_rate, row.target_mass, row.mse = got["hit_rate"], got["target_mass"], got["mse"]
+                row.offsets = got["offsets"]
         plan["measured_on"] = measured["measured_on"]
     plan["changed"] = _changed(loaded, before)
     say(f"writing {loaded.target}")
     write_output(loaded, options, plan)
-    plan["layers"] = [rows[i] for i in first.layers]
-    for key in ("artifact", "hit_rate", "target_mass", "measured_on", "mimetic_vproj", "data_fit", "data_source"):
-        if key in report:
-            plan[key] = report[key]
-    if report.get("pos_embed_written"):
-        plan["pos_embed_written"] = report["pos_embed_written"]
+    report.layers = [rows[i] for i in first.layers]
+    _add_report(plan, report)
     plan["pos_embed_kind"] = first.pos_embed_kind()
     plan["written"] = True
     return plan
@@ -183,11 +182,39 @@ def _apply_through_model(loaded: LoadedCheckpoint, spec: InitSpec, options: Appl
     plan["changed"] = _changed(loaded, before)
     say(f"writing {loaded.target}")
     write_output(loaded, options, plan)
-    for key in ("layers", "hit_rate", "target_mass", "measured_on", "pos_embed_written", "base_note"):
-        if key in report:
-            plan[key] = report[key]
+    _add_report(plan, report)
+    if report.base_note is not None:
+        plan["base_note"] = report.base_note
     plan.update(model=built.how, written=True, pos_embed_kind=first.pos_embed_kind())
     return plan
+
+
+def _add_report(plan: Dict[str, Any], report: InitReport) -> None:
+    """Add what the init reported (``report``, the first copy's) to ``apply``'s report ``plan``: the
+    layers, their mean attention and what it was measured on, the position table written, the
+    data fit and its inputs, and every one of the method's own values (:attr:`InitReport.extra`)
+    under its name where the plan does not hold that name already."""
+    plan["layers"] = [row.to_dict() for row in report.layers]
+    if report.hit_rate is not None:
+        plan.update(hit_rate=report.hit_rate, target_mass=report.target_mass)
+    if report.measured_on is not None:
+        plan["measured_on"] = report.measured_on
+    if report.pos_embed_written:
+        plan["pos_embed_written"] = report.pos_embed_written
+    if report.holds("fit"):
+        plan["data_fit"] = report.fit.to_dict() if report.fit is not None else None
+    if report.data_source is not None:
+        plan["data_source"] = report.data_source
+    for name, value in report.extra.items():
+        plan.setdefault(name, value)
+
+
+def init_report_of(plan: Dict[str, Any]) -> InitReport:
+    """The init's part of an ``apply`` report (:func:`apply_checkpoint`'s ``plan``), typed: what the
+    command's summary (:meth:`~structinit.init.base.InitSpec.summary`) and notes read. The plan's
+    ``changed`` (per state dict) and a dry run's planned ``data_fit`` (words) are left out."""
+    keep = {k: v for k, v in plan.items() if k != "changed" and not (k == "data_fit" and isinstance(v, str))}
+    return InitReport.from_dict(keep)
 
 
 def _changed(loaded: LoadedCheckpoint, before: List[Dict[str, Any]]) -> Dict[str, List[str]]:
@@ -268,4 +295,4 @@ def _prepare_on_model(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOp
     return prepared
 
 
-__all__ = ["apply_checkpoint", "write_checkpoint", "TABLE_IN_PLACE"]
+__all__ = ["apply_checkpoint", "write_checkpoint", "init_report_of", "TABLE_IN_PLACE"]

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 import typer
 from typing_extensions import Annotated
@@ -33,6 +33,10 @@ from structinit.solver.recipes import (
     DEFAULT_RECIPE,
     RECIPE_DEFAULTS,
 )
+
+if TYPE_CHECKING:
+    from structinit.init.base import InitSpec
+    from structinit.init.report import InitReport
 
 EXAMPLES = examples(
     'structinit apply vit.pth --heads 3                  # fitted on noise inputs (no data): writes vit.impulse.pth',
@@ -237,11 +241,22 @@ def apply(
 
         report = apply_checkpoint(ckpt, spec, options, progress=bar, log=log,
                                   fit_progress=lambda d, n: bar.update(d, n, f"apply {method}: data fit"))
-    say_notices(spec, report)
+    show(spec, report, dry_run=dry_run, verbose=verbose, json_out=json_out)
+
+
+def show(spec: InitSpec, report: dict, *, dry_run: bool, verbose: bool, json_out: bool) -> None:
+    """Print apply's ``report``: the init's notes on stderr (none on a dry run), then the JSON, or the
+    text with the init's own summary (:meth:`~structinit.init.base.InitSpec.summary`)."""
+    from structinit.apply.checkpoint import init_report_of
+
+    init = init_report_of(report)
+    if not dry_run:
+        say_notices(spec, init)
     if json_out:
         emit_json(report)
         return
-    typer.echo(format_verbose(report) if verbose else format_report(report))
+    summary = [] if dry_run else rendered(spec.summary(init, model=report.get("model")))
+    typer.echo(format_verbose(report, init) if verbose else format_report(report, summary))
 
 
 def method_spec(method: str, init_param: List[str], flags: dict, samples: Optional[int] = None):
@@ -279,27 +294,26 @@ def _flag_text(flag: str, value) -> str:
     return f"{flag} {value}"
 
 
-def say_notices(spec, report: dict) -> None:
-    """One stderr line for each thing the user should know of what was written (the init's
-    :meth:`~structinit.init.base.InitSpec.notes`: that the fit ran on noise and real inputs can be
-    given, or that the plain solve was written), its parameters named by this command's flags."""
+def rendered(lines: List[str]) -> List[str]:
+    """``lines`` with their marked parameters named by this command's flags."""
     from structinit.cli.common import FLAG_NAMER
     from structinit.errors import StructinitWarning
 
-    for note in spec.notes(report):
-        typer.echo("note: " + StructinitWarning(note).render(FLAG_NAMER.get()), err=True)
+    return [StructinitWarning(line).render(FLAG_NAMER.get()) for line in lines]
 
 
-def _layers_line(name: str, rows, key: str) -> str:
-    values = [r[key] for r in rows if r.get(key) is not None]
-    if not values:
-        return ""
-    return f"{name} " + " ".join(f"{v:.2f}" for v in values) + f" (mean {sum(values) / len(values):.2f})"
+def say_notices(spec: InitSpec, report: InitReport) -> None:
+    """One stderr line for each thing the user should know of what was written (the init's
+    :meth:`~structinit.init.base.InitSpec.notes`: that the fit ran on noise and real inputs can be
+    given, or that the plain solve was written), its parameters named by this command's flags."""
+    for note in rendered(spec.notes(report)):
+        typer.echo("note: " + note, err=True)
 
 
-def format_report(r: dict) -> str:
-    """Terminal text of an apply report: what was written, and how structured the attention is on
-    the inputs the init was fitted to (the details are in ``format_verbose`` and ``--json``)."""
+def format_report(r: dict, summary: Sequence[str] = ()) -> str:
+    """Terminal text of an apply report: what was written, and the init's ``summary`` (its
+    :meth:`~structinit.init.base.InitSpec.summary`, rendered: what its fit ran on, how structured
+    the attention is); the details are in ``format_verbose`` and ``--json``."""
     g = r.get("grid")
     shape = f"{r['layout']}, dim {r['dim']}, {r['heads']} heads, depth {r['depth']}" + \
         (f", grid {'x'.join(map(str, g))}" if g else "")
@@ -314,29 +328,9 @@ def format_report(r: dict) -> str:
         lines.append(f"  position embedding: {r['pos_embed_written']}")
     elif r.get("set_pe"):
         lines.append(f"  position embedding {r['pos_embed_replaced']}: {r['set_pe']} x{r['pe_scale']:g}")
-    fit = r.get("data_fit")
-    if isinstance(fit, dict) and fit.get("layers"):
-        art = fit.get("artifact") or {}
-        cached = ", read from the cache" if art.get("cached") else ", the given --artifact" if art.get("given") else ""
-        lines.append(f"  Q/K fitted through {r.get('model') or 'the model'} on {fit.get('source')} "
-                     f"({fit.get('seconds', 0):.1f}s{cached})")
-        rows = fit["layers"]
-        lines.append(f"  attention on {fit.get('measured_on', fit.get('samples'))} of those inputs, per layer: "
-                     + _layers_line("hit rate", rows, "hit_rate") + "; " + _layers_line("target mass", rows,
-                                                                                         "target_mass"))
-    elif isinstance(fit, dict) and fit.get("skipped"):
-        lines.append(f"  Q/K: the plain solve (data fit {fit['skipped']})")
-        if r["layers"] and "hit_rate" in r["layers"][0]:
-            lines.append("  attention on the position embedding alone: " + _layers_line("hit rate", r["layers"],
-                                                                                          "hit_rate"))
-    elif "data_fit" in r and not r.get("dry_run"):  # an init that can fit, with its fit off
-        lines.append("  Q/K: the plain solve (--data-fit 0); on the position embedding alone, which real inputs "
-                     "wash out: " + _layers_line("hit rate", r["layers"], "hit_rate"))
-    elif r.get("dry_run") and fit:
-        lines.append(f"  Q/K would be fitted {fit}")
-    elif r["layers"] and "hit_rate" in r["layers"][0]:
-        lines.append("  attention on the position embedding alone: " + _layers_line("hit rate", r["layers"],
-                                                                                      "hit_rate"))
+    if r.get("dry_run") and r.get("data_fit"):
+        lines.append(f"  Q/K would be fitted {r['data_fit']}")
+    lines += [f"  {line}" for line in summary]
     for where, names in (r.get("changed") or {}).items():
         place = "" if len(r["changed"]) == 1 else f" in {where}"
         lines.append(f"  tensors changed{place}: {len(names)} ({compact_names(names) or 'none'}); every other "
@@ -367,8 +361,12 @@ def compact_names(names: List[str]) -> str:
     return ", ".join(out)
 
 
-def format_verbose(r: dict) -> str:
-    """Terminal text of an apply report with every setting, artifact and replaced tensor."""
+def format_verbose(r: dict, init: Optional[InitReport] = None) -> str:
+    """Terminal text of an apply report with every setting, artifact and replaced tensor (``init``:
+    its init's part, :func:`~structinit.apply.checkpoint.init_report_of`, read here when not given)."""
+    from structinit.apply.checkpoint import init_report_of
+
+    init = init if init is not None else init_report_of(r)
     g = r.get("grid")
     head = ("plan (dry run, nothing written)" if r.get("dry_run")
             else "replaced in place" if r["in_place"] else "wrote")
@@ -387,29 +385,29 @@ def format_verbose(r: dict) -> str:
         lines.append(f"  position embedding {r['pos_embed']}: {r.get('pos_embed_kind')}")
     if r.get("measured_on"):
         lines.append(f"  hit rate and target mass measured on {r['measured_on']}")
-    fit = r.get("data_fit") or {}
-    if fit.get("skipped"):
-        lines.append(f"  data fit {fit['skipped']}")
+    fit = init.fit
+    if fit is not None and fit.skipped:
+        lines.append(f"  data fit {fit.skipped}")
     on_batch = {}
-    if fit.get("layers"):
-        art = fit.get("artifact") or {}
+    if fit is not None and fit.layers:
+        art = fit.artifact or {}
         lines.append(f"  model {r['model']}" if r.get("model") else "  model (given)")
-        lines.append(f"  data fit (version {fit.get('version')}) on {fit.get('source') or 'the batch'}: "
-                     f"{fit.get('seconds', 0):.1f}s{', read from the cache' if art.get('cached') else ''}; "
+        lines.append(f"  data fit (version {fit.version}) on {fit.source or 'the batch'}: "
+                     f"{fit.seconds or 0:.1f}s{', read from the cache' if art.get('cached') else ''}; "
                      f"fitted artifact {art.get('key')}")
-        lines.append(f"  attention on the batch (first {fit.get('measured_on', fit.get('samples'))} inputs), then on "
-                     "the position embedding alone (pseudo input):")
-        on_batch = {row["layer"]: row for row in fit["layers"]}
-    for row in r["layers"]:
+        lines.append(f"  attention on the batch (first {fit.measured_count} inputs), then on the position embedding "
+                     "alone (pseudo input):")
+        on_batch = {row["layer"]: row for row in fit.layers}
+    for row in init.layers:
         q = ""
-        b = on_batch.get(row["layer"])
+        b = on_batch.get(row.layer)
         if b is not None:
             q += (f"  batch: hit {b['hit_rate']:.3f} mass {b['target_mass']:.3f}"
                   + (f" window {b['window_mass']:.3f}" if "window_mass" in b else "") + " |")
-        if "hit_rate" in row:
+        if row.hit_rate is not None:
             hit, mass = ("pseudo input: hit", "mass") if b is not None else ("hit rate", "target mass")
-            q += f"  {hit} {row['hit_rate']:.3f}  {mass} {row['target_mass']:.3f}"
-        lines.append(f"  layer {row['layer']:>3}{q}  replaced: {', '.join(row['replaced'])}")
+            q += f"  {hit} {row.hit_rate:.3f}  {mass} {row.target_mass or 0:.3f}"
+        lines.append(f"  layer {row.layer:>3}{q}  replaced: {', '.join(row.replaced)}")
     backup = f" (backup {r['backup']})" if r.get("backup") and not r.get("dry_run") else ""
     fmt = f" ({r['output_format']})" if r.get("output_format") and r.get("output_format") != r.get("format") else ""
     lines.append(f"{head}: {r['output']}{fmt}{backup}")

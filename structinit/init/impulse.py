@@ -23,6 +23,7 @@ from structinit.init.impulse_checks import (
     check_subspace_layers,
 )
 from structinit.init.mimetic import vproj_keys
+from structinit.init.report import FitRecord, InitReport
 from structinit.solver.recipes import (
     DEFAULT_FILTER,
     DEFAULT_OFFSET_ORDER,
@@ -122,6 +123,7 @@ class ImpulseInit(InitSpec):
     data_fit_inputs: str = "data"
     pe_factor: Optional[float] = None
     base: str = "model"
+    has_base = True
     position_subspace: bool = False
     position_dims: int = 0
     position_rest: bool = False
@@ -189,6 +191,10 @@ class ImpulseInit(InitSpec):
 
     def fit_off(self) -> str:
         return "data_fit is 0" if not self.data_fit else ""
+
+    def is_causal(self) -> bool:
+        """``causal``: offsets only in the past, solved under a decoder's mask."""
+        return self.causal
 
     def without_fit(self) -> "ImpulseInit":
         """This spec with the data fit off (what a resumed run re-applies for the settings beside the
@@ -313,14 +319,14 @@ class ImpulseInit(InitSpec):
                        progress=progress, check_pe=check_pe, data=data, fit_progress=fit_progress, log=log,
                        source=source, stage=stage)
 
-    def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
+    def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> InitReport:
         """See :func:`structinit.init.impulse_write.write`."""
         from structinit.init.impulse_write import write
 
         return write(self, target, prepared, seed)
 
     def write_copy(self, target, shared, *, first: bool, seed: int = 0, cache_dir=None, device: str = "cpu",
-                   progress=None, stage=None) -> Dict[str, Any]:
+                   progress=None, stage=None) -> InitReport:
         """The artifact ``shared`` holds (fitted on the model the checkpoint describes, or solved for
         its first copy), written into ``target`` as it is: no solve, no fit, no second check of
         the position embedding; the report's ``data_fit`` is the model's fit, and ``data_source`` the
@@ -331,14 +337,15 @@ class ImpulseInit(InitSpec):
         report = self.apply(target, seed=seed, cache_dir=cache_dir, device=device, artifact=shared.artifact,
                             cached=cached, check_pe=False)
         if shared.on_model:
-            report["data_fit"] = fit_record(self, shared)
+            fit = fit_record(self, shared)
+            report.fit = FitRecord.from_dict(fit) if fit is not None else None
             if shared.inputs is not None:
-                report["data_source"] = shared.inputs.source
+                report.data_source = shared.inputs.source
         return report
 
     # ---- what the user is told
 
-    def warnings(self, report: Dict[str, Any], target, *, checkpoint: bool = False,
+    def warnings(self, report: InitReport, target, *, checkpoint: bool = False,
                  pe_scale: Optional[float] = None) -> List[InitWarning]:
         """A fit that could not run on a model, a fit on noise inputs (real ones can be given), and a
         fit that left a layer weakly structured where a remedy was measured to help at its shape
@@ -347,28 +354,28 @@ class ImpulseInit(InitSpec):
         from structinit.init.impulse_write import noise_notice
 
         if checkpoint:
-            weak = structure_warning(report)
+            weak = structure_warning(report.to_dict())
             return [InitWarning(f"impulse: {weak}", loggable=False)] if weak else []
         out = []
-        skipped = (report.get("data_fit") or {}).get("skipped")
+        skipped = report.fit.skipped if report.fit is not None else None
         if skipped and target.model is not None:
             out.append(InitWarning(f"{self.method} {param('data_fit')} {skipped}", loggable=False))
         notice = noise_notice(report)
         if notice:
             out.append(InitWarning(notice))
-        weak = structure_warning(report)
+        weak = structure_warning(report.to_dict())
         if weak:
             out.append(InitWarning(f"{self.method}: {weak}", warning=True))
         return out
 
-    def notes(self, report: Dict[str, Any]) -> List[str]:
+    def notes(self, report: InitReport) -> List[str]:
         """That the fit ran on noise inputs (real ones can be given), or that the plain solve was written."""
         from structinit.init.impulse_write import noise_notice
 
-        out = []
-        notice = noise_notice(report) if isinstance(report.get("data_fit"), dict) else None
-        if notice:
-            out.append(notice)
-        if not report.get("dry_run") and not self.data_fit:
-            out.append(PLAIN_SOLVE_NOTE)
-        return out
+        return [line for line in (noise_notice(report), None if self.data_fit else PLAIN_SOLVE_NOTE) if line]
+
+    def summary(self, report: InitReport, *, model: Optional[str] = None) -> List[str]:
+        """See :func:`structinit.init.impulse_write.summary`."""
+        from structinit.init.impulse_write import summary
+
+        return summary(self, report, model)

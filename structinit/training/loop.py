@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List,
 
 from structinit.errors import StructinitError, UsageError, param
 from structinit.init.base import InitSpec
+from structinit.init.report import InitReport
 from structinit.training.config import EXECUTION_FIELDS, FIDELITY_SAMPLES, TrainConfig, causal_refused
 from structinit.training.rundir import RunDir
 
@@ -237,7 +238,7 @@ def init_inputs(split: TensorSplit, info: DatasetInfo) -> torch.Tensor:
 
 
 def impulse_fidelity(model: torch.nn.Module, split: TensorSplit, info: DatasetInfo,
-                     report: Dict[str, Any]) -> Dict[str, Any]:
+                     report: InitReport) -> Dict[str, Any]:
     """The hit rate and target mass, per layer, of a freshly impulse-initialized model's attention on
     the first :data:`FIDELITY_SAMPLES` training inputs (see
     :func:`structinit.analysis.fidelity.data_attention_quality`); ``report`` is the init's report."""
@@ -245,11 +246,13 @@ def impulse_fidelity(model: torch.nn.Module, split: TensorSplit, info: DatasetIn
     from structinit.geometry.grid import Grid
 
     x = init_inputs(split, info)
-    solved = (report.get("artifact") or {}).get("config") or report  # impulse-2025 solves with no artifact
-    rows = report["layers"]
+    structure = report.structure
+    if structure is None:
+        raise StructinitError(f"the {report.method} init reported no impulse offsets to measure its attention on")
+    layers = sorted(structure.offsets)
     # No causal mask: the models train builds attend both ways (TrainConfig refuses causal offsets).
-    return data_attention_quality(model, x, [r["offsets"] for r in rows], Grid(report["grid"]),
-                                  padding=solved.get("padding", "zero"), layers=[r["layer"] for r in rows])
+    return data_attention_quality(model, x, [structure.offsets[i] for i in layers], Grid(structure.grid),
+                                  padding=structure.padding, layers=layers)
 
 
 def _flat(settings: Dict[str, Any]) -> Dict[str, Any]:
@@ -399,7 +402,7 @@ class _Initialized:
 
     model: torch.nn.Module
     arch: Dict[str, Any]
-    report: Optional[Dict[str, Any]] = None
+    report: Optional[InitReport] = None
     seconds: Optional[float] = None
     record: Optional[Dict[str, Any]] = None
 
@@ -476,7 +479,7 @@ def _write_start(s: _Session, run: RunDir, built: _Initialized, progress: _Progr
     spec = s.config.init
     run.create()
     run.write_config({"config": s.config.to_dict(), "key": s.key, "resolved": resolved,
-                      "init": spec.to_dict() if spec is not None else None, "init_report": built.report,
+                      "init": spec.to_dict() if spec is not None else None, "init_report": _report_json(built),
                       "init_seconds": built.rounded_seconds,
                       "algorithms": spec.algorithms() if spec is not None else {},
                       "version": __version__, "versions": _versions(s)})
@@ -568,9 +571,12 @@ def _reapply_init(built: _Initialized, config: TrainConfig, spec: InitSpec, reco
     from structinit.init.initialize import initialize_model
 
     initialize_model(built.model, spec.without_fit(), seed=config.seed)
-    built.report, built.seconds = recorded, seconds
-    if recorded.get("data_attention") is not None:
-        built.record = {"epoch": 0, "init_attention": recorded["data_attention"]}
+    try:
+        built.report, built.seconds = InitReport.from_dict(recorded), seconds
+    except ValueError as exc:
+        raise StructinitError(f"the init report the run recorded cannot be read: {exc}") from None
+    if built.report.data_attention is not None:
+        built.record = {"epoch": 0, "init_attention": built.report.data_attention}
     return built
 
 
@@ -596,15 +602,14 @@ def _apply_init(built: _Initialized, s: _Session, spec: InitSpec, data: Data,
     report = initialize_model(built.model, spec, seed=config.seed, data=fit_to,
                               progress=on_init if s.ctx.main else None, log=say, source=source)
     built.report, built.seconds = report, time.perf_counter() - t_init
-    solved = report.get("artifact") or {}
-    if (solved.get("config") or {}).get("causal"):  # an artifact given by path or key, read just now
-        raise causal_refused(config.model.name, artifact=solved["key"])
+    if report.structure is not None and report.structure.causal:  # an artifact given by path or key, read just now
+        raise causal_refused(config.model.name, artifact=report.structure.artifact)
     if info.in_memory and spec.reports_offsets:
-        quality = report["data_attention"] = impulse_fidelity(built.model, data.train, info, report)
+        quality = report.data_attention = impulse_fidelity(built.model, data.train, info, report)
         built.record = {"epoch": 0, "init_attention": quality}
         say(f"impulse attention at init on {quality['samples']} training inputs: hit rate {quality['hit_rate']:.3f}, "
-            f"target mass {quality['target_mass']:.3f} (on the pseudo input: {report['hit_rate']:.3f}, "
-            f"{report['target_mass']:.3f})")
+            f"target mass {quality['target_mass']:.3f} (on the pseudo input: {report.hit_rate or 0:.3f}, "
+            f"{report.target_mass or 0:.3f})")
     return built
 
 
@@ -928,7 +933,12 @@ def _result(s: _Session, progress: _Progress, built: _Initialized, params: Dict[
                        epochs=len(progress.metrics), wall_seconds=progress.elapsed(s.t_start), params=params,
                        metrics=progress.metrics, out=str(s.run.path) if s.run is not None else None, key=s.key,
                        resumed_from=progress.resumed_from, world_size=s.ctx.world, device=s.ctx.device,
-                       init_report=built.report, init_seconds=built.rounded_seconds, versions=_versions(s))
+                       init_report=_report_json(built), init_seconds=built.rounded_seconds, versions=_versions(s))
+
+
+def _report_json(built: _Initialized) -> Optional[Dict[str, Any]]:
+    """The init's report as the run's files hold it (``None``: the model's own init)."""
+    return built.report.to_dict() if built.report is not None else None
 
 
 def _versions(s: _Session) -> Dict[str, str]:
