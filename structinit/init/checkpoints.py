@@ -309,6 +309,9 @@ def _keys_seen(obj: Any, limit: int = 12) -> str:
 
 def find_state_dicts(obj: Any) -> List[Tuple[Tuple[str, ...], Any, Detected]]:
     """Every state dict in ``obj`` (see :data:`CONTAINER_KEYS`) with its detected layout."""
+    from structinit.init.family import load_families
+
+    load_families()  # the layout rows families add are tried first
     found: List[Tuple[Tuple[str, ...], Any, Detected]] = []
     if isinstance(obj, Mapping):
         det = detect_layout(obj)
@@ -350,34 +353,47 @@ SHAPE_KEY = "shape"
 
 def _shape_hints(ckpt: Checkpoint) -> None:
     """Heads (and a sequence's grid) from what the file or its folder tells: the ``shape`` entry of
-    a ``structinit train`` checkpoint, a Hugging Face ``config.json`` beside it, or the ``arch`` of a
-    timm training checkpoint (looked up in timm's registry, no weights)."""
-    det = ckpt.detected
+    a ``structinit train`` checkpoint, else what the family of its layout reads
+    (:meth:`~structinit.init.family.ModelFamily.checkpoint_hints`: a Hugging Face ``config.json``
+    beside it, the ``arch`` of a timm training checkpoint)."""
+    from structinit.init.family import family_of_layout
+
     if _structinit_shape(ckpt):
         return
-    if det.layout.builder == "transformers":
-        cfg_path = ckpt.path.parent / HF_CONFIG
-        cfg = None
-        try:
-            cfg = json.loads(read_regular(cfg_path, limit=CONFIG_LIMIT))
-        except FileNotFoundError:
-            pass
-        except OSError as exc:  # a folder, a FIFO, one too large to be a config: say so, not "no heads"
-            det.heads_note = f"{cfg_path} beside it is not readable: {exc.strerror or exc}"
-        except ValueError as exc:
-            det.heads_note = f"{cfg_path} beside it is not valid JSON: {str(exc)[:120]}"
-        heads, hidden = _hf_config_shape(cfg)
-        if isinstance(heads, int) and hidden == det.dim:
-            det.heads = heads
-            ckpt.extra[HF_CONFIG] = str(cfg_path)
-        elif cfg is not None:
-            det.heads_note = (f"{cfg_path} beside it is for hidden size {hidden}, not dim {det.dim}"
-                              if isinstance(heads, int) else f"{cfg_path} beside it names no num_attention_heads")
+    family_of_layout(ckpt.detected.layout).checkpoint_hints(ckpt)
+
+
+def hf_config_hints(ckpt: Checkpoint) -> None:
+    """The heads the Hugging Face ``config.json`` beside ``ckpt`` tells (when its hidden size is the
+    checkpoint's dim), or a note saying why it could not tell them."""
+    det = ckpt.detected
+    cfg_path = ckpt.path.parent / HF_CONFIG
+    cfg = None
+    try:
+        cfg = json.loads(read_regular(cfg_path, limit=CONFIG_LIMIT))
+    except FileNotFoundError:
+        pass
+    except OSError as exc:  # a folder, a FIFO, one too large to be a config: say so, not "no heads"
+        det.heads_note = f"{cfg_path} beside it is not readable: {exc.strerror or exc}"
+    except ValueError as exc:
+        det.heads_note = f"{cfg_path} beside it is not valid JSON: {str(exc)[:120]}"
+    heads, hidden = _hf_config_shape(cfg)
+    if isinstance(heads, int) and hidden == det.dim:
+        det.heads = heads
+        ckpt.extra[HF_CONFIG] = str(cfg_path)
+    elif cfg is not None:
+        det.heads_note = (f"{cfg_path} beside it is for hidden size {hidden}, not dim {det.dim}"
+                          if isinstance(heads, int) else f"{cfg_path} beside it names no num_attention_heads")
+
+
+def timm_arch_hints(ckpt: Checkpoint) -> None:
+    """The heads the ``arch`` entry of a timm training checkpoint tells (looked up in timm's
+    registry, no weights), when its width is the checkpoint's dim."""
     arch = ckpt.obj.get("arch")
-    if det.layout.builder == "timm" and isinstance(arch, str):
-        heads = _timm_arch_heads(arch, det.dim)
+    if isinstance(arch, str):
+        heads = _timm_arch_heads(arch, ckpt.detected.dim)
         if heads:
-            det.heads = heads
+            ckpt.detected.heads = heads
             ckpt.extra["arch"] = arch
 
 
