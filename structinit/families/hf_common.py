@@ -30,8 +30,6 @@ class HfFamily(ModelFamily):
         return super().heads(model)
 
     def checkpoint_hints(self, ckpt) -> None:
-        from structinit.init.checkpoints import hf_config_hints
-
         hf_config_hints(ckpt)
 
     def unavailable(self) -> Optional[str]:
@@ -66,6 +64,36 @@ def hf_config(ckpt, config: Optional[str] = None) -> Tuple[dict, Path]:
     if not isinstance(cfg, dict) or "model_type" not in cfg:
         raise UsageError(f"{path} is not a Hugging Face config.json (it has no model_type)")
     return cfg, path
+
+
+def hf_config_hints(ckpt) -> None:
+    """The heads the Hugging Face ``config.json`` beside ``ckpt`` tells (when its hidden size is the
+    checkpoint's dim), or a note saying why it could not tell them."""
+    det = ckpt.detected
+    cfg_path = ckpt.path.parent / HF_CONFIG
+    cfg = None
+    try:
+        cfg = json.loads(read_regular(cfg_path, limit=CONFIG_LIMIT))
+    except FileNotFoundError:
+        pass
+    except OSError as exc:  # a folder, a FIFO, one too large to be a config: say so, not "no heads"
+        det.heads_note = f"{cfg_path} beside it is not readable: {exc.strerror or exc}"
+    except ValueError as exc:
+        det.heads_note = f"{cfg_path} beside it is not valid JSON: {str(exc)[:120]}"
+    heads, hidden = _hf_config_shape(cfg)
+    if isinstance(heads, int) and hidden == det.dim:
+        det.heads = heads
+        ckpt.extra[HF_CONFIG] = str(cfg_path)
+    elif cfg is not None:
+        det.heads_note = (f"{cfg_path} beside it is for hidden size {hidden}, not dim {det.dim}"
+                          if isinstance(heads, int) else f"{cfg_path} beside it names no num_attention_heads")
+
+
+def _hf_config_shape(cfg: Any) -> Tuple[Any, Any]:
+    """``(heads, hidden size)`` from a Hugging Face ``config.json`` (GPT-2 spells them ``n_head``, ``n_embd``)."""
+    if not isinstance(cfg, dict):
+        return None, None
+    return cfg.get("num_attention_heads", cfg.get("n_head")), cfg.get("hidden_size", cfg.get("n_embd"))
 
 
 #: What to install for Hugging Face checkpoints' models.
@@ -128,4 +156,4 @@ def hf_model(ckpt, sd: Mapping, config: Optional[str], grid, family: "HfFamily")
     return CheckpointModel(model, how, inputs, grid=grid, heads=heads)
 
 
-__all__ = ["HfFamily", "hf_config", "hf_model", "transformers_installed", "HF_EXTRA"]
+__all__ = ["HfFamily", "hf_config", "hf_config_hints", "hf_model", "transformers_installed", "HF_EXTRA"]

@@ -64,8 +64,6 @@ class TimmVit(ModelFamily):
         return data_attention_quality(model, x, offsets, grid, layers=layers)
 
     def checkpoint_hints(self, ckpt) -> None:
-        from structinit.init.checkpoints import timm_arch_hints
-
         timm_arch_hints(ckpt)
 
     def heads_needed(self, det) -> Optional[str]:
@@ -90,6 +88,46 @@ def patch_input_shape(model) -> Optional[Tuple[int, ...]]:
         return (int(chans), int(grid[0]))
     size = getattr(pe, "img_size", None)
     return (int(chans), int(size[0]), int(size[1])) if size is not None else None
+
+
+def timm_arch_hints(ckpt) -> None:
+    """The heads the ``arch`` entry of a timm training checkpoint tells (looked up in timm's
+    registry, no weights), when its width is the checkpoint's dim."""
+    arch = ckpt.obj.get("arch")
+    if isinstance(arch, str):
+        heads = timm_arch_heads(arch, ckpt.detected.dim)
+        if heads:
+            ckpt.detected.heads = heads
+            ckpt.extra["arch"] = arch
+
+
+def timm_arch_heads(arch: str, dim: int) -> Optional[int]:
+    """The heads of timm's model ``arch`` when its width is ``dim`` (``None``: no such model, or
+    another width)."""
+    shape = _timm_arch_shape(arch)
+    return shape[1] if shape is not None and shape[0] == dim else None
+
+
+_ARCH_SHAPES: Dict[str, Tuple[int, int]] = {}
+
+
+def _timm_arch_shape(arch: str) -> Optional[Tuple[int, int]]:
+    """``(embed_dim, heads)`` of timm's model ``arch`` at its defaults, built without weights (on
+    the meta device; kept for the process, as building it takes a good part of a second); ``None``
+    where it builds no ViT (not kept: a model registered later is found then)."""
+    if arch in _ARCH_SHAPES:
+        return _ARCH_SHAPES[arch]
+    try:
+        import timm
+        import torch
+
+        with torch.device("meta"):
+            # Any: its submodules are read by name (torch types every attribute Tensor | Module)
+            model: Any = timm.create_model(arch, pretrained=False)
+        shape = _ARCH_SHAPES[arch] = (int(model.embed_dim), int(model.blocks[0].attn.num_heads))
+        return shape
+    except Exception:  # noqa: BLE001 - an unknown arch is simply no hint
+        return None
 
 
 def timm_vit_kwargs(sd: Mapping, prefix: str, grid) -> Dict[str, Any]:
@@ -223,4 +261,5 @@ def _named_timm_model(name: str, kwargs: Dict[str, Any], heads: Optional[int], n
     return model
 
 
-__all__ = ["TimmVit", "timm_model", "timm_vit_kwargs", "timm_heads", "patch_input_shape"]
+__all__ = ["TimmVit", "timm_arch_hints", "timm_arch_heads", "timm_model", "timm_vit_kwargs", "timm_heads",
+           "patch_input_shape"]

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import errno
 import io
-import json
 import os
 import pickle
 import re
@@ -363,40 +362,6 @@ def _shape_hints(ckpt: Checkpoint) -> None:
     family_of_layout(ckpt.detected.layout).checkpoint_hints(ckpt)
 
 
-def hf_config_hints(ckpt: Checkpoint) -> None:
-    """The heads the Hugging Face ``config.json`` beside ``ckpt`` tells (when its hidden size is the
-    checkpoint's dim), or a note saying why it could not tell them."""
-    det = ckpt.detected
-    cfg_path = ckpt.path.parent / HF_CONFIG
-    cfg = None
-    try:
-        cfg = json.loads(read_regular(cfg_path, limit=CONFIG_LIMIT))
-    except FileNotFoundError:
-        pass
-    except OSError as exc:  # a folder, a FIFO, one too large to be a config: say so, not "no heads"
-        det.heads_note = f"{cfg_path} beside it is not readable: {exc.strerror or exc}"
-    except ValueError as exc:
-        det.heads_note = f"{cfg_path} beside it is not valid JSON: {str(exc)[:120]}"
-    heads, hidden = _hf_config_shape(cfg)
-    if isinstance(heads, int) and hidden == det.dim:
-        det.heads = heads
-        ckpt.extra[HF_CONFIG] = str(cfg_path)
-    elif cfg is not None:
-        det.heads_note = (f"{cfg_path} beside it is for hidden size {hidden}, not dim {det.dim}"
-                          if isinstance(heads, int) else f"{cfg_path} beside it names no num_attention_heads")
-
-
-def timm_arch_hints(ckpt: Checkpoint) -> None:
-    """The heads the ``arch`` entry of a timm training checkpoint tells (looked up in timm's
-    registry, no weights), when its width is the checkpoint's dim."""
-    arch = ckpt.obj.get("arch")
-    if isinstance(arch, str):
-        heads = _timm_arch_heads(arch, ckpt.detected.dim)
-        if heads:
-            ckpt.detected.heads = heads
-            ckpt.extra["arch"] = arch
-
-
 def _structinit_shape(ckpt: Checkpoint) -> bool:
     """Apply the ``shape`` entry of a ``structinit train`` checkpoint when it fits the weights."""
     from structinit.errors import UsageError
@@ -422,42 +387,6 @@ def _structinit_shape(ckpt: Checkpoint) -> bool:
     det.grid = grid
     ckpt.extra["shape"] = {"grid": list(grid), "heads": det.heads}
     return True
-
-
-def _hf_config_shape(cfg: Any) -> Tuple[Any, Any]:
-    """``(heads, hidden size)`` from a Hugging Face ``config.json`` (GPT-2 spells them ``n_head``, ``n_embd``)."""
-    if not isinstance(cfg, dict):
-        return None, None
-    return cfg.get("num_attention_heads", cfg.get("n_head")), cfg.get("hidden_size", cfg.get("n_embd"))
-
-
-def _timm_arch_heads(arch: str, dim: int) -> Optional[int]:
-    """The heads of timm's model ``arch`` when its width is ``dim`` (``None``: no such model, or
-    another width)."""
-    shape = _timm_arch_shape(arch)
-    return shape[1] if shape is not None and shape[0] == dim else None
-
-
-_ARCH_SHAPES: Dict[str, Tuple[int, int]] = {}
-
-
-def _timm_arch_shape(arch: str) -> Optional[Tuple[int, int]]:
-    """``(embed_dim, heads)`` of timm's model ``arch`` at its defaults, built without weights (on
-    the meta device; kept for the process, as building it takes a good part of a second); ``None``
-    where it builds no ViT (not kept: a model registered later is found then)."""
-    if arch in _ARCH_SHAPES:
-        return _ARCH_SHAPES[arch]
-    try:
-        import timm
-        import torch
-
-        with torch.device("meta"):
-            # Any: its submodules are read by name (torch types every attribute Tensor | Module)
-            model: Any = timm.create_model(arch, pretrained=False)
-        shape = _ARCH_SHAPES[arch] = (int(model.embed_dim), int(model.blocks[0].attn.num_heads))
-        return shape
-    except Exception:  # noqa: BLE001 - an unknown arch is simply no hint
-        return None
 
 
 def safetensors_dict(ckpt: Checkpoint, path: Union[str, os.PathLike]) -> Dict[str, Any]:
