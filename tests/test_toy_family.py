@@ -117,3 +117,13 @@ def test_the_toy_family_of_another_installed_package_works_in_a_real_process(tmp
     rep = json.loads(r.stdout)
     assert rep["layout"] == "toy-encoder" and rep["data_fit"]["inputs"] == "data"
     assert rep["data_fit"]["hit_rate"] > 0.85
+    # a family plugin that fails to load is one warning line; the others (the toy's too) still work
+    broken = site / "broken_family-0.1.dist-info"
+    broken.mkdir()
+    (broken / "METADATA").write_text(DIST.replace("toy-family", "broken-family"))
+    (broken / "entry_points.txt").write_text(f"[{registry.ENTRY_POINT_GROUP}]\nbroken = broken_family\n")
+    (site / "broken_family.py").write_text("raise ImportError('no such thing')\n")
+    r = cli_process("apply", tmp_path / "toy.pt", "--data", tmp_path / "feats.pt", "--out", tmp_path / "o2.pt",
+                    env=env)
+    assert r.returncode == 0, r.stderr
+    assert "family plugin broken (broken_family) was not loaded: ImportError: no such thing" in r.stderr

@@ -154,7 +154,7 @@ def _folder_inputs(folder: Path, built, samples: int) -> FitInputs:
         raise UsageError(f"{param('data')} {folder} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
     from PIL import Image, UnidentifiedImageError
 
-    chans, h, w = built.input_shape
+    chans, h, w = built.inputs.shape
     out = []
     for f in files:
         try:

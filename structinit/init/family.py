@@ -36,12 +36,13 @@ Example (a new family: its module and its test)::
 from __future__ import annotations
 
 import importlib
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Type, TypeVar
 
-from structinit.errors import StructinitError, UsageError, param
+from structinit.errors import StructinitError, StructinitWarning, UsageError, param
 from structinit.geometry.grid import Grid
-from structinit.init.layouts import LAYOUTS, Detected, Layout, add_layout, detect_layout, layout_rows
+from structinit.init.layouts import Detected, Layout, add_layout, detect_layout, layout_rows
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,8 @@ def register_family(cls: F) -> F:
 
 def load_families() -> None:
     """Import the built-in families and those of :data:`ENTRY_POINT_GROUP` (once); another
-    package's family that fails to load is left out and named in :data:`PLUGIN_FAILURES`."""
+    package's family that fails to load is left out, never breaking the built-in ones, and named in
+    a warning (and in :data:`PLUGIN_FAILURES`), which the caller shows its way."""
     global _loaded
     if _loaded:
         return
@@ -248,6 +250,7 @@ def load_families() -> None:
             ep.load()
         except Exception as exc:  # noqa: BLE001 - another package's failure is reported, not raised
             PLUGIN_FAILURES.append(f"family plugin {ep.name} ({ep.value}) was not loaded: {type(exc).__name__}: {exc}")
+            warnings.warn(StructinitWarning(PLUGIN_FAILURES[-1]), stacklevel=2)
 
 
 def family_of_layout(layout: Layout) -> ModelFamily:
@@ -292,5 +295,4 @@ def model_inputs(model) -> Optional[InputSpec]:
 
 __all__ = ["ModelFamily", "InputSpec", "CheckpointModel", "register_family", "register_layout", "FAMILIES",
            "GENERIC", "BUILTIN_FAMILIES", "ENTRY_POINT_GROUP", "load_families", "family_of_layout",
-           "family_for_model", "family_for_checkpoint", "model_grid", "model_heads", "model_inputs", "LAYOUTS",
-           "CANNOT_BUILD"]
+           "family_for_model", "family_for_checkpoint", "model_grid", "model_heads", "model_inputs", "CANNOT_BUILD"]
