@@ -286,9 +286,9 @@ class InitSpec:
         model inputs for a method that :attr:`uses_data` (``source`` says in words where it came
         from); without it, ``target.inputs`` (an :class:`~structinit.init.family.InputSpec`, what the
         model's family says one input is, ``None`` on a state dict) gives the shape of the noise
-        inputs that stand for real ones; ``progress(done, total)`` follows a solve, ``fit_progress`` a fit (raise from it to
-        stop), ``log(message)`` hears the estimated time and per-layer lines, ``stage(words)`` names
-        each stage as it starts. The default makes nothing (``None``)."""
+        inputs that stand for real ones; ``progress(done, total)`` follows a solve, ``fit_progress``
+        a fit (raise from it to stop), ``log(message)`` hears the estimated time and per-layer lines,
+        ``stage(words)`` names each stage as it starts. The default makes nothing (``None``)."""
         return None
 
     def write(self, target: AttentionTarget, prepared: Any = None, *, seed: int = 0,
