@@ -89,7 +89,7 @@ class ExamplePcaInit(InitSpec):
         import torch
 
         from structinit.analysis.capture import first_input, projection_module
-        from structinit.fit.inputs import data_inputs, model_input_shape, noise_inputs
+        from structinit.fit.inputs import data_inputs, noise_inputs
 
         if not self.samples:
             return None
@@ -99,7 +99,7 @@ class ExamplePcaInit(InitSpec):
         if data is not None:
             inputs = data_inputs(data, self.samples, source)
         else:
-            shape = model_input_shape(model)
+            shape = target.inputs.noise_shape if target.inputs is not None else None  # what the model's family tells
             if shape is None:
                 raise UsageError(f"{self.method}: the model does not tell its input shape; give {param('data')}")
             inputs = noise_inputs(shape, self.samples, seed)

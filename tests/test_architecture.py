@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "structinit"
-STAGES = ["geometry", "analysis", "solver", "fit", "init", "training", "apply", "benchmarks", "experiments", "cli"]
+STAGES = ["geometry", "analysis", "solver", "fit", "init", "training", "families", "apply", "benchmarks", "experiments",
+          "cli"]
 ROOT = {"errors", "runtime", "atomic", "keys", "__init__", "__main__"}
 
 

@@ -187,7 +187,7 @@ def test_describe_checkpoint_reads_the_structure_back(tmp_path):
 def test_heads_from_timm_arch_of_a_training_checkpoint(tmp_path):
     import timm
 
-    from structinit.init.checkpoints import _timm_arch_heads
+    from structinit.families.timm_vit import timm_arch_heads as _timm_arch_heads
 
     assert _timm_arch_heads("vit_small_patch16_224", 384) == 6
     assert _timm_arch_heads("vit_small_patch16_224", 64) is None  # another width: no hint

@@ -544,7 +544,7 @@ def test_negative_layer_indices_are_refused_with_the_range_there_is(spec, depth)
 
 
 def test_shape_hints_and_their_refusals():
-    from structinit.init.layouts import model_heads
+    from structinit.init.family import model_heads
 
     with pytest.raises(UsageError) as exc:
         model_heads(torch.nn.Linear(2, 2))

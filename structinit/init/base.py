@@ -306,9 +306,11 @@ class InitSpec:
         """Step 1: what :meth:`write` writes into ``target``, made before anything of the init is
         written (a solve, a fit to ``data``: the slow part). ``data``: a batch of real, normalized
         model inputs for a method that :attr:`uses_data` (``source`` says in words where it came
-        from); ``progress(done, total)`` follows a solve, ``fit_progress`` a fit (raise from it to
-        stop), ``log(message)`` hears the estimated time and per-layer lines, ``stage(words)`` names
-        each stage as it starts. The default makes nothing (``None``)."""
+        from); without it, ``target.inputs`` (an :class:`~structinit.init.family.InputSpec`, what the
+        model's family says one input is, ``None`` on a state dict) gives the shape of the noise
+        inputs that stand for real ones; ``progress(done, total)`` follows a solve, ``fit_progress``
+        a fit (raise from it to stop), ``log(message)`` hears the estimated time and per-layer lines,
+        ``stage(words)`` names each stage as it starts. The default makes nothing (``None``)."""
         return None
 
     def write(self, target: AttentionTarget, prepared: Any = None, *, seed: int = 0,

@@ -254,11 +254,9 @@ class ImpulseInit(InitSpec):
                              "a model, not a checkpoint or state dict (apply_checkpoint builds the one a checkpoint "
                              "describes)")
         for i in target.layers:
-            owner = projection_module(model, target.det.slots[i].q.key)
-            attn = model.blocks[i].attn if hasattr(model, "blocks") else owner
-            if any(type(getattr(attn, n, None)).__name__ not in ("Identity", "NoneType") for n in ("q_norm", "k_norm")):
-                raise UsageError(f"impulse parameter {param('data_fit')} fits q and k as linear maps; layer {i} "
-                                 "normalizes them (q_norm/k_norm)")
+            why = target.family.qk_not_linear(model, projection_module(model, target.det.slots[i].q.key), i)
+            if why is not None:
+                raise UsageError(f"impulse parameter {param('data_fit')} fits q and k as linear maps; {why}")
 
     def check_shape(self, grid, dim: int, heads: int, depth: int, seed: int = 0, cache_dir=None) -> None:
         """A solve's settings for this shape (refused by :meth:`solve_config`), or the given artifact."""

@@ -19,7 +19,7 @@ import numpy as np
 
 from structinit.analysis.quality import measure
 from structinit.errors import StructinitError, UsageError, param
-from structinit.fit.inputs import FitInputs, data_inputs, model_input_shape, noise_inputs
+from structinit.fit.inputs import FitInputs, data_inputs, noise_inputs
 from structinit.geometry.targets import causal_mask, impulse_columns
 from structinit.init.baselines import apply_base, generator
 from structinit.init.impulse_checks import check_artifact, check_causal
@@ -116,7 +116,7 @@ def fit_inputs(spec, t, data, seed: int, source: Optional[str]):
         return noise_inputs(tuple(data.shape[1:]), spec.data_fit_samples, seed), None
     if t.model is None:
         return None, NO_MODEL
-    shape = model_input_shape(t.model)
+    shape = t.inputs.noise_shape if t.inputs is not None else None
     if shape is None:
         return None, NO_SHAPE
     try:
@@ -189,7 +189,7 @@ def prepare(spec, t, *, seed: int = 0, cache_dir=None, device: str = "cpu", arti
     if given_fit and check_pe and t.model is not None:  # on the model the fit ran through: the same weights?
         from structinit.fit.identity import check_fitted_to
 
-        check_fitted_to(artifact, t, model_input_shape(t.model))
+        check_fitted_to(artifact, t, t.inputs.shape if t.inputs is not None else None)
     plain = artifact
     check_artifact(plain, t.grid, t.dim, t.heads, t.layers)
     check_causal(t, plain.config.causal)
