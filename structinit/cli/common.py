@@ -235,13 +235,23 @@ FLAG_ALIASES: Dict[str, str] = {"offset_order": "--offsets", "layers": "--layers
                                 "recipe_params": "--recipe-param", "filter_size": "--filter"}
 
 
+def listed(names: List[str], last: str = "or") -> str:
+    """``names`` as a sentence lists them: ``a, b or c``."""
+    return ", ".join(names[:-1]) + f" {last} " + names[-1] if len(names) > 1 else "".join(names)
+
+
 def init_methods(last: str = "or") -> str:
     """The registered init methods, in the registry's order, as a help text lists them (read from
-    the registry, so a method registered there is listed everywhere)."""
+    the registry, so a method registered there, or through the ``structinit.inits`` entry point,
+    is listed everywhere)."""
     from structinit.init.registry import INIT_METHODS
 
-    names = list(INIT_METHODS)
-    return ", ".join(names[:-1]) + f" {last} " + names[-1] if len(names) > 1 else names[0]
+    return listed(list(INIT_METHODS), last)
+
+
+#: Where a command's help sends the user for each method's parameters (``-p NAME=VALUE``).
+PARAMS_LISTED = ("the built-in methods' parameters are listed in docs/init-methods.md, and an unknown NAME is "
+                 "refused with the method's own list")
 
 
 def flag_for(name: str, command_flags: List[str], aliases: Optional[Dict[str, str]] = None) -> str:

@@ -10,6 +10,7 @@ import typer
 from typing_extensions import Annotated
 
 from structinit.cli.common import (
+    PARAMS_LISTED,
     CacheDir,
     Force,
     GridOpt,
@@ -99,8 +100,8 @@ InitOpt = Annotated[Optional[str], option("--init", help="--data with a preset: 
     f"({init_methods()}).",
     show_default="the model's own")]
 
-InitParamOpt = Annotated[List[str], option("--init-param", help="--data with a preset: init "
-    "parameter NAME=VALUE (repeatable), as in train.")]
+InitParamOpt = Annotated[List[str], option("--init-param", help="--data with a preset: a parameter "
+    f"of the --init, NAME=VALUE (repeatable), as in train; {PARAMS_LISTED}.")]
 
 SeedOpt = Annotated[Optional[int], option("--seed", min=0, help="--data with a preset: seed of the model and "
     "its init, as in train.", show_default="0")]

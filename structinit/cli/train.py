@@ -9,7 +9,19 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 import typer
 from typing_extensions import Annotated
 
-from structinit.cli.common import Device, JsonOut, Out, Progress, Threads, emit_json, examples, init_methods, option
+from structinit.cli.common import (
+    PARAMS_LISTED,
+    Device,
+    JsonOut,
+    Out,
+    Progress,
+    Threads,
+    emit_json,
+    examples,
+    init_methods,
+    listed,
+    option,
+)
 from structinit.training.config import TRAIN_BASE
 
 if TYPE_CHECKING:
@@ -75,15 +87,21 @@ ShuffleSeqOpt = Annotated[bool, option("--shuffle-seq", help="mnist1d: permute t
 ResumeOpt = Annotated[bool, option("--resume", help="Continue the run in --out from its last checkpoint (start it if "
     "there is none).")]
 
+def _based() -> str:
+    """The methods with a ``base`` parameter, read from the registry (the --init help names them)."""
+    from structinit.init.registry import methods_with
+
+    return listed(methods_with("base"), "and")
+
+
 InitOpt = Annotated[Optional[str], option("--init", help="Attention init method (ViTs, transformer-1d): "
-    f"{init_methods()} (impulse-2024 and impulse-2025 are the authors' exact recipes). impulse, mimetic and "
-    "conditioned start the weights they do not write from "
+    f"{init_methods()}. {_based()} start the weights they do not write from "
     f"base={TRAIN_BASE} (the MLPs at PyTorch's default; chosen on validation) "
     "unless -p base=... says otherwise (base=model: timm's init).",
     show_default="timm's own")]
 
-InitParamOpt = Annotated[List[str], option("--init-param", help="Init parameter NAME=VALUE (repeatable), e.g. "
-    "filter=5, target_mass=0.3, mimetic_vproj=true.")]
+InitParamOpt = Annotated[List[str], option("--init-param", help="A parameter of the --init, NAME=VALUE "
+    f"(repeatable), e.g. filter=5, target_mass=0.3, mimetic_vproj=true for impulse; {PARAMS_LISTED}.")]
 
 DataDirOpt = Annotated[Optional[Path], option("--data-dir", help="Dataset folder (torchvision's files; imagefolder: "
     "train/ and val/).", show_default="$STRUCTINIT_DATA, else ./data", metavar="DIR")]
