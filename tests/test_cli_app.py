@@ -122,3 +122,25 @@ def test_the_librarys_warning_is_one_warning_line_wherever_its_stack_level_point
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "warning: the fit is weak"
     assert err[1] == "/elsewhere/lib.py:7: UserWarning: theirs"
+
+
+def test_train_and_apply_options_default_to_the_librarys_own():
+    """Issue 53: train's and apply's defaults are read from the library (``TrainConfig``,
+    ``ApplyOptions``), never typed twice: every option that has a library setting of the same
+    name starts at that setting's default, and every default a command shows for one that the
+    library resolves later (``None``) is ``None`` there too."""
+    from structinit.apply.options import ApplyOptions
+    from structinit.training.config import TrainConfig
+
+    commands = dict(_commands())
+    library = {("train",): TrainConfig().to_dict(), ("apply",): vars(ApplyOptions())}
+    named = {"compile_": "compile"}
+    for path, defaults in library.items():
+        compared = 0
+        for p in commands[path].params:
+            name = named.get(p.name, p.name)
+            if p.param_type_name != "option" or name not in defaults or name == "layers":
+                continue  # apply's --layers all is ApplyOptions' None (every layer), checked in test_apply
+            assert p.default == defaults[name], (path, name, p.default, defaults[name])
+            compared += 1
+        assert compared >= (30 if path == ("train",) else 10), compared

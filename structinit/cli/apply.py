@@ -9,7 +9,7 @@ from typing import Dict, List, Optional
 import typer
 from typing_extensions import Annotated
 
-from structinit.apply.options import DEFAULT_PE_SCALE
+from structinit.apply.options import DEFAULT_PE_SCALE, ApplyOptions
 from structinit.cli.common import (
     PARAMS_LISTED,
     CacheDir,
@@ -50,6 +50,9 @@ EXAMPLES = examples(
     'structinit apply hf-vit/ --data images/     # a save_pretrained folder: writes hf-vit.impulse/ (from_pretrained)',
     'structinit apply vit_t.pth --model vit_tiny_patch16_224 --set-pe sincos --data inputs.pt  # inputs [B, 3, H, W]',
 )
+
+#: The library's defaults of what apply is asked to do (the defaults of its options, never typed twice).
+DEFAULTS = ApplyOptions()
 
 #: Library parameters this command spells with another flag.
 ALIASES = {"init": "--method", "model_name": "--model", "data": "--data", "samples": "--samples",
@@ -202,18 +205,18 @@ def apply(
     grid: GridOpt = None,
     set_pe: SetPeOpt = None,
     pe_scale: PeScaleOpt = None,
-    seed: Seed = 0,
+    seed: Seed = DEFAULTS.seed,
     out: OutOpt = None,
-    force: ForceOpt = False,
-    in_place: InPlaceOpt = False,
-    dry_run: DryRunOpt = False,
+    force: ForceOpt = DEFAULTS.force,
+    in_place: InPlaceOpt = DEFAULTS.in_place,
+    dry_run: DryRunOpt = DEFAULTS.dry_run,
     data: DataOpt = None,
     samples: SamplesOpt = None,
     data_dir: DataDirOpt = None,
     model_name: ModelNameOpt = None,
     config: ConfigOpt = None,
     verbose: VerboseOpt = False,
-    device: Device = "cpu",
+    device: Device = DEFAULTS.device,
     threads: Threads = None,
     cache_dir: CacheDir = None,
     json_out: JsonOut = False,

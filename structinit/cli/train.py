@@ -22,7 +22,9 @@ from structinit.cli.common import (
     listed,
     option,
 )
-from structinit.training.config import TRAIN_BASE
+from structinit.training.config import TRAIN_BASE, TrainConfig
+from structinit.training.datasets import DATASETS
+from structinit.training.models import FILTERS, SEQUENCE_PRESETS
 
 if TYPE_CHECKING:
     from structinit.training.loop import TrainResult
@@ -41,6 +43,10 @@ EXAMPLES = examples(
 )
 
 
+
+#: Every setting of a run at its library default (``TrainConfig()`` in the flat form): the defaults of
+#: this command's options, never typed twice.
+DEFAULTS = TrainConfig().to_dict()
 
 #: TrainConfig fields whose command-line parameter has another name.
 _PARAM_OF = {"compile": "compile_", "init_params": "init_param"}
@@ -74,12 +80,24 @@ def _fmt(record: Dict[str, Any], epochs: int) -> str:
 
 # --------------------------------------------------------------------------- options
 
-ModelOpt = Annotated[str, option("--model", help="Preset: vit-t, vit-t-h8, vit-s, vit-s-h16, vit-d8, vit-digits, "
-    "vit-t-cls, vit-t-learned-pe, vit-t-cls-learned-pe, convit, convmixer-256, "
-    "convmixer-512; for sequences transformer-1d or cnn-1d.")]
+def _presets() -> str:
+    """The model presets, read from the library: the image ones, then those for sequences."""
+    from structinit.training.models import OTHER_PRESETS, SEQUENCE_PRESETS, VIT_PRESETS
 
-DatasetOpt = Annotated[str, option("--dataset", help="digits, synthetic, cifar10, cifar100, svhn or "
-    "imagefolder; mnist1d (sequences).")]
+    return f"{', '.join([*VIT_PRESETS, *OTHER_PRESETS])}; for sequences {listed(list(SEQUENCE_PRESETS))}"
+
+
+def _datasets() -> str:
+    """The datasets, read from the library: the image ones, then the sequences."""
+    from structinit.training.datasets import DATASETS
+
+    images = [name for name, info in DATASETS.items() if info.kind != "sequence"]
+    return f"{listed(images)}; {listed([n for n in DATASETS if n not in images])} (sequences)"
+
+
+ModelOpt = Annotated[str, option("--model", help=f"Preset: {_presets()}.")]
+
+DatasetOpt = Annotated[str, option("--dataset", help=f"{_datasets()}.")]
 
 ShuffleSeqOpt = Annotated[bool, option("--shuffle-seq", help="mnist1d: permute the positions of every sequence the "
     "same way (the check that a gain comes from locality).")]
@@ -110,7 +128,7 @@ DownloadOpt = Annotated[bool, option("--download", help="Download cifar10/cifar1
     "network).")]
 
 ImageSizeOpt = Annotated[Optional[int], option("--image-size", help="imagefolder: image side.",
-    show_default="224")]
+    show_default=str(DATASETS["imagefolder"].image_size))]
 
 TrainSizeOpt = Annotated[Optional[int], option("--train-size", help="Train on a stratified subset of this many images "
     "(drawn with --data-seed).", show_default="all")]
@@ -141,10 +159,10 @@ KernelOpt = Annotated[Optional[int], option("--kernel", help="ConvMixer depthwis
     "size.")]
 
 WindowOpt = Annotated[Optional[int], option("--window", help="transformer-1d: values each token embeds (odd; 1: one "
-    "value per position).", show_default="1")]
+    "value per position).", show_default=str(SEQUENCE_PRESETS["transformer-1d"]["window"]))]
 
-FiltersOpt = Annotated[str, option("--filters", help="ConvMixer depthwise filters: trained, or frozen random, impulse "
-    "or box.")]
+FiltersOpt = Annotated[str, option("--filters", help=f"ConvMixer depthwise filters: {FILTERS[0]}, or frozen "
+    f"{listed(list(FILTERS[1:]))}.")]
 
 def recipe_default(name: str) -> str:
     """The help's default of training setting ``name``, read from the recipe (``HPARAMS``) and its
@@ -207,18 +225,18 @@ WorkersOpt = Annotated[int, option("--workers", help="DataLoader workers (imagef
 
 def train(
     ctx: typer.Context,
-    model: ModelOpt = "vit-digits",
-    dataset: DatasetOpt = "digits",
-    shuffle_seq: ShuffleSeqOpt = False,
+    model: ModelOpt = DEFAULTS["model"],
+    dataset: DatasetOpt = DEFAULTS["dataset"],
+    shuffle_seq: ShuffleSeqOpt = DEFAULTS["shuffle_seq"],
     out: Out = None,
-    resume: ResumeOpt = False,
+    resume: ResumeOpt = DEFAULTS["resume"],
     init: InitOpt = None,
     init_param: InitParamOpt = [],  # noqa: B006
     data_dir: DataDirOpt = None,
-    download: DownloadOpt = False,
+    download: DownloadOpt = DEFAULTS["download"],
     image_size: ImageSizeOpt = None,
     train_size: TrainSizeOpt = None,
-    val_size: ValSizeOpt = 0,
+    val_size: ValSizeOpt = DEFAULTS["val_size"],
     data_seed: DataSeedOpt = None,
     dim: DimOpt = None,
     heads: HeadsOpt = None,
@@ -229,8 +247,8 @@ def train(
     pos_embed: PosEmbedOpt = None,
     kernel: KernelOpt = None,
     window: WindowOpt = None,
-    filters: FiltersOpt = "trained",
-    drop_path: DropPathOpt = 0.0,
+    filters: FiltersOpt = DEFAULTS["filters"],
+    drop_path: DropPathOpt = DEFAULTS["drop_path"],
     epochs: EpochsOpt = None,
     batch_size: BatchSizeOpt = None,
     lr: LrOpt = None,
@@ -244,11 +262,11 @@ def train(
     randaug_n: RandaugNOpt = None,
     randaug_m: RandaugMOpt = None,
     eval_every: EvalEveryOpt = None,
-    seed: SeedOpt = 0,
-    device: Device = "auto",
-    amp: AmpOpt = "auto",
-    compile_: CompileOpt = False,
-    workers: WorkersOpt = 4,
+    seed: SeedOpt = DEFAULTS["seed"],
+    device: Device = DEFAULTS["device"],
+    amp: AmpOpt = DEFAULTS["amp"],
+    compile_: CompileOpt = DEFAULTS["compile"],
+    workers: WorkersOpt = DEFAULTS["workers"],
     threads: Threads = None,
     json_out: JsonOut = False,
 ):
