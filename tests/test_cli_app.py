@@ -144,3 +144,30 @@ def test_train_and_apply_options_default_to_the_librarys_own():
             assert p.default == defaults[name], (path, name, p.default, defaults[name])
             compared += 1
         assert compared >= (30 if path == ("train",) else 10), compared
+
+
+def test_shared_options_are_written_once_and_mean_the_same_in_every_command():
+    """Issue 53: --seed and --data-dir were written per command (4 and 5 times, three different
+    defaults shown for --data-dir). Each is declared once in cli.common (``seed_option``,
+    ``data_dir_option``): every command that has it says the same thing and shows the library's
+    default folder."""
+    from pathlib import Path
+
+    import structinit.cli
+    from structinit.cli.common import DATA_DIR_DEFAULT
+
+    cli_dir = Path(structinit.cli.__file__).parent
+    for flag in ("--seed", "--data-dir"):
+        written = [p.name for p in sorted(cli_dir.glob("*.py")) if f'option("{flag}"' in p.read_text()]
+        assert written == ["common.py"], (flag, written)
+    counts = {"--seed": 0, "--data-dir": 0}
+    for path, cmd in _commands():
+        for p in cmd.params:
+            if "--data-dir" in p.opts:
+                counts["--data-dir"] += 1
+                assert "the folder a dataset's files are read from" in p.help.lower(), (path, p.help)
+                assert str(p.show_default).endswith(DATA_DIR_DEFAULT) and p.metavar == "DIR", path
+            if "--seed" in p.opts:
+                counts["--seed"] += 1
+                assert p.min == 0 and re.search(r"\b[Ss]eed of \w", p.help), (path, p.help)
+    assert counts["--seed"] >= 7 and counts["--data-dir"] >= 5, counts

@@ -19,6 +19,7 @@ from structinit.cli.common import (
     Progress,
     Seed,
     Threads,
+    data_dir_option,
     emit_json,
     examples,
     init_methods,
@@ -169,9 +170,7 @@ SamplesOpt = Annotated[Optional[int], option("--samples", min=1, help="--data: h
     "fit reads them all.",
     show_default=f"the fit's data_fit_samples, {FIT_DEFAULTS.samples}")]
 
-DataDirOpt = Annotated[Optional[Path], option("--data-dir", help="--data: the folder a named dataset is read "
-    "from (cifar10, cifar100, svhn, fashion-mnist).",
-    show_default=False)]
+DataDirOpt = Annotated[Optional[Path], data_dir_option("--data: ")]
 
 ModelNameOpt = Annotated[Optional[str], option("--model", help="The timm model the checkpoint holds, for the "
     "data fit, e.g. vit_tiny_patch16_224 (else timm's arch in the "

@@ -16,11 +16,13 @@ from structinit.cli.common import (
     Out,
     Progress,
     Threads,
+    data_dir_option,
     emit_json,
     examples,
     init_methods,
     listed,
     option,
+    seed_option,
 )
 from structinit.training.config import TRAIN_BASE, TrainConfig
 from structinit.training.datasets import DATASETS
@@ -121,8 +123,7 @@ InitOpt = Annotated[Optional[str], option("--init", help="Attention init method 
 InitParamOpt = Annotated[List[str], option("--init-param", help="A parameter of the --init, NAME=VALUE "
     f"(repeatable), e.g. filter=5, target_mass=0.3, mimetic_vproj=true for impulse; {PARAMS_LISTED}.")]
 
-DataDirOpt = Annotated[Optional[Path], option("--data-dir", help="Dataset folder (torchvision's files; imagefolder: "
-    "train/ and val/).", show_default="$STRUCTINIT_DATA, else ./data", metavar="DIR")]
+DataDirOpt = Annotated[Optional[Path], data_dir_option()]
 
 DownloadOpt = Annotated[bool, option("--download", help="Download cifar10/cifar100/svhn into --data-dir first (needs "
     "network).")]
@@ -212,7 +213,7 @@ RandaugMOpt = Annotated[Optional[int], option("--randaug-m", help="RandAugment m
 EvalEveryOpt = Annotated[Optional[int], option("--eval-every", help="Epochs between evaluations (the last epoch is "
     "always evaluated).", show_default="epochs // 50, at least 1")]
 
-SeedOpt = Annotated[int, option("--seed", min=0, help="Seed of the init, data order and augmentation.")]
+SeedOpt = Annotated[int, seed_option("the init, data order and augmentation")]
 
 AmpOpt = Annotated[str, option("--amp", help="Mixed precision: auto (bf16/fp16 on GPU, off on CPU), bf16, fp16 or "
     "off.")]
