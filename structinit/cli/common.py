@@ -186,7 +186,8 @@ def declared_flags(fn: Callable) -> List[str]:
         for info in typing.get_args(hints[name])[1:]:
             # Inside Annotated, typer.Option's first argument (``default``) is the first flag.
             decls = [getattr(info, "default", None), *(getattr(info, "param_decls", ()) or ())]
-            flags += [d for d in decls if isinstance(d, str) and d.startswith("--")]
+            for decl in (d for d in decls if isinstance(d, str) and d.startswith("--")):
+                flags += decl.split("/")  # a switch: --name/--no-name is both its flags
     return flags
 
 
