@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import digest
+from conftest import digest, says
 
 from structinit.apply.checkpoint import apply_checkpoint
 from structinit.errors import UsageError
@@ -91,8 +91,9 @@ def test_bad_files(tmp_path):
         load_checkpoint(st)
     other = tmp_path / "other.pt"
     torch.save({"encoder.weight": torch.zeros(3, 3), "epoch": 1}, other)
-    with pytest.raises(CheckpointError, match=r"unknown checkpoint layout.*keys seen: encoder\.weight, epoch"):
+    with pytest.raises(CheckpointError) as err:
         load_checkpoint(other)
+    assert says(str(err.value), "unknown checkpoint layout", "encoder.weight, epoch")
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import says
 
 from structinit.apply.checkpoint import apply_checkpoint
 from structinit.errors import StructinitError, UsageError
@@ -232,8 +233,9 @@ def test_artifact_that_does_not_fit_is_refused(art3, tmp_path):
         initialize_model(tiny_vit(), "impulse", data_fit=0, artifact=two)
     initialize_model(tiny_vit(), "impulse", data_fit=0, artifact=two, layers=[0, 1])  # fits the layers asked for
     other = solve(SolveConfig(grid=(4, 8), dim=DIM, heads=2), cache_dir=tmp_path).artifact
-    with pytest.raises(UsageError, match=r"does not fit the model: heads 2 vs 4; grid 4x8 vs 4x4 \(artifact vs "):
+    with pytest.raises(UsageError) as err:
         initialize_model(tiny_vit(), "impulse", data_fit=0, artifact=other)
+    assert says(str(err.value), "does not fit the model", "heads 2 vs 4", "grid 4x8 vs 4x4")
 
 
 # --------------------------------------------------------------------------- mimetic and baselines
@@ -445,8 +447,9 @@ def test_write_sincos_on_model_and_state_dict_alike(tmp_path):
     assert torch.count_nonzero(half[0, 0]) == 0
     with pytest.raises(UsageError, match="pe_scale must be finite"):
         write_sincos(torch.zeros(1, 16, DIM), GRID, scale=float("inf"))
-    with pytest.raises(UsageError, match=r"pos_embed of shape \[1, 15, 32\] cannot hold a 4x4 grid"):
+    with pytest.raises(UsageError) as err:
         write_sincos(torch.zeros(1, 15, DIM), GRID)
+    assert says(str(err.value), "pos_embed", "[1, 15, 32]", "4x4 grid")
     with pytest.raises(UsageError, match="cannot hold"):
         write_sincos(torch.zeros(16, DIM), GRID)
     with pytest.raises(UsageError, match="has no pos_embed tensor"):
@@ -462,8 +465,9 @@ def test_attention_target_shape_and_layer_selection():
     assert AttentionTarget(m.state_dict(), heads=2, need_grid=False).grid == (4, 4)  # from the pos_embed
     with pytest.raises(UsageError, match="no layers selected"):
         AttentionTarget(m, layers=[])
-    with pytest.raises(UsageError, match=r"layers \[3\] out of range: the model has 3 attention layers \(0\.\.2\)"):
+    with pytest.raises(UsageError) as err:
         AttentionTarget(m, layers="3")
+    assert says(str(err.value), "layers [3]", "out of range", "3 attention layers", "0..2")
     with pytest.raises(StructinitError, match=r"no attention layers found; keys seen: k0, k1, .*k11 \.\.\.$"):
         AttentionTarget({f"k{i}": torch.zeros(1) for i in range(13)})
     with pytest.raises(StructinitError, match=r"keys seen: a$"):
