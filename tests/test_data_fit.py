@@ -386,8 +386,7 @@ def test_a_data_fit_refuses_what_it_cannot_run_naming_the_parameter(digits):
     torch.manual_seed(0)
     normed = timm.create_model("vit_tiny_patch16_224", img_size=8, patch_size=2, in_chans=1, embed_dim=32, depth=2,
                                num_heads=4, class_token=False, global_pool="avg", num_classes=10, qk_norm=True)
-    assert refusal(normed, layers=[1]) == ("impulse parameter <data_fit> fits q and k as linear maps; layer 1 "
-                                          "normalizes them (q_norm/k_norm)")
+    assert says(refusal(normed, layers=[1]), "<data_fit>", "linear maps", "layer 1", "q_norm/k_norm")
 
 
 def test_a_causal_data_fit_calibrates_under_the_decoders_mask():
