@@ -49,7 +49,7 @@ def test_inspect_takes_a_hugging_face_folder_and_a_timm_model_name(tmp_path, cli
     assert "attention through the model not measured: " in text
     (tmp_path / "plain").mkdir()
     r = cli("inspect", tmp_path / "plain")
-    assert r.returncode == 2 and "not a Hugging Face model's (config.json and its weights)" in error_line(r.stderr)
+    assert r.returncode == 2 and says(error_line(r.stderr), "not a Hugging Face model's", "config.json")
     import timm
 
     torch.save(timm.create_model("vit_tiny_patch16_224", img_size=32, num_classes=10).state_dict(), tmp_path / "t.pt")
