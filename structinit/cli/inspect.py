@@ -4,7 +4,7 @@ with ``--data``, a model's attention on real inputs (a train run, its checkpoint
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import typer
 from typing_extensions import Annotated
@@ -363,9 +363,9 @@ def _data_model(target: str, dataset: str, init, init_param, seed, data_dir, cac
 
         if init is None and init_param:
             raise UsageError("--init-param needs --init")
-        given = {"seed": seed} if seed is not None else {}  # else TrainConfig's own
+        seeded: Dict[str, int] = {"seed": seed} if seed is not None else {}  # else TrainConfig's own
         config = TrainConfig(model=target, dataset=dataset, init=init, init_params=parse_assignments(init_param),
-                             data_dir=str(data_dir) if data_dir is not None else None, **given)
+                             data_dir=str(data_dir) if data_dir is not None else None, **seeded)
         return preset_model(config, cache_dir=cache_dir)
     if resolve_key(target, cache_dir) is not None:
         raise UsageError(f"--data measures a model on real inputs; {target} is an artifact key (inspect it without "
