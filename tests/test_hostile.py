@@ -453,7 +453,7 @@ def test_every_float_option_refuses_non_finite_and_out_of_range_values(work, arg
     (["inspect", SHIPPED_KEY, "--heads", "4"], ["--heads", "artifact"]),
     (["inspect", SHIPPED_KEY, "--grid", "8x8"], ["--grid", "artifact"]),
     (["inspect", "--layer", "1"], ["--layer", "listing"]),
-    (["apply", "plain.pt", "--heads", "4", "--method", "kaiming", "--filter", "5"], ["--filter applies", "kaiming"]),
+    (["apply", "plain.pt", "--heads", "4", "--method", "kaiming", "--filter", "5"], ["--filter", "kaiming init does not have"]),
     (["apply", "plain.pt", "--heads", "4", "--method", "mimetic", "--target-mass", "0.5"],
      ["--target-mass", "mimetic"]),
     (["apply", "plain.pt", "--heads", "4", "--method", "mimetic", "--fit-pe"], ["--fit-pe", "mimetic"]),
