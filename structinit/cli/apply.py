@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 import typer
 from typing_extensions import Annotated
 
-from structinit.apply.options import DEFAULT_PE_SCALE
+from structinit.apply.options import DEFAULT_PE_SCALE, ApplyOptions
 from structinit.cli.common import (
+    PARAMS_LISTED,
     CacheDir,
     Device,
     GridOpt,
@@ -18,9 +19,11 @@ from structinit.cli.common import (
     Progress,
     Seed,
     Threads,
+    data_dir_option,
     emit_json,
     examples,
     init_methods,
+    listed,
     option,
     shown,
 )
@@ -53,12 +56,15 @@ EXAMPLES = examples(
     'structinit apply vit_t.pth --model vit_tiny_patch16_224 --set-pe sincos --data inputs.pt  # inputs [B, 3, H, W]',
 )
 
+#: The library's defaults of what apply is asked to do (the defaults of its options, never typed twice).
+DEFAULTS = ApplyOptions()
+
 #: Library parameters this command spells with another flag.
 ALIASES = {"init": "--method", "model_name": "--model", "data": "--data", "samples": "--samples",
            "data_fit": "--data-fit"}
 
-#: Flags for parameters of the default method (``DEFAULT_METHOD``, impulse), refused with any other:
-#: flag -> init parameter.
+#: Flags that are aliases of an init parameter (``-p NAME=VALUE``), kept because users type them: flag
+#: -> init parameter. One is refused with a method that has no such parameter.
 METHOD_FLAGS = {"--filter": "filter", "--recipe": "recipe", "--target-mass": "target_mass",
                  "--recipe-param": "recipe_params", "--artifact": "artifact", "--share": "share",
                  "--offsets": "offset_order", "--mimetic-vproj": "mimetic_vproj", "--fit-pe": "fit_pe",
@@ -72,50 +78,66 @@ CkptOpt = Annotated[Path, typer.Argument(help="Checkpoint file: timm ViT, Huggin
     ".safetensors. Or a Hugging Face folder (save_pretrained's): "
     "written as a folder, CKPT.METHOD by default.")]
 
-MethodOpt = Annotated[str, option("--method", help=f"The init method: {init_methods()}.")]
+MethodOpt = Annotated[str, option("--method", help=f"The init method: {init_methods()}. Its parameters are "
+    f"set with -p NAME=VALUE; {PARAMS_LISTED}.")]
 
-InitParamOpt = Annotated[List[str], option("--init-param", help="Init parameter NAME=VALUE (repeatable), "
-    "e.g. alpha1=0.5 for mimetic.")]
+InitParamOpt = Annotated[List[str], option("--init-param", help="A parameter of the --method, NAME=VALUE "
+    f"(repeatable), e.g. alpha1=0.5 for mimetic; {PARAMS_LISTED}. The 'Same as -p' flags below "
+    "are aliases of some of them, refused with a method that has no such parameter.")]
 
-FilterSizeOpt = Annotated[Optional[int], option("--filter", help="impulse: filter size f.",
+
+def alias(name: str, value: str, what: str) -> str:
+    """The help of a flag that is an alias of the init parameter ``name``: what it is the same as,
+    the methods that have the parameter (read from the registry), and what it sets."""
+    from structinit.init.registry import methods_with
+
+    return f"Same as -p {name}={value} ({listed(methods_with(name))}): {what}"
+
+
+def fitting() -> str:
+    """The methods with a data fit, read from the registry (what ``--data`` is for)."""
+    from structinit.init.registry import fitting_methods
+
+    return fitting_methods()
+
+
+FilterSizeOpt = Annotated[Optional[int], option("--filter", help=alias("filter", "F", "the filter size f."),
     show_default=shown(DEFAULT_FILTER))]
 
-RecipeOpt = Annotated[Optional[str], option("--recipe", help="impulse: solver recipe.",
+RecipeOpt = Annotated[Optional[str], option("--recipe", help=alias("recipe", "NAME", "the solver recipe."),
     show_default=DEFAULT_RECIPE)]
 
-TargetMassOpt = Annotated[Optional[float], option("--target-mass", help="impulse, fast recipe: mean "
-    "attention on the target token.", show_default=shown(RECIPE_DEFAULTS["fast"]["target_mass"]))]
+TargetMassOpt = Annotated[Optional[float], option("--target-mass", help=alias("target_mass", "M", "the fast "
+    "recipe's mean attention on the target token."), show_default=shown(RECIPE_DEFAULTS["fast"]["target_mass"]))]
 
-RecipeParamOpt = Annotated[List[str], option("--recipe-param", help="impulse: another recipe parameter, "
-    "NAME=VALUE (repeatable), e.g. iters=2000.")]
+RecipeParamOpt = Annotated[List[str], option("--recipe-param", help=alias("recipe_params", "JSON", "another "
+    "recipe parameter, NAME=VALUE (repeatable), e.g. iters=2000 (-p 'recipe_params={\"iters\": 2000}')."))]
 
-ArtifactOpt = Annotated[Optional[str], option("--artifact", help="impulse: use this solved artifact (path or "
-    "cache key) instead of solving.")]
+ArtifactOpt = Annotated[Optional[str], option("--artifact", help=alias("artifact", "PATH", "use this solved "
+    "artifact (path or cache key) instead of solving."))]
 
-ShareOpt = Annotated[Optional[bool], option("--share", help="impulse: one solve reused for every layer.",
-    show_default=False)]
+ShareOpt = Annotated[Optional[bool], option("--share", help=alias("share", "true", "one solve reused for every "
+    "layer."), show_default=False)]
 
-OffsetsOpt = Annotated[Optional[str], option("--offsets", help="impulse: random or centre.",
+OffsetsOpt = Annotated[Optional[str], option("--offsets", help=alias("offset_order", "ORDER", "random or centre."),
     show_default=DEFAULT_OFFSET_ORDER)]
 
-MimeticVprojOpt = Annotated[Optional[bool], option("--mimetic-vproj/--no-mimetic-vproj", help="impulse: also "
-    "set V/proj as mimetic init does (the impulse default); "
-    "--no-mimetic-vproj keeps the checkpoint's V/proj.",
-    show_default=True)]
+MimeticVprojOpt = Annotated[Optional[bool], option("--mimetic-vproj/--no-mimetic-vproj", help=alias(
+    "mimetic_vproj", "true|false", "also set V/proj as mimetic init does (the impulse default); "
+    "--no-mimetic-vproj keeps the checkpoint's V/proj."), show_default=True)]
 
-FitPeOpt = Annotated[Optional[bool], option("--fit-pe", help="impulse: solve Q/K for the position embedding "
-    "the checkpoint has (e.g. a learned one) instead of the sin-cos "
-    "table.", show_default=False)]
+FitPeOpt = Annotated[Optional[bool], option("--fit-pe", help=alias("fit_pe", "true", "solve Q/K for the position "
+    "embedding the checkpoint has (e.g. a learned one) instead of the sin-cos table."), show_default=False)]
 
-CausalOpt = Annotated[Optional[bool], option("--causal", help="impulse, sequences: offsets only in the past "
-    "(needed for a decoder such as GPT-2).", show_default=False)]
+CausalOpt = Annotated[Optional[bool], option("--causal", help=alias("causal", "true", "sequences: offsets only in "
+    "the past (needed for a decoder such as GPT-2)."), show_default=False)]
 
-PaddingOpt = Annotated[Optional[str], option("--padding", help="impulse: zero or circular.",
+PaddingOpt = Annotated[Optional[str], option("--padding", help=alias("padding", "PAD", "zero or circular."),
     show_default=DEFAULT_PADDING)]
 
-DataFitOpt = Annotated[Optional[int], option("--data-fit", min=0, metavar="STEPS", help="impulse: Adam steps "
-    "of the data fit per layer; 0 writes the plain solve, which "
-    "trains below mimetic init.", show_default=shown(FIT_DEFAULTS.steps))]
+DataFitOpt = Annotated[Optional[int], option("--data-fit", min=0, metavar="STEPS", help=alias("data_fit", "STEPS",
+    "Adam steps of the data fit per layer; 0 writes the plain solve, which trains below mimetic init."),
+    show_default=shown(FIT_DEFAULTS.steps))]
 
 LayersOpt = Annotated[str, option("--layers", help="Layers to initialize: all, or 0-based indices and ranges "
     "such as 0-3,6 or 6- (from 6 on).")]
@@ -142,9 +164,9 @@ InPlaceOpt = Annotated[bool, option("--in-place", help="Replace the input atomic
 DryRunOpt = Annotated[bool, option("--dry-run", help="Print the plan; solve and write nothing.")]
 
 DataOpt = Annotated[Optional[str], option(
-    "--data", metavar="SOURCE", help="impulse: fit Q/K to these inputs, run through the model the checkpoint "
-    "describes: a dataset (digits, mnist1d, or one read from --data-dir; a structinit train checkpoint takes its "
-    "run's own training inputs), a folder of images, a tensor file (.pt, .npy, .safetensors) of inputs "
+    "--data", metavar="SOURCE", help=f"{fitting()}: fit Q/K to these inputs, run through the model the "
+    "checkpoint describes: a dataset (digits, mnist1d, or one read from --data-dir; a structinit train checkpoint "
+    "takes its run's own training inputs), a folder of images, a tensor file (.pt, .npy, .safetensors) of inputs "
     "normalized as the model sees them, or noise.", show_default="noise: Gaussian inputs of the model's input "
     "shape, no data")]
 
@@ -152,9 +174,7 @@ SamplesOpt = Annotated[Optional[int], option("--samples", min=1, help="--data: h
     "fit reads them all.",
     show_default=f"the fit's data_fit_samples, {FIT_DEFAULTS.samples}")]
 
-DataDirOpt = Annotated[Optional[Path], option("--data-dir", help="--data: the folder a named dataset is read "
-    "from (cifar10, cifar100, svhn, fashion-mnist).",
-    show_default=False)]
+DataDirOpt = Annotated[Optional[Path], data_dir_option("--data: ")]
 
 ModelNameOpt = Annotated[Optional[str], option("--model", help="The timm model the checkpoint holds, for the "
     "data fit, e.g. vit_tiny_patch16_224 (else timm's arch in the "
@@ -188,18 +208,18 @@ def apply(
     grid: GridOpt = None,
     set_pe: SetPeOpt = None,
     pe_scale: PeScaleOpt = None,
-    seed: Seed = 0,
+    seed: Seed = DEFAULTS.seed,
     out: OutOpt = None,
-    force: ForceOpt = False,
-    in_place: InPlaceOpt = False,
-    dry_run: DryRunOpt = False,
+    force: ForceOpt = DEFAULTS.force,
+    in_place: InPlaceOpt = DEFAULTS.in_place,
+    dry_run: DryRunOpt = DEFAULTS.dry_run,
     data: DataOpt = None,
     samples: SamplesOpt = None,
     data_dir: DataDirOpt = None,
     model_name: ModelNameOpt = None,
     config: ConfigOpt = None,
     verbose: VerboseOpt = False,
-    device: Device = "cpu",
+    device: Device = DEFAULTS.device,
     threads: Threads = None,
     cache_dir: CacheDir = None,
     json_out: JsonOut = False,
@@ -261,17 +281,22 @@ def show(spec: InitSpec, report: dict, *, dry_run: bool, verbose: bool, json_out
 
 def method_spec(method: str, init_param: List[str], flags: dict, samples: Optional[int] = None):
     """The spec of ``method`` from ``--init-param`` and the :data:`METHOD_FLAGS` given (``flags``:
-    flag -> value, ``None`` where not given); such a flag with another method than the default is
-    refused naming it, and so is a value given twice (a flag and ``--init-param``; ``--samples``
-    and ``data_fit_samples``)."""
+    flag -> value, ``None`` where not given; each the alias of one init parameter). An alias of a
+    parameter the method does not have is refused naming the flag and the method, and so is a value
+    given twice (a flag and ``--init-param``; ``--samples`` and ``data_fit_samples``)."""
+    import dataclasses
+
     from structinit.errors import UsageError
-    from structinit.init.registry import init_spec, parse_assignments, parse_init
+    from structinit.init.registry import init_spec, parse_assignments, parse_init, spec_class
 
     given = {flag: value for flag, value in flags.items() if value is not None}
-    if given and method != DEFAULT_METHOD:
-        names = ", ".join(given)
-        raise UsageError(f"{names} {'applies' if len(given) == 1 else 'apply'} to --method {DEFAULT_METHOD}, not "
-                         f"{method}")
+    takes = [f.name for f in dataclasses.fields(spec_class(method))] if given else []
+    foreign = [flag for flag in given if METHOD_FLAGS[flag] not in takes]
+    if foreign:
+        one = len(foreign) == 1
+        raise UsageError(f"{', '.join(foreign)} {'sets' if one else 'set'} the init parameter{'' if one else 's'} "
+                         f"{', '.join(METHOD_FLAGS[f] for f in foreign)}, which the {method} init does not have "
+                         f"(it takes: {', '.join(takes) or 'no parameters'})")
     assigned = parse_assignments(init_param)
     for flag, value in given.items():
         name = METHOD_FLAGS[flag]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from structinit.errors import UsageError, param
+from structinit.errors import UsageError, param, setting
 from structinit.fit.settings import FIT_VERSIONS
 from structinit.geometry.embedding import PSEUDO_INPUTS
 from structinit.geometry.grid import Grid
@@ -152,8 +152,8 @@ def check_subspace_params(spec) -> None:
                          "give position_subspace=true, or leave position_rest out")
     if spec.position_subspace and not spec.mimetic_vproj:
         raise UsageError(f"impulse parameter {param('position_subspace')} projects every layer's output projection "
-                         f"out of its directions, which {param('mimetic_vproj')}=false would keep as it is: give one "
-                         "of them")
+                         f"out of its directions, which {setting('mimetic_vproj', False)} would keep as it is: give "
+                         "one of them")
     if spec.position_subspace:
         for other in ("fit_pe", "artifact"):
             if getattr(spec, other):
