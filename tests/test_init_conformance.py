@@ -149,6 +149,7 @@ def test_every_methods_own_values_survive_applys_report(method, tmp_path):
     assert applied["method"] == method and set(report.extra) <= set(applied)
     assert [row["layer"] for row in applied["layers"]] == [row.layer for row in report.layers]
 
+
 def builtin_ranks() -> list:
     """Each registered method's place in ``BUILTIN_MODULES`` (its module's index; after them all for
     a method registered elsewhere), in the registry's order."""
