@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from structinit.errors import StructinitError, UsageError
-from structinit.training.rundir import RunDir, _unreadable, load_run_weights, load_train_checkpoint
+from structinit.training.run_checkpoint import _unreadable
+from structinit.training.rundir import RunDir, load_run_weights, load_train_checkpoint
 
 
 @pytest.mark.parametrize("name", ["", "   "])
