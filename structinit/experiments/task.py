@@ -50,7 +50,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from structinit.errors import SYNTAX, StructinitError, Syntax, UsageError
 from structinit.experiments.commands import NO_FLAG, shell_command, train_command
@@ -196,34 +196,43 @@ def run_task(run_dir: os.PathLike, *, threads: Optional[int] = None, device: Opt
         log(f"task start: run {key} on {record['host']}{where}"
             + (f", resuming after epoch {len(rd.read_metrics())}" if state == "resumable" else "")
             + (f"; it is damaged: {rd.damage()}" if state == "damaged" else ""))
-        t_train = time.perf_counter()
-        if nproc > 1:
-            state, final_acc, error = train_torchrun(config, nproc, stopper, log)
-        else:
-            state, final_acc, error = _train_here(config, stopper, log)
-        train_seconds = time.perf_counter() - t_train
-        if state == "interrupted":
-            done = _checkpoint_epoch(rd)
-            log(f"task stopped ({stopper.reason}); " + (f"the checkpoint of epoch {done} is kept" if done else
-                                                       "no epoch had finished: the next task starts the run afresh"))
-        elif state == "failed":
-            log(f"error: {error}")
-        else:
-            log(f"task done: final accuracy {final_acc:.2f}%")
-        record.update(state=state, ended=datetime.datetime.now().isoformat(timespec="seconds"),
-                      train_seconds=round(train_seconds, 3), error=error, requeued=False)
-        rd.write_task(record)  # the run's state is on disk before SLURM is asked to requeue it
-        requeued = False
-        if state == "interrupted" and stopper.requeue:
-            requeued = requeue_self(log)
-            if requeued:
-                record["requeued"] = True
-                rd.write_task(record)
+        state, train_seconds, final_acc, error, requeued = _train_and_record(rd, config, record, nproc, stopper, log)
         return TaskOutcome(key, str(run_dir), state, time.perf_counter() - t0, train_seconds, final_acc, error,
                            requeued)
     finally:
         beat_stop.set()
         rd.unlock()
+
+
+def _train_and_record(rd, config, record: Dict[str, Any], nproc: int, stopper: Stopper,
+                      log) -> Tuple[str, float, Optional[float], Optional[str], bool]:
+    """Train the run of ``rd`` (here, or under torchrun when ``nproc > 1``), say how it ended in the
+    log and in ``task.json`` (``record``, updated), and ask SLURM to requeue it when it was stopped
+    to be: ``(state, train seconds, final accuracy, error, requeued)``."""
+    t_train = time.perf_counter()
+    if nproc > 1:
+        state, final_acc, error = train_torchrun(config, nproc, stopper, log)
+    else:
+        state, final_acc, error = _train_here(config, stopper, log)
+    train_seconds = time.perf_counter() - t_train
+    if state == "interrupted":
+        done = _checkpoint_epoch(rd)
+        log(f"task stopped ({stopper.reason}); " + (f"the checkpoint of epoch {done} is kept" if done else
+                                                   "no epoch had finished: the next task starts the run afresh"))
+    elif state == "failed":
+        log(f"error: {error}")
+    else:
+        log(f"task done: final accuracy {final_acc:.2f}%")
+    record.update(state=state, ended=datetime.datetime.now().isoformat(timespec="seconds"),
+                  train_seconds=round(train_seconds, 3), error=error, requeued=False)
+    rd.write_task(record)  # the run's state is on disk before SLURM is asked to requeue it
+    requeued = False
+    if state == "interrupted" and stopper.requeue:
+        requeued = requeue_self(log)
+        if requeued:
+            record["requeued"] = True
+            rd.write_task(record)
+    return state, train_seconds, final_acc, error, requeued
 
 
 def _task_config(config, run_dir: Path, threads: Optional[int], device: Optional[str],
