@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from structinit.atomic import read_regular_text
 from structinit.errors import UsageError, param
 from structinit.experiments.expand import Cell, Expansion
 from structinit.experiments.status import run_status
@@ -249,7 +250,7 @@ def read_runs_csv(path: os.PathLike) -> Dict[str, RunResult]:
     :class:`UsageError` naming ``runs_csv`` for a file that is missing or not such a table."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = read_regular_text(path)
     except OSError as exc:
         raise UsageError(f"{param('runs_csv')} {path}: {exc.strerror or exc}") from None
     rows = list(csv.DictReader(text.splitlines()))

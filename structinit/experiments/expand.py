@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
+from structinit.atomic import read_regular_text
 from structinit.errors import UsageError, param
 from structinit.experiments.gridspec import (
     Axis,
@@ -141,7 +142,7 @@ class Expansion:
     def _manifest_damage(self, path: Path) -> Optional[str]:
         """Why the manifest at ``path`` is not this expansion's record (``None`` when it is)."""
         try:
-            old = Expansion.from_manifest(json.loads(path.read_text()), self.runs_dir)
+            old = Expansion.from_manifest(json.loads(read_regular_text(path)), self.runs_dir)
         except (ValueError, UsageError) as exc:
             return str(exc).splitlines()[0][:200]
         mine = [(c.row, tuple(c.column), c.seed, c.key) for c in self.cells]
@@ -409,7 +410,7 @@ def load_manifests(runs_dir: os.PathLike, unreadable: Optional[Dict[Path, str]] 
     out = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
-            doc = json.loads(path.read_text())
+            doc = json.loads(read_regular_text(path))
             out.append(Expansion.from_manifest(doc, runs_dir))
         except (OSError, ValueError, UsageError) as exc:
             why = str(exc).splitlines()[0][:200]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Union
 
+from structinit.atomic import regular_file
 from structinit.errors import StructinitError, UsageError
 
 CHECKPOINT_FORMAT = "structinit-train/1"
@@ -28,11 +29,16 @@ def checkpoint_info(path: Union[str, os.PathLike]) -> Dict[str, Any]:
 
 
 def _read_torch(path: Union[str, os.PathLike], map_location) -> Any:
-    """``torch.load(path, weights_only=True)``; every failure is one :class:`StructinitError` line."""
+    """``torch.load(path, weights_only=True)`` of a regular file (a FIFO would block the read, a
+    device never end it); every failure is one :class:`StructinitError` line."""
     import torch
 
     from structinit.init.checkpoints import sniff_format
 
+    try:
+        regular_file(path)
+    except OSError as exc:
+        raise StructinitError(f"cannot read checkpoint {path}: {exc.strerror or exc}") from None
     try:
         if sniff_format(path) == "torch":
             import warnings
