@@ -28,7 +28,10 @@ later tokens, so an impulse init must keep its offsets in the past. A layout's `
 builds its model (``apply``'s data fit runs inputs through it), and a built model tells its grid
 and heads as that builder makes them (:func:`model_grid`, :func:`model_heads`: timm's
 ``patch_embed.grid_size`` and ``blocks[0].attn.num_heads``, a Hugging Face config's sizes). A new
-layout is a row of :data:`LAYOUTS`; every step reads it from there.
+layout is a row of :data:`LAYOUTS` for everything that reads or writes its weights; ``apply``'s data
+fit through its model also needs its builder known to :mod:`structinit.apply.models`, its input
+shape (:func:`structinit.fit.inputs.model_input_shape`) and its blocks run by
+:mod:`structinit.analysis.capture`.
 
 ``{model}`` is any key prefix (``module.``, ``vit.``, ``model.``...), found by the anchor; a
 state dict holding several models (several distinct prefixes) is refused. ``hf-vit`` is the
