@@ -7,6 +7,7 @@ runs, and every failure is one line saying why.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Dict, Union
 
 from structinit.atomic import regular_file
@@ -36,7 +37,7 @@ def _read_torch(path: Union[str, os.PathLike], map_location) -> Any:
     from structinit.init.checkpoints import sniff_format
 
     try:
-        regular_file(path)
+        regular_file(Path(path))
     except OSError as exc:
         raise StructinitError(f"cannot read checkpoint {path}: {exc.strerror or exc}") from None
     try:
