@@ -61,8 +61,8 @@ class Session:
             aside = run.set_aside()
             if aside is not None:
                 moved = ", ".join(sorted(p.name for p in aside.iterdir() if p.name != run.WHY))
-                self.say(f"{run.path} was damaged ({why}): moved {moved} into {aside}; "
-                      + ("resuming from its checkpoint" if run.file(run.CHECKPOINT).exists() else "training it afresh"))
+                then = "resuming from its checkpoint" if run.file(run.CHECKPOINT).exists() else "training it afresh"
+                self.say(f"{run.path} was damaged ({why}): moved {moved} into {aside}; {then}")
 
     def open_run(self, run: RunDir) -> Tuple[Optional[Dict[str, Any]], Optional[Dict[str, Any]]]:
         """``(config.json, checkpoint)`` of the run being resumed (``None`` each when there is none),
@@ -103,7 +103,7 @@ class Session:
             run.clear_final()
 
     def save_epoch(self, run: RunDir, built: Initialized, sc: StepContext, progress: Progress,
-                    params: Dict[str, int], epoch: int, improved: bool) -> None:
+                   params: Dict[str, int], epoch: int, improved: bool) -> None:
         """Rank 0 saves ``checkpoint.pt`` into ``run`` (``self.run``) after ``epoch`` (1-based: the epochs
         done; everything a resume needs, RNG states included) and, when it ``improved`` on the best
         epoch, ``best.pt``."""
@@ -117,8 +117,7 @@ class Session:
                  "scaler": sc.scaler.state_dict() if sc.scaler is not None else None, "metrics": progress.metrics,
                  "best_acc": progress.best_acc, "best_score": progress.best_score, "best_epoch": progress.best_epoch,
                  "best_on": progress.best_on, "elapsed": progress.elapsed(self.t_start), "params": params,
-                 "key": self.key,
-                 "init_seconds": built.rounded_seconds, "versions": self.versions(),
+                 "key": self.key, "init_seconds": built.rounded_seconds, "versions": self.versions(),
                  "rng": {"torch": torch.get_rng_state(),
                          "cuda": torch.cuda.get_rng_state() if device.startswith("cuda") else None}}
         if improved:
