@@ -8,7 +8,8 @@ Two kinds of marker in README.md and docs/*.md (HTML comments: invisible where t
   empty folder, every option of a command (``options-apply``, ``options-bench-grid``: the end of each command's
   page);
 - a list in a sentence, ``<!-- NAME -->`` ... ``<!-- /NAME -->``, whose text is :data:`INLINE_LISTS`
-  ``[NAME]()`` (the modules whose every function mypy requires annotated, from pyproject.toml);
+  ``[NAME]()`` (the modules whose every function mypy requires annotated, from pyproject.toml; the built-in
+  init methods, from the registry);
 - a run count in a sentence, ``<!-- runs: GRID [--seeds S] [--only AXIS=IDS ...] -->N<!-- /runs -->``, where
   ``N`` is how many runs ``structinit bench grid GRID ...`` makes with those options (``--set`` changes no
   count and is not written there).
@@ -155,8 +156,18 @@ def typed_modules() -> str:
     return ", ".join(names) + (" and the package root" if "structinit" in modules else "")
 
 
+def builtin_methods() -> str:
+    """docs/apply.md: the built-in init methods, read from the registry in its order (the methods the
+    modules of ``BUILTIN_MODULES`` register; a plugin installed where the docs are built is left out)."""
+    from structinit.init.registry import BUILTIN_MODULES, INIT_METHODS
+
+    modules = {m.__name__ for m in BUILTIN_MODULES}
+    names = [f"`{name}`" for name, cls in INIT_METHODS.items() if cls.__module__ in modules]
+    return ", ".join(names[:-1]) + " and " + names[-1]
+
+
 #: Inline list name -> its text.
-INLINE_LISTS: Dict[str, Callable[[], str]] = {"typed-modules": typed_modules}
+INLINE_LISTS: Dict[str, Callable[[], str]] = {"typed-modules": typed_modules, "init-methods": builtin_methods}
 
 
 def count_runs(args: str) -> int:

@@ -8,6 +8,7 @@ The package is organised by stage, in the order data flows (see ``docs/architect
 - :mod:`structinit.fit`         -- the impulse data fit: Q/K refined on each layer's inputs, its fitted artifacts
 - :mod:`structinit.init`        -- init methods (typed specs), layouts, injection into models and checkpoints
 - :mod:`structinit.training`    -- ``TrainConfig``, models, datasets, the training loop and its run directory
+- :mod:`structinit.families`    -- one adapter per model family (timm, Hugging Face, ``nn.MultiheadAttention``, ours)
 - :mod:`structinit.apply`       -- ``apply_checkpoint``: a checkpoint initialized through the model it describes
 - :mod:`structinit.benchmarks`  -- stand-alone measurements: solver recipes, attention vs convolution, fit cost, loop
 - :mod:`structinit.experiments` -- the paper's comparison as grids of training runs: launchers, status, reports
@@ -42,7 +43,11 @@ _EXPORTS = {
     "parse_init": "structinit.init.registry",
     "initialize": "structinit.init.initialize",
     "initialize_model": "structinit.init.initialize",
+    "InitReport": "structinit.init.report",
     "set_sincos_pos_embed": "structinit.init.pos_embed",
+    "ModelFamily": "structinit.init.family",
+    "InputSpec": "structinit.init.family",
+    "register_family": "structinit.init.family",
     "apply_checkpoint": "structinit.apply.checkpoint",
     "ApplyOptions": "structinit.apply.options",
     "load_or_fit": "structinit.fit.artifact",

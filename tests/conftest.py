@@ -155,6 +155,15 @@ def error_line(stderr: str) -> str:
     return errors[0]
 
 
+def says(message: str, *parts: str) -> bool:
+    """Assert that ``message`` names every one of ``parts`` (the parameter or flag, the cause, the
+    value refused, the way out) and return ``True``: what a message test checks, never a whole
+    sentence, so rewording passes and a message that loses its parameter or its cause fails."""
+    missing = [part for part in parts if part not in message]
+    assert not missing, f"{message!r} does not name {missing}"
+    return True
+
+
 @contextlib.contextmanager
 def feeding_fifo(path, data: bytes = b""):
     """A FIFO (named pipe) at ``path`` that gives every reader that opens it ``data`` and then the end

@@ -13,10 +13,30 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 from structinit.errors import UsageError, param
 from structinit.init.base import InitSpec, InitWarning, register
+from structinit.init.report import FitRecord, InitReport, LayerRow
+
+
+def self_mass(target, rows: List[LayerRow]) -> Optional[float]:
+    """The method's own value: the mean attention a token pays itself on the target's own position
+    embedding, over the layers written (what a plugin reports beside the common fields)."""
+    import torch
+
+    from structinit.init.inject import read_qk
+
+    own = target.own_input()
+    if own is None:
+        return None
+    x = torch.from_numpy(own).float()
+    masses = []
+    for slot in target.slots:
+        q, k = read_qk(target.sd, slot, target.heads)
+        attn = torch.softmax((x @ q) @ (x @ k).transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1)
+        masses.append(float(attn.diagonal(dim1=-2, dim2=-1).mean()))
+    return sum(masses) / len(masses)
 
 
 @dataclass(frozen=True)
@@ -43,11 +63,19 @@ class ExamplePcaInit(InitSpec):
     samples: int = 32
 
     def validate(self) -> None:
-        self.check_positive("scale", "samples")
+        self.check_positive("scale")
+        self.check_positive("samples", allow_zero=True)
 
     @property
     def uses_data(self) -> bool:
-        return True
+        return self.samples > 0
+
+    def fit_off(self) -> str:
+        return "samples is 0" if not self.samples else ""
+
+    def without_fit(self) -> "ExamplePcaInit":
+        """No fit (``samples=0``): Q/K are the weights a resumed run's checkpoint holds, left as they are."""
+        return dataclasses.replace(self, samples=0)
 
     @property
     def fit_samples(self) -> int:
@@ -61,15 +89,17 @@ class ExamplePcaInit(InitSpec):
         import torch
 
         from structinit.analysis.capture import first_input, projection_module
-        from structinit.fit.inputs import data_inputs, model_input_shape, noise_inputs
+        from structinit.fit.inputs import data_inputs, noise_inputs
 
+        if not self.samples:
+            return None
         model = target.model
         if model is None:  # a checkpoint's copies get what prepare found on its model (write_copy)
             raise UsageError(f"{self.method} runs inputs through the model; give the model, not a state dict")
         if data is not None:
             inputs = data_inputs(data, self.samples, source)
         else:
-            shape = model_input_shape(model)
+            shape = target.inputs.noise_shape if target.inputs is not None else None  # what the model's family tells
             if shape is None:
                 raise UsageError(f"{self.method}: the model does not tell its input shape; give {param('data')}")
             inputs = noise_inputs(shape, self.samples, seed)
@@ -88,23 +118,23 @@ class ExamplePcaInit(InitSpec):
         return Directions(vectors.flip(-1).float(), inputs.kind, inputs.samples)
 
     def write(self, target, prepared: Optional[Directions] = None, *, seed: int = 0, cache_dir=None,
-              device: str = "cpu") -> Dict[str, Any]:
+              device: str = "cpu") -> InitReport:
         from structinit.init.inject import write_qk
 
         if prepared is None:
-            raise UsageError(f"{self.method} writes what prepare found; call apply")
+            if self.samples:
+                raise UsageError(f"{self.method} writes what prepare found; call apply")
+            return InitReport(self.method, layers=[LayerRow(slot.index) for slot in target.slots])
         d = target.dim // target.heads
         per_head = self.scale * prepared.vectors.reshape(target.dim, target.heads, d).permute(1, 0, 2)
-        rows = [{"layer": slot.index, "replaced": write_qk(target.sd, slot, per_head, per_head)}
-                for slot in target.slots]
-        return {"method": self.method, "layout": target.layout, "dim": target.dim, "heads": target.heads,
-                "params": self.params(), "data_fit": {"inputs": prepared.inputs, "samples": prepared.samples},
-                "layers": rows}
+        rows = [LayerRow(slot.index, replaced=write_qk(target.sd, slot, per_head, per_head)) for slot in target.slots]
+        return InitReport(self.method, layers=rows, fit=FitRecord(inputs=prepared.inputs, samples=prepared.samples),
+                          extra={"dim": target.dim, "heads": target.heads, "params": self.params(),
+                                 "self_mass": self_mass(target, rows)})
 
-    def warnings(self, report: Dict[str, Any], target, *, checkpoint: bool = False,
+    def warnings(self, report: InitReport, target, *, checkpoint: bool = False,
                  pe_scale: Optional[float] = None) -> List[InitWarning]:
-        fit = report.get("data_fit") or {}
-        if fit.get("inputs") == "noise":
+        if report.fit is not None and report.fit.inputs == "noise":
             return [InitWarning(f"{self.method}: no data given, so the directions are those of noise inputs; give "
                                 f"{param('data')}")]
         return []

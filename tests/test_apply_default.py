@@ -326,8 +326,9 @@ def test_a_named_dataset_for_a_foreign_checkpoint_reads_its_training_split():
     from structinit.apply.inputs import fit_inputs_for
     from structinit.apply.models import CheckpointModel
     from structinit.init.checkpoints import Checkpoint  # noqa: F401 - the type built below
+    from structinit.init.family import InputSpec
 
-    built = CheckpointModel(stock_vit(sincos=True), "timm", "image", (1, 8, 8))
+    built = CheckpointModel(stock_vit(sincos=True), "timm", InputSpec("image", (1, 8, 8), images=True))
     got = fit_inputs_for("digits", built, 32)
     data = load_dataset("digits")
     assert torch.equal(got.x, normalize(data.train.images[:32], data.info.mean, data.info.std))
@@ -340,8 +341,9 @@ def test_an_unnormalized_batch_is_refused_whether_its_mean_or_its_spread_is_off(
     from structinit.apply.inputs import check_inputs
     from structinit.apply.models import CheckpointModel
     from structinit.errors import UsageError
+    from structinit.init.family import InputSpec
 
-    built = CheckpointModel(stock_vit(sincos=True), "timm", "image", (1, 8, 8))
+    built = CheckpointModel(stock_vit(sincos=True), "timm", InputSpec("image", (1, 8, 8), images=True))
     check_inputs(held_out, built)  # normalized: taken
     x = bad(held_out)
     assert (float(x.std()) > 20) == (why == "std") and (abs(float(x.mean())) > 10) == (why == "mean")

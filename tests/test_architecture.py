@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "structinit"
-STAGES = ["geometry", "analysis", "solver", "fit", "init", "training", "apply", "benchmarks", "experiments", "cli"]
+STAGES = ["geometry", "analysis", "solver", "fit", "init", "training", "families", "apply", "benchmarks", "experiments",
+          "cli"]
 ROOT = {"errors", "runtime", "atomic", "keys", "__init__", "__main__"}
 
 
@@ -389,10 +390,13 @@ def option_declarations(tree, src):
 
 
 def test_every_option_is_declared_once():
-    """Each flag's names and how its value is read are declared once, in ``cli.common.FLAGS``; a
-    command takes it through ``option(flag, help=...)``, adding what is its own (its help, the
-    default it shows), and never declares a flag with ``typer.Option`` itself."""
-    from structinit.cli.common import FLAGS
+    """Each flag's short letter and how its value is read are declared once, in ``cli.common.FLAGS``
+    (a flag not there is its long name alone); a command takes it through ``option("--flag",
+    help=...)``, naming it by its long flag and adding what is its own (its help, the default it
+    shows), and never declares a flag with ``typer.Option`` itself."""
+    import pytest
+
+    from structinit.cli.common import FLAGS, option
 
     declared, unknown = [], []
     for path in sorted((PACKAGE / "cli").glob("*.py")):
@@ -400,12 +404,17 @@ def test_every_option_is_declared_once():
         for line, what, flag in option_declarations(ast.parse(src), src):
             if what == "declares" and not (path.name == "common.py" and flag is None):
                 declared.append(f"{path.name}:{line} typer.Option({flag!r})")
-            elif what == "uses" and flag not in FLAGS:
+            elif what == "uses" and not (path.name == "common.py" and flag is None) and not (
+                    isinstance(flag, str) and flag.startswith("--")):
                 unknown.append(f"{path.name}:{line} option({flag!r})")
     assert declared == [] and unknown == []
     names = [name for decl in FLAGS.values() for name in decl["names"]]
     assert len(names) == len(set(names))  # a name (a short letter too) stands for one option
     assert all(long == decl["names"][0] for long, decl in FLAGS.items())
+    assert all(len(decl) > 1 or len(decl["names"]) > 1 for decl in FLAGS.values())  # nothing but its name: not there
+    for bad in (("-f",), ("--filter", ("-x",))):  # a short letter given by a command, not by FLAGS
+        with pytest.raises(ValueError, match="short letter"):
+            option(bad[0], also=bad[1] if len(bad) > 1 else ())
 
 
 def test_a_flag_takes_one_type_in_every_command():

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import error_line
+from conftest import error_line, says
 from timm.models.vision_transformer import VisionTransformer  # imported once, not inside the first test
 
 from structinit.errors import StructinitError, UsageError
@@ -435,32 +435,28 @@ def test_other_weights_are_at_pytorch_defaults(method, params):
 def test_specs_round_trip_and_refuse_what_the_code_does_not_have(tmp_path):
     for spec in (init_spec("impulse-2025"), init_spec("impulse-2024", recipe_params={"iters": 5})):
         assert spec_from_dict(spec.to_dict()) == spec
-    assert rendered(init_spec, "impulse-2025", filter=5) == (
-        "impulse-2025 parameter <filter> must be 3: the authors' 2025 code assigns the 9 positions of a 3x3 kernel "
-        "(4,1,5,3,7,0,2,6,8), got 5")
-    assert rendered(init_spec, "impulse-2025", recipe="fast") == (
-        "init method 'impulse-2025' has no parameter <recipe> (it takes: filter)")
-    assert rendered(init_spec, "impulse-2024", recipe_params={"logit": 3}) == (
-        "recipe 'released' has no parameter <logit> (it has: iters, lr, norm_every)")
-    assert rendered(init_spec, "impulse-2024", filter=0) == "impulse-2024 parameter <filter> must be positive, got 0"
-    assert rendered(recipe_params, "authors-2025", {"noise_std": 0}) == (
-        "<noise_std> of recipe 'authors-2025' must be positive, got 0")
+    assert says(rendered(init_spec, "impulse-2025", filter=5), "impulse-2025", "<filter>", "must be 3", "3x3 kernel",
+                "got 5")
+    assert says(rendered(init_spec, "impulse-2025", recipe="fast"), "'impulse-2025'", "no parameter <recipe>",
+                "it takes: filter")
+    assert says(rendered(init_spec, "impulse-2024", recipe_params={"logit": 3}), "'released'", "no parameter <logit>",
+                "iters, lr, norm_every")
+    assert says(rendered(init_spec, "impulse-2024", filter=0), "impulse-2024", "<filter>", "positive", "got 0")
+    assert says(rendered(recipe_params, "authors-2025", {"noise_std": 0}), "<noise_std>", "'authors-2025'", "positive",
+                "got 0")
     from structinit.init.mimetic import mimetic_v_proj
 
-    assert rendered(mimetic_v_proj, 8, 0.4, 0.4, torch.Generator(), dist="cauchy") == (
-        "unknown <dist> 'cauchy'; choose one of normal, uniform")
+    assert says(rendered(mimetic_v_proj, 8, 0.4, 0.4, torch.Generator(), dist="cauchy"), "unknown <dist> 'cauchy'",
+                "normal, uniform")
     sd = vit(grid=4, garbage=False).state_dict()
     for method in ("impulse-2024", "impulse-2025"):
-        assert rendered(initialize, sd, method, heads=4) == (
-            f"{method} resets every other weight to PyTorch's defaults (reset_parameters() of each module), so it "
-            "needs the model, not a state dict: call initialize_model on the model, or apply on a checkpoint whose "
-            "model structinit can build")
+        assert says(rendered(initialize, sd, method, heads=4), method, "reset_parameters()", "needs the model",
+                    "not a state dict", "initialize_model", "apply")
     from structinit.training.sequence_models import SequenceTransformer
 
     seq = SequenceTransformer(length=16, in_chans=1, num_classes=10, dim=32, depth=1, heads=4)
-    assert rendered(initialize_model, seq, "impulse-2025") == (
-        "impulse-2025 assigns the positions of a 3x3 kernel on an image grid; the model's <grid> is a sequence of 16 "
-        "tokens")
+    assert says(rendered(initialize_model, seq, "impulse-2025"), "impulse-2025", "3x3 kernel", "image grid",
+                "<grid>", "sequence of 16")
 
 
 def test_apply_runs_the_recipe_through_the_checkpoints_model(tmp_path, cli):
@@ -650,17 +646,14 @@ def test_the_recipes_need_a_model_with_a_position_embedding_parameter():
     for method in ("impulse-2024", "impulse-2025"):
         with pytest.raises(UsageError) as e:
             initialize(sd, method, heads=9)
-        assert str(e.value) == (f"{method} resets every other weight to PyTorch's defaults (reset_parameters() of "
-                                "each module), so it needs the model, not a state dict: call initialize_model on "
-                                "the model, or apply on a checkpoint whose model structinit can build")
+        assert says(str(e.value), method, "reset_parameters()", "needs the model", "not a state dict")
     m = vit_cls()
     pe = m.pos_embed.detach().clone()
     del m.pos_embed
     m.register_buffer("pos_embed", pe)
     with pytest.raises(UsageError) as e:
         initialize_model(m, "impulse-2025")
-    assert str(e.value) == ("impulse-2025 makes the position embedding learnable, but the model's pos_embed is a "
-                            "buffer or plain tensor, not an nn.Parameter")
+    assert says(str(e.value), "impulse-2025", "learnable", "pos_embed", "not an nn.Parameter")
     m.pos_embed = None
     with pytest.raises(UsageError) as e:
         initialize_model(m, "impulse-2024")

@@ -6,7 +6,7 @@ import re
 import shlex
 
 import pytest
-from conftest import error_line
+from conftest import error_line, says
 from grids import DIGITS, variant
 
 GRID = variant(DIGITS, name="cli")
@@ -102,7 +102,7 @@ def test_a_report_needs_runs(cli, folder):
     line = one_error(cli("bench", "report", "grid.toml", cwd=folder))
     assert line.startswith("error: no runs of grid.toml in runs yet")
     line = one_error(cli("bench", "report", "runs", "--set", "epochs=1", cwd=folder))
-    assert "--set, --seeds, --only, --runs-csv and --baseline apply to a grid" in line
+    assert says(line, "--set, --seeds, --only, --runs-csv and --baseline", "grid")
     assert list((folder / "runs").iterdir()) == []
 
 

@@ -4,6 +4,7 @@ kind of mistake in a grid file reported with its line."""
 import textwrap
 
 import pytest
+from conftest import says
 
 from structinit.experiments.gridspec import (
     GridError,
@@ -109,11 +110,12 @@ def test_a_grid_file_parses_into_axes_values_and_layout():
 
 
 def test_shorthand_axes_must_be_settings():
-    with pytest.raises(GridError, match=r"grid.toml:23: axis 'size' lists plain values, so it must be a training "
-                                        r"setting"):
+    with pytest.raises(GridError) as e:
         parse(GOOD.replace("train_size = [100, 250]", "size = [100, 250]").replace('["train_size"]', '["size"]'))
-    with pytest.raises(GridError, match=r"grid.toml:23: axis 'train_size': 'train_size' must be an integer, got 'x'"):
+    assert says(str(e.value), "grid.toml:23", "axis 'size'", "plain values", "training setting")
+    with pytest.raises(GridError) as e:
         parse(GOOD.replace("train_size = [100, 250]", 'train_size = [100, "x"]'))
+    assert says(str(e.value), "grid.toml:23", "'train_size'", "an integer", "got 'x'")
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -148,9 +150,9 @@ def test_mistakes_are_reported_with_their_line(edit, message):
 
 
 def test_a_value_needs_an_id_unless_it_sets_its_axis():
-    with pytest.raises(GridError, match=r"grid.toml:17: axis 'init' value 2 needs an 'id' \(it sets no setting "
-                                        r"named 'init'"):
+    with pytest.raises(GridError) as e:
         parse(GOOD.replace('id = "imp5"\ninit = "impulse"\n', ""))
+    assert says(str(e.value), "grid.toml:17", "axis 'init' value 2", "needs an 'id'")
     # a value that sets the setting named like its axis is named by it
     text = GOOD.replace('id = "tn"\n', "").replace('"tn"', '"trunc-normal"')
     g = parse(text.replace("values.tn", "values.trunc-normal"))
@@ -169,15 +171,17 @@ def test_inline_axis_values_report_their_line():
       { id = "b", init = "impulse", epohcs = 3 },
     ]
     """
-    with pytest.raises(GridError, match=r"grid.toml:8: axis 'init' value 2: unknown setting 'epohcs' \(did you mean "
-                                        r"'epochs'\?\)"):
+    with pytest.raises(GridError) as e:
         parse(text)
+    assert says(str(e.value), "grid.toml:8", "axis 'init' value 2", "unknown setting 'epohcs'", "'epochs'")
 
 
 def test_unknown_grid_names_and_files(tmp_path):
-    with pytest.raises(GridError, match=r"unknown grid 'digit' \(did you mean 'digits'\?\); shipped grids: digits, "
-                                        r"fashion, fashion-196, mnist1d, table1"):
+    from structinit.experiments.gridspec import shipped_grids
+
+    with pytest.raises(GridError) as e:
         load_grid("digit")
+    assert says(str(e.value), "unknown grid 'digit'", "'digits'", ", ".join(shipped_grids()))  # every one, in order
     with pytest.raises(GridError, match="grid file .*nope.toml does not exist"):
         load_grid(str(tmp_path / "nope.toml"))
     f = tmp_path / "mine.toml"
@@ -207,5 +211,6 @@ def test_only_some_values_keep_their_paper_numbers():
     assert restrict(t5, {"init": ["mimetic"]}).baseline is None  # the baseline row was left out
     with pytest.raises(GridError, match=r"unknown axis 'head' \(did you mean 'heads'\?\)"):
         restrict(t5, {"head": ["h8"]})
-    with pytest.raises(GridError, match=r"axis 'heads' has no value '8' .*; it has h4, h8, h16, h32"):
+    with pytest.raises(GridError) as e:
         restrict(t5, {"heads": ["8"]})
+    assert says(str(e.value), "axis 'heads'", "no value '8'", ", ".join(v.id for v in t5.axis("heads").values))

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import error_line
+from conftest import error_line, says
 from grids import DIGITS, expand_text, variant
 
 from structinit.errors import UsageError
@@ -87,9 +87,7 @@ def test_without_sbatch_nothing_is_written(tmp_path, cli):
     (tmp_path / "grid.toml").write_text(GRID)
     r = cli("bench", "grid", "grid.toml", "--launcher", "slurm", cwd=tmp_path, env={"PATH": str(tmp_path / "no")})
     assert r.returncode == 2
-    assert error_line(r.stderr) == (
-        "error: sbatch is not on PATH, so the job cannot be submitted here; run on a SLURM login node, pass "
-        "--dry-run to write the job script only, or use --launcher local or print")
+    assert says(error_line(r.stderr), "sbatch is not on PATH", "--dry-run", "--launcher local")
     assert not (tmp_path / "runs").exists()
     r = cli("bench", "grid", "grid.toml", "--launcher", "slurm", "--dry-run", "--json", cwd=tmp_path,
             env={"PATH": str(tmp_path / "no")})

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import typer.main
-from conftest import error_line
+from conftest import error_line, says
 
 from structinit.cli.app import app, main
 from structinit.cli.common import SHORT_FLAGS
@@ -69,10 +69,10 @@ def test_library_errors_name_parameters_and_the_cli_names_flags(cli):
 
     with pytest.raises(UsageError) as exc:
         SolveConfig(grid=(16, 16), dim=192, heads=5)
-    assert str(exc.value) == "dim 192 is not divisible by heads 5"
-    assert exc.value.render(lambda n: f"<{n}>") == "<dim> 192 is not divisible by <heads> 5"
+    assert says(str(exc.value), "dim 192", "not divisible", "heads 5")
+    assert says(exc.value.render(lambda n: f"<{n}>"), "<dim> 192", "not divisible", "<heads> 5")
     r = cli("solve", "--dim", "192", "--heads", "5")
-    assert r.returncode == 2 and error_line(r.stderr) == "error: --dim 192 is not divisible by --heads 5"
+    assert r.returncode == 2 and says(error_line(r.stderr), "error: ", "--dim 192", "not divisible", "--heads 5")
     # a parameter the command spells differently (solve's --depth is SolveConfig's layers)
     r = cli("solve", "--depth", "0")
     assert r.returncode == 2 and "--depth must be a positive integer" in r.stderr
@@ -122,3 +122,52 @@ def test_the_librarys_warning_is_one_warning_line_wherever_its_stack_level_point
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "warning: the fit is weak"
     assert err[1] == "/elsewhere/lib.py:7: UserWarning: theirs"
+
+
+def test_train_and_apply_options_default_to_the_librarys_own():
+    """Issue 53: train's and apply's defaults are read from the library (``TrainConfig``,
+    ``ApplyOptions``), never typed twice: every option that has a library setting of the same
+    name starts at that setting's default, and every default a command shows for one that the
+    library resolves later (``None``) is ``None`` there too."""
+    from structinit.apply.options import ApplyOptions
+    from structinit.training.config import TrainConfig
+
+    commands = dict(_commands())
+    library = {("train",): TrainConfig().to_dict(), ("apply",): vars(ApplyOptions())}
+    named = {"compile_": "compile"}
+    for path, defaults in library.items():
+        compared = 0
+        for p in commands[path].params:
+            name = named.get(p.name, p.name)
+            if p.param_type_name != "option" or name not in defaults or name == "layers":
+                continue  # apply's --layers all is ApplyOptions' None (every layer), checked in test_apply
+            assert p.default == defaults[name], (path, name, p.default, defaults[name])
+            compared += 1
+        assert compared >= (30 if path == ("train",) else 10), compared
+
+
+def test_shared_options_are_written_once_and_mean_the_same_in_every_command():
+    """Issue 53: --seed and --data-dir were written per command (4 and 5 times, three different
+    defaults shown for --data-dir). Each is declared once in cli.common (``seed_option``,
+    ``data_dir_option``): every command that has it says the same thing and shows the library's
+    default folder."""
+    from pathlib import Path
+
+    import structinit.cli
+    from structinit.cli.common import DATA_DIR_DEFAULT
+
+    cli_dir = Path(structinit.cli.__file__).parent
+    for flag in ("--seed", "--data-dir"):
+        written = [p.name for p in sorted(cli_dir.glob("*.py")) if f'option("{flag}"' in p.read_text()]
+        assert written == ["common.py"], (flag, written)
+    counts = {"--seed": 0, "--data-dir": 0}
+    for path, cmd in _commands():
+        for p in cmd.params:
+            if "--data-dir" in p.opts:
+                counts["--data-dir"] += 1
+                assert "the folder a dataset's files are read from" in p.help.lower(), (path, p.help)
+                assert str(p.show_default).endswith(DATA_DIR_DEFAULT) and p.metavar == "DIR", path
+            if "--seed" in p.opts:
+                counts["--seed"] += 1
+                assert p.min == 0 and re.search(r"\b[Ss]eed of \w", p.help), (path, p.help)
+    assert counts["--seed"] >= 7 and counts["--data-dir"] >= 5, counts

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import error_line
+from conftest import error_line, says
 
 from structinit.errors import UsageError
 from structinit.init.attention_target import AttentionTarget
@@ -99,15 +99,15 @@ def test_the_seed_draws_the_weights_and_the_base_resets_the_rest():
 
 
 def test_bad_parameters_are_refused_by_name():
-    positive = "conditioned parameter <{}> must be positive, got {}"
-    assert rendered(init_spec, "conditioned", qk_scale=0) == positive.format("qk_scale", 0.0)
-    assert rendered(init_spec, "conditioned", v_scale=-1) == positive.format("v_scale", -1.0)
-    assert rendered(parse_init, "conditioned", ["qk_scale=big"]) == ("conditioned parameter <qk_scale> must be a "
-                                                                     "number, got 'big'")
-    assert rendered(init_spec, "conditioned", base="xavier") == ("unknown <base> 'xavier'; choose one of model, "
-                                                                 "pytorch, pytorch-mlp, pytorch-head")
-    assert rendered(init_spec, "conditioned", alpha1=0.5) == ("init method 'conditioned' has no parameter <alpha1> "
-                                                              "(it takes: qk_scale, v_scale, base)")
+    from structinit.init.baselines import BASES
+
+    assert says(rendered(init_spec, "conditioned", qk_scale=0), "conditioned", "<qk_scale>", "positive", "got 0.0")
+    assert says(rendered(init_spec, "conditioned", v_scale=-1), "conditioned", "<v_scale>", "positive", "got -1.0")
+    assert says(rendered(parse_init, "conditioned", ["qk_scale=big"]), "conditioned", "<qk_scale>", "a number",
+                "'big'")
+    assert says(rendered(init_spec, "conditioned", base="xavier"), "unknown <base> 'xavier'", ", ".join(BASES))
+    assert says(rendered(init_spec, "conditioned", alpha1=0.5), "'conditioned'", "no parameter <alpha1>",
+                "qk_scale, v_scale, base")
     assert init_spec("conditioned").to_dict() == {"method": "conditioned",
                                                   "params": {"qk_scale": 2.0, "v_scale": 1.0, "base": "model"}}
     assert ConditionedInit(qk_scale="2") == init_spec("conditioned", qk_scale=2.0)
@@ -142,4 +142,4 @@ def test_structinit_apply_writes_it_into_a_checkpoint(cli, tmp_path):
     refused = cli("apply", tmp_path / "vit.pth", "--heads", str(HEADS), "--method", "conditioned", "-p", "qk_scale=-2",
                   "--out", tmp_path / "bad.pth")
     assert refused.returncode == 2 and not (tmp_path / "bad.pth").exists()
-    assert error_line(refused.stderr) == "error: conditioned parameter qk_scale must be positive, got -2.0"
+    assert says(error_line(refused.stderr), "error: ", "conditioned", "qk_scale", "positive", "got -2.0")

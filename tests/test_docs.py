@@ -498,3 +498,17 @@ def test_the_placeholder_check_finds_what_it_is_for():
     assert placeholders("it fails on `TODO` and `XXX`") == []
     assert placeholders("set `OMP_NUM_THREADS=1`, the `CORRUPT` mark\n```bash\nFOO_BAR=1 x\n```\n") == []
 
+
+
+def test_every_parameter_of_every_built_in_method_is_in_the_init_methods_page():
+    """The help of --init-param says the built-in methods' parameters are listed in
+    docs/init-methods.md (issue 53): each one is named there in code (`name` or name=)."""
+    import dataclasses
+
+    from structinit.init.registry import BUILTIN_MODULES, INIT_METHODS
+
+    page = (REPO / "docs" / "init-methods.md").read_text(encoding="utf-8")
+    modules = {m.__name__ for m in BUILTIN_MODULES}
+    missing = [f"{method}.{f.name}" for method, cls in INIT_METHODS.items() if cls.__module__ in modules
+               for f in dataclasses.fields(cls) if f"`{f.name}" not in page and f"{f.name}=" not in page]
+    assert missing == []

@@ -17,6 +17,7 @@ from structinit.analysis.fidelity import (
 )
 from structinit.errors import UsageError
 from structinit.init.initialize import initialize_model
+from structinit.init.report import InitReport
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 # The impulse inits here are the solve alone (data_fit=0): what is tested is the measurement of a
@@ -143,6 +144,6 @@ def test_bad_input_is_one_clear_error(digits_batch):
     with pytest.raises(UsageError, match="filter"):
         attention_fidelity(model, digits_batch[:2], filter=0)
     with pytest.raises(UsageError, match="no offsets"):
-        offsets_from_report({"method": "mimetic", "layers": [{"layer": 0}]})
+        offsets_from_report(InitReport.from_dict({"method": "mimetic", "layers": [{"layer": 0}]}))
     with pytest.raises(UsageError, match="no timm attention"):
         attention_modules(torch.nn.Sequential(torch.nn.Linear(2, 2)))

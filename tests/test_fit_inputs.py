@@ -1,12 +1,16 @@
 """What the data fit runs on (structinit.fit.inputs): the batch given, or noise of the input shape
-a model tells, with an identity that names it."""
+a model's family tells (structinit.init.family), with an identity that names it."""
 
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from structinit.fit.inputs import NOISE_SEED_OFFSET, data_inputs, model_input_shape, noise_inputs
+from structinit.families.timm_vit import patch_input_shape
+from structinit.fit.inputs import NOISE_SEED_OFFSET, data_inputs, noise_inputs
+from structinit.init.family import FAMILIES, load_families, model_inputs
+
+load_families()
 
 
 class Bare(torch.nn.Module):
@@ -29,23 +33,26 @@ def test_the_input_shape_a_model_tells():
     from structinit.training.models import ModelConfig, build_model
 
     vit = build_model(ModelConfig("vit-digits"), num_classes=10, image_size=8, in_chans=1)
-    assert model_input_shape(vit) == (1, 8, 8)
+    assert model_inputs(vit) == FAMILIES["structinit"].input_spec(vit)
+    assert (model_inputs(vit).kind, model_inputs(vit).shape, model_inputs(vit).images) == ("image", (1, 8, 8), True)
     seq = build_model(ModelConfig("transformer-1d"), num_classes=10, image_size=40, in_chans=1)
-    assert model_input_shape(seq) == (1, 40)  # a sequence: grid_size (L,)
-    assert model_input_shape(with_patch_embed(3, grid_size=(4, 2), img_size=(16, 8))) == (3, 16, 8)
-    assert model_input_shape(with_patch_embed(3, img_size=(12, 6))) == (3, 12, 6)  # no grid_size: the image size
-    assert model_input_shape(with_patch_embed(3)) is None  # channels but no size
-    assert model_input_shape(with_patch_embed(img_size=(8, 8))) is None  # no projection: no channels
-    hf = Bare()
+    got = model_inputs(seq)  # a sequence: grid_size (L,), and a batch may leave out its one channel
+    assert (got.kind, got.shape, got.squeezed, got.noise_shape) == ("sequence", (1, 40), True, (1, 40))
+    assert tuple(got.as_model_batch(torch.zeros(2, 40)).shape) == (2, 1, 40)
+    assert patch_input_shape(with_patch_embed(3, grid_size=(4, 2), img_size=(16, 8))) == (3, 16, 8)
+    assert patch_input_shape(with_patch_embed(3, img_size=(12, 6))) == (3, 12, 6)  # no grid_size: the image size
+    assert patch_input_shape(with_patch_embed(3)) is None  # channels but no size
+    assert patch_input_shape(with_patch_embed(img_size=(8, 8))) is None  # no projection: no channels
+    hf, family = Bare(), FAMILIES["hf-vit"]
     hf.config = SimpleNamespace(num_channels=3, image_size=32)
-    assert model_input_shape(hf) == (3, 32, 32)
+    assert family.input_spec(hf).shape == (3, 32, 32)
     hf.config = SimpleNamespace(num_channels=1, image_size=(24, 16))
-    assert model_input_shape(hf) == (1, 24, 16)
+    assert family.input_spec(hf).shape == (1, 24, 16)
     hf.config = SimpleNamespace(num_channels=3)  # channels but no image size
-    assert model_input_shape(hf) is None
-    hf.config = SimpleNamespace(vocab_size=100)  # a model of token ids
-    assert model_input_shape(hf) is None
-    assert model_input_shape(Bare()) is None
+    assert family.input_spec(hf) is None
+    ids = FAMILIES["hf-bert"].input_spec(hf)  # a model of token ids: noise cannot stand for them
+    assert ids.ids and ids.shape is None and ids.noise_shape is None
+    assert model_inputs(Bare()) is None
 
 
 def test_noise_inputs_are_seeded_standard_normal_and_named():
@@ -74,15 +81,15 @@ def test_a_batch_given_is_cut_to_the_samples_and_named(source, want):
 
 def test_the_token_grid_and_heads_a_hugging_face_config_tells():
     from structinit.errors import UsageError
-    from structinit.init.layouts import model_grid, model_heads
+    from structinit.init.family import model_heads
 
-    hf = Bare()
+    hf, family = Bare(), FAMILIES["hf-vit"]
     hf.config = SimpleNamespace(image_size=32, patch_size=4, num_attention_heads=3)
-    assert model_grid(hf) == (8, 8) and model_heads(hf) == 3
+    assert family.grid(hf) == (8, 8) and family.heads(hf) == 3
     hf.config = SimpleNamespace(image_size=(24, 16), patch_size=(4, 8))  # rectangular images and patches
-    assert model_grid(hf) == (6, 2)
+    assert family.grid(hf) == (6, 2)
     hf.config = SimpleNamespace(patch_size=4)  # no image size: the grid must be given
     with pytest.raises(UsageError, match="grid"):
-        model_grid(hf)
+        family.grid(hf)
     with pytest.raises(UsageError, match="heads"):
         model_heads(Bare())

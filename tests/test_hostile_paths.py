@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import error_line, feeding_fifo, vit_digits
+from conftest import error_line, feeding_fifo, says, vit_digits
 
 from structinit.errors import ArtifactError, UsageError
 from structinit.init.initialize import initialize_model
@@ -77,10 +77,9 @@ def test_a_link_to_a_device_or_to_nothing_in_the_cache_is_set_aside_and_solved_a
     warnings = []
     res = solve(CFG, cache_dir=cache_dir, warn=warnings.append)
     moved = path.with_name(path.name + ".set-aside")
-    what = "a character device, not a regular file" if kind == "device" else \
-        f"a symbolic link to {target}, which does not exist"
-    assert warnings == [f"ignoring unusable artifact: {path}: {what}; set aside as {moved.name}; it will be "
-                        "recomputed"]
+    what = ("character device", "not a regular file") if kind == "device" else ("symbolic link", target,
+                                                                                 "does not exist")
+    assert len(warnings) == 1 and says(warnings[0], "unusable artifact", str(path), *what, moved.name, "recomputed")
     assert not res.cached and path.is_file() and not path.is_symlink()
     assert moved.is_symlink() and os.readlink(moved) == target  # kept as it was, for a person to look at
 
@@ -91,7 +90,7 @@ def test_inspect_names_a_fifo_in_the_cache_and_reads_nothing_from_it(cache_dir, 
     fifo = cache_dir / ("n16-d16-h2-f3-fit-" + "0" * 12 + ".safetensors")
     with feeding_fifo(fifo, res.artifact.path.read_bytes()):
         r = cli("inspect", fifo)
-        assert r.returncode == 2 and error_line(r.stderr) == f"error: {fifo}: a FIFO (named pipe), not a regular file"
+        assert r.returncode == 2 and says(error_line(r.stderr), str(fifo), "FIFO", "not a regular file")
         r = cli("inspect", "--json")
         assert r.returncode == 0, r.stderr
         listed = {Path(a["path"]).name: a for a in json.loads(r.stdout)["artifacts"]}
@@ -108,13 +107,13 @@ def test_an_artifact_whose_header_promises_another_size_is_refused_before_it_is_
     longer.write_bytes(raw + b"\0" * 64)  # bytes past its tensors: not what was written
     with pytest.raises(ArtifactError) as e:
         read_artifact(longer)
-    assert str(e.value) == (f"{longer}: not a readable safetensors file (truncated or corrupt: its header's tensors "
-                            f"end at byte {len(raw)}, the file has {len(raw) + 64})")
+    assert says(str(e.value), str(longer), "not a readable safetensors file", f"end at byte {len(raw)}",
+                f"the file has {len(raw) + 64}")
     promised = tmp_path / "promised.safetensors"
     promised.write_bytes((len(raw) * 2).to_bytes(8, "little") + raw[8:])
-    with pytest.raises(ArtifactError, match=f"a {len(raw)}-byte file whose first bytes promise a header of "
-                                            f"{len(raw) * 2} bytes"):
+    with pytest.raises(ArtifactError) as e:
         read_artifact(promised)
+    assert says(str(e.value), str(promised), f"{len(raw)}-byte file", f"header of {len(raw) * 2} bytes")
 
 
 # --------------------------------------------------------------------------- forged Q/K
@@ -181,20 +180,20 @@ def test_a_fifo_a_device_or_a_link_to_nothing_as_the_checkpoint_is_one_line(tmp_
     zero = tmp_path / "zero.pt"
     os.symlink("/dev/zero", zero)
     r = cli("apply", zero, "--heads", "4")  # exit 2: a path that names no usable file (the README's rule)
-    assert r.returncode == 2 and error_line(r.stderr) == f"error: {zero}: a character device, not a regular file"
+    assert r.returncode == 2 and says(error_line(r.stderr), str(zero), "character device", "not a regular file")
     r = cli("apply", "/dev/zero", "--heads", "4", "--out", tmp_path / "o.pt")
-    assert r.returncode == 2 and error_line(r.stderr) == "error: /dev/zero: a character device, not a regular file"
+    assert r.returncode == 2 and says(error_line(r.stderr), "/dev/zero", "character device", "not a regular file")
     gone = tmp_path / "gone.pt"
     os.symlink(tmp_path / "nothing.pt", gone)
     r = cli("apply", gone, "--heads", "4")
     assert r.returncode == 2
-    assert error_line(r.stderr) == f"error: {gone}: a symbolic link to {tmp_path / 'nothing.pt'}, which does not exist"
+    assert says(error_line(r.stderr), str(gone), "symbolic link", str(tmp_path / "nothing.pt"), "does not exist")
     fifo = tmp_path / "some.fifo"
     with feeding_fifo(fifo, b"PK\x03\x04 not a zip"):
         for args in (("apply", fifo, "--heads", "4"), ("inspect", fifo, "--heads", "4")):
             r = cli(*args)
             assert r.returncode == 2
-            assert error_line(r.stderr) == f"error: {fifo}: a FIFO (named pipe), not a regular file"
+            assert says(error_line(r.stderr), str(fifo), "FIFO", "not a regular file")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gone.pt", "some.fifo", "zero.pt"]  # nothing written
 
 
@@ -224,13 +223,15 @@ def test_a_cache_folder_that_is_a_file_names_who_chose_it(tmp_path, cli, monkeyp
     monkeypatch.setenv("STRUCTINIT_CACHE", str(taken))
     with pytest.raises(UsageError) as e:
         check_cache_dir(None)
-    assert str(e.value) == f"$STRUCTINIT_CACHE {taken} is not a folder"
+    assert says(str(e.value), f"$STRUCTINIT_CACHE {taken}", "not a folder")
     r = cli("solve", "--grid", "4x4", "--dim", "16", "--heads", "2")
-    assert r.returncode == 2 and error_line(r.stderr) == f"error: $STRUCTINIT_CACHE {taken} is not a folder"
+    line = error_line(r.stderr)
+    assert r.returncode == 2 and says(line, f"$STRUCTINIT_CACHE {taken}", "not a folder") and "--cache-dir" not in line
     r = cli("solve", "--grid", "4x4", "--dim", "16", "--heads", "2", "--cache-dir", taken)
-    assert r.returncode == 2 and error_line(r.stderr) == f"error: --cache-dir {taken} is not a folder"
+    line = error_line(r.stderr)
+    assert r.returncode == 2 and says(line, f"--cache-dir {taken}", "not a folder") and "$STRUCTINIT_CACHE" not in line
     monkeypatch.setenv("STRUCTINIT_CACHE", str(taken / "sub"))  # below a file: it cannot be made
     r = cli("solve", "--grid", "4x4", "--dim", "16", "--heads", "2")
     assert r.returncode == 1
-    assert error_line(r.stderr) == f"error: cannot create the $STRUCTINIT_CACHE folder {taken / 'sub'}: Not a directory"
+    assert says(error_line(r.stderr), "cannot create", "$STRUCTINIT_CACHE", str(taken / "sub"), "Not a directory")
     assert taken.read_text() == "not a folder"

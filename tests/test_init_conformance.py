@@ -14,14 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import error_line
+from conftest import error_line, says
 
 from structinit.errors import StructinitWarning, UsageError
 from structinit.init.attention_target import AttentionTarget
-from structinit.init.base import REGISTERED, InitWarning
+from structinit.init.base import REGISTERED, InitSpec, InitWarning
 from structinit.init.baselines import BASES
 from structinit.init.initialize import initialize, initialize_model
 from structinit.init.registry import BUILTIN_MODULES, INIT_METHODS, fitting_methods, init_spec, spec_from_dict
+from structinit.init.report import InitReport, LayerRow
 
 PACKAGE = Path(__file__).resolve().parents[1] / "structinit"
 #: Cheaper settings for methods whose defaults take long on the tiny model (every check holds for
@@ -79,10 +80,17 @@ def check_method(cls, cache_dir, params=None):
     assert all(torch.equal(after_a[k], after_b[k]) for k in after_a), "prepare then write differs from apply"
     assert any(not torch.equal(before[k], after_a[k]) for k in before), "the init wrote nothing"
     for rep in (report, written):
-        assert rep["method"] == cls.method
-        json.dumps(rep)  # JSON-able as it is
+        assert isinstance(rep, InitReport) and rep.method == cls.method
+        rep.check()  # every field (the layer rows and the fit too) of its declared type
+        assert all(isinstance(row, LayerRow) for row in rep.layers) and isinstance(rep.extra, dict)
+        layout = json.loads(json.dumps(rep.to_dict()))  # JSON-able as it is, and read back the same
+        assert InitReport.from_dict(layout).to_dict() == layout and layout["method"] == cls.method
+    # changed: every tensor whose values the init changed, and nothing else, in the state dict's order
+    assert report.changed and report.changed == [k for k in before if not torch.equal(before[k], after_a[k])]
+    assert written.changed is None  # write alone compares nothing
     if cls.reports_offsets:
-        assert report["grid"] == list(t.grid) and all("offsets" in row for row in report["layers"])
+        assert report.structure is not None and report.structure.grid == list(t.grid)
+        assert sorted(report.structure.offsets) == [row.layer for row in report.layers] == list(t.layers)
 
     assert all(isinstance(w, InitWarning) and isinstance(w.text, str) for w in spec.warnings(report, t))
     assert all(isinstance(w, InitWarning) for w in spec.warnings(report, t, checkpoint=True, pe_scale=1.0))
@@ -110,12 +118,53 @@ def test_every_registered_method_keeps_the_interface(method, tmp_path):
     check_method(INIT_METHODS[method], tmp_path, QUICK.get(method))
 
 
+def test_every_data_fitting_method_states_its_without_fit():
+    """A resumed run re-applies ``without_fit()``: a method that fits data and kept the default (the
+    spec itself) would fit again, on noise (``register`` refuses it; this holds the registry to it)."""
+    fitting = [cls for cls in INIT_METHODS.values() if cls.fits_data]
+    assert fitting and all(cls.without_fit is not InitSpec.without_fit for cls in fitting)
+    for cls in fitting:
+        rest = init_spec(cls.method).without_fit()
+        assert not rest.uses_data and rest.fit_off()
+
+
+def own_values_through_apply(method, tmp_path, params=None):
+    """``(init report, apply's report)`` of ``method`` on the same tiny ViT: initialized as apply
+    writes it (a state dict; the model for a method that :attr:`needs_model`), and a checkpoint of it."""
+    from structinit.apply.checkpoint import apply_checkpoint
+
+    torch.save(tiny_vit().state_dict(), tmp_path / "vit.pth")
+    target = tiny_vit() if INIT_METHODS[method].needs_model else tiny_vit().state_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", StructinitWarning)
+        report = initialize(target, method, seed=0, heads=2, cache_dir=tmp_path / "cache", **(params or {}))
+        applied = apply_checkpoint(tmp_path / "vit.pth", method, heads=2, out=tmp_path / "out.pth",
+                                   cache_dir=tmp_path / "cache", **(params or {}))
+    return report, json.loads(json.dumps(applied))
+
+
+@pytest.mark.parametrize("method", list(INIT_METHODS))
+def test_every_methods_own_values_survive_applys_report(method, tmp_path):
+    report, applied = own_values_through_apply(method, tmp_path, QUICK.get(method))
+    assert applied["method"] == method and set(report.extra) <= set(applied)
+    assert [row["layer"] for row in applied["layers"]] == [row.layer for row in report.layers]
+
+def builtin_ranks() -> list:
+    """Each registered method's place in ``BUILTIN_MODULES`` (its module's index; after them all for
+    a method registered elsewhere), in the registry's order."""
+    modules = [m.__name__ for m in BUILTIN_MODULES]
+    return [modules.index(cls.__module__) if cls.__module__ in modules else len(modules)
+            for cls in INIT_METHODS.values()]
+
+
 def test_the_built_in_methods_are_listed_in_one_order_whatever_was_imported_first():
-    assert list(INIT_METHODS)[:7] == ["kaiming", "trunc-normal", "mimetic", "impulse", "impulse-2024", "impulse-2025",
-                                  "conditioned"]
-    assert [m.__name__.rsplit(".", 1)[1] for m in BUILTIN_MODULES] == ["baselines", "mimetic", "impulse", "authors",
-                                                                        "conditioned"]
-    assert fitting_methods() == "impulse"
+    """The registry lists the methods module by module as ``BUILTIN_MODULES`` orders them (the paper's
+    comparison first), every built-in module registering at least one, whatever was imported first."""
+    ranks = builtin_ranks()
+    assert ranks == sorted(ranks) and set(range(len(BUILTIN_MODULES))) <= set(ranks)
+    assert list(INIT_METHODS)[:4] == ["kaiming", "trunc-normal", "mimetic", "impulse"]  # the paper's four, its order
+    assert fitting_methods().split(" / ") == [name for name, cls in INIT_METHODS.items() if cls.fits_data]
+    assert "impulse" in fitting_methods().split(" / ")
 
 
 # --------------------------------------------------------------------------- the source
@@ -205,9 +254,9 @@ def first_layer_directions(model, x):
 
 def test_a_method_added_in_its_own_module_passes_every_check(example_method, tmp_path):
     check_method(example_method, tmp_path)
-    assert list(INIT_METHODS)[:7] == ["kaiming", "trunc-normal", "mimetic", "impulse", "impulse-2024", "impulse-2025",
-                                  "conditioned"]
-    assert list(INIT_METHODS)[7:] == ["example-pca"] and fitting_methods() == "impulse / example-pca"
+    ranks = builtin_ranks()  # after every built-in method, which keep their order
+    assert list(INIT_METHODS)[-1] == "example-pca" and ranks == sorted(ranks) and ranks[-1] == len(BUILTIN_MODULES)
+    assert fitting_methods().split(" / ")[-1] == "example-pca"
 
 
 def test_it_is_fitted_to_the_data_given_and_to_noise_without(example_method):
@@ -252,15 +301,15 @@ def test_apply_fits_it_through_the_model_the_checkpoint_describes(example_method
     report = json.loads(r.stdout)
     assert report["method"] == "example-pca" and report["data_fit"] == {"inputs": "data", "samples": 12}
     model = tiny_vit()
-    initialize_model(model, "example-pca", data=x)
+    own = initialize_model(model, "example-pca", data=x)
+    assert report["self_mass"] == pytest.approx(own.extra["self_mass"], abs=1e-6)  # the method's own value, kept
     written = load_checkpoint(tmp_path / "out.pth").state_dicts[0][1]
     for key in ("blocks.0.attn.qkv.weight", "blocks.1.attn.qkv.weight"):
         assert torch.allclose(torch.as_tensor(written[key]), model.state_dict()[key], atol=1e-6)
     refused = cli("apply", tmp_path / "vit.pth", "--heads", "2", "--method", "mimetic", "--data",
                   tmp_path / "inputs.pt", "--out", tmp_path / "m.pth")
     assert refused.returncode == 2
-    assert error_line(refused.stderr) == ("error: --data is for the impulse / example-pca data fit; the mimetic init "
-                                          "does not use it")
+    assert says(error_line(refused.stderr), "--data", fitting_methods(), "example-pca", "mimetic", "does not use it")
 
 
 def test_a_second_method_under_a_registered_name_is_refused_and_the_first_kept():
@@ -307,3 +356,17 @@ def test_a_fitting_method_keeps_a_learned_position_embedding_it_does_not_replace
     written = load_checkpoint(tmp_path / "out.pth").state_dicts[0][1]
     assert torch.equal(torch.as_tensor(written["pos_embed"]), sd["pos_embed"])
     assert not torch.equal(torch.as_tensor(written["blocks.0.attn.qkv.weight"]), sd["blocks.0.attn.qkv.weight"])
+
+
+def test_apply_prints_what_the_method_says_of_its_fit(example_method, tmp_path, cli):
+    """``apply`` prints the init's own summary: a data-fitting method that is not impulse is not said
+    to have written "the plain solve (--data-fit 0)"; it says what it was fitted on."""
+    torch.save(tiny_vit().state_dict(), tmp_path / "vit.pth")
+    torch.save(images(12), tmp_path / "inputs.pt")
+    r = cli("apply", tmp_path / "vit.pth", "--heads", "2", "--method", "example-pca", "--data", tmp_path / "inputs.pt",
+            "--out", tmp_path / "out.pth")
+    assert r.returncode == 0, r.stderr
+    assert "plain solve" not in r.stdout and "--data-fit" not in r.stdout
+    said = [line.strip() for line in r.stdout.splitlines() if line.strip().startswith("example-pca: fitted")]
+    assert len(said) == 1 and said[0].startswith("example-pca: fitted through timm VisionTransformer")
+    assert said[0].endswith("on 12 real inputs")

@@ -8,6 +8,7 @@ from typing import Dict, Optional
 
 import pytest
 import torch
+from conftest import says
 
 from structinit.errors import UsageError
 from structinit.init.authors import Impulse2024Init, Impulse2025Init
@@ -48,20 +49,18 @@ def test_parse_value(text, value):
 def test_parse_assignments_and_their_errors():
     got = parse_assignments(["filter=5", "recipe-params={\"iters\": 20}", " share = true", "name=a=b"])
     assert got == {"filter": 5, "recipe_params": {"iters": 20}, "share": True, "name": "a=b"}
-    assert rendered(parse_assignments, ["filter"]) == "<init_params> must look like NAME=VALUE, got 'filter'"
-    assert rendered(parse_assignments, ["=5"], what="recipe_params") == ("<recipe_params> must look like NAME=VALUE, "
-                                                                         "got '=5'")
+    assert says(rendered(parse_assignments, ["filter"]), "<init_params>", "NAME=VALUE", "'filter'")
+    assert says(rendered(parse_assignments, ["=5"], what="recipe_params"), "<recipe_params>", "NAME=VALUE", "'=5'")
     assert parse_init("mimetic", ["alpha1=0.5", "vproj=false"]) == MimeticInit(alpha1=0.5, vproj=False)
 
 
 def test_registry_and_spec_lookup():
-    assert INIT_METHODS == {"kaiming": KaimingInit, "trunc-normal": TruncNormalInit, "mimetic": MimeticInit,
-                            "impulse": ImpulseInit, "impulse-2024": Impulse2024Init, "impulse-2025": Impulse2025Init,
-                            "conditioned": ConditionedInit}
-    assert spec_class("mimetic") is MimeticInit
-    assert rendered(spec_class, "xavier") == ("unknown init method 'xavier'; <init> takes one of kaiming, "
-                                              "trunc-normal, mimetic, impulse, impulse-2024, impulse-2025, "
-                                              "conditioned")
+    builtin = {"kaiming": KaimingInit, "trunc-normal": TruncNormalInit, "mimetic": MimeticInit,
+               "impulse": ImpulseInit, "impulse-2024": Impulse2024Init, "impulse-2025": Impulse2025Init,
+               "conditioned": ConditionedInit}
+    assert all(INIT_METHODS[name] is cls for name, cls in builtin.items())
+    assert all(spec_class(name) is cls and cls.method == name for name, cls in INIT_METHODS.items())
+    assert says(rendered(spec_class, "xavier"), "'xavier'", "<init>", ", ".join(INIT_METHODS))  # every one, in order
 
 
 def test_init_spec_builds_copies_and_names_unknown_parameters():
@@ -70,11 +69,11 @@ def test_init_spec_builds_copies_and_names_unknown_parameters():
     assert init_spec(spec) is spec
     other = init_spec(spec, share=True)
     assert other == dataclasses.replace(spec, share=True) and spec.share is False
-    assert rendered(init_spec, "impulse", filtr=3, bogus=1).startswith(
-        "init method 'impulse' has no parameter <bogus>, <filtr> (it takes: filter, recipe, target_mass,")
-    assert rendered(init_spec, "kaiming", std=1) == ("init method 'kaiming' has no parameter <std> (it takes: no "
-                                                     "parameters)")
-    assert rendered(init_spec, MimeticInit(), beta3=1).startswith("init method 'mimetic' has no parameter <beta3>")
+    takes = ", ".join(f.name for f in dataclasses.fields(ImpulseInit))
+    assert says(rendered(init_spec, "impulse", filtr=3, bogus=1), "'impulse'", "no parameter", "<bogus>, <filtr>",
+                takes)
+    assert says(rendered(init_spec, "kaiming", std=1), "'kaiming'", "no parameter <std>", "no parameters")
+    assert says(rendered(init_spec, MimeticInit(), beta3=1), "'mimetic'", "no parameter <beta3>", "alpha1")
 
 
 @pytest.mark.parametrize("spec", [
@@ -133,26 +132,23 @@ def test_coerce_converts_to_the_declared_type(value, hint, want):
     (5, dict, 'a JSON object such as {"iters": 2000}', "5"), ("[1]", dict, "a JSON object such", "[1]"),
 ])
 def test_coerce_refuses_by_name(value, hint, what, shown):
-    got = rendered(coerce, "impulse", "pe_scale", value, hint)
-    assert got.startswith(f"impulse parameter <pe_scale> must be {what}") and got.endswith(f", got {shown}")
+    assert says(rendered(coerce, "impulse", "pe_scale", value, hint), "impulse", "<pe_scale>", what, shown)
 
 
 def test_check_positive_and_validation_messages():
-    assert rendered(ImpulseInit, filter=0) == "impulse parameter <filter> must be positive, got 0"
+    assert says(rendered(ImpulseInit, filter=0), "impulse", "<filter>", "positive", "got 0")
     # a spec's own fields are coerced under its method's name (not only coerce called directly)
-    assert rendered(ImpulseInit, filter="three") == "impulse parameter <filter> must be an integer, got 'three'"
-    assert rendered(MimeticInit, alpha1="big") == "mimetic parameter <alpha1> must be a number, got 'big'"
-    assert rendered(ImpulseInit, pe_scale=-1.0) == "impulse parameter <pe_scale> must be positive, got -1.0"
-    assert rendered(ImpulseInit, tolerance=-0.1) == "impulse parameter <tolerance> must be non-negative, got -0.1"
+    assert says(rendered(ImpulseInit, filter="three"), "impulse", "<filter>", "an integer", "'three'")
+    assert says(rendered(MimeticInit, alpha1="big"), "mimetic", "<alpha1>", "a number", "'big'")
+    assert says(rendered(ImpulseInit, pe_scale=-1.0), "impulse", "<pe_scale>", "positive", "-1.0")
+    assert says(rendered(ImpulseInit, tolerance=-0.1), "impulse", "<tolerance>", "non-negative", "-0.1")
     assert ImpulseInit(tolerance=0.0).tolerance == 0.0 and ImpulseInit(pe_scale=None).pe_scale is None
-    assert rendered(TruncNormalInit, std=0.0) == "trunc-normal parameter <std> must be positive, got 0.0"
-    assert rendered(ImpulseInit, recipe="closed-form", target_mass=0.3) == (
-        "recipe 'closed-form' has no parameter <target_mass> (it has: logit, noise_std, qk_scale)")
-    assert rendered(ImpulseInit, padding="reflect").startswith("unknown <padding> 'reflect'")
-    assert rendered(ImpulseInit, offset_order="spiral").startswith("unknown <offset_order> 'spiral'")
-    assert rendered(ImpulseInit, pseudo_input="noise").startswith("unknown <pseudo_input> 'noise'")
-    assert rendered(ImpulseInit, pseudo_input_rest="noise").startswith("unknown <pseudo_input_rest> 'noise'")
-    assert rendered(ImpulseInit, recipe="magic").startswith("unknown <recipe> 'magic'")
+    assert says(rendered(TruncNormalInit, std=0.0), "trunc-normal", "<std>", "positive", "0.0")
+    assert says(rendered(ImpulseInit, recipe="closed-form", target_mass=0.3), "'closed-form'", "no parameter",
+                "<target_mass>", "logit, noise_std, qk_scale")
+    for name, value in (("padding", "reflect"), ("offset_order", "spiral"), ("pseudo_input", "noise"),
+                        ("pseudo_input_rest", "noise"), ("recipe", "magic")):
+        assert says(rendered(ImpulseInit, **{name: value}), "unknown", f"<{name}>", repr(value))
     assert ImpulseInit(artifact=Path("a/b.safetensors")).artifact == "a/b.safetensors"
 
 
@@ -231,8 +227,7 @@ def test_initialize_model_passes_grid_and_seed_on():
     # the grid given wins over the model's; pe_scale writes the sin-cos table the solve assumes
     rep = initialize_model(_vit(), "impulse", grid=(2, 8), filter=1, pe_scale=1.0, data_fit=0)  # the solve's grid
     assert rep["grid"] == [2, 8] and rep["artifact"]["config"]["grid"] == [2, 8]
-    assert rendered(initialize_model, {"a": 1}, "mimetic") == ("initialize_model needs an nn.Module; use initialize() "
-                                                               "for a state dict")
+    assert says(rendered(initialize_model, {"a": 1}, "mimetic"), "nn.Module", "initialize()", "state dict")
 
 
 def test_params_copy_list_and_dict_parameters():

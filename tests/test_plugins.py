@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, error_line
 from test_injection import tiny_vit
 
 from structinit.init.registry import ENTRY_POINT_GROUP
@@ -60,3 +60,28 @@ def test_a_method_of_another_installed_package_works_through_apply(tmp_path, cli
     assert r.returncode == 0, r.stderr
     said = [line for line in r.stderr.splitlines() if "broken-init" in line]
     assert len(said) == 1 and said[0].startswith("warning: init plugin broken-init (broken_init) was not loaded")
+
+
+@pytest.mark.slow  # fresh interpreters: the registry loads the entry points once, at import
+def test_a_method_of_another_installed_package_is_listed_in_every_help_and_refuses_foreign_aliases(tmp_path,
+                                                                                                    cli_process):
+    """Issue 53: every help text that lists methods reads them from the registry, so a method added
+    through the entry point is in apply's, train's and inspect's ``--help`` (and, having ``base``,
+    among the methods train's help says start from it); an apply alias of a parameter it lacks is
+    refused naming the flag and the method."""
+    import re
+
+    site = tmp_path / "site"
+    site.mkdir()
+    _install(site, "half-mimetic-init", "half_mimetic_init", PLUGIN)
+    env = {"PYTHONPATH": f"{site}:{REPO}"}
+    for command in ("apply", "train", "inspect"):
+        text = " ".join(cli_process(command, "--help", env=env).stdout.split())
+        assert re.search(r"(?<![\w-])half-mimetic(?![\w-])", text), command
+    train = " ".join(cli_process("train", "--help", env=env).stdout.split())
+    assert re.search(r"mimetic, impulse, conditioned and half-mimetic start the weights", train), train
+    torch.save(tiny_vit(depth=2).state_dict(), tmp_path / "v.pt")
+    r = cli_process("apply", tmp_path / "v.pt", "--method", "half-mimetic", "--heads", "4", "--filter", "3", env=env)
+    line = error_line(r.stderr)
+    assert r.returncode == 2 and "--filter" in line and "half-mimetic init does not have" in line
+    assert "alpha1" in line and sorted(p.name for p in tmp_path.iterdir()) == ["site", "v.pt"]

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+from conftest import says
 
 from structinit.errors import UsageError
 from structinit.geometry.embedding import PSEUDO_INPUTS, layer_norm, pseudo_input, sincos_2d
@@ -44,8 +45,7 @@ def test_noise_is_seeded_and_pe_is_not_noisy():
 def test_a_model_embedding_of_the_wrong_shape_is_refused_by_name():
     with pytest.raises(UsageError) as exc:
         pseudo_input("pe", (4, 4), 16, embedding=np.zeros((15, 16)))
-    assert exc.value.render(lambda n: f"<{n}>") == \
-        "the position <embedding> has shape [15, 16], expected [16, 16] for a 4x4 grid"
+    assert says(exc.value.render(lambda n: f"<{n}>"), "<embedding>", "[15, 16]", "expected [16, 16]", "4x4 grid")
 
 
 def test_a_model_embedding_takes_the_place_of_the_table_under_the_same_noise():

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import says
 
 from structinit.errors import UsageError
 from structinit.geometry.grid import Grid, parse_grid
@@ -82,8 +83,7 @@ def test_causal_mask_and_geometry_errors():
     assert causal_mask(Grid(5), causal=False) is None
     with pytest.raises(UsageError) as e:
         check_geometry(Grid((4, 4)), causal=True)
-    assert e.value.render(lambda n: f"<{n}>") == ("<causal> applies to sequences (a 1-D grid such as 40), not the 4x4 "
-                                                  "image grid")
+    assert says(e.value.render(lambda n: f"<{n}>"), "<causal>", "sequences", "4x4 image grid")
     with pytest.raises(UsageError) as e:
         check_geometry(Grid(8), "circular", causal=True)
     assert e.value.render(lambda n: f"<{n}>").startswith("<causal> needs zero padding: circular <padding> wraps ")
@@ -92,7 +92,7 @@ def test_causal_mask_and_geometry_errors():
 def test_drawing_causal_offsets_for_an_image_grid_is_refused_by_name():
     with pytest.raises(UsageError) as e:
         draw_offsets(3, heads=2, layers=1, seed=0, ndim=2, causal=True)
-    assert e.value.render(lambda n: f"<{n}>") == "<causal> applies to sequences (1-D grids) only"
+    assert says(e.value.render(lambda n: f"<{n}>"), "<causal>", "sequences", "only")
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -2,6 +2,7 @@
 message that names each), grids and shapes, and the SolveConfig that carries them into the key."""
 
 import pytest
+from conftest import says
 
 from structinit.errors import UsageError
 from structinit.solver.recipes import RECIPE_DEFAULTS, RECIPES, check_recipe, recipe_params
@@ -51,7 +52,7 @@ def test_recipe_params_refuse_what_cannot_solve_by_name(recipe, overrides, messa
 def test_recipe_errors_mark_the_parameter_for_the_cli():
     with pytest.raises(UsageError) as exc:
         recipe_params("paper", {"lr": 0})
-    assert exc.value.render(lambda n: f"--{n}") == "--lr of recipe 'paper' must be positive, got 0"
+    assert says(exc.value.render(lambda n: f"--{n}"), "--lr", "'paper'", "positive", "got 0")
     with pytest.raises(UsageError) as exc:
         recipe_params("fast", {"target_mass": 2.0})
     assert exc.value.render(lambda n: f"<{n}>").startswith("<target_mass> must lie")
@@ -75,7 +76,7 @@ def test_solve_config_checks_and_normalizes_its_settings():
                         ("offset_order", "spiral")):
         assert rendered(SolveConfig, **base, **{name: value}).startswith(f"unknown <{name}> {value!r}; choose one of")
     for seed in (-1, 1.5, True, "0"):
-        assert rendered(SolveConfig, **base, seed=seed) == f"<seed> must be a non-negative integer, got {seed!r}"
+        assert says(rendered(SolveConfig, **base, seed=seed), "<seed>", "non-negative integer", f"got {seed!r}")
     assert rendered(SolveConfig, **base, recipe="magic").startswith("unknown <recipe> 'magic'")
     d = SolveConfig(grid=(12,), dim=8, heads=2, seed=3).to_dict()
     assert d["grid"] == [12] and d["format"] == "structinit/1" and d["params"] == {"target_mass": 0.3, "ridge": 1e-5}

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import says
 
 from structinit.analysis.quality import attention_quality, measure, targets_to_columns
 from structinit.errors import UsageError
@@ -343,4 +344,4 @@ def test_fast_progress_counts_calibration_passes_and_its_refusal_names_the_bound
     assert sum(1 for d, _ in seen if d == per_head - 1) >= 1  # the first head's last pass, before it is done
     with pytest.raises(UsageError) as e:
         solve_fast(x, columns, dim // heads, heads, None, target_mass=1 / 16)
-    assert e.value.render(lambda n: f"<{n}>") == "<target_mass> must lie in (1/N, 1) = (0.0625, 1), got 0.0625"
+    assert says(e.value.render(lambda n: f"<{n}>"), "<target_mass>", "(0.0625, 1)", "got 0.0625")

@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+from conftest import says
 
 from structinit.analysis.fidelity import data_attention_quality
 from structinit.errors import UsageError
@@ -77,8 +78,9 @@ def test_the_table_in_place_of_a_learned_embedding_keeps_the_class_tokens_row(di
 
 
 def test_a_state_dict_with_a_learned_embedding_is_still_refused_without_an_answer(digits):
-    with pytest.raises(UsageError, match="is not the sin-cos table the impulse solve assumes"):
+    with pytest.raises(UsageError) as err:
         initialize(stock().state_dict(), "impulse", heads=4)
+    assert says(str(err.value), "not the sin-cos table", "fit_pe")
 
 
 def test_the_fit_on_noise_needs_no_data_and_uses_only_the_shape_of_data_given(digits):
@@ -91,10 +93,12 @@ def test_the_fit_on_noise_needs_no_data_and_uses_only_the_shape_of_data_given(di
     c = initialize_model(build_model(ModelConfig("vit-digits"), num_classes=10, image_size=8, in_chans=1, seed=1),
                          "impulse", data_fit_inputs="noise", data_fit=3, seed=1)
     assert c["data_fit"]["artifact"]["key"] != a["data_fit"]["artifact"]["key"]
-    with pytest.raises(UsageError, match="data_fit_inputs chooses the data fit's inputs, and data_fit is 0"):
+    with pytest.raises(UsageError) as err:
         initialize_model(stock(), "impulse", data_fit_inputs="noise", data_fit=0)
-    with pytest.raises(UsageError, match="must be one of data, noise, got 'images'"):
+    assert says(str(err.value), "data_fit_inputs", "data_fit is 0")
+    with pytest.raises(UsageError) as err:
         initialize_model(stock(), "impulse", data_fit_inputs="images")
+    assert says(str(err.value), "data_fit_inputs", "data, noise", "'images'")
 
 
 def test_the_models_own_embedding_scaled_and_solved_for(digits):

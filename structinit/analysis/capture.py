@@ -8,7 +8,8 @@ An attention layer's input is the input of the module that projects it to querie
 
 :class:`LayerInputs` hands them out layer by layer while the caller changes the weights in between
 (layer ``i``'s input reflects layers ``0..i-1`` as they are when it is asked for). On a model built
-of sequential ``blocks`` (timm's ViTs, structinit's ``transformer-1d``) it runs each block once:
+of sequential blocks (timm's ViTs, structinit's ``transformer-1d``: the ``blocks`` its family tells,
+:meth:`structinit.init.family.ModelFamily.blocks`) it runs each block once:
 the residual stream before block ``i`` is kept and pushed through block ``i`` when layer ``i + 1``
 is asked for, so the whole pass costs about one forward of the batch. On any other model (or one
 whose forward is not ``blocks`` in order, which is checked once on the batch) it runs the model
@@ -89,11 +90,13 @@ def _inside(module, container) -> bool:
 class LayerInputs:
     """Layer ``i``'s attention input on batch ``x`` (``[B, ...]``, on the model's device), asked for
     in increasing ``i`` (see the module docstring). ``modules[i]``: the module whose first input is
-    layer ``i``'s attention input. ``streamed`` says whether the model is run block by block.
+    layer ``i``'s attention input; ``blocks`` (optional, what the model's family tells: timm's
+    ``model.blocks``): the blocks the model's forward runs in order, one per layer, which the
+    residual stream is pushed through. ``streamed`` says whether the model is run block by block.
     ``between()`` (optional) is called after every chunk of :data:`CHUNK` images (it may raise to
     stop)."""
 
-    def __init__(self, model, x, modules: Sequence[Any], between=None):
+    def __init__(self, model, x, modules: Sequence[Any], between=None, blocks: Optional[Sequence[Any]] = None):
         import torch
 
         self.between = between
@@ -105,7 +108,6 @@ class LayerInputs:
         self._next = 0
         self._h: Optional[Any] = None
         self._at = 0
-        blocks = getattr(model, "blocks", None)
         self.blocks: Optional[List[Any]] = None
         if blocks is not None and len(blocks) == len(self.modules) and \
                 all(_inside(m, b) for m, b in zip(self.modules, blocks)):

@@ -42,7 +42,7 @@ token over the grid, the data behind ``structinit inspect MODEL --data DATASET -
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Union
 
 import numpy as np
 
@@ -166,12 +166,36 @@ def attention_modules(model) -> list:
     return found
 
 
-def offsets_from_report(report: Mapping[str, Any]) -> Dict[int, np.ndarray]:
+class StructureLike(Protocol):
+    """The impulse structure an init report holds (:class:`structinit.init.report.StructureRecord`):
+    per layer the offsets ``[heads, 2]``, the solve's filter (``None``: not said) and padding."""
+
+    @property
+    def offsets(self) -> Mapping[int, Any]: ...
+
+    @property
+    def filter(self) -> Optional[int]: ...
+
+    @property
+    def padding(self) -> str: ...
+
+
+class ReportLike(Protocol):
+    """What these measures read of an init's report (:class:`structinit.init.report.InitReport`,
+    ``initialize_model``'s): its method and the impulse structure it wrote (``None``: none)."""
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def structure(self) -> Optional[StructureLike]: ...
+
+
+def offsets_from_report(report: ReportLike) -> Dict[int, np.ndarray]:
     """``{layer: offsets [heads, 2]}`` from the report of an impulse init (``initialize_model``)."""
-    rows = report.get("layers") if isinstance(report, Mapping) else None
-    if not rows or not all(isinstance(r, Mapping) and "offsets" in r for r in rows):
-        raise UsageError("the init report holds no offsets (only impulse init writes them)")
-    return {int(r["layer"]): np.asarray(r["offsets"], dtype=np.int64) for r in rows}
+    if report.structure is None:
+        raise UsageError(f"the {report.method} init report holds no offsets (only impulse inits write them)")
+    return {int(layer): np.asarray(o, dtype=np.int64) for layer, o in report.structure.offsets.items()}
 
 
 def _offsets_array(offsets: OffsetsLike, layers: int, heads: int) -> np.ndarray:
@@ -196,23 +220,21 @@ def centre_query(grid) -> int:
     return (h // 2) * w + w // 2
 
 
-def report_settings(report: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+def report_settings(report: Optional[ReportLike]) -> Dict[str, Any]:
     """What an init report (``initialize_model``'s) says about the structure to look for:
     ``offsets`` (``{layer: [heads, 2]}``; ``None`` unless the init solved impulse offsets, i.e. every
     layer of its report gives them), ``filter`` and ``padding`` of the solve (``None``/``"zero"``
     without one) and ``method`` (``None`` for the model's own init)."""
     if report is None:
         return {"method": None, "offsets": None, "filter": None, "padding": "zero"}
-    method = report.get("method")
-    rows = report.get("layers")
-    if not rows or not all(isinstance(r, Mapping) and "offsets" in r for r in rows) or "grid" not in report:
-        return {"method": method, "offsets": None, "filter": None, "padding": "zero"}
-    solved = (report.get("artifact") or {}).get("config") or {}
-    return {"method": method, "offsets": offsets_from_report(report), "filter": int(solved.get("filter", 3)),
-            "padding": solved.get("padding", "zero")}
+    structure = report.structure
+    if structure is None:
+        return {"method": report.method, "offsets": None, "filter": None, "padding": "zero"}
+    return {"method": report.method, "offsets": offsets_from_report(report),
+            "filter": structure.filter if structure.filter is not None else 3, "padding": structure.padding}
 
 
-def init_fidelity(model, images, report: Optional[Mapping[str, Any]] = None, *, filter: Optional[int] = None,
+def init_fidelity(model, images, report: Optional[ReportLike] = None, *, filter: Optional[int] = None,
                   batch_size: int = 64, keep_maps: bool = True) -> Fidelity:
     """:func:`attention_fidelity` of a model initialized by ``initialize_model`` (``report``: its
     report; ``None`` for the model's own init), on ``images`` (real inputs, as the model sees them
@@ -384,7 +406,7 @@ def _target_columns(grid: Grid, offs, padding: str, prefix: int) -> List[Optiona
 
 
 __all__ = ["Fidelity", "attention_fidelity", "init_fidelity", "capture_attention", "attention_modules",
-           "offsets_from_report", "report_settings", "centre_query", "window_mask"]
+           "offsets_from_report", "report_settings", "centre_query", "window_mask", "ReportLike", "StructureLike"]
 
 
 # ---- per-layer quality on one batch (timm-style blocks; sequences and causal masks too)

@@ -14,6 +14,7 @@ module                      what it holds
                             every copy of the model in the file (:func:`write_checkpoint`)
 ==========================  ======================================================================
 
-The layouts it reads and writes are one table, :data:`structinit.init.layouts.LAYOUTS`: a row
-names a layout's tensors and what builds its model (``builder``).
+The layouts it reads and writes are one table, :data:`structinit.init.layouts.LAYOUTS` (and the rows
+families add): a row names a layout's tensors and the family whose adapter builds its model
+(``family``, :mod:`structinit.init.family`).
 """

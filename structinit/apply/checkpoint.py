@@ -33,7 +33,6 @@ import warnings
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from structinit.apply.files import LoadedCheckpoint, load_for_apply, write_output, write_position_table
-from structinit.apply.models import HF_EXTRA, transformers_installed
 from structinit.apply.options import ApplyOptions, split_settings
 from structinit.errors import StructinitError, StructinitWarning, UsageError, param
 from structinit.geometry.grid import Grid
@@ -41,7 +40,9 @@ from structinit.init.attention_target import AttentionTarget
 from structinit.init.base import DEFAULT_METHOD, InitSpec
 from structinit.init.changes import changed, snapshot
 from structinit.init.checkpoints import describe_state_dict
+from structinit.init.family import family_for_checkpoint
 from structinit.init.registry import init_spec
+from structinit.init.report import FitRecord, InitReport
 
 #: The words of the position table written in place of a learned embedding.
 TABLE_IN_PLACE = "sin-cos table x1 in place of the checkpoint's own {key}, kept learnable"
@@ -67,13 +68,13 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
     model_path = fits and _can_fit(loaded, options)
     replaces = options.set_pe is None and spec.replaces_pos_embed(loaded.first)
     table = model_path and replaces
-    if fits and not model_path and replaces and loaded.ckpt.detected.layout.builder == "transformers" \
-            and not transformers_installed():
+    missing = family_for_checkpoint(loaded.ckpt).unavailable()
+    if fits and not model_path and replaces and missing is not None:
         # the model path would write the table in place of the learned embedding: the cause is the missing extra
-        raise UsageError(f"the {loaded.ckpt.detected.layout.name} checkpoint's model is built by Hugging Face "
-                         f"transformers, which is not installed ({HF_EXTRA}); without it the data fit cannot run, nor "
-                         f"the sin-cos table replace its learned {loaded.ckpt.detected.pos_key} as it would on the "
-                         f"model. Install it, or write the plain solve on the table with {param('set_pe')} sincos")
+        raise UsageError(f"the {loaded.ckpt.detected.layout.name} checkpoint's model is built by {missing}; without "
+                         f"it the data fit cannot run, nor the sin-cos table replace its learned "
+                         f"{loaded.ckpt.detected.pos_key} as it would on the model. Install it, or write the plain "
+                         f"solve on the table with {param('set_pe')} sincos")
     if options.set_pe is None and not table:
         spec.check_pos_embed(loaded.first)  # a learned embedding it will not replace needs set_pe or fit_pe
     if table:
@@ -93,7 +94,7 @@ def apply_checkpoint(path: Union[str, os.PathLike], spec: Union[str, InitSpec] =
     prepared = _prepare_on_model(loaded, spec, options, say, progress, fit_progress) if model_path else None
     report = write_checkpoint(loaded, spec, options, prepared, progress, log, before)
     if fits and not model_path:
-        report["data_fit"] = {"skipped": _why_no_fit(loaded)}
+        report["data_fit"] = FitRecord(skipped=_why_no_fit(loaded)).to_dict()
     from structinit.init.baselines import base_note
 
     note = base_note(spec)
@@ -134,22 +135,20 @@ def write_checkpoint(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOpt
     report = reports[0]
     for line in spec.warnings(report, first, checkpoint=True, pe_scale=plan["pe_scale"]):
         warnings.warn(StructinitWarning(line.text), stacklevel=2)
-    rows = {r["layer"]: r for r in report["layers"]}
+    rows = {row.layer: row for row in report.layers}
     if not spec.reports_offsets and first.grid is not None:
         measured = describe_state_dict(loaded.ckpt.state_dicts[0][1], loaded.ckpt.detected, first.heads, first.grid)
-        for row in measured["layers"]:
-            if row["layer"] in rows:
-                rows[row["layer"]].update({k: row[k] for k in ("hit_rate", "target_mass", "mse", "offsets")})
+        for got in measured["layers"]:
+            row = rows.get(got["layer"])
+            if row is not None:
+                row.hit_rate, row.target_mass, row.mse = got["hit_rate"], got["target_mass"], got["mse"]
+                row.offsets = got["offsets"]
         plan["measured_on"] = measured["measured_on"]
     plan["changed"] = _changed(loaded, before)
     say(f"writing {loaded.target}")
     write_output(loaded, options, plan)
-    plan["layers"] = [rows[i] for i in first.layers]
-    for key in ("artifact", "hit_rate", "target_mass", "measured_on", "mimetic_vproj", "data_fit", "data_source"):
-        if key in report:
-            plan[key] = report[key]
-    if report.get("pos_embed_written"):
-        plan["pos_embed_written"] = report["pos_embed_written"]
+    report.layers = [rows[i] for i in first.layers]
+    _add_report(plan, report)
     plan["pos_embed_kind"] = first.pos_embed_kind()
     plan["written"] = True
     return plan
@@ -183,11 +182,39 @@ def _apply_through_model(loaded: LoadedCheckpoint, spec: InitSpec, options: Appl
     plan["changed"] = _changed(loaded, before)
     say(f"writing {loaded.target}")
     write_output(loaded, options, plan)
-    for key in ("layers", "hit_rate", "target_mass", "measured_on", "pos_embed_written", "base_note"):
-        if key in report:
-            plan[key] = report[key]
+    _add_report(plan, report)
+    if report.base_note is not None:
+        plan["base_note"] = report.base_note
     plan.update(model=built.how, written=True, pos_embed_kind=first.pos_embed_kind())
     return plan
+
+
+def _add_report(plan: Dict[str, Any], report: InitReport) -> None:
+    """Add what the init reported (``report``, the first copy's) to ``apply``'s report ``plan``: the
+    layers, their mean attention and what it was measured on, the position table written, the
+    data fit and its inputs, and every one of the method's own values (:attr:`InitReport.extra`)
+    under its name where the plan does not hold that name already."""
+    plan["layers"] = [row.to_dict() for row in report.layers]
+    if report.hit_rate is not None:
+        plan.update(hit_rate=report.hit_rate, target_mass=report.target_mass)
+    if report.measured_on is not None:
+        plan["measured_on"] = report.measured_on
+    if report.pos_embed_written:
+        plan["pos_embed_written"] = report.pos_embed_written
+    if report.holds("fit"):
+        plan["data_fit"] = report.fit.to_dict() if report.fit is not None else None
+    if report.data_source is not None:
+        plan["data_source"] = report.data_source
+    for name, value in report.extra.items():
+        plan.setdefault(name, value)
+
+
+def init_report_of(plan: Dict[str, Any]) -> InitReport:
+    """The init's part of an ``apply`` report (:func:`apply_checkpoint`'s ``plan``), typed: what the
+    command's summary (:meth:`~structinit.init.base.InitSpec.summary`) and notes read. The plan's
+    ``changed`` (per state dict) and a dry run's planned ``data_fit`` (words) are left out."""
+    keep = {k: v for k, v in plan.items() if k != "changed" and not (k == "data_fit" and isinstance(v, str))}
+    return InitReport.from_dict(keep)
 
 
 def _changed(loaded: LoadedCheckpoint, before: List[Dict[str, Any]]) -> Dict[str, List[str]]:
@@ -199,31 +226,31 @@ def _can_fit(loaded: LoadedCheckpoint, options: ApplyOptions) -> bool:
     """Whether the data fit can run on this checkpoint: its model can be built, and it takes
     inputs that noise can stand for or ``data`` gives. With ``data``, a checkpoint whose model
     cannot be built is refused."""
-    ckpt = loaded.ckpt
-    layout = ckpt.detected.layout
-    buildable = layout.builder is not None or "shape" in ckpt.extra  # a structinit train run too
+    family = family_for_checkpoint(loaded.ckpt)
     if options.data is not None:
-        if not buildable:
+        if not family.builds:
             raise UsageError(f"{param('data')} runs inputs through the model the checkpoint describes, and "
-                             f"structinit cannot build the model of a {layout.name} checkpoint (timm ViTs, Hugging "
-                             "Face ViT/DeiT, BERT and GPT-2, and structinit train checkpoints it can)")
+                             f"structinit cannot build the model of a {loaded.ckpt.detected.layout.name} checkpoint "
+                             "(timm ViTs, Hugging Face ViT/DeiT, BERT and GPT-2, and structinit train checkpoints "
+                             "it can)")
         return True
-    if layout.builder == "transformers" and not transformers_installed():
+    if family.unavailable() is not None:
         return False  # said in the report (see _why_no_fit)
-    return buildable and not layout.sequence  # noise cannot stand for token ids
+    return family.builds and family.takes_noise  # noise cannot stand for token ids
 
 
 def _why_no_fit(loaded: LoadedCheckpoint) -> str:
     """Why the data fit did not run on a checkpoint (the report's ``data_fit.skipped``)."""
     layout = loaded.ckpt.detected.layout
+    family = family_for_checkpoint(loaded.ckpt)
     plain = ("so Q/K are the plain solve on the position embedding alone, which real inputs mostly wash out "
              "(data_fit=0 asks for it explicitly)")
-    if layout.sequence:
+    if family.builds and not family.takes_noise:
         return (f"not run: the {layout.name} checkpoint's model takes token ids, which noise cannot stand for; give "
                 f"data (token ids [B, L]) to fit them; {plain}")
-    if layout.builder == "transformers" and not transformers_installed():
-        return (f"not run: the {layout.name} checkpoint's model is built by Hugging Face transformers, which is not "
-                f"installed ({HF_EXTRA}), {plain}")
+    missing = family.unavailable()
+    if missing is not None:
+        return f"not run: the {layout.name} checkpoint's model is built by {missing}, {plain}"
     return f"not run: structinit cannot build and run the model of a {layout.name} checkpoint, {plain}"
 
 
@@ -249,12 +276,12 @@ def _prepare_on_model(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOp
     if options.data is not None and not (isinstance(options.data, str) and options.data == NOISE):
         inputs = fit_inputs_for(options.data, built, spec.fit_samples, options.data_dir)
         data, source = inputs.x, inputs.source
-    if built.kind == "tokens" and options.grid is None and data is not None:
+    if built.inputs.ids and options.grid is None and data is not None:
         _regrid(loaded, Grid((int(data.shape[-1]),)), options)  # a sequence model's grid is the inputs' length
         first = loaded.first
-    if built.kind == "sequence" and data is not None and data.dim() == 2:
-        data = data.unsqueeze(1)
-    view = AttentionTarget(built.model, first.grid, first.heads, options.layers)
+    if data is not None:
+        data = built.inputs.as_model_batch(data)
+    view = AttentionTarget(built.model, first.grid, first.heads, options.layers, inputs=built.inputs)
     grids = [g.describe() if g is not None else "unknown" for g in (view.grid, first.grid)]
     if grids[0] != grids[1] or (view.dim, view.depth) != (first.dim, first.depth):
         raise StructinitError(f"the model built for {loaded.path} ({built.how}) has grid {grids[0]}, dim "
@@ -268,4 +295,4 @@ def _prepare_on_model(loaded: LoadedCheckpoint, spec: InitSpec, options: ApplyOp
     return prepared
 
 
-__all__ = ["apply_checkpoint", "write_checkpoint", "TABLE_IN_PLACE"]
+__all__ = ["apply_checkpoint", "write_checkpoint", "init_report_of", "TABLE_IN_PLACE"]

@@ -35,6 +35,7 @@ from structinit.init.checkpoints import (
     safetensors_dict,
     save_checkpoint,
 )
+from structinit.init.family import family_for_checkpoint
 from structinit.init.finite import attention_keys, check_finite, check_float_weights, model_tensors
 from structinit.init.layouts import heads_unknown
 
@@ -179,10 +180,9 @@ def load_for_apply(path: Union[str, os.PathLike], spec: InitSpec, options: Apply
     heads = heads if heads is not None else det.heads  # the file's hints (HF config.json, timm arch)
     if heads is None and det.heads_note is not None:  # a config.json that should tell them cannot be read
         raise heads_unknown(det)
-    if heads is None and det.layout.builder == "timm" and spec.uses_data:  # a named timm model tells its heads
-        raise UsageError(f"the timm-vit checkpoint does not tell its number of heads; give it with {param('heads')} "
-                         f"(it must divide dim {det.dim}), or name the timm model it holds with "
-                         f"{param('model_name')} (e.g. vit_tiny_patch16_224)")
+    needed = family_for_checkpoint(ckpt).heads_needed(det) if heads is None and spec.uses_data else None
+    if needed is not None:  # what the family says (a named timm model tells its heads)
+        raise UsageError(needed)
     grid = options.grid
     if grid is None and "shape" in ckpt.extra:  # a structinit train checkpoint tells its grid (a sequence's too),
         grid = det.grid  # which the views, detected afresh from the weights alone, would not know

@@ -127,7 +127,7 @@ def _dataset_inputs(name: str, built, samples: int, data_dir) -> FitInputs:
             config = dataclasses.replace(config, data_dir=str(data_dir))
         x = training_images(config, samples)
         return FitInputs(x, "data", f"{name}: the run's first {int(x.shape[0])} training inputs")
-    if built.kind == "tokens":
+    if built.inputs.ids:
         raise UsageError(f"the checkpoint's model takes token ids; {param('data')} {name} holds "
                          f"{dataset_info(name).kind}s (give a tensor file of token ids)")
     data = load_dataset(name, data_dir)
@@ -146,15 +146,15 @@ def _folder_inputs(folder: Path, built, samples: int) -> FitInputs:
 
     from structinit.training.datasets import IMAGE_EXTENSIONS
 
-    if built.kind != "image":
+    if not built.inputs.images:
         raise UsageError(f"{param('data')} {folder} is a folder of images, but the checkpoint's model takes "
-                         f"{built.kind}s")
+                         f"{built.inputs.kind}s")
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)[:samples]
     if not files:
         raise UsageError(f"{param('data')} {folder} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
     from PIL import Image, UnidentifiedImageError
 
-    chans, h, w = built.input_shape
+    chans, h, w = built.inputs.shape
     out = []
     for f in files:
         try:
@@ -209,7 +209,7 @@ def check_inputs(x, built, where: str = "the inputs") -> None:
 
     if x.dim() < 2 or int(x.shape[0]) < 1:
         raise UsageError(f"{param('data')} ({where}) must be a non-empty batch [B, ...], got shape {list(x.shape)}")
-    if built.kind == "tokens":
+    if built.inputs.ids:
         if x.is_floating_point() or x.dim() != 2:
             raise UsageError(f"{param('data')} ({where}): the model takes token ids, int64 [B, L]; got "
                              f"{str(x.dtype).replace('torch.', '')} {list(x.shape)}")
@@ -221,10 +221,8 @@ def check_inputs(x, built, where: str = "the inputs") -> None:
     if not x.is_floating_point():
         raise UsageError(f"{param('data')} ({where}) is {str(x.dtype).replace('torch.', '')}; give float inputs "
                          "normalized as the model sees them (not raw pixel values)")
-    want = tuple(built.input_shape)
-    got = tuple(int(s) for s in x.shape[1:])
-    if built.kind == "sequence" and len(got) == 1:
-        got = (1, *got)
+    want = tuple(built.inputs.shape)
+    got = built.inputs.batch_shape(x)
     if got != want:
         raise UsageError(f"{param('data')} ({where}) has inputs of shape {list(got)}; the model takes {list(want)}")
     bad = nonfinite_text(x)

@@ -55,24 +55,24 @@ def inspect_checkpoint(path: Union[str, os.PathLike], *, heads: Optional[int] = 
 
 def _on_noise(desc: Dict[str, Any], model_name: Optional[str], config: Optional[str], seed: int) -> Dict[str, Any]:
     """The model's attention on noise inputs against the offsets ``desc`` found (see the module docstring)."""
-    from structinit.analysis.fidelity import data_attention_quality
     from structinit.apply.models import checkpoint_model
     from structinit.fit.inputs import noise_inputs
     from structinit.init.checkpoints import load_checkpoint
+    from structinit.init.family import GENERIC
 
     ckpt = load_checkpoint(desc["path"])
     grid = Grid(desc["grid"])
     built = checkpoint_model(ckpt, model_name=model_name, config=config, heads=desc["heads"], grid=grid)
-    if built.kind == "tokens" or built.input_shape is None:
-        raise StructinitError("the model takes token ids, which noise cannot stand for")
-    if not hasattr(built.model, "blocks"):
+    shape = built.inputs.noise_shape
+    if shape is None:
+        raise StructinitError(f"the model takes {built.inputs.kind}s, which noise cannot stand for")
+    family = built.family if built.family is not None else GENERIC
+    if not family.measures_attention:
         raise StructinitError(f"the attention of a {built.how} is measured on its position embedding only")
-    x = noise_inputs(built.input_shape, MEASURED, seed).x
-    if built.kind == "sequence" and x.dim() == 2:
-        x = x.unsqueeze(1)
+    x = built.inputs.as_model_batch(noise_inputs(shape, MEASURED, seed).x)
     offsets = [row["offsets"] for row in desc["layers"]]
-    got = data_attention_quality(built.model.eval(), x, offsets, grid, layers=[r["layer"] for r in desc["layers"]])
-    return {"inputs": f"{MEASURED} Gaussian noise inputs N(0, 1) of shape {list(built.input_shape)} "
+    got = family.attention_quality(built.model.eval(), x, offsets, grid, [r["layer"] for r in desc["layers"]])
+    return {"inputs": f"{MEASURED} Gaussian noise inputs N(0, 1) of shape {list(shape)} "
                       f"(seed {seed}), through {built.how}",
             "layers": [{"layer": r["layer"], "hit_rate": r["hit_rate"], "target_mass": r["target_mass"]}
                        for r in got["layers"]],

@@ -73,8 +73,8 @@ class ApplyOptions:
         if self.set_pe is not None and self.set_pe not in PE_KINDS:
             raise UsageError(f"{param('set_pe')} must be one of {', '.join(PE_KINDS)}, got {self.set_pe!r}")
         _check_pe_scale(self.pe_scale, self.set_pe)
-        base = getattr(spec, "base", "model")
-        if base != "model":
+        base = spec.other_weights
+        if spec.has_base and base != "model":
             raise UsageError(f"{spec.method} parameter {param('base')} {base} resets every weight of a model; "
                              "a checkpoint's weights are kept (leave base at model)")
         fits = spec.uses_data

@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from structinit.benchmarks.loop import NOISE_IMAGE_SIZE, NOISE_IN_CHANS
 from structinit.errors import StructinitError, StructinitWarning, UsageError, param
 from structinit.fit.settings import FIT_DEFAULTS
+from structinit.init.report import InitReport
 from structinit.runtime import device_name, synchronize
 
 #: CUDA runtime calls counted as kernel launches and as host waits by :func:`profile_summary`.
@@ -103,14 +104,16 @@ def _timed(fn: Callable[[], Any], dev: str):
     return out, time.perf_counter() - t0
 
 
-def _fit_row(rep: Dict[str, Any], version: int, steps: int, seconds: float, step: float,
+def _fit_row(rep: InitReport, version: int, steps: int, seconds: float, step: float,
              real_inputs: bool) -> Dict[str, Any]:
-    fit = rep["data_fit"]
-    row = {"version": version, "steps": steps, "seconds": seconds, "fit_seconds": fit.get("seconds"),
-           "train_steps": seconds / step, "step_images": fit.get("step_images"), "samples": fit.get("samples"),
-           "inputs": fit.get("inputs"), "cached": bool((fit.get("artifact") or {}).get("cached"))}
+    fit = rep.fit
+    if fit is None or not rep.fit_ran:
+        raise StructinitError(f"the {rep.method} init ran no data fit to time")
+    row = {"version": version, "steps": steps, "seconds": seconds, "fit_seconds": fit.seconds,
+           "train_steps": seconds / step, "step_images": fit.extra.get("step_images"), "samples": fit.samples,
+           "inputs": fit.inputs, "cached": bool((fit.artifact or {}).get("cached"))}
     if real_inputs:
-        hits = [r["hit_rate"] for r in fit["layers"]]
+        hits = [r["hit_rate"] for r in fit.layers or []]
         row.update(hit_rate=sum(hits) / len(hits), min_layer_hit_rate=min(hits))
     return row
 

@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 import typer
 from typing_extensions import Annotated
 
-from structinit.apply.options import DEFAULT_PE_SCALE
+from structinit.apply.options import DEFAULT_PE_SCALE, ApplyOptions
 from structinit.cli.common import (
+    PARAMS_LISTED,
     CacheDir,
     Device,
     GridOpt,
@@ -18,9 +19,11 @@ from structinit.cli.common import (
     Progress,
     Seed,
     Threads,
+    data_dir_option,
     emit_json,
     examples,
     init_methods,
+    listed,
     option,
     shown,
 )
@@ -33,6 +36,10 @@ from structinit.solver.recipes import (
     DEFAULT_RECIPE,
     RECIPE_DEFAULTS,
 )
+
+if TYPE_CHECKING:
+    from structinit.init.base import InitSpec
+    from structinit.init.report import InitReport
 
 EXAMPLES = examples(
     'structinit apply vit.pth --heads 3                  # fitted on noise inputs (no data): writes vit.impulse.pth',
@@ -49,12 +56,15 @@ EXAMPLES = examples(
     'structinit apply vit_t.pth --model vit_tiny_patch16_224 --set-pe sincos --data inputs.pt  # inputs [B, 3, H, W]',
 )
 
+#: The library's defaults of what apply is asked to do (the defaults of its options, never typed twice).
+DEFAULTS = ApplyOptions()
+
 #: Library parameters this command spells with another flag.
 ALIASES = {"init": "--method", "model_name": "--model", "data": "--data", "samples": "--samples",
            "data_fit": "--data-fit"}
 
-#: Flags for parameters of the default method (``DEFAULT_METHOD``, impulse), refused with any other:
-#: flag -> init parameter.
+#: Flags that are aliases of an init parameter (``-p NAME=VALUE``), kept because users type them: flag
+#: -> init parameter. One is refused with a method that has no such parameter.
 METHOD_FLAGS = {"--filter": "filter", "--recipe": "recipe", "--target-mass": "target_mass",
                  "--recipe-param": "recipe_params", "--artifact": "artifact", "--share": "share",
                  "--offsets": "offset_order", "--mimetic-vproj": "mimetic_vproj", "--fit-pe": "fit_pe",
@@ -68,50 +78,66 @@ CkptOpt = Annotated[Path, typer.Argument(help="Checkpoint file: timm ViT, Huggin
     ".safetensors. Or a Hugging Face folder (save_pretrained's): "
     "written as a folder, CKPT.METHOD by default.")]
 
-MethodOpt = Annotated[str, option("--method", help=f"The init method: {init_methods()}.")]
+MethodOpt = Annotated[str, option("--method", help=f"The init method: {init_methods()}. Its parameters are "
+    f"set with -p NAME=VALUE; {PARAMS_LISTED}.")]
 
-InitParamOpt = Annotated[List[str], option("--init-param", help="Init parameter NAME=VALUE (repeatable), "
-    "e.g. alpha1=0.5 for mimetic.")]
+InitParamOpt = Annotated[List[str], option("--init-param", help="A parameter of the --method, NAME=VALUE "
+    f"(repeatable), e.g. alpha1=0.5 for mimetic; {PARAMS_LISTED}. The 'Same as -p' flags below "
+    "are aliases of some of them, refused with a method that has no such parameter.")]
 
-FilterSizeOpt = Annotated[Optional[int], option("--filter", help="impulse: filter size f.",
+
+def alias(name: str, value: str, what: str) -> str:
+    """The help of a flag that is an alias of the init parameter ``name``: what it is the same as,
+    the methods that have the parameter (read from the registry), and what it sets."""
+    from structinit.init.registry import methods_with
+
+    return f"Same as -p {name}={value} ({listed(methods_with(name))}): {what}"
+
+
+def fitting() -> str:
+    """The methods with a data fit, read from the registry (what ``--data`` is for)."""
+    from structinit.init.registry import fitting_methods
+
+    return fitting_methods()
+
+
+FilterSizeOpt = Annotated[Optional[int], option("--filter", help=alias("filter", "F", "the filter size f."),
     show_default=shown(DEFAULT_FILTER))]
 
-RecipeOpt = Annotated[Optional[str], option("--recipe", help="impulse: solver recipe.",
+RecipeOpt = Annotated[Optional[str], option("--recipe", help=alias("recipe", "NAME", "the solver recipe."),
     show_default=DEFAULT_RECIPE)]
 
-TargetMassOpt = Annotated[Optional[float], option("--target-mass", help="impulse, fast recipe: mean "
-    "attention on the target token.", show_default=shown(RECIPE_DEFAULTS["fast"]["target_mass"]))]
+TargetMassOpt = Annotated[Optional[float], option("--target-mass", help=alias("target_mass", "M", "the fast "
+    "recipe's mean attention on the target token."), show_default=shown(RECIPE_DEFAULTS["fast"]["target_mass"]))]
 
-RecipeParamOpt = Annotated[List[str], option("--recipe-param", help="impulse: another recipe parameter, "
-    "NAME=VALUE (repeatable), e.g. iters=2000.")]
+RecipeParamOpt = Annotated[List[str], option("--recipe-param", help=alias("recipe_params", "JSON", "another "
+    "recipe parameter, NAME=VALUE (repeatable), e.g. iters=2000 (-p 'recipe_params={\"iters\": 2000}')."))]
 
-ArtifactOpt = Annotated[Optional[str], option("--artifact", help="impulse: use this solved artifact (path or "
-    "cache key) instead of solving.")]
+ArtifactOpt = Annotated[Optional[str], option("--artifact", help=alias("artifact", "PATH", "use this solved "
+    "artifact (path or cache key) instead of solving."))]
 
-ShareOpt = Annotated[Optional[bool], option("--share", help="impulse: one solve reused for every layer.",
-    show_default=False)]
+ShareOpt = Annotated[Optional[bool], option("--share", help=alias("share", "true", "one solve reused for every "
+    "layer."), show_default=False)]
 
-OffsetsOpt = Annotated[Optional[str], option("--offsets", help="impulse: random or centre.",
+OffsetsOpt = Annotated[Optional[str], option("--offsets", help=alias("offset_order", "ORDER", "random or centre."),
     show_default=DEFAULT_OFFSET_ORDER)]
 
-MimeticVprojOpt = Annotated[Optional[bool], option("--mimetic-vproj/--no-mimetic-vproj", help="impulse: also "
-    "set V/proj as mimetic init does (the impulse default); "
-    "--no-mimetic-vproj keeps the checkpoint's V/proj.",
-    show_default=True)]
+MimeticVprojOpt = Annotated[Optional[bool], option("--mimetic-vproj/--no-mimetic-vproj", help=alias(
+    "mimetic_vproj", "true|false", "also set V/proj as mimetic init does (the impulse default); "
+    "--no-mimetic-vproj keeps the checkpoint's V/proj."), show_default=True)]
 
-FitPeOpt = Annotated[Optional[bool], option("--fit-pe", help="impulse: solve Q/K for the position embedding "
-    "the checkpoint has (e.g. a learned one) instead of the sin-cos "
-    "table.", show_default=False)]
+FitPeOpt = Annotated[Optional[bool], option("--fit-pe", help=alias("fit_pe", "true", "solve Q/K for the position "
+    "embedding the checkpoint has (e.g. a learned one) instead of the sin-cos table."), show_default=False)]
 
-CausalOpt = Annotated[Optional[bool], option("--causal", help="impulse, sequences: offsets only in the past "
-    "(needed for a decoder such as GPT-2).", show_default=False)]
+CausalOpt = Annotated[Optional[bool], option("--causal", help=alias("causal", "true", "sequences: offsets only in "
+    "the past (needed for a decoder such as GPT-2)."), show_default=False)]
 
-PaddingOpt = Annotated[Optional[str], option("--padding", help="impulse: zero or circular.",
+PaddingOpt = Annotated[Optional[str], option("--padding", help=alias("padding", "PAD", "zero or circular."),
     show_default=DEFAULT_PADDING)]
 
-DataFitOpt = Annotated[Optional[int], option("--data-fit", min=0, metavar="STEPS", help="impulse: Adam steps "
-    "of the data fit per layer; 0 writes the plain solve, which "
-    "trains below mimetic init.", show_default=shown(FIT_DEFAULTS.steps))]
+DataFitOpt = Annotated[Optional[int], option("--data-fit", min=0, metavar="STEPS", help=alias("data_fit", "STEPS",
+    "Adam steps of the data fit per layer; 0 writes the plain solve, which trains below mimetic init."),
+    show_default=shown(FIT_DEFAULTS.steps))]
 
 LayersOpt = Annotated[str, option("--layers", help="Layers to initialize: all, or 0-based indices and ranges "
     "such as 0-3,6 or 6- (from 6 on).")]
@@ -138,9 +164,9 @@ InPlaceOpt = Annotated[bool, option("--in-place", help="Replace the input atomic
 DryRunOpt = Annotated[bool, option("--dry-run", help="Print the plan; solve and write nothing.")]
 
 DataOpt = Annotated[Optional[str], option(
-    "--data", metavar="SOURCE", help="impulse: fit Q/K to these inputs, run through the model the checkpoint "
-    "describes: a dataset (digits, mnist1d, or one read from --data-dir; a structinit train checkpoint takes its "
-    "run's own training inputs), a folder of images, a tensor file (.pt, .npy, .safetensors) of inputs "
+    "--data", metavar="SOURCE", help=f"{fitting()}: fit Q/K to these inputs, run through the model the "
+    "checkpoint describes: a dataset (digits, mnist1d, or one read from --data-dir; a structinit train checkpoint "
+    "takes its run's own training inputs), a folder of images, a tensor file (.pt, .npy, .safetensors) of inputs "
     "normalized as the model sees them, or noise.", show_default="noise: Gaussian inputs of the model's input "
     "shape, no data")]
 
@@ -148,9 +174,7 @@ SamplesOpt = Annotated[Optional[int], option("--samples", min=1, help="--data: h
     "fit reads them all.",
     show_default=f"the fit's data_fit_samples, {FIT_DEFAULTS.samples}")]
 
-DataDirOpt = Annotated[Optional[Path], option("--data-dir", help="--data: the folder a named dataset is read "
-    "from (cifar10, cifar100, svhn, fashion-mnist).",
-    show_default=False)]
+DataDirOpt = Annotated[Optional[Path], data_dir_option("--data: ")]
 
 ModelNameOpt = Annotated[Optional[str], option("--model", help="The timm model the checkpoint holds, for the "
     "data fit, e.g. vit_tiny_patch16_224 (else timm's arch in the "
@@ -184,18 +208,18 @@ def apply(
     grid: GridOpt = None,
     set_pe: SetPeOpt = None,
     pe_scale: PeScaleOpt = None,
-    seed: Seed = 0,
+    seed: Seed = DEFAULTS.seed,
     out: OutOpt = None,
-    force: ForceOpt = False,
-    in_place: InPlaceOpt = False,
-    dry_run: DryRunOpt = False,
+    force: ForceOpt = DEFAULTS.force,
+    in_place: InPlaceOpt = DEFAULTS.in_place,
+    dry_run: DryRunOpt = DEFAULTS.dry_run,
     data: DataOpt = None,
     samples: SamplesOpt = None,
     data_dir: DataDirOpt = None,
     model_name: ModelNameOpt = None,
     config: ConfigOpt = None,
     verbose: VerboseOpt = False,
-    device: Device = "cpu",
+    device: Device = DEFAULTS.device,
     threads: Threads = None,
     cache_dir: CacheDir = None,
     json_out: JsonOut = False,
@@ -227,11 +251,7 @@ def apply(
                            seed=seed, cache_dir=cache_dir, device=device, data=data, samples=samples,
                            data_dir=data_dir, model_name=model_name, config=str(config) if config is not None else None)
     report = _apply_with_progress(ckpt, spec, options, method, shown=not json_out)
-    say_notices(spec, report)
-    if json_out:
-        emit_json(report)
-        return
-    typer.echo(format_verbose(report) if verbose else format_report(report))
+    show(spec, report, dry_run=dry_run, verbose=verbose, json_out=json_out)
 
 
 def _apply_with_progress(ckpt, spec, options, method: str, shown: bool):
@@ -252,19 +272,39 @@ def _apply_with_progress(ckpt, spec, options, method: str, shown: bool):
                                 fit_progress=lambda d, n: bar.update(d, n, f"apply {method}: data fit"))
 
 
+def show(spec: InitSpec, report: dict, *, dry_run: bool, verbose: bool, json_out: bool) -> None:
+    """Print apply's ``report``: the init's notes on stderr (none on a dry run), then the JSON, or the
+    text with the init's own summary (:meth:`~structinit.init.base.InitSpec.summary`)."""
+    from structinit.apply.checkpoint import init_report_of
+
+    init = init_report_of(report)
+    if not dry_run:
+        say_notices(spec, init)
+    if json_out:
+        emit_json(report)
+        return
+    summary = [] if dry_run else rendered(spec.summary(init, model=report.get("model")))
+    typer.echo(format_verbose(report, init) if verbose else format_report(report, summary))
+
+
 def method_spec(method: str, init_param: List[str], flags: dict, samples: Optional[int] = None):
     """The spec of ``method`` from ``--init-param`` and the :data:`METHOD_FLAGS` given (``flags``:
-    flag -> value, ``None`` where not given); such a flag with another method than the default is
-    refused naming it, and so is a value given twice (a flag and ``--init-param``; ``--samples``
-    and ``data_fit_samples``)."""
+    flag -> value, ``None`` where not given; each the alias of one init parameter). An alias of a
+    parameter the method does not have is refused naming the flag and the method, and so is a value
+    given twice (a flag and ``--init-param``; ``--samples`` and ``data_fit_samples``)."""
+    import dataclasses
+
     from structinit.errors import UsageError
-    from structinit.init.registry import init_spec, parse_assignments, parse_init
+    from structinit.init.registry import init_spec, parse_assignments, parse_init, spec_class
 
     given = {flag: value for flag, value in flags.items() if value is not None}
-    if given and method != DEFAULT_METHOD:
-        names = ", ".join(given)
-        raise UsageError(f"{names} {'applies' if len(given) == 1 else 'apply'} to --method {DEFAULT_METHOD}, not "
-                         f"{method}")
+    takes = [f.name for f in dataclasses.fields(spec_class(method))] if given else []
+    foreign = [flag for flag in given if METHOD_FLAGS[flag] not in takes]
+    if foreign:
+        one = len(foreign) == 1
+        raise UsageError(f"{', '.join(foreign)} {'sets' if one else 'set'} the init parameter{'' if one else 's'} "
+                         f"{', '.join(METHOD_FLAGS[f] for f in foreign)}, which the {method} init does not have "
+                         f"(it takes: {', '.join(takes) or 'no parameters'})")
     assigned = parse_assignments(init_param)
     for flag, value in given.items():
         name = METHOD_FLAGS[flag]
@@ -287,27 +327,26 @@ def _flag_text(flag: str, value) -> str:
     return f"{flag} {value}"
 
 
-def say_notices(spec, report: dict) -> None:
-    """One stderr line for each thing the user should know of what was written (the init's
-    :meth:`~structinit.init.base.InitSpec.notes`: that the fit ran on noise and real inputs can be
-    given, or that the plain solve was written), its parameters named by this command's flags."""
+def rendered(lines: List[str]) -> List[str]:
+    """``lines`` with their marked parameters named by this command's flags."""
     from structinit.cli.common import FLAG_NAMER
     from structinit.errors import StructinitWarning
 
-    for note in spec.notes(report):
-        typer.echo("note: " + StructinitWarning(note).render(FLAG_NAMER.get()), err=True)
+    return [StructinitWarning(line).render(FLAG_NAMER.get()) for line in lines]
 
 
-def _layers_line(name: str, rows, key: str) -> str:
-    values = [r[key] for r in rows if r.get(key) is not None]
-    if not values:
-        return ""
-    return f"{name} " + " ".join(f"{v:.2f}" for v in values) + f" (mean {sum(values) / len(values):.2f})"
+def say_notices(spec: InitSpec, report: InitReport) -> None:
+    """One stderr line for each thing the user should know of what was written (the init's
+    :meth:`~structinit.init.base.InitSpec.notes`: that the fit ran on noise and real inputs can be
+    given, or that the plain solve was written), its parameters named by this command's flags."""
+    for note in rendered(spec.notes(report)):
+        typer.echo("note: " + note, err=True)
 
 
-def format_report(r: dict) -> str:
-    """Terminal text of an apply report: what was written, and how structured the attention is on
-    the inputs the init was fitted to (the details are in ``format_verbose`` and ``--json``)."""
+def format_report(r: dict, summary: Sequence[str] = ()) -> str:
+    """Terminal text of an apply report: what was written, and the init's ``summary`` (its
+    :meth:`~structinit.init.base.InitSpec.summary`, rendered: what its fit ran on, how structured
+    the attention is); the details are in ``format_verbose`` and ``--json``."""
     g = r.get("grid")
     shape = f"{r['layout']}, dim {r['dim']}, {r['heads']} heads, depth {r['depth']}" + \
         (f", grid {'x'.join(map(str, g))}" if g else "")
@@ -322,29 +361,9 @@ def format_report(r: dict) -> str:
         lines.append(f"  position embedding: {r['pos_embed_written']}")
     elif r.get("set_pe"):
         lines.append(f"  position embedding {r['pos_embed_replaced']}: {r['set_pe']} x{r['pe_scale']:g}")
-    fit = r.get("data_fit")
-    if isinstance(fit, dict) and fit.get("layers"):
-        art = fit.get("artifact") or {}
-        cached = ", read from the cache" if art.get("cached") else ", the given --artifact" if art.get("given") else ""
-        lines.append(f"  Q/K fitted through {r.get('model') or 'the model'} on {fit.get('source')} "
-                     f"({fit.get('seconds', 0):.1f}s{cached})")
-        rows = fit["layers"]
-        lines.append(f"  attention on {fit.get('measured_on', fit.get('samples'))} of those inputs, per layer: "
-                     + _layers_line("hit rate", rows, "hit_rate") + "; " + _layers_line("target mass", rows,
-                                                                                         "target_mass"))
-    elif isinstance(fit, dict) and fit.get("skipped"):
-        lines.append(f"  Q/K: the plain solve (data fit {fit['skipped']})")
-        if r["layers"] and "hit_rate" in r["layers"][0]:
-            lines.append("  attention on the position embedding alone: " + _layers_line("hit rate", r["layers"],
-                                                                                          "hit_rate"))
-    elif "data_fit" in r and not r.get("dry_run"):  # an init that can fit, with its fit off
-        lines.append("  Q/K: the plain solve (--data-fit 0); on the position embedding alone, which real inputs "
-                     "wash out: " + _layers_line("hit rate", r["layers"], "hit_rate"))
-    elif r.get("dry_run") and fit:
-        lines.append(f"  Q/K would be fitted {fit}")
-    elif r["layers"] and "hit_rate" in r["layers"][0]:
-        lines.append("  attention on the position embedding alone: " + _layers_line("hit rate", r["layers"],
-                                                                                      "hit_rate"))
+    if r.get("dry_run") and r.get("data_fit"):
+        lines.append(f"  Q/K would be fitted {r['data_fit']}")
+    lines += [f"  {line}" for line in summary]
     for where, names in (r.get("changed") or {}).items():
         place = "" if len(r["changed"]) == 1 else f" in {where}"
         lines.append(f"  tensors changed{place}: {len(names)} ({compact_names(names) or 'none'}); every other "
@@ -375,8 +394,12 @@ def compact_names(names: List[str]) -> str:
     return ", ".join(out)
 
 
-def format_verbose(r: dict) -> str:
-    """Terminal text of an apply report with every setting, artifact and replaced tensor."""
+def format_verbose(r: dict, init: Optional[InitReport] = None) -> str:
+    """Terminal text of an apply report with every setting, artifact and replaced tensor (``init``:
+    its init's part, :func:`~structinit.apply.checkpoint.init_report_of`, read here when not given)."""
+    from structinit.apply.checkpoint import init_report_of
+
+    init = init if init is not None else init_report_of(r)
     g = r.get("grid")
     head = ("plan (dry run, nothing written)" if r.get("dry_run")
             else "replaced in place" if r["in_place"] else "wrote")
@@ -395,29 +418,29 @@ def format_verbose(r: dict) -> str:
         lines.append(f"  position embedding {r['pos_embed']}: {r.get('pos_embed_kind')}")
     if r.get("measured_on"):
         lines.append(f"  hit rate and target mass measured on {r['measured_on']}")
-    fit = r.get("data_fit") or {}
-    if fit.get("skipped"):
-        lines.append(f"  data fit {fit['skipped']}")
+    fit = init.fit
+    if fit is not None and fit.skipped:
+        lines.append(f"  data fit {fit.skipped}")
     on_batch = {}
-    if fit.get("layers"):
-        art = fit.get("artifact") or {}
+    if fit is not None and fit.layers:
+        art = fit.artifact or {}
         lines.append(f"  model {r['model']}" if r.get("model") else "  model (given)")
-        lines.append(f"  data fit (version {fit.get('version')}) on {fit.get('source') or 'the batch'}: "
-                     f"{fit.get('seconds', 0):.1f}s{', read from the cache' if art.get('cached') else ''}; "
+        lines.append(f"  data fit (version {fit.version}) on {fit.source or 'the batch'}: "
+                     f"{fit.seconds or 0:.1f}s{', read from the cache' if art.get('cached') else ''}; "
                      f"fitted artifact {art.get('key')}")
-        lines.append(f"  attention on the batch (first {fit.get('measured_on', fit.get('samples'))} inputs), then on "
-                     "the position embedding alone (pseudo input):")
-        on_batch = {row["layer"]: row for row in fit["layers"]}
-    for row in r["layers"]:
+        lines.append(f"  attention on the batch (first {fit.measured_count} inputs), then on the position embedding "
+                     "alone (pseudo input):")
+        on_batch = {row["layer"]: row for row in fit.layers}
+    for row in init.layers:
         q = ""
-        b = on_batch.get(row["layer"])
+        b = on_batch.get(row.layer)
         if b is not None:
             q += (f"  batch: hit {b['hit_rate']:.3f} mass {b['target_mass']:.3f}"
                   + (f" window {b['window_mass']:.3f}" if "window_mass" in b else "") + " |")
-        if "hit_rate" in row:
+        if row.hit_rate is not None:
             hit, mass = ("pseudo input: hit", "mass") if b is not None else ("hit rate", "target mass")
-            q += f"  {hit} {row['hit_rate']:.3f}  {mass} {row['target_mass']:.3f}"
-        lines.append(f"  layer {row['layer']:>3}{q}  replaced: {', '.join(row['replaced'])}")
+            q += f"  {hit} {row.hit_rate:.3f}  {mass} {row.target_mass or 0:.3f}"
+        lines.append(f"  layer {row.layer:>3}{q}  replaced: {', '.join(row.replaced)}")
     backup = f" (backup {r['backup']})" if r.get("backup") and not r.get("dry_run") else ""
     fmt = f" ({r['output_format']})" if r.get("output_format") and r.get("output_format") != r.get("format") else ""
     lines.append(f"{head}: {r['output']}{fmt}{backup}")

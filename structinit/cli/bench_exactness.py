@@ -9,6 +9,7 @@ import typer
 from typing_extensions import Annotated
 
 from structinit.cli.common import Device, Filter, GridOpt, JsonOut, Progress, Seed, Threads, emit_json, examples, option
+from structinit.solver.recipes import DEFAULT_FILTER
 
 #: Library parameter names that bench exactness spells with another flag.
 ALIASES = {"padding": "--paddings"}
@@ -32,7 +33,7 @@ def _floats(text: str, name: str):
 
 def bench_exactness(
     grid: GridOpt = "8x8",
-    filter_size: Filter = 3,
+    filter_size: Filter = DEFAULT_FILTER,
     masses: Annotated[str, option("--masses", help="Comma-separated target masses, each in (0, 1).")] =
         "0.9,0.99,0.999,0.9999",
     paddings: Annotated[Optional[str], option("--paddings", help="Comma-separated paddings: zero (compared "

@@ -10,7 +10,18 @@ import typer
 from typing_extensions import Annotated
 
 from structinit.benchmarks.loop import NOISE_IMAGE_SIZE, NOISE_IMAGES, NOISE_IN_CHANS
-from structinit.cli.common import Device, JsonOut, Progress, Seed, Threads, emit_json, examples, option, shown
+from structinit.cli.common import (
+    Device,
+    JsonOut,
+    Progress,
+    Seed,
+    Threads,
+    data_dir_option,
+    emit_json,
+    examples,
+    option,
+    shown,
+)
 
 EXAMPLES = examples(
     'structinit bench loop --model vit-digits --dataset digits --threads 1',
@@ -30,8 +41,7 @@ def bench_loop(
     device: Device = "cpu",
     amp: Annotated[str, option("--amp", help="Mixed precision, as train's: auto (bf16/fp16 on a GPU, off on "
                                      "the CPU), bf16, fp16 or off.")] = "auto",
-    data_dir: Annotated[Optional[Path], option("--data-dir", help="Where the dataset's files are.",
-                                                     show_default="the dataset's default")] = None,
+    data_dir: Annotated[Optional[Path], data_dir_option()] = None,
     image_size: Annotated[Optional[int], option("--image-size", min=1, help="Noise images: side.",
                                                       show_default=shown(NOISE_IMAGE_SIZE))] = None,
     in_chans: Annotated[Optional[int], option("--in-chans", min=1, help="Noise images: channels.",

@@ -10,7 +10,7 @@ from typing import Dict, List, Optional, Sequence
 import typer
 from typing_extensions import Annotated
 
-from structinit.cli.common import option
+from structinit.cli.common import data_dir_option, option
 
 Sets = Annotated[List[str], option("--set", help="Change a training setting for every run: NAME=VALUE (repeatable), "
                                 "e.g. epochs=1 or device=cuda; init_params.NAME=VALUE changes the runs whose init "
@@ -24,9 +24,8 @@ RunsDir = Annotated[Path, option("--out", help="Where the runs live: one folder 
                                  metavar="DIR")]
 Yes = Annotated[bool, option("--yes", help="Expand a grid of more than 10,000 runs (refused without it: expanding "
                                      "alone takes minutes to hours).")]
-DataDir = Annotated[Optional[Path], option("--data-dir", help="Data root: every run reads its dataset from here; a "
-                                        "grid's relative data_dir is read below it.",
-                                        show_default="$STRUCTINIT_DATA, else ./data", metavar="DIR")]
+DataDir = Annotated[Optional[Path], data_dir_option(own=" Every run reads its dataset from here; a grid's relative "
+                                                    "data_dir is read below it.")]
 
 #: Library parameter names that the bench commands spell with another flag.
 ALIASES = {"overrides": "--set", "only": "--only", "time": "--time", "seeds": "--seeds",

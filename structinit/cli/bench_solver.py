@@ -25,7 +25,7 @@ from structinit.cli.common import (
     option,
     shown,
 )
-from structinit.solver.recipes import RECIPE_DEFAULTS
+from structinit.solver.recipes import DEFAULT_FILTER, RECIPE_DEFAULTS
 
 EXAMPLES = examples(
     'structinit bench solver --tokens 64 --dim 64 --heads 4 --iters 300      # all four recipes, paper shortened',
@@ -63,7 +63,7 @@ def bench_solver(
     grid: GridOpt = None,
     dim: Dim = 192,
     heads: Heads = 3,
-    filter_size: Filter = 3,
+    filter_size: Filter = DEFAULT_FILTER,
     layers: Depth = 1,
     recipes: Annotated[str, option("--recipes", help="Comma-separated recipes.")] = ALL_RECIPES,
     match: Annotated[Optional[str], option("--match", help="Ask fast for the target mass this recipe reached "

@@ -44,146 +44,37 @@ def path_arg(text) -> Path:
     return Path(text)
 
 
-#: Every option of every command, declared once: its names (the long flag, its short letter) and, for
-#: a path, how its value is read (:func:`path_arg`, which refuses an empty one). A command takes an
-#: option through :func:`option`, with the help, default shown and bounds that are its own.
+#: The options whose declaration is more than their long flag, declared once: their names (the long
+#: flag, its short letter, another long name) and, for a path, how its value is read (:func:`path_arg`,
+#: which refuses an empty one). Any other option is its long flag alone. A command takes an option
+#: through :func:`option`, with the help, default shown and bounds that are its own.
 FLAGS: Dict[str, Dict[str, Any]] = {
-    "--account": {"names": ("--account",)},
-    "--amp": {"names": ("--amp",)},
-    "--artifact": {"names": ("--artifact",)},
-    "--attention": {"names": ("--attention",)},
-    "--attention-column": {"names": ("--attention-column",)},
-    "--attention-images": {"names": ("--attention-images",)},
-    "--augment": {"names": ("--augment",)},
-    "--baseline": {"names": ("--baseline",)},
     "--batch-size": {"names": ("--batch-size", "-b")},
     "--cache-dir": {"names": ("--cache-dir",), "parser": path_arg, "metavar": "DIR"},
-    "--causal": {"names": ("--causal",)},
-    "--channels": {"names": ("--channels",)},
-    "--compile": {"names": ("--compile",)},
-    "--config": {"names": ("--config",)},
-    "--cpus": {"names": ("--cpus",)},
-    "--data": {"names": ("--data",)},
     "--data-dir": {"names": ("--data-dir",), "parser": path_arg, "metavar": "DIR"},
-    "--data-fit": {"names": ("--data-fit",)},
-    "--data-free": {"names": ("--data-free",)},
-    "--data-seed": {"names": ("--data-seed",)},
-    "--dataset": {"names": ("--dataset",)},
-    "--depth": {"names": ("--depth",)},
-    "--device": {"names": ("--device",)},
-    "--dim": {"names": ("--dim",)},
-    "--download": {"names": ("--download",)},
-    "--drop-path": {"names": ("--drop-path",)},
-    "--dry-run": {"names": ("--dry-run",)},
     "--epochs": {"names": ("--epochs", "-e")},
-    "--eval-every": {"names": ("--eval-every",)},
-    "--figures/--no-figures": {"names": ("--figures/--no-figures",)},
     "--filter": {"names": ("--filter", "-f")},
-    "--filters": {"names": ("--filters",)},
-    "--fit-pe": {"names": ("--fit-pe",)},
-    "--force": {"names": ("--force",)},
-    "--gpus": {"names": ("--gpus",)},
-    "--grad-clip": {"names": ("--grad-clip",)},
-    "--grid": {"names": ("--grid",)},
-    "--head": {"names": ("--head",)},
-    "--heads": {"names": ("--heads",)},
-    "--image-size": {"names": ("--image-size",)},
-    "--images": {"names": ("--images",)},
-    "--in-chans": {"names": ("--in-chans",)},
-    "--in-place": {"names": ("--in-place",)},
-    "--init": {"names": ("--init",)},
     "--init-param": {"names": ("--init-param", "-p")},
-    "--iters": {"names": ("--iters",)},
-    "--jobs": {"names": ("--jobs",)},
-    "--json": {"names": ("--json",)},
-    "--kernel": {"names": ("--kernel",)},
-    "--label-smoothing": {"names": ("--label-smoothing",)},
-    "--launcher": {"names": ("--launcher",)},
-    "--layer": {"names": ("--layer",)},
-    "--layers": {"names": ("--layers",)},
-    "--list": {"names": ("--list",)},
-    "--lr": {"names": ("--lr",)},
-    "--masses": {"names": ("--masses",)},
-    "--match": {"names": ("--match",)},
-    "--max-concurrent": {"names": ("--max-concurrent",)},
-    "--mem": {"names": ("--mem",)},
-    "--method": {"names": ("--method",)},
-    "--mimetic-vproj/--no-mimetic-vproj": {"names": ("--mimetic-vproj/--no-mimetic-vproj",)},
-    "--min-lr": {"names": ("--min-lr",)},
-    "--mixed-versions": {"names": ("--mixed-versions",)},
-    "--mlp-ratio": {"names": ("--mlp-ratio",)},
-    "--model": {"names": ("--model",)},
-    "--norm-every": {"names": ("--norm-every",)},
-    "--nproc": {"names": ("--nproc",)},
-    "--offsets": {"names": ("--offsets",)},
-    "--only": {"names": ("--only",)},
-    "--opt-eps": {"names": ("--opt-eps",)},
     "--out": {"names": ("--out", "-o"), "parser": path_arg},
-    "--out-channels": {"names": ("--out-channels",)},
-    "--padding": {"names": ("--padding",)},
-    "--paddings": {"names": ("--paddings",)},
-    "--partition": {"names": ("--partition",)},
-    "--patch": {"names": ("--patch",)},
-    "--pe-scale": {"names": ("--pe-scale",)},
-    "--per-head": {"names": ("--per-head",)},
-    "--png": {"names": ("--png",)},
-    "--pool": {"names": ("--pool",)},
-    "--pos-embed": {"names": ("--pos-embed",)},
     "--profile": {"names": ("--profile",), "parser": path_arg},
-    "--profile-over": {"names": ("--profile-over",)},
-    "--profile-steps": {"names": ("--profile-steps",)},
-    "--pseudo-input": {"names": ("--pseudo-input",)},
-    "--pseudo-input-rest": {"names": ("--pseudo-input-rest",)},
-    "--qos": {"names": ("--qos",)},
-    "--query": {"names": ("--query",)},
-    "--randaug-m": {"names": ("--randaug-m",)},
-    "--randaug-n": {"names": ("--randaug-n",)},
     "--recipe": {"names": ("--recipe", "-r")},
-    "--recipe-param": {"names": ("--recipe-param",)},
-    "--recipes": {"names": ("--recipes",)},
-    "--repeats": {"names": ("--repeats",)},
     "--report-dir": {"names": ("--report-dir",), "parser": path_arg},
-    "--resume": {"names": ("--resume",)},
-    "--ridge": {"names": ("--ridge",)},
-    "--runs-csv": {"names": ("--runs-csv",)},
-    "--samples": {"names": ("--samples",)},
-    "--sbatch": {"names": ("--sbatch",)},
-    "--seed": {"names": ("--seed",)},
-    "--seeds": {"names": ("--seeds",)},
-    "--set": {"names": ("--set",)},
-    "--set-pe": {"names": ("--set-pe",)},
-    "--share": {"names": ("--share",)},
-    "--shuffle-seq": {"names": ("--shuffle-seq",)},
-    "--signal-seconds": {"names": ("--signal-seconds",)},
-    "--status": {"names": ("--status",)},
-    "--steps": {"names": ("--steps",)},
-    "--target-mass": {"names": ("--target-mass",)},
-    "--threads": {"names": ("--threads",)},
-    "--time": {"names": ("--time",)},
-    "--timm-model": {"names": ("--timm-model",)},
     "--tokens": {"names": ("--tokens", "-n")},
-    "--train-batch": {"names": ("--train-batch",)},
-    "--train-size": {"names": ("--train-size",)},
-    "--train-steps": {"names": ("--train-steps",)},
-    "--val-size": {"names": ("--val-size",)},
     "--verbose": {"names": ("--verbose", "-v")},
-    "--version": {"names": ("--version",)},
-    "--versions": {"names": ("--versions",)},
-    "--warmup-epochs": {"names": ("--warmup-epochs",)},
-    "--weight-decay": {"names": ("--weight-decay",)},
-    "--window": {"names": ("--window",)},
-    "--workers": {"names": ("--workers",)},
-    "--yes": {"names": ("--yes",)},
 }
 #: Short flags: each letter stands for one long option in every command that has it.
 SHORT_FLAGS = {name: long for long, decl in FLAGS.items() for name in decl["names"] if not name.startswith("--")}
 
 
 def option(flag: str, also: Tuple[str, ...] = (), **own: Any) -> Any:
-    """The ``typer.Option`` of ``flag`` as :data:`FLAGS` declares it (its names, its parser), with
+    """The ``typer.Option`` of long flag ``flag`` as :data:`FLAGS` declares it (its names, its parser;
+    a flag not there is its name alone), with
     what is this command's own (``help``, ``show_default``, ``min``, ``metavar``); ``also``: more long
     names the command gives it."""
-    decl = FLAGS[flag]
+    if not flag.startswith("--") or any(not name.startswith("--") for name in also):
+        raise ValueError(f"option {flag!r}: a command names an option by its long flag; a short letter is "
+                         "declared once, in FLAGS")
+    decl = FLAGS.get(flag) or {"names": (flag,)}
     how = {k: v for k, v in decl.items() if k != "names"}
     return typer.Option(*decl["names"][:1], *also, *decl["names"][1:], **{**how, **own})
 
@@ -196,7 +87,26 @@ Device = Annotated[str, option("--device", help="auto, cpu, cuda or cuda:N.")]
 CacheDir = Annotated[Optional[Path], option(
     "--cache-dir", help="Artifact cache folder.", show_default="$STRUCTINIT_CACHE, else $XDG_CACHE_HOME/structinit",
     metavar="DIR")]
-Seed = Annotated[int, option("--seed", min=0, help="Seed of offsets, noise and random draws.")]
+def seed_option(of: str, when: str = "", **own: Any) -> Any:
+    """``--seed`` as every command takes it: a non-negative integer, the seed of ``of`` (what this
+    command draws with it); ``when``: the condition it applies under (``"--data with a preset: "``)."""
+    return option("--seed", min=0, help=f"{when}{'S' if not when else 's'}eed of {of}.", **own)
+
+
+Seed = Annotated[int, seed_option("offsets, noise and random draws")]
+
+#: Where datasets are read from when ``--data-dir`` is not given (the library's ``default_data_dir``).
+DATA_DIR_DEFAULT = "$STRUCTINIT_DATA, else ./data"
+
+
+def data_dir_option(when: str = "", own: str = "", first: str = "") -> Any:
+    """``--data-dir`` as every command takes it, its help written once: the folder a dataset's files
+    are read from, by default :data:`DATA_DIR_DEFAULT`. ``when``: the condition it applies under
+    (``"--data: "``); ``own``: a sentence of this command's; ``first``: where this command looks
+    before the default (``"a run's own, else "``)."""
+    return option("--data-dir", help=f"{when}{'T' if not when else 't'}he folder a dataset's files are read from "
+                  f"(torchvision's formats; imagefolder: train/ and val/, a folder per class).{own}",
+                  show_default=f"{first}{DATA_DIR_DEFAULT}")
 InitParam = Annotated[List[str], option("--init-param", help="Init parameter NAME=VALUE (repeatable), "
                                               "e.g. -p position_subspace=true.", show_default=False)]
 Tokens = Annotated[Optional[int], option("--tokens", help="Tokens N of a square grid (a perfect square).",
@@ -235,13 +145,23 @@ FLAG_ALIASES: Dict[str, str] = {"offset_order": "--offsets", "layers": "--layers
                                 "recipe_params": "--recipe-param", "filter_size": "--filter"}
 
 
+def listed(names: List[str], last: str = "or") -> str:
+    """``names`` as a sentence lists them: ``a, b or c``."""
+    return ", ".join(names[:-1]) + f" {last} " + names[-1] if len(names) > 1 else "".join(names)
+
+
 def init_methods(last: str = "or") -> str:
     """The registered init methods, in the registry's order, as a help text lists them (read from
-    the registry, so a method registered there is listed everywhere)."""
+    the registry, so a method registered there, or through the ``structinit.inits`` entry point,
+    is listed everywhere)."""
     from structinit.init.registry import INIT_METHODS
 
-    names = list(INIT_METHODS)
-    return ", ".join(names[:-1]) + f" {last} " + names[-1] if len(names) > 1 else names[0]
+    return listed(list(INIT_METHODS), last)
+
+
+#: Where a command's help sends the user for each method's parameters (``-p NAME=VALUE``).
+PARAMS_LISTED = ("the built-in methods' parameters are listed in docs/init-methods.md, and an unknown NAME is "
+                 "refused with the method's own list")
 
 
 def flag_for(name: str, command_flags: List[str], aliases: Optional[Dict[str, str]] = None) -> str:
@@ -266,7 +186,8 @@ def declared_flags(fn: Callable) -> List[str]:
         for info in typing.get_args(hints[name])[1:]:
             # Inside Annotated, typer.Option's first argument (``default``) is the first flag.
             decls = [getattr(info, "default", None), *(getattr(info, "param_decls", ()) or ())]
-            flags += [d for d in decls if isinstance(d, str) and d.startswith("--")]
+            for decl in (d for d in decls if isinstance(d, str) and d.startswith("--")):
+                flags += decl.split("/")  # a switch: --name/--no-name is both its flags
     return flags
 
 

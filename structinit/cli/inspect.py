@@ -4,25 +4,28 @@ with ``--data``, a model's attention on real inputs (a train run, its checkpoint
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import typer
 from typing_extensions import Annotated
 
 from structinit.cli.common import (
+    PARAMS_LISTED,
     CacheDir,
     Force,
     GridOpt,
     JsonOut,
     Threads,
+    data_dir_option,
     emit_json,
     examples,
     init_methods,
     option,
+    seed_option,
     shown,
 )
 from structinit.solver.recipes import DEFAULT_FILTER
-from structinit.training.config import FIDELITY_SAMPLES
+from structinit.training.config import FIDELITY_SAMPLES, TrainConfig
 
 EXAMPLES = examples(
     'structinit inspect                                     # list the cache',
@@ -99,16 +102,13 @@ InitOpt = Annotated[Optional[str], option("--init", help="--data with a preset: 
     f"({init_methods()}).",
     show_default="the model's own")]
 
-InitParamOpt = Annotated[List[str], option("--init-param", help="--data with a preset: init "
-    "parameter NAME=VALUE (repeatable), as in train.")]
+InitParamOpt = Annotated[List[str], option("--init-param", help="--data with a preset: a parameter "
+    f"of the --init, NAME=VALUE (repeatable), as in train; {PARAMS_LISTED}.")]
 
-SeedOpt = Annotated[Optional[int], option("--seed", min=0, help="--data with a preset: seed of the model and "
-    "its init, as in train.", show_default="0")]
+SeedOpt = Annotated[Optional[int], seed_option("the model and its init, as in train", "--data with a preset: ",
+    show_default=str(TrainConfig().seed))]
 
-DataDirOpt = Annotated[Optional[Path], option("--data-dir", help="--data: dataset folder (cifar10, "
-    "cifar100, svhn).", show_default="a run's own, else "
-    "$STRUCTINIT_DATA, else ./data",
-    metavar="DIR")]
+DataDirOpt = Annotated[Optional[Path], data_dir_option("--data: ", first="a run's own, else ")]
 
 FilterOpt = Annotated[Optional[int], option("--filter", min=1, help="--data: the window f whose "
     "attention share is measured.",
@@ -363,8 +363,9 @@ def _data_model(target: str, dataset: str, init, init_param, seed, data_dir, cac
 
         if init is None and init_param:
             raise UsageError("--init-param needs --init")
+        seeded: Dict[str, int] = {"seed": seed} if seed is not None else {}  # else TrainConfig's own
         config = TrainConfig(model=target, dataset=dataset, init=init, init_params=parse_assignments(init_param),
-                             seed=seed or 0, data_dir=str(data_dir) if data_dir is not None else None)
+                             data_dir=str(data_dir) if data_dir is not None else None, **seeded)
         return preset_model(config, cache_dir=cache_dir)
     if resolve_key(target, cache_dir) is not None:
         raise UsageError(f"--data measures a model on real inputs; {target} is an artifact key (inspect it without "

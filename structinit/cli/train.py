@@ -9,8 +9,24 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 import typer
 from typing_extensions import Annotated
 
-from structinit.cli.common import Device, JsonOut, Out, Progress, Threads, emit_json, examples, init_methods, option
-from structinit.training.config import TRAIN_BASE
+from structinit.cli.common import (
+    PARAMS_LISTED,
+    Device,
+    JsonOut,
+    Out,
+    Progress,
+    Threads,
+    data_dir_option,
+    emit_json,
+    examples,
+    init_methods,
+    listed,
+    option,
+    seed_option,
+)
+from structinit.training.config import TRAIN_BASE, TrainConfig
+from structinit.training.datasets import DATASETS
+from structinit.training.models import FILTERS, SEQUENCE_PRESETS
 
 if TYPE_CHECKING:
     from structinit.training.loop import TrainResult
@@ -29,6 +45,10 @@ EXAMPLES = examples(
 )
 
 
+
+#: Every setting of a run at its library default (``TrainConfig()`` in the flat form): the defaults of
+#: this command's options, never typed twice.
+DEFAULTS = TrainConfig().to_dict()
 
 #: TrainConfig fields whose command-line parameter has another name.
 _PARAM_OF = {"compile": "compile_", "init_params": "init_param"}
@@ -62,12 +82,24 @@ def _fmt(record: Dict[str, Any], epochs: int) -> str:
 
 # --------------------------------------------------------------------------- options
 
-ModelOpt = Annotated[str, option("--model", help="Preset: vit-t, vit-t-h8, vit-s, vit-s-h16, vit-d8, vit-digits, "
-    "vit-t-cls, vit-t-learned-pe, vit-t-cls-learned-pe, convit, convmixer-256, "
-    "convmixer-512; for sequences transformer-1d or cnn-1d.")]
+def _presets() -> str:
+    """The model presets, read from the library: the image ones, then those for sequences."""
+    from structinit.training.models import OTHER_PRESETS, SEQUENCE_PRESETS, VIT_PRESETS
 
-DatasetOpt = Annotated[str, option("--dataset", help="digits, synthetic, cifar10, cifar100, svhn or "
-    "imagefolder; mnist1d (sequences).")]
+    return f"{', '.join([*VIT_PRESETS, *OTHER_PRESETS])}; for sequences {listed(list(SEQUENCE_PRESETS))}"
+
+
+def _datasets() -> str:
+    """The datasets, read from the library: the image ones, then the sequences."""
+    from structinit.training.datasets import DATASETS
+
+    images = [name for name, info in DATASETS.items() if info.kind != "sequence"]
+    return f"{listed(images)}; {listed([n for n in DATASETS if n not in images])} (sequences)"
+
+
+ModelOpt = Annotated[str, option("--model", help=f"Preset: {_presets()}.")]
+
+DatasetOpt = Annotated[str, option("--dataset", help=f"{_datasets()}.")]
 
 ShuffleSeqOpt = Annotated[bool, option("--shuffle-seq", help="mnist1d: permute the positions of every sequence the "
     "same way (the check that a gain comes from locality).")]
@@ -75,24 +107,29 @@ ShuffleSeqOpt = Annotated[bool, option("--shuffle-seq", help="mnist1d: permute t
 ResumeOpt = Annotated[bool, option("--resume", help="Continue the run in --out from its last checkpoint (start it if "
     "there is none).")]
 
+def _based() -> str:
+    """The methods with a ``base`` parameter, read from the registry (the --init help names them)."""
+    from structinit.init.registry import methods_with
+
+    return listed(methods_with("base"), "and")
+
+
 InitOpt = Annotated[Optional[str], option("--init", help="Attention init method (ViTs, transformer-1d): "
-    f"{init_methods()} (impulse-2024 and impulse-2025 are the authors' exact recipes). impulse, mimetic and "
-    "conditioned start the weights they do not write from "
+    f"{init_methods()}. {_based()} start the weights they do not write from "
     f"base={TRAIN_BASE} (the MLPs at PyTorch's default; chosen on validation) "
     "unless -p base=... says otherwise (base=model: timm's init).",
     show_default="timm's own")]
 
-InitParamOpt = Annotated[List[str], option("--init-param", help="Init parameter NAME=VALUE (repeatable), e.g. "
-    "filter=5, target_mass=0.3, mimetic_vproj=true.")]
+InitParamOpt = Annotated[List[str], option("--init-param", help="A parameter of the --init, NAME=VALUE "
+    f"(repeatable), e.g. filter=5, target_mass=0.3, mimetic_vproj=true for impulse; {PARAMS_LISTED}.")]
 
-DataDirOpt = Annotated[Optional[Path], option("--data-dir", help="Dataset folder (torchvision's files; imagefolder: "
-    "train/ and val/).", show_default="$STRUCTINIT_DATA, else ./data", metavar="DIR")]
+DataDirOpt = Annotated[Optional[Path], data_dir_option()]
 
 DownloadOpt = Annotated[bool, option("--download", help="Download cifar10/cifar100/svhn into --data-dir first (needs "
     "network).")]
 
 ImageSizeOpt = Annotated[Optional[int], option("--image-size", help="imagefolder: image side.",
-    show_default="224")]
+    show_default=str(DATASETS["imagefolder"].image_size))]
 
 TrainSizeOpt = Annotated[Optional[int], option("--train-size", help="Train on a stratified subset of this many images "
     "(drawn with --data-seed).", show_default="all")]
@@ -123,10 +160,10 @@ KernelOpt = Annotated[Optional[int], option("--kernel", help="ConvMixer depthwis
     "size.")]
 
 WindowOpt = Annotated[Optional[int], option("--window", help="transformer-1d: values each token embeds (odd; 1: one "
-    "value per position).", show_default="1")]
+    "value per position).", show_default=str(SEQUENCE_PRESETS["transformer-1d"]["window"]))]
 
-FiltersOpt = Annotated[str, option("--filters", help="ConvMixer depthwise filters: trained, or frozen random, impulse "
-    "or box.")]
+FiltersOpt = Annotated[str, option("--filters", help=f"ConvMixer depthwise filters: {FILTERS[0]}, or frozen "
+    f"{listed(list(FILTERS[1:]))}.")]
 
 def recipe_default(name: str) -> str:
     """The help's default of training setting ``name``, read from the recipe (``HPARAMS``) and its
@@ -176,7 +213,7 @@ RandaugMOpt = Annotated[Optional[int], option("--randaug-m", help="RandAugment m
 EvalEveryOpt = Annotated[Optional[int], option("--eval-every", help="Epochs between evaluations (the last epoch is "
     "always evaluated).", show_default="epochs // 50, at least 1")]
 
-SeedOpt = Annotated[int, option("--seed", min=0, help="Seed of the init, data order and augmentation.")]
+SeedOpt = Annotated[int, seed_option("the init, data order and augmentation")]
 
 AmpOpt = Annotated[str, option("--amp", help="Mixed precision: auto (bf16/fp16 on GPU, off on CPU), bf16, fp16 or "
     "off.")]
@@ -189,18 +226,18 @@ WorkersOpt = Annotated[int, option("--workers", help="DataLoader workers (imagef
 
 def train(
     ctx: typer.Context,
-    model: ModelOpt = "vit-digits",
-    dataset: DatasetOpt = "digits",
-    shuffle_seq: ShuffleSeqOpt = False,
+    model: ModelOpt = DEFAULTS["model"],
+    dataset: DatasetOpt = DEFAULTS["dataset"],
+    shuffle_seq: ShuffleSeqOpt = DEFAULTS["shuffle_seq"],
     out: Out = None,
-    resume: ResumeOpt = False,
+    resume: ResumeOpt = DEFAULTS["resume"],
     init: InitOpt = None,
     init_param: InitParamOpt = [],  # noqa: B006
     data_dir: DataDirOpt = None,
-    download: DownloadOpt = False,
+    download: DownloadOpt = DEFAULTS["download"],
     image_size: ImageSizeOpt = None,
     train_size: TrainSizeOpt = None,
-    val_size: ValSizeOpt = 0,
+    val_size: ValSizeOpt = DEFAULTS["val_size"],
     data_seed: DataSeedOpt = None,
     dim: DimOpt = None,
     heads: HeadsOpt = None,
@@ -211,8 +248,8 @@ def train(
     pos_embed: PosEmbedOpt = None,
     kernel: KernelOpt = None,
     window: WindowOpt = None,
-    filters: FiltersOpt = "trained",
-    drop_path: DropPathOpt = 0.0,
+    filters: FiltersOpt = DEFAULTS["filters"],
+    drop_path: DropPathOpt = DEFAULTS["drop_path"],
     epochs: EpochsOpt = None,
     batch_size: BatchSizeOpt = None,
     lr: LrOpt = None,
@@ -226,11 +263,11 @@ def train(
     randaug_n: RandaugNOpt = None,
     randaug_m: RandaugMOpt = None,
     eval_every: EvalEveryOpt = None,
-    seed: SeedOpt = 0,
-    device: Device = "auto",
-    amp: AmpOpt = "auto",
-    compile_: CompileOpt = False,
-    workers: WorkersOpt = 4,
+    seed: SeedOpt = DEFAULTS["seed"],
+    device: Device = DEFAULTS["device"],
+    amp: AmpOpt = DEFAULTS["amp"],
+    compile_: CompileOpt = DEFAULTS["compile"],
+    workers: WorkersOpt = DEFAULTS["workers"],
     threads: Threads = None,
     json_out: JsonOut = False,
 ):

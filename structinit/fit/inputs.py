@@ -1,5 +1,6 @@
 """What the data fit runs on (:class:`FitInputs`): a batch of real inputs, or Gaussian noise
-inputs of the model's input shape when no data is given.
+inputs of the model's input shape when no data is given (the shape the model's family tells:
+:class:`structinit.init.family.InputSpec`).
 
 Noise inputs are drawn with the normalized input's own statistics, ``N(0, 1)`` per value: a model
 trained on normalized inputs sees that mean and spread, and the fit needs no dataset. Measured on
@@ -14,7 +15,7 @@ Shapes: images ``[B, C, H, W]``, sequences ``[B, C, L]`` (or ``[B, L]``), token 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional
 
 #: Added to the init's seed for the noise generator (noise is independent of the model's own draws).
 NOISE_SEED_OFFSET = 7_000_001
@@ -53,27 +54,6 @@ class FitInputs:
         return {"batch": batch_digest(self.x), "samples": self.samples}
 
 
-def model_input_shape(model) -> Optional[Tuple[int, ...]]:
-    """One input's shape for a model: ``(C, H, W)`` from a timm-style ``patch_embed`` (its
-    ``img_size`` and the projection's channels) or a Hugging Face vision config (``num_channels``,
-    ``image_size``), ``(C, L)`` for a sequence model (``grid_size == (L,)``); ``None`` when the model
-    does not tell (a model of token ids, say)."""
-    pe = getattr(model, "patch_embed", None)
-    chans = getattr(getattr(pe, "proj", None), "in_channels", None)
-    if chans is not None:
-        grid = tuple(getattr(pe, "grid_size", ()) or ())
-        if len(grid) == 1:
-            return (int(chans), int(grid[0]))
-        size = getattr(pe, "img_size", None)
-        return (int(chans), int(size[0]), int(size[1])) if size is not None else None
-    config = getattr(model, "config", None)
-    chans, size = getattr(config, "num_channels", None), getattr(config, "image_size", None)
-    if chans is None or size is None:
-        return None
-    h, w = (size, size) if isinstance(size, int) else (size[0], size[1])
-    return (int(chans), int(h), int(w))
-
-
 def noise_inputs(shape, samples: int, seed: int) -> FitInputs:
     """``samples`` Gaussian inputs ``N(0, 1)`` of one input's ``shape``, from a generator seeded
     with ``seed`` (plus :data:`NOISE_SEED_OFFSET`): float32 ``[samples, *shape]``."""
@@ -91,4 +71,4 @@ def data_inputs(x, samples: int, source: Optional[str] = None) -> FitInputs:
     return FitInputs(x, "data", source or f"a batch of {int(x.shape[0])} inputs")
 
 
-__all__ = ["FitInputs", "model_input_shape", "noise_inputs", "data_inputs", "NOISE_SEED_OFFSET"]
+__all__ = ["FitInputs", "noise_inputs", "data_inputs", "NOISE_SEED_OFFSET"]

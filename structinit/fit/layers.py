@@ -40,10 +40,14 @@ class FitTarget(Protocol):
     """The model a fit runs on, as an :class:`~structinit.init.attention_target.AttentionTarget`
     holds it (the fit stage comes before the init stage, so it names what it reads instead): the
     ``model``, its detected layout ``det`` (``det.slots[i].q.key``: layer ``i``'s q weight), its
-    ``grid``, its ``depth``, the selected ``layers`` and their ``slots``."""
+    ``grid``, its ``depth``, the selected ``layers`` and their ``slots``, and the model's
+    ``family`` (whose ``blocks(model)`` the layer inputs are streamed through)."""
 
     @property
     def model(self) -> Any: ...
+
+    @property
+    def family(self) -> Any: ...
 
     @property
     def det(self) -> Any: ...
@@ -161,7 +165,8 @@ class LayerFit:
             return attention_inputs(self.t.model, self.x)[index].float()
         if self.inputs is None:
             modules = [projection_module(self.t.model, s.q.key) for s in self.t.det.slots]
-            self.inputs = LayerInputs(self.t.model, self.x, modules, between=self.poll)
+            self.inputs = LayerInputs(self.t.model, self.x, modules, between=self.poll,
+                                      blocks=self.t.family.blocks(self.t.model))
             self.streamed = self.inputs.streamed
         return self.inputs(index)
 

@@ -8,11 +8,13 @@ layers selected.
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Union
 
 from structinit.errors import StructinitError, UsageError, param
 from structinit.geometry.grid import Grid
-from structinit.init.layouts import model_grid, model_heads
+
+if TYPE_CHECKING:
+    from structinit.init.family import InputSpec
 
 
 def is_module(target) -> bool:
@@ -83,23 +85,36 @@ class AttentionTarget:
 
     ``grid``/``heads`` come from the model or the state dict where they tell, else from the caller;
     ``need_grid=False`` lets the grid stay ``None`` (methods that do not use it). ``progress(done,
-    total)`` is called as a method finishes each selected layer.
+    total)`` is called as a method finishes each selected layer. A model's ``family``
+    (:class:`~structinit.init.family.ModelFamily`) tells its grid, heads and how its layer inputs are
+    captured, and ``inputs`` (:class:`~structinit.init.family.InputSpec`, what a data fit runs on) is
+    the one given or the one its family tells (``None`` on a state dict, or where it does not tell).
     """
 
     def __init__(self, target, grid=None, heads: Optional[int] = None,
                  layers: Union[None, str, Sequence[int]] = None, need_grid: bool = True,
-                 progress: Optional[Callable[[int, int], None]] = None):
+                 progress: Optional[Callable[[int, int], None]] = None, inputs: Optional[InputSpec] = None):
+        from structinit.init.family import GENERIC, family_for_model, load_families
         from structinit.init.layouts import detect_layout, resolve_shape
 
+        load_families()  # the layout rows families add are tried first
+        self.family = GENERIC
         if is_module(target):
             self.model = target
             self.sd = target.state_dict()
-            if grid is None and (need_grid or hasattr(target, "patch_embed")):
-                grid = model_grid(target)
-            heads = heads or model_heads(target)
+            self.family = family_for_model(target)
+            if grid is None:
+                try:
+                    grid = self.family.grid(target)
+                except UsageError:
+                    if need_grid:
+                        raise
+            heads = heads or self.family.heads(target)
+            inputs = inputs if inputs is not None else self.family.input_spec(target)
         else:
             self.model = None
             self.sd = target
+        self.inputs = inputs
         det = detect_layout(self.sd)
         if det is None:
             keys = list(self.sd)[:12]

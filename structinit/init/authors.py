@@ -29,6 +29,7 @@ import numpy as np
 from structinit.errors import StructinitError, UsageError, param
 from structinit.init.base import InitSpec, register
 from structinit.init.baselines import reset_to_defaults
+from structinit.init.report import InitReport
 
 PAPER_2024 = "Structured Initialization for Attention in Vision Transformers"
 PAPER_2025 = "Structured Initialization for Vision Transformers"
@@ -174,7 +175,7 @@ class Impulse2024Init(_AuthorsInit):
         """The one shared ``released`` solve (see :meth:`impulse_spec`)."""
         return self.impulse_spec().presolves(shape, seed)
 
-    def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
+    def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> InitReport:
         import torch
 
         from structinit.analysis.quality import measure
@@ -217,7 +218,7 @@ class Impulse2024Init(_AuthorsInit):
             "measured_on": f"{t.pos_key} (sin-cos), LayerNorm'd as the model's first block does, with the Q/K biases",
             "layers": rows, "hit_rate": float(np.mean([r["hit_rate"] for r in rows])),
             "target_mass": float(np.mean([r["target_mass"] for r in rows]))})
-        return out
+        return InitReport.from_dict(out)
 
 
 @register
@@ -275,7 +276,7 @@ class Impulse2025Init(_AuthorsInit):
 
         return np.array([kernel_offset(AUTHORS_2025_ORDER[h % 9], 3) for h in range(heads)], dtype=np.int32)
 
-    def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
+    def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> InitReport:
         import torch
 
         from structinit.geometry.targets import impulse_columns
@@ -327,4 +328,4 @@ class Impulse2025Init(_AuthorsInit):
                            "biases",
             "layers": rows, "hit_rate": float(np.mean([r["hit_rate"] for r in rows])),
             "target_mass": float(np.mean([r["target_mass"] for r in rows]))})
-        return out
+        return InitReport.from_dict(out)

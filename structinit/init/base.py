@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from structinit.init.attention_target import AttentionTarget
     from structinit.init.layouts import AttnSlot
+    from structinit.init.report import InitReport
 
 
 def parse_value(text: str) -> Any:
@@ -111,6 +112,13 @@ def register(cls: Type[_S]) -> Type[_S]:
     refusals and its steps (the hooks below); nothing else names it."""
     if not cls.method:
         raise TypeError(f"{cls.__name__} has no method name")
+    has_base = any(f.name == "base" for f in dataclasses.fields(cls))
+    if has_base != cls.has_base:
+        raise TypeError(f"{cls.__name__} {'has' if has_base else 'has no'} base parameter but declares "
+                        f"has_base = {cls.has_base}")
+    if cls.fits_data and cls.without_fit is InitSpec.without_fit:
+        raise TypeError(f"{cls.__name__} fits data (fits_data) but does not override without_fit: a resumed run "
+                        "would fit again, on noise")
     known = REGISTERED.get(cls.method)
     if known is not None and known.__qualname__ != cls.__qualname__:
         raise ValueError(f"init method {cls.method!r} is registered twice ({known.__qualname__}, {cls.__qualname__})")
@@ -146,12 +154,18 @@ class InitSpec:
     ``replaces_pos_embed``    whether it writes the sin-cos table in place of the target's own
     ``presolves``             the solves a launcher can make before its runs start
     ``prepare``               what :meth:`write` writes: solved, fitted (the slow part), or nothing
-    ``write``                 write into the target and return the JSON-able report
+    ``write``                 write into the target and return the report (:class:`~structinit.init.report.InitReport`)
     ``write_copy``            write into one more copy of a model (a checkpoint's EMA) alike
     ``warnings``              the lines a caller shows after the init (a weak fit, noise inputs)
     ``notes``                 the lines a command shows beside the result it prints
-    ``without_fit``           the spec that rebuilds what it set besides the weights (a resume)
+    ``summary``               the lines a command prints of what the init did (its fit, its attention)
+    ``without_fit``           the spec that rebuilds what it set besides the weights (a resume);
+                              a method that :attr:`fits_data` must override it (:func:`register` checks)
+    ``is_causal``             whether it solves offsets under a decoder's causal mask
     ========================  ===================================================================
+
+    ``has_base`` declares a ``base`` parameter (what the weights it does not write start from):
+    ``train`` sets it to its own default unless given, ``apply`` refuses any but ``model``.
     """
 
     method: ClassVar[str] = ""
@@ -166,7 +180,7 @@ class InitSpec:
     #: What every weight the method does not write starts from, for a method without a ``base``
     #: parameter (one of :data:`~structinit.init.baselines.BASES`).
     fixed_base: ClassVar[str] = "model"
-    #: Whether the report gives each layer's impulse offsets (``report["layers"][i]["offsets"]``),
+    #: Whether the report gives each layer's impulse offsets (its :attr:`~structinit.init.report.InitReport.structure`),
     #: the ``grid`` and the attention measured on them: ``train`` then measures the attention at init
     #: on real inputs against those offsets, and ``apply`` reports them as they are (for any other
     #: method it measures the written weights itself).
@@ -176,13 +190,16 @@ class InitSpec:
     #: Whether the method runs on the model itself, not a state dict (it resets modules): ``apply``
     #: builds the model the checkpoint describes, initializes it, and writes its weights back.
     needs_model: ClassVar[bool] = False
+    #: Whether the spec has a ``base`` parameter (one of :data:`~structinit.init.baselines.BASES`):
+    #: :func:`register` checks the declaration against the fields.
+    has_base: ClassVar[bool] = False
 
     @property
     def other_weights(self) -> str:
         """The base of every weight this init does not write (its ``base`` parameter, else
         :attr:`fixed_base`): ``model`` (as built: timm's trunc normal 0.02), ``pytorch`` (PyTorch's
         defaults), ``pytorch-mlp`` or ``pytorch-head``. Reports compare inits on the same base."""
-        return str(getattr(self, "base", self.fixed_base))
+        return str(self.params()["base"]) if self.has_base else self.fixed_base
 
     @property
     def uses_data(self) -> bool:
@@ -206,8 +223,13 @@ class InitSpec:
 
     def without_fit(self) -> InitSpec:
         """This spec with its data fit off (what a resumed run re-applies besides the weights); a
-        spec that does not :attr:`use data <uses_data>` is that already."""
+        spec that does not :attr:`use data <uses_data>` is that already. A method that
+        :attr:`fits_data` overrides it (:func:`register` refuses one that does not)."""
         return self
+
+    def is_causal(self) -> bool:
+        """Whether the spec solves its offsets under a decoder's causal mask (the default: no)."""
+        return False
 
     def __post_init__(self) -> None:
         hints = _type_hints(type(self))
@@ -284,46 +306,69 @@ class InitSpec:
         """Step 1: what :meth:`write` writes into ``target``, made before anything of the init is
         written (a solve, a fit to ``data``: the slow part). ``data``: a batch of real, normalized
         model inputs for a method that :attr:`uses_data` (``source`` says in words where it came
-        from); ``progress(done, total)`` follows a solve, ``fit_progress`` a fit (raise from it to
-        stop), ``log(message)`` hears the estimated time and per-layer lines, ``stage(words)`` names
-        each stage as it starts. The default makes nothing (``None``)."""
+        from); without it, ``target.inputs`` (an :class:`~structinit.init.family.InputSpec`, what the
+        model's family says one input is, ``None`` on a state dict) gives the shape of the noise
+        inputs that stand for real ones; ``progress(done, total)`` follows a solve, ``fit_progress``
+        a fit (raise from it to stop), ``log(message)`` hears the estimated time and per-layer lines,
+        ``stage(words)`` names each stage as it starts. The default makes nothing (``None``)."""
         return None
 
     def write(self, target: AttentionTarget, prepared: Any = None, *, seed: int = 0,
-              cache_dir: Union[str, os.PathLike, None] = None, device: str = "cpu") -> Dict[str, Any]:
-        """Step 2: write the init (with what :meth:`prepare` made) into ``target`` and return a
-        JSON-able report (``method`` first; ``layers``: a row per selected layer with the tensors it
-        ``replaced``)."""
+              cache_dir: Union[str, os.PathLike, None] = None, device: str = "cpu") -> InitReport:
+        """Step 2: write the init (with what :meth:`prepare` made) into ``target`` and return its
+        :class:`~structinit.init.report.InitReport` (``layers``: a row per selected layer with the
+        tensors it ``replaced``; the method's own values in ``extra``)."""
         raise NotImplementedError
 
     def apply(self, target: AttentionTarget, *, seed: int = 0, cache_dir: Union[str, os.PathLike, None] = None,
-              device: str = "cpu", **prepare_args: Any) -> Dict[str, Any]:
+              device: str = "cpu", **prepare_args: Any) -> InitReport:
         """Write the initialization into ``target`` (an :class:`~structinit.init.attention_target.AttentionTarget`)
-        and return its JSON-able report: :meth:`prepare` (with ``prepare_args``), then :meth:`write`."""
+        and return its report: :meth:`prepare` (with ``prepare_args``), then :meth:`write`."""
         prepared = self.prepare(target, seed=seed, cache_dir=cache_dir, device=device, **prepare_args)
         return self.write(target, prepared, seed=seed, cache_dir=cache_dir, device=device)
 
     def write_copy(self, target: AttentionTarget, shared: Any, *, first: bool, seed: int = 0,
                    cache_dir: Union[str, os.PathLike, None] = None, device: str = "cpu",
                    progress: Optional[Callable[[int, int], None]] = None,
-                   stage: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+                   stage: Optional[Callable[[str], None]] = None) -> InitReport:
         """Write the init into one more copy of a model of a checkpoint (its weights, its EMA
         weights...) and return that copy's report: every copy gets the same weights. ``shared``: what
         :meth:`prepare` made on the model the checkpoint describes, or on its first copy (``first``:
         ``target`` is that first copy). The default writes ``shared`` as it is (:meth:`write`)."""
         return self.write(target, shared, seed=seed, cache_dir=cache_dir, device=device)
 
-    def warnings(self, report: Dict[str, Any], target: AttentionTarget, *, checkpoint: bool = False,
+    def warnings(self, report: InitReport, target: AttentionTarget, *, checkpoint: bool = False,
                  pe_scale: Optional[float] = None) -> List[InitWarning]:
         """What the caller of :func:`~structinit.init.initialize.initialize` (or, ``checkpoint``,
         of ``apply_checkpoint``, with the ``pe_scale`` of the table it wrote) tells the user after
         this init wrote ``report`` into ``target`` (the default: nothing)."""
         return []
 
-    def notes(self, report: Dict[str, Any]) -> List[str]:
+    def notes(self, report: InitReport) -> List[str]:
         """Lines (parameters marked) that a command shows beside the result it prints of ``report``:
         what was done other than the user may think (the default: none)."""
         return []
+
+    def summary(self, report: InitReport, *, model: Optional[str] = None) -> List[str]:
+        """The lines (parameters marked) a command prints of what the init did: what its data fit ran
+        on, through ``model`` (words; ``None``: the model), and the attention it measured. The
+        default: the fit's inputs or why it was skipped, and the hit rate per layer where the rows
+        give one."""
+        from structinit.init.report import layers_line
+
+        lines = []
+        fit = report.fit
+        if fit is not None and fit.skipped is not None:
+            lines.append(f"{self.method}: the data fit {fit.skipped}")
+        elif fit is not None:
+            count = f"{fit.samples} " if fit.samples is not None else ""
+            kind = {"data": "real", "noise": "Gaussian noise"}.get(fit.inputs or "", fit.inputs or "given")
+            lines.append(f"{self.method}: fitted through {model or 'the model'} on {count}{kind} inputs"
+                         + (f" ({fit.source})" if fit.source else ""))
+        hits = layers_line("hit rate", [row.hit_rate for row in report.layers])
+        if hits:
+            lines.append(f"attention on the position embedding alone: {hits}")
+        return lines
 
     def check_positive(self, *names: str, allow_zero: bool = False) -> None:
         for name in names:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import List, Optional
 
 from structinit.errors import UsageError, param
 from structinit.init.base import InitSpec, register
+from structinit.init.report import InitReport
 
 
 def generator(seed: int):
@@ -41,7 +42,7 @@ SCRATCH_BASE = "pytorch-mlp"
 def base_note(spec) -> Optional[str]:
     """For an init that keeps the other weights as they are (``base="model"``): the line that says
     which base trained better from scratch (``None`` for any other spec)."""
-    if getattr(spec, "base", None) != "model":
+    if not spec.has_base or spec.other_weights != "model":
         return None
     return (f"the weights {spec.method} does not write are kept as they are ({param('base')}=model); for a model "
             f"trained from scratch {param('base')}={SCRATCH_BASE} (the MLPs at PyTorch's default, structinit train's "
@@ -90,7 +91,7 @@ def apply_base(target, base: str, seed: int, method: str) -> Optional[int]:
     return len(reset_to_defaults(target.model, seed, only))
 
 
-def redraw_qk(t, method: str, seed: int, std: float = 0.02) -> Dict[str, Any]:
+def redraw_qk(t, method: str, seed: int, std: float = 0.02) -> "InitReport":
     """Re-draw the Q/K rows and biases of ``t``'s selected layers: ``kaiming`` with the bound of a
     ``[D, D]`` Linear, ``trunc-normal`` with ``std`` (biases zero)."""
     import torch
@@ -115,7 +116,7 @@ def redraw_qk(t, method: str, seed: int, std: float = 0.02) -> Dict[str, Any]:
                 write_part(t.sd, b, bias)
                 keys.append(label(b))
         replaced.append({"layer": slot.index, "replaced": keys})
-    return {"method": method, "layout": t.layout, "layers": replaced}
+    return InitReport.from_dict({"method": method, "layout": t.layout, "layers": replaced})
 
 
 @register
@@ -131,7 +132,7 @@ class KaimingInit(InitSpec):
     writes = "model: every Linear and Conv2d; state dict: Q/K rows and biases"
     fixed_base = "pytorch"
 
-    def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
+    def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> InitReport:
         import torch
 
         if target.model is None:
@@ -143,7 +144,7 @@ class KaimingInit(InitSpec):
                 if isinstance(m, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d)):
                     m.reset_parameters()
                     n += 1
-        return {"method": "kaiming", "modules_reset": n}
+        return InitReport.from_dict({"method": "kaiming", "modules_reset": n})
 
 
 @register
@@ -162,7 +163,7 @@ class TruncNormalInit(InitSpec):
     def validate(self) -> None:
         self.check_positive("std")
 
-    def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
+    def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> InitReport:
         import torch
 
         if target.model is None:
@@ -185,4 +186,4 @@ class TruncNormalInit(InitSpec):
                     if m.bias is not None:
                         torch.nn.init.zeros_(m.bias)
                     n += 1
-        return {"method": "trunc-normal", "std": self.std, "linear_reset": n}
+        return InitReport.from_dict({"method": "trunc-normal", "std": self.std, "linear_reset": n})

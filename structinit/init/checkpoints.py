@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import errno
 import io
-import json
 import os
 import pickle
 import re
@@ -309,6 +308,9 @@ def _keys_seen(obj: Any, limit: int = 12) -> str:
 
 def find_state_dicts(obj: Any) -> List[Tuple[Tuple[str, ...], Any, Detected]]:
     """Every state dict in ``obj`` (see :data:`CONTAINER_KEYS`) with its detected layout."""
+    from structinit.init.family import load_families
+
+    load_families()  # the layout rows families add are tried first
     found: List[Tuple[Tuple[str, ...], Any, Detected]] = []
     if isinstance(obj, Mapping):
         det = detect_layout(obj)
@@ -350,35 +352,14 @@ SHAPE_KEY = "shape"
 
 def _shape_hints(ckpt: Checkpoint) -> None:
     """Heads (and a sequence's grid) from what the file or its folder tells: the ``shape`` entry of
-    a ``structinit train`` checkpoint, a Hugging Face ``config.json`` beside it, or the ``arch`` of a
-    timm training checkpoint (looked up in timm's registry, no weights)."""
-    det = ckpt.detected
+    a ``structinit train`` checkpoint, else what the family of its layout reads
+    (:meth:`~structinit.init.family.ModelFamily.checkpoint_hints`: a Hugging Face ``config.json``
+    beside it, the ``arch`` of a timm training checkpoint)."""
+    from structinit.init.family import family_of_layout
+
     if _structinit_shape(ckpt):
         return
-    if det.layout.builder == "transformers":
-        cfg_path = ckpt.path.parent / HF_CONFIG
-        cfg = None
-        try:
-            cfg = json.loads(read_regular(cfg_path, limit=CONFIG_LIMIT))
-        except FileNotFoundError:
-            pass
-        except OSError as exc:  # a folder, a FIFO, one too large to be a config: say so, not "no heads"
-            det.heads_note = f"{cfg_path} beside it is not readable: {exc.strerror or exc}"
-        except ValueError as exc:
-            det.heads_note = f"{cfg_path} beside it is not valid JSON: {str(exc)[:120]}"
-        heads, hidden = _hf_config_shape(cfg)
-        if isinstance(heads, int) and hidden == det.dim:
-            det.heads = heads
-            ckpt.extra[HF_CONFIG] = str(cfg_path)
-        elif cfg is not None:
-            det.heads_note = (f"{cfg_path} beside it is for hidden size {hidden}, not dim {det.dim}"
-                              if isinstance(heads, int) else f"{cfg_path} beside it names no num_attention_heads")
-    arch = ckpt.obj.get("arch")
-    if det.layout.builder == "timm" and isinstance(arch, str):
-        heads = _timm_arch_heads(arch, det.dim)
-        if heads:
-            det.heads = heads
-            ckpt.extra["arch"] = arch
+    family_of_layout(ckpt.detected.layout).checkpoint_hints(ckpt)
 
 
 def _structinit_shape(ckpt: Checkpoint) -> bool:
@@ -406,42 +387,6 @@ def _structinit_shape(ckpt: Checkpoint) -> bool:
     det.grid = grid
     ckpt.extra["shape"] = {"grid": list(grid), "heads": det.heads}
     return True
-
-
-def _hf_config_shape(cfg: Any) -> Tuple[Any, Any]:
-    """``(heads, hidden size)`` from a Hugging Face ``config.json`` (GPT-2 spells them ``n_head``, ``n_embd``)."""
-    if not isinstance(cfg, dict):
-        return None, None
-    return cfg.get("num_attention_heads", cfg.get("n_head")), cfg.get("hidden_size", cfg.get("n_embd"))
-
-
-def _timm_arch_heads(arch: str, dim: int) -> Optional[int]:
-    """The heads of timm's model ``arch`` when its width is ``dim`` (``None``: no such model, or
-    another width)."""
-    shape = _timm_arch_shape(arch)
-    return shape[1] if shape is not None and shape[0] == dim else None
-
-
-_ARCH_SHAPES: Dict[str, Tuple[int, int]] = {}
-
-
-def _timm_arch_shape(arch: str) -> Optional[Tuple[int, int]]:
-    """``(embed_dim, heads)`` of timm's model ``arch`` at its defaults, built without weights (on
-    the meta device; kept for the process, as building it takes a good part of a second); ``None``
-    where it builds no ViT (not kept: a model registered later is found then)."""
-    if arch in _ARCH_SHAPES:
-        return _ARCH_SHAPES[arch]
-    try:
-        import timm
-        import torch
-
-        with torch.device("meta"):
-            # Any: its submodules are read by name (torch types every attribute Tensor | Module)
-            model: Any = timm.create_model(arch, pretrained=False)
-        shape = _ARCH_SHAPES[arch] = (int(model.embed_dim), int(model.blocks[0].attn.num_heads))
-        return shape
-    except Exception:  # noqa: BLE001 - an unknown arch is simply no hint
-        return None
 
 
 def safetensors_dict(ckpt: Checkpoint, path: Union[str, os.PathLike]) -> Dict[str, Any]:

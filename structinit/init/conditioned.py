@@ -21,12 +21,13 @@ rectangular identity. No code was released; what the paper leaves open is chosen
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List
+from typing import List
 
 from structinit.errors import param
 from structinit.geometry.targets import check_choice
 from structinit.init.base import InitSpec, register
 from structinit.init.baselines import BASES, apply_base, generator
+from structinit.init.report import InitReport
 
 
 def semi_orthogonal(heads: int, dim: int, head_dim: int, scale: float, gen):
@@ -70,6 +71,7 @@ class ConditionedInit(InitSpec):
     qk_scale: float = 2.0
     v_scale: float = 1.0
     base: str = "model"
+    has_base = True
 
     def validate(self) -> None:
         check_choice("base", self.base, BASES)
@@ -88,7 +90,7 @@ class ConditionedInit(InitSpec):
             raise UsageError(f"conditioned needs {param('heads')} to divide the model's width {target.dim}, "
                              f"got {target.heads}")
 
-    def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
+    def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> InitReport:
         import torch
 
         from structinit.init.inject import label, read_part, read_qk, write_part, write_qk
@@ -112,5 +114,6 @@ class ConditionedInit(InitSpec):
             rows.append({"layer": slot.index, "replaced": keys,
                          "qk_condition": max(head_condition_numbers(rq) + head_condition_numbers(rk)),
                          "v_identity_error": float((read_part(t.sd, slot.v) - identity).abs().max())})
-        return {"method": self.method, "layout": t.layout, "dim": t.dim, "heads": t.heads, "params": self.params(),
-                **({"base_reset": reset} if reset is not None else {}), "layers": rows}
+        return InitReport.from_dict({"method": self.method, "layout": t.layout, "dim": t.dim, "heads": t.heads,
+                                     "params": self.params(), **({"base_reset": reset} if reset is not None else {}),
+                                     "layers": rows})

@@ -18,6 +18,7 @@ from structinit.init.impulse_checks import ImpulseRefusals, check_given_artifact
 from structinit.init.impulse_fit import ImpulseDataFit
 from structinit.init.impulse_notices import PLAIN_SOLVE_NOTE, ImpulseNotices
 from structinit.init.mimetic import vproj_keys
+from structinit.init.report import FitRecord, InitReport
 from structinit.solver.recipes import (
     DEFAULT_FILTER,
     DEFAULT_OFFSET_ORDER,
@@ -112,6 +113,7 @@ class ImpulseInit(ImpulseDataFit, ImpulseRefusals, ImpulseNotices, InitSpec):
     data_fit_inputs: str = "data"
     pe_factor: Optional[float] = None
     base: str = "model"
+    has_base = True
     position_subspace: bool = False
     position_dims: int = 0
     position_rest: bool = False
@@ -167,12 +169,19 @@ class ImpulseInit(ImpulseDataFit, ImpulseRefusals, ImpulseNotices, InitSpec):
     def with_fit_samples(self, samples: int) -> "ImpulseInit":
         return dataclasses.replace(self, data_fit_samples=samples) if self.data_fit else self
 
+    def is_causal(self) -> bool:
+        """``causal``: offsets only in the past, solved under a decoder's mask."""
+        return self.causal
+
     def without_fit(self) -> "ImpulseInit":
         """This spec with the data fit off (what a resumed run re-applies for the settings beside the
         weights, which its checkpoint holds): ``data_fit=0`` and the fit-only parameters at rest."""
         if not self.data_fit:
             return self
-        return dataclasses.replace(self, data_fit=0, data_fit_inputs="data", data_fit_batch=0)
+        from structinit.init.impulse_checks import FIT_ONLY_PARAMS
+
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        return dataclasses.replace(self, data_fit=0, **{name: defaults[name] for name in FIT_ONLY_PARAMS})
 
     # ---- refusals (the others: ImpulseRefusals)
 
@@ -222,14 +231,14 @@ class ImpulseInit(ImpulseDataFit, ImpulseRefusals, ImpulseNotices, InitSpec):
                        progress=progress, check_pe=check_pe, data=data, fit_progress=fit_progress, log=log,
                        source=source, stage=stage)
 
-    def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
+    def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> InitReport:
         """See :func:`structinit.init.impulse_write.write`."""
         from structinit.init.impulse_write import write
 
         return write(self, target, prepared, seed)
 
     def write_copy(self, target, shared, *, first: bool, seed: int = 0, cache_dir=None, device: str = "cpu",
-                   progress=None, stage=None) -> Dict[str, Any]:
+                   progress=None, stage=None) -> InitReport:
         """The artifact ``shared`` holds (fitted on the model the checkpoint describes, or solved for
         its first copy), written into ``target`` as it is: no solve, no fit, no second check of
         the position embedding; the report's ``data_fit`` is the model's fit, and ``data_source`` the
@@ -240,9 +249,10 @@ class ImpulseInit(ImpulseDataFit, ImpulseRefusals, ImpulseNotices, InitSpec):
         report = self.apply(target, seed=seed, cache_dir=cache_dir, device=device, artifact=shared.artifact,
                             cached=cached, check_pe=False)
         if shared.on_model:
-            report["data_fit"] = fit_record(self, shared)
+            fit = fit_record(self, shared)
+            report.fit = FitRecord.from_dict(fit) if fit is not None else None
             if shared.inputs is not None:
-                report["data_source"] = shared.inputs.source
+                report.data_source = shared.inputs.source
         return report
 
     # ---- what the user is told: ImpulseNotices

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional, Sequence
 
-from structinit.errors import UsageError, param
+from structinit.errors import UsageError, param, setting
 from structinit.fit.settings import FIT_VERSIONS
 from structinit.geometry.embedding import PSEUDO_INPUTS
 from structinit.geometry.grid import Grid
@@ -18,6 +18,10 @@ from structinit.solver.recipes import check_recipe, recipe_params
 #: What the data fit runs on when a batch is given: the batch (``data``), or Gaussian noise inputs of
 #: its shape (``noise``; see :mod:`structinit.fit.inputs`). Without a batch it runs on noise.
 DATA_FIT_INPUTS = ("data", "noise")
+#: The parameters that tune the data fit only: with ``data_fit=0`` (no fit) each must stay at its
+#: default, since it would change nothing.
+FIT_ONLY_PARAMS = ("data_fit_mass", "data_fit_l2", "data_fit_lr", "data_fit_norm", "data_fit_samples",
+                   "data_fit_version", "data_fit_batch", "data_fit_inputs")
 
 
 def check_artifact(artifact, grid: Grid, dim: int, heads: int, layers: Sequence[int]) -> None:
@@ -55,6 +59,18 @@ def check_subspace_layers(spec, target) -> None:
                          "position_subspace out")
 
 
+def check_fit_only(spec) -> None:
+    """Refuse a data-fit parameter away from its default when ``data_fit`` is 0: it would change
+    nothing (the message names the parameter)."""
+    if spec.data_fit:
+        return
+    defaults = {f.name: f.default for f in dataclasses.fields(spec)}
+    for name in FIT_ONLY_PARAMS:
+        if getattr(spec, name) != defaults[name]:
+            raise UsageError(f"impulse parameter {param(name)} tunes the data fit, and data_fit is 0 (no fit): "
+                             "leave it out")
+
+
 def check_causal(target, causal: bool) -> None:
     """Raise :class:`UsageError` when causal offsets meet a model that attends both ways, or
     non-causal ones a decoder that masks later tokens (``target.causal``; ``None`` accepts both)."""
@@ -85,16 +101,13 @@ def check_impulse_params(spec) -> None:
     if spec.data_fit_inputs not in DATA_FIT_INPUTS:
         raise UsageError(f"impulse parameter {param('data_fit_inputs')} must be one of "
                          f"{', '.join(DATA_FIT_INPUTS)}, got {spec.data_fit_inputs!r}")
-    if spec.data_fit_inputs != "data" and not spec.data_fit:
-        raise UsageError(f"impulse parameter {param('data_fit_inputs')} chooses the data fit's inputs, and "
-                         "data_fit is 0: leave it out")
+    check_fit_only(spec)
     if spec.pe_factor is not None and (not spec.fit_pe or spec.pe_factor == 0):
         raise UsageError(f"impulse parameter {param('pe_factor')} scales the target's own position embedding "
                          f"for {param('fit_pe')}: give fit_pe=true and a positive factor")
-    if spec.data_fit_batch and (not spec.data_fit or spec.data_fit_version == 1):
-        why = "data_fit is 0" if not spec.data_fit else "version 1 steps on the whole batch"
+    if spec.data_fit_batch and spec.data_fit_version == 1:
         raise UsageError(f"impulse parameter {param('data_fit_batch')} sets the images of a version-2 fit step, "
-                         f"and {why}: leave it out")
+                         "and version 1 steps on the whole batch: leave it out")
     if not spec.mimetic_vproj:
         defaults = {f.name: f.default for f in dataclasses.fields(spec)}
         unused = [name for name in ("alpha2", "beta2") if getattr(spec, name) != defaults[name]]
@@ -139,8 +152,8 @@ def check_subspace_params(spec) -> None:
                          "give position_subspace=true, or leave position_rest out")
     if spec.position_subspace and not spec.mimetic_vproj:
         raise UsageError(f"impulse parameter {param('position_subspace')} projects every layer's output projection "
-                         f"out of its directions, which {param('mimetic_vproj')}=false would keep as it is: give one "
-                         "of them")
+                         f"out of its directions, which {setting('mimetic_vproj', False)} would keep as it is: give "
+                         "one of them")
     if spec.position_subspace:
         for other in ("fit_pe", "artifact"):
             if getattr(spec, other):
@@ -187,11 +200,9 @@ class ImpulseRefusals:
                              "a model, not a checkpoint or state dict (apply_checkpoint builds the one a checkpoint "
                              "describes)")
         for i in target.layers:
-            owner = projection_module(model, target.det.slots[i].q.key)
-            attn = model.blocks[i].attn if hasattr(model, "blocks") else owner
-            if any(type(getattr(attn, n, None)).__name__ not in ("Identity", "NoneType") for n in ("q_norm", "k_norm")):
-                raise UsageError(f"impulse parameter {param('data_fit')} fits q and k as linear maps; layer {i} "
-                                 "normalizes them (q_norm/k_norm)")
+            why = target.family.qk_not_linear(model, projection_module(model, target.det.slots[i].q.key), i)
+            if why is not None:
+                raise UsageError(f"impulse parameter {param('data_fit')} fits q and k as linear maps; {why}")
 
     def check_pos_embed(self, target, art=None) -> None:
         """See :func:`structinit.init.impulse_solve.check_pos_embed`."""

@@ -19,7 +19,7 @@ import numpy as np
 
 from structinit.analysis.quality import measure
 from structinit.errors import StructinitError, UsageError, param
-from structinit.fit.inputs import FitInputs, data_inputs, model_input_shape, noise_inputs
+from structinit.fit.inputs import FitInputs, data_inputs, noise_inputs
 from structinit.geometry.targets import causal_mask, impulse_columns
 from structinit.init.baselines import apply_base, generator
 from structinit.init.impulse_checks import check_artifact, check_causal
@@ -27,6 +27,7 @@ from structinit.init.inject import read_qk, write_qk, write_vproj
 from structinit.init.mimetic import mimetic_v_proj
 from structinit.init.pos_embed import write_sincos
 from structinit.init.position_subspace import PositionSubspace
+from structinit.init.report import InitReport, layers_line
 from structinit.solver.self_shift import add_self_term
 
 #: The scale of the sin-cos table written in place of a learned position embedding (see ``pe_scale``).
@@ -115,7 +116,7 @@ def fit_inputs(spec, t, data, seed: int, source: Optional[str]):
         return noise_inputs(tuple(data.shape[1:]), spec.data_fit_samples, seed), None
     if t.model is None:
         return None, NO_MODEL
-    shape = model_input_shape(t.model)
+    shape = t.inputs.noise_shape if t.inputs is not None else None
     if shape is None:
         return None, NO_SHAPE
     try:
@@ -188,7 +189,7 @@ def prepare(spec, t, *, seed: int = 0, cache_dir=None, device: str = "cpu", arti
     if given_fit and check_pe and t.model is not None:  # on the model the fit ran through: the same weights?
         from structinit.fit.identity import check_fitted_to
 
-        check_fitted_to(artifact, t, model_input_shape(t.model))
+        check_fitted_to(artifact, t, t.inputs.shape if t.inputs is not None else None)
     plain = artifact
     check_artifact(plain, t.grid, t.dim, t.heads, t.layers)
     check_causal(t, plain.config.causal)
@@ -203,7 +204,7 @@ def prepare(spec, t, *, seed: int = 0, cache_dir=None, device: str = "cpu", arti
     return out
 
 
-def write(spec, t, prepared: Prepared, seed: int) -> Dict[str, Any]:
+def write(spec, t, prepared: Prepared, seed: int) -> InitReport:
     """Step 2 (see the module docstring): write ``prepared.artifact`` into every selected layer of
     ``t`` and return the init's report. The report's per-layer ``hit_rate``/``target_mass``/``mse``
     are measured from the written weights on the target's own LayerNorm'd position embedding
@@ -230,7 +231,7 @@ def write(spec, t, prepared: Prepared, seed: int) -> Dict[str, Any]:
         got = placed if same else measure(own, rq, rk, cols, mask)
         rows.append({"layer": slot.index, "replaced": keys, "offsets": art.offsets[src].tolist(), **got.layer_row(),
                      "solved": {m: float(getattr(placed, m).mean()) for m in ("hit_rate", "target_mass")}})
-    return report(spec, t, prepared, rows, own is not None)
+    return InitReport.from_dict(report(spec, t, prepared, rows, own is not None))
 
 
 def check_placed(spec, layer: int, solved: List[Dict[str, Any]], placed) -> None:
@@ -244,14 +245,38 @@ def check_placed(spec, layer: int, solved: List[Dict[str, Any]], placed) -> None
                                   f"{want:.3f}; the Q/K rows were not placed as the layout expects")
 
 
-def noise_notice(report: Dict[str, Any]) -> Optional[str]:
+def noise_notice(report: InitReport) -> Optional[str]:
     """The line that says a fit ran on noise because no data was given (``None`` otherwise)."""
-    fit = report.get("data_fit") or {}
-    if fit.get("inputs") != "noise" or not fit.get("default_inputs"):
+    fit = report.fit
+    if fit is None or fit.inputs != "noise" or not fit.default_inputs:
         return None
-    return (f"impulse: no data given, so Q/K were fitted on {fit.get('samples')} Gaussian noise inputs (the "
+    return (f"impulse: no data given, so Q/K were fitted on {fit.samples} Gaussian noise inputs (the "
             f"normalized input's statistics; on digits this trains within half a point of a fit on real images); "
             f"give real inputs ({param('data')}) to fit those")
+
+
+def summary(spec, report: InitReport, model: Optional[str] = None) -> List[str]:
+    """What a command prints of an impulse init (:meth:`~structinit.init.base.InitSpec.summary`):
+    where Q/K were fitted (through ``model``, words) and the attention on those inputs, per layer;
+    else that they are the plain solve (and why), with the attention on the position embedding alone."""
+    fit = report.fit
+    alone = layers_line("hit rate", [row.hit_rate for row in report.layers])
+    if fit is not None and fit.layers:
+        art = fit.artifact or {}
+        cached = (", read from the cache" if art.get("cached") else
+                  f", the given {param('artifact')}" if art.get("given") else "")
+        rows = fit.layers
+        return [f"Q/K fitted through {model or 'the model'} on {fit.source} ({fit.seconds or 0:.1f}s{cached})",
+                f"attention on {fit.measured_count} of those inputs, per layer: "
+                + layers_line("hit rate", [r.get("hit_rate") for r in rows]) + "; "
+                + layers_line("target mass", [r.get("target_mass") for r in rows])]
+    if fit is not None and fit.skipped:
+        return [f"Q/K: the plain solve (data fit {fit.skipped})"] + (
+            [f"attention on the position embedding alone: {alone}"] if alone else [])
+    if not spec.data_fit:
+        return [f"Q/K: the plain solve ({param('data_fit')} 0); on the position embedding alone, which real "
+                f"inputs wash out: {alone}"]
+    return [f"attention on the position embedding alone: {alone}"] if alone else []
 
 
 def fit_record(spec, prepared: Prepared) -> Optional[Dict[str, Any]]:
@@ -295,4 +320,4 @@ def report(spec, t, prepared: Prepared, rows, own: bool) -> Dict[str, Any]:
             "target_mass": float(np.mean([r["target_mass"] for r in rows]))}
 
 
-__all__ = ["Prepared", "ImpulseWriter", "prepare", "write", "fit_inputs", "write_position", "noise_notice"]
+__all__ = ["Prepared", "ImpulseWriter", "prepare", "write", "fit_inputs", "write_position", "noise_notice", "summary"]

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Dict, MutableMapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, MutableMapping, Optional, Sequence, Union
 
 from structinit.errors import SYNTAX, StructinitWarning, UsageError
 from structinit.geometry.grid import GridLike
 from structinit.init.base import InitSpec
 from structinit.init.changes import changed, snapshot
 from structinit.init.registry import init_spec
+from structinit.init.report import InitReport
 
 if TYPE_CHECKING:
     import torch
@@ -30,10 +31,11 @@ def initialize(target: Union[torch.nn.Module, MutableMapping[str, Any]], spec: U
                cache_dir: Union[str, os.PathLike, None] = None, device: str = "cpu",
                data: Optional[torch.Tensor] = None, progress: Optional[Callable[[int, int], None]] = None,
                log: Optional[Callable[[str], None]] = None, source: Optional[str] = None,
-               **params: Any) -> Dict[str, Any]:
+               **params: Any) -> InitReport:
     """Initialize a model or a state dict (written in place) with ``spec`` (a spec, or a method name
-    with ``params``) and return the method's JSON-able report; its ``changed`` names every tensor
-    whose values the init changed (read from the tensors, before against after).
+    with ``params``) and return its :class:`~structinit.init.report.InitReport` (its JSON form:
+    ``report.to_dict()``); its ``changed`` names every tensor whose values the init changed (read
+    from the tensors, before against after).
 
     ``grid``/``heads`` are needed only where the target does not tell; ``layers`` selects attention
     layers (``None``: all; a spec such as ``"0-3,5"`` or a list of indices). ``data``: a batch of
@@ -66,7 +68,7 @@ def initialize(target: Union[torch.nn.Module, MutableMapping[str, Any]], spec: U
     before = snapshot(t.sd)
     report = spec.apply(t, seed=seed, cache_dir=cache_dir, device=device, data=data, fit_progress=progress, log=log,
                         source=source)
-    report["changed"] = changed(before, target.state_dict() if hasattr(target, "state_dict") else t.sd)
+    report.changed = changed(before, target.state_dict() if hasattr(target, "state_dict") else t.sd)
     for line in spec.warnings(report, t):
         if line.loggable and log is not None:
             log(("warning: " if line.warning else "") + StructinitWarning(line.text).render(SYNTAX.get()))
@@ -75,14 +77,14 @@ def initialize(target: Union[torch.nn.Module, MutableMapping[str, Any]], spec: U
     return _with_base_note(spec, report)
 
 
-def _with_base_note(spec: InitSpec, report: Dict[str, Any]) -> Dict[str, Any]:
+def _with_base_note(spec: InitSpec, report: InitReport) -> InitReport:
     """``report`` with ``base_note`` where the init kept the other weights (see
     :func:`~structinit.init.baselines.base_note`)."""
     from structinit.init.baselines import base_note
 
     note = base_note(spec)
     if note is not None:
-        report["base_note"] = StructinitWarning(note).render()
+        report.base_note = StructinitWarning(note).render()
     return report
 
 
@@ -90,10 +92,11 @@ def initialize_model(model: torch.nn.Module, spec: Union[str, InitSpec], *, grid
                      seed: int = 0, data: Optional[torch.Tensor] = None,
                      progress: Optional[Callable[[int, int], None]] = None,
                      log: Optional[Callable[[str], None]] = None, source: Optional[str] = None,
-                     **params: Any) -> Dict[str, Any]:
+                     **params: Any) -> InitReport:
     """Initialize a timm-style model in place (``grid`` defaults to ``model.patch_embed.grid_size``)
-    and return the report; ``data``: real inputs for a method that fits to them, ``progress``,
-    ``log`` and ``source`` go with that fit (see :func:`initialize`). Example::
+    and return its :class:`~structinit.init.report.InitReport`; ``data``: real inputs for a method
+    that fits to them, ``progress``, ``log`` and ``source`` go with that fit (see :func:`initialize`).
+    Example::
 
         model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=2,
                                   class_token=False, global_pool="avg", num_classes=10)

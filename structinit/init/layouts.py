@@ -24,14 +24,11 @@ output projection, and, relative to the model's prefix, the position embedding a
 
 A *sequence* layout's position embedding is a table with one row per position; its token grid is
 the sequence of that many positions (or a shorter one, given as ``grid``). A *causal* layout masks
-later tokens, so an impulse init must keep its offsets in the past. A layout's ``builder`` says what
-builds its model (``apply``'s data fit runs inputs through it), and a built model tells its grid
-and heads as that builder makes them (:func:`model_grid`, :func:`model_heads`: timm's
-``patch_embed.grid_size`` and ``blocks[0].attn.num_heads``, a Hugging Face config's sizes). A new
-layout is a row of :data:`LAYOUTS` for everything that reads or writes its weights; ``apply``'s data
-fit through its model also needs its builder known to :mod:`structinit.apply.models`, its input
-shape (:func:`structinit.fit.inputs.model_input_shape`) and its blocks run by
-:mod:`structinit.analysis.capture`.
+later tokens, so an impulse init must keep its offsets in the past. A layout's ``family`` names the
+adapter of its models (:mod:`structinit.init.family`): it builds the model ``apply``'s data fit runs
+inputs through, and tells a built model's grid, heads and inputs. A family adds its own rows
+(:func:`structinit.init.family.register_layout`, tried before this table); every step reads them
+through :func:`layout_rows`.
 
 ``{model}`` is any key prefix (``module.``, ``vit.``, ``model.``...), found by the anchor; a
 state dict holding several models (several distinct prefixes) is refused. ``hf-vit`` is the
@@ -76,10 +73,9 @@ class Layout:
     #: and biases). Empty where structinit does not know them.
     embed: Tuple[str, ...] = ()
     writers: Tuple[str, ...] = ()
-    #: What builds the model of such a checkpoint to run inputs through (``apply``'s data fit):
-    #: ``timm`` (from the tensors' shapes or a named model), ``transformers`` (from the config.json
-    #: beside the weights), or ``None`` (structinit cannot build it).
-    builder: Optional[str] = None
+    #: The family (:mod:`structinit.init.family`) whose adapter knows this layout's models: it builds
+    #: the model of such a checkpoint to run inputs through (``apply``'s data fit); ``None``: no family.
+    family: Optional[str] = None
 
     @property
     def fused(self) -> bool:
@@ -96,7 +92,7 @@ LAYOUTS: Tuple[Layout, ...] = (
            "attn.qkv.bias", "attn.qkv.bias", "attn.qkv.bias", "attn.proj.weight",
            pos_embed="pos_embed", prefix_tokens=("cls_token", "reg_token"), causal=None,
            embed=("patch_embed.proj.weight", "patch_embed.proj.bias"),
-           writers=("attn.proj.weight", "attn.proj.bias", "mlp.fc2.weight", "mlp.fc2.bias"), builder="timm"),
+           writers=("attn.proj.weight", "attn.proj.bias", "mlp.fc2.weight", "mlp.fc2.bias"), family="timm-vit"),
     Layout("hf-vit", "Hugging Face transformers ViT/DeiT (separate query/key/value)",
            r"^(?P<block>(?P<model>(?:.*\.)?)encoder\.layer\.(?P<layer>\d+)\.)attention\.attention\.query\.weight$",
            "attention.attention.query.weight", "attention.attention.key.weight", "attention.attention.value.weight",
@@ -104,30 +100,44 @@ LAYOUTS: Tuple[Layout, ...] = (
            "attention.output.dense.weight",
            pos_embed="embeddings.position_embeddings", prefix_tokens=_HF_PREFIX, embed=_HF_EMBED,
            writers=("attention.output.dense.weight", "attention.output.dense.bias", "output.dense.weight",
-                    "output.dense.bias"), builder="transformers"),
+                    "output.dense.bias"), family="hf-vit"),
     Layout("hf-vit-v5", "Hugging Face transformers 5 ViT, in-memory names (q_proj/k_proj/v_proj)",
            r"^(?P<block>(?P<model>(?:.*\.)?)layers\.(?P<layer>\d+)\.)attention\.q_proj\.weight$",
            "attention.q_proj.weight", "attention.k_proj.weight", "attention.v_proj.weight",
            "attention.q_proj.bias", "attention.k_proj.bias", "attention.v_proj.bias", "attention.o_proj.weight",
            pos_embed="embeddings.position_embeddings", prefix_tokens=_HF_PREFIX, embed=_HF_EMBED,
            writers=("attention.o_proj.weight", "attention.o_proj.bias", "mlp.fc2.weight", "mlp.fc2.bias"),
-           builder="transformers"),
+           family="hf-vit"),
     Layout("hf-bert", "Hugging Face transformers BERT-style encoder (separate query/key/value)",
            r"^(?P<block>(?P<model>(?:.*\.)?)encoder\.layer\.(?P<layer>\d+)\.)attention\.self\.query\.weight$",
            "attention.self.query.weight", "attention.self.key.weight", "attention.self.value.weight",
            "attention.self.query.bias", "attention.self.key.bias", "attention.self.value.bias",
            "attention.output.dense.weight",
-           pos_embed="embeddings.position_embeddings.weight", sequence=True, builder="transformers"),
+           pos_embed="embeddings.position_embeddings.weight", sequence=True, family="hf-bert"),
     Layout("hf-gpt2", "Hugging Face transformers GPT-2 (fused c_attn, Conv1D [D, 3D])",
            r"^(?P<block>(?P<model>(?:.*\.)?)h\.(?P<layer>\d+)\.)attn\.c_attn\.weight$",
            "attn.c_attn.weight", "attn.c_attn.weight", "attn.c_attn.weight",
            "attn.c_attn.bias", "attn.c_attn.bias", "attn.c_attn.bias", "attn.c_proj.weight",
-           pos_embed="wpe.weight", transposed=True, sequence=True, causal=True, builder="transformers"),
+           pos_embed="wpe.weight", transposed=True, sequence=True, causal=True, family="hf-gpt2"),
     Layout("torch-mha", "torch.nn.MultiheadAttention (in_proj_weight)",
            r"^(?P<block>(?P<model>)(?:.*\.)?)in_proj_weight$",
            "in_proj_weight", "in_proj_weight", "in_proj_weight",
-           "in_proj_bias", "in_proj_bias", "in_proj_bias", "out_proj.weight", causal=None),
+           "in_proj_bias", "in_proj_bias", "in_proj_bias", "out_proj.weight", causal=None, family="torch-mha"),
 )
+
+#: Rows families added (:func:`structinit.init.family.register_layout`), tried before :data:`LAYOUTS`.
+_ADDED: List[Layout] = []
+
+
+def add_layout(row: Layout) -> None:
+    """Add ``row`` to the rows tried first (what :func:`structinit.init.family.register_layout`
+    calls once it has checked the row)."""
+    _ADDED.append(row)
+
+
+def layout_rows() -> Tuple[Layout, ...]:
+    """Every layout row in the order detection tries them: those families added, then :data:`LAYOUTS`."""
+    return (*_ADDED, *LAYOUTS)
 
 
 
@@ -210,13 +220,13 @@ def _part(sd: Mapping, key: str, row: int, dim: int, fused: bool, what: str,
 
 
 def detect_layout(sd: Mapping) -> Optional[Detected]:
-    """The first layout of :data:`LAYOUTS` whose anchor matches keys of ``sd``, or ``None``.
+    """The first layout of :func:`layout_rows` whose anchor matches keys of ``sd``, or ``None``.
 
     Raises :class:`StructinitError` when tensors are missing or inconsistent, or when the state
     dict holds several models.
     """
     keys = [k for k in sd if isinstance(k, str)]
-    for layout in LAYOUTS:
+    for layout in layout_rows():
         rx = re.compile(layout.anchor)
         hits = [(m, k) for k in keys for m in [rx.match(k)] if m]
         if not hits:
@@ -368,35 +378,3 @@ def resolve_shape(det: Detected, heads: Optional[int] = None, grid: Optional[Gri
     if heads < 1 or det.dim % heads:
         raise UsageError(f"{param('heads')} {heads} does not divide the checkpoint's dim {det.dim}")
     return grid, heads
-
-
-# --------------------------------------------------------------------------- a built model's shape
-
-def model_grid(model) -> Grid:
-    """Token grid of a timm-style model (``patch_embed.grid_size``: ``(H, W)`` for images, ``(L,)``
-    for a sequence model such as structinit's ``transformer-1d``) or of a Hugging Face vision model
-    (its config's ``image_size`` over ``patch_size``)."""
-    try:
-        return Grid(tuple(int(g) for g in model.patch_embed.grid_size))
-    except (AttributeError, TypeError):
-        pass
-    config = getattr(model, "config", None)
-    size, patch = getattr(config, "image_size", None), getattr(config, "patch_size", None)
-    if size is not None and patch is not None:
-        h, w = (size, size) if isinstance(size, int) else size
-        ph, pw = (patch, patch) if isinstance(patch, int) else patch
-        return Grid((int(h) // int(ph), int(w) // int(pw)))
-    raise UsageError(f"the model has no patch_embed.grid_size; pass {param('grid')}")
-
-
-def model_heads(model) -> int:
-    """Heads of a timm-style model's first block (``blocks[0].attn.num_heads``), or of a Hugging
-    Face model (its config's ``num_attention_heads``)."""
-    try:
-        return int(model.blocks[0].attn.num_heads)
-    except (AttributeError, IndexError, TypeError):
-        pass
-    heads = getattr(getattr(model, "config", None), "num_attention_heads", None)
-    if isinstance(heads, int):
-        return heads
-    raise UsageError(f"the model has no blocks[0].attn.num_heads; pass {param('heads')}")

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List
+from typing import List
 
 from structinit.geometry.targets import check_choice
 from structinit.init.base import InitSpec, register
 from structinit.init.baselines import BASES, apply_base, generator
+from structinit.init.report import InitReport
 
 
 def mimetic_qk(dim: int, heads: int, alpha: float, beta: float, gen):
@@ -83,6 +84,7 @@ class MimeticInit(InitSpec):
     beta2: float = 0.4
     vproj: bool = True
     base: str = "model"
+    has_base = True
 
     #: Parameters added after run keys were in use: left out of :meth:`to_dict` at their defaults.
     optional_defaults = ("base",)
@@ -93,7 +95,7 @@ class MimeticInit(InitSpec):
     def planned(self, slot) -> List[str]:
         return super().planned(slot) + (vproj_keys(slot) if self.vproj else [])
 
-    def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> Dict[str, Any]:
+    def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> InitReport:
         from structinit.init.inject import read_qk, read_vproj, write_qk, write_vproj
 
         t = target
@@ -113,5 +115,6 @@ class MimeticInit(InitSpec):
                 rv, rp = read_vproj(t.sd, slot)
                 row["vproj_diag_mean"] = float((rv @ rp).diagonal().mean())
             rows.append(row)
-        return {"method": "mimetic", "layout": t.layout, "dim": t.dim, "heads": t.heads, "params": self.params(),
-                **({"base_reset": reset} if reset is not None else {}), "layers": rows}
+        return InitReport.from_dict({"method": "mimetic", "layout": t.layout, "dim": t.dim, "heads": t.heads,
+                                     "params": self.params(), **({"base_reset": reset} if reset is not None else {}),
+                                     "layers": rows})

@@ -16,7 +16,7 @@ import numpy as np
 
 from structinit.errors import UsageError, param
 from structinit.geometry.grid import Grid, GridLike
-from structinit.init.layouts import model_grid
+from structinit.init.family import model_grid
 
 if TYPE_CHECKING:
     import torch

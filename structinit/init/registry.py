@@ -87,6 +87,12 @@ def fitting_methods() -> str:
     return " / ".join(name for name, cls in INIT_METHODS.items() if cls.fits_data)
 
 
+def methods_with(name: str) -> List[str]:
+    """The registered methods whose spec has parameter ``name`` (e.g. ``"filter"``), in the
+    registry's order: what a command's alias of that parameter applies to."""
+    return [method for method, cls in INIT_METHODS.items() if name in {f.name for f in dataclasses.fields(cls)}]
+
+
 def spec_class(method: str) -> Type[InitSpec]:
     """The spec class registered as ``method``."""
     while _PLUGIN_FAILURES:

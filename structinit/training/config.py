@@ -210,7 +210,7 @@ class TrainConfig:
         if self.shuffle_seq and self.dataset not in SHUFFLABLE:
             raise UsageError(f"{param('shuffle_seq')} applies to sequence datasets ({', '.join(SHUFFLABLE)}), not "
                              f"{self.dataset}")
-        if getattr(self.init, "causal", False):
+        if self.init is not None and self.init.is_causal():
             raise causal_refused(name)  # an artifact's own flag is checked once train reads it
 
     def _check_execution(self) -> None:
@@ -327,13 +327,14 @@ def _init_spec(init: Any, params: Optional[Dict[str, Any]], spelling: Optional[T
 
 
 def _takes_base(init: Any) -> bool:
-    """Whether ``init``, given by a method's name, has a ``base`` parameter (``impulse``, ``mimetic``)."""
+    """Whether ``init``, given by a method's name, declares a ``base`` parameter
+    (:attr:`~structinit.init.base.InitSpec.has_base`: ``impulse``, ``mimetic``, ``conditioned``)."""
     if not isinstance(init, str):
         return False
     from structinit.init.registry import INIT_METHODS
 
     cls = INIT_METHODS.get(init)
-    return cls is not None and any(f.name == "base" for f in dataclasses.fields(cls))
+    return cls is not None and cls.has_base
 
 
 def _changed_params(spec: InitSpec) -> Dict[str, Any]:

@@ -11,7 +11,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
+from structinit.errors import StructinitError
 from structinit.init.base import InitSpec
+from structinit.init.report import InitReport
 from structinit.training.config import FIDELITY_SAMPLES, TrainConfig, causal_refused
 
 if TYPE_CHECKING:  # torch is imported where it is used
@@ -31,7 +33,7 @@ def init_inputs(split: TensorSplit, info: DatasetInfo) -> torch.Tensor:
 
 
 def impulse_fidelity(model: torch.nn.Module, split: TensorSplit, info: DatasetInfo,
-                     report: Dict[str, Any]) -> Dict[str, Any]:
+                     report: InitReport) -> Dict[str, Any]:
     """The hit rate and target mass, per layer, of a freshly impulse-initialized model's attention on
     the first :data:`FIDELITY_SAMPLES` training inputs (see
     :func:`structinit.analysis.fidelity.data_attention_quality`); ``report`` is the init's report."""
@@ -39,11 +41,13 @@ def impulse_fidelity(model: torch.nn.Module, split: TensorSplit, info: DatasetIn
     from structinit.geometry.grid import Grid
 
     x = init_inputs(split, info)
-    solved = (report.get("artifact") or {}).get("config") or report  # impulse-2025 solves with no artifact
-    rows = report["layers"]
+    structure = report.structure
+    if structure is None:
+        raise StructinitError(f"the {report.method} init reported no impulse offsets to measure its attention on")
+    layers = sorted(structure.offsets)
     # No causal mask: the models train builds attend both ways (TrainConfig refuses causal offsets).
-    return data_attention_quality(model, x, [r["offsets"] for r in rows], Grid(report["grid"]),
-                                  padding=solved.get("padding", "zero"), layers=[r["layer"] for r in rows])
+    return data_attention_quality(model, x, [structure.offsets[i] for i in layers], Grid(structure.grid),
+                                  padding=structure.padding, layers=layers)
 
 
 @dataclass
@@ -55,7 +59,7 @@ class Initialized:
 
     model: torch.nn.Module
     arch: Dict[str, Any]
-    report: Optional[Dict[str, Any]] = None
+    report: Optional[InitReport] = None
     seconds: Optional[float] = None
     record: Optional[Dict[str, Any]] = None
 
@@ -63,6 +67,10 @@ class Initialized:
     def rounded_seconds(self) -> Optional[float]:
         """``seconds`` to the millisecond, as the run's files hold it."""
         return None if self.seconds is None else round(self.seconds, 3)
+
+    def report_json(self) -> Optional[Dict[str, Any]]:
+        """The init's report as the run's files hold it (``None``: the model's own init)."""
+        return self.report.to_dict() if self.report is not None else None
 
 
 def initialized_model(config: TrainConfig, data: Data, resumed: Optional[Dict[str, Any]],
@@ -99,9 +107,12 @@ def _reapply_init(built: Initialized, config: TrainConfig, spec: InitSpec, recor
     from structinit.init.initialize import initialize_model
 
     initialize_model(built.model, spec.without_fit(), seed=config.seed)
-    built.report, built.seconds = recorded, seconds
-    if recorded.get("data_attention") is not None:
-        built.record = {"epoch": 0, "init_attention": recorded["data_attention"]}
+    try:
+        built.report, built.seconds = InitReport.from_dict(recorded), seconds
+    except ValueError as exc:
+        raise StructinitError(f"the init report the run recorded cannot be read: {exc}") from None
+    if built.report.data_attention is not None:
+        built.record = {"epoch": 0, "init_attention": built.report.data_attention}
     return built
 
 
@@ -127,14 +138,13 @@ def _apply_init(built: Initialized, config: TrainConfig, spec: InitSpec, data: D
     report = initialize_model(built.model, spec, seed=config.seed, data=fit_to,
                               progress=on_init, log=say, source=source)
     built.report, built.seconds = report, time.perf_counter() - t_init
-    solved = report.get("artifact") or {}
-    if (solved.get("config") or {}).get("causal"):  # an artifact given by path or key, read just now
-        raise causal_refused(config.model.name, artifact=solved["key"])
+    if report.structure is not None and report.structure.causal:  # an artifact given by path or key, read just now
+        raise causal_refused(config.model.name, artifact=report.structure.artifact)
     if info.in_memory and spec.reports_offsets:
-        quality = report["data_attention"] = impulse_fidelity(built.model, data.train, info, report)
+        quality = report.data_attention = impulse_fidelity(built.model, data.train, info, report)
         built.record = {"epoch": 0, "init_attention": quality}
         say(f"impulse attention at init on {quality['samples']} training inputs: hit rate {quality['hit_rate']:.3f}, "
-            f"target mass {quality['target_mass']:.3f} (on the pseudo input: {report['hit_rate']:.3f}, "
-            f"{report['target_mass']:.3f})")
+            f"target mass {quality['target_mass']:.3f} (on the pseudo input: {report.hit_rate or 0:.3f}, "
+            f"{report.target_mass or 0:.3f})")
     return built
 

@@ -15,9 +15,11 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
 
 from structinit.errors import StructinitError, UsageError
+from structinit.init.report import InitReport
 
 
 def training_images(config, n: int):
@@ -40,7 +42,18 @@ def training_images(config, n: int):
     return torch.stack([data.train[i][0] for i in range(n)])
 
 
-def initialized_model(config, cache_dir=None):
+def _recorded_attention(recorded: Any, where: Path) -> Optional[Dict[str, Any]]:
+    """What ``train`` measured at init (the ``data_attention`` of ``recorded``, the init report of the
+    run's ``config.json`` at ``where``; ``None`` where it holds none)."""
+    if recorded is None:
+        return None
+    try:
+        return InitReport.from_dict(recorded).data_attention
+    except ValueError as exc:
+        raise StructinitError(f"{where}: its init_report cannot be read: {exc}") from None
+
+
+def initialized_model(config, cache_dir=None) -> Tuple[Any, Optional[InitReport], Any]:
     """The model of ``config`` as ``train`` builds it before the first step: ``(model, init
     report, dataset info)`` (the report is ``None`` for the model's own init). An init that fits
     to real inputs (impulse ``data_fit``) gets the run's first training inputs, as in ``train``.
@@ -79,7 +92,7 @@ class InspectedModel:
 
     config: Any
     model: Any
-    report: Optional[dict]
+    report: Optional[InitReport]
     info: Any
     source: str = "init"
     epoch: int = 0
@@ -136,8 +149,7 @@ def run_model(path, data_dir=None, cache_dir=None) -> InspectedModel:
                                   f"{str(exc).splitlines()[0]}") from None
     else:
         assert doc is not None  # no checkpoint file: path is a run folder, whose config.json was read
-        if isinstance(doc.get("init_report"), dict):
-            recorded = doc["init_report"].get("data_attention")
+        recorded = _recorded_attention(doc.get("init_report"), folder / RunDir.CONFIG)
     return InspectedModel(config, model, report, info, source="checkpoint" if ck is not None else "init",
                           epoch=int(ck["epoch"]) if ck is not None else 0,
                           config_path=str(folder / RunDir.CONFIG) if doc is not None else None, recorded=recorded)

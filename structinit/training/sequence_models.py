@@ -4,7 +4,7 @@ positions, and a 1-D CNN of similar size as the reference it is compared with.
 :class:`SequenceTransformer` is laid out like a timm VisionTransformer (it is built from timm's own
 ``Block``), so every init method and layout of structinit applies to it unchanged: its keys read
 ``blocks.{i}.attn.qkv.weight``, its fixed position embedding is ``pos_embed [1, L, D]``, and
-``patch_embed.grid_size == (L,)`` tells :func:`structinit.init.attention_target.model_grid` that its tokens
+``patch_embed.grid_size == (L,)`` tells :func:`structinit.init.family.model_grid` that its tokens
 form a sequence of ``L``.
 
 Example::

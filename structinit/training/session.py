@@ -94,7 +94,7 @@ class Session:
         spec = self.config.init
         run.create()
         run.write_config({"config": self.config.to_dict(), "key": self.key, "resolved": resolved,
-                          "init": spec.to_dict() if spec is not None else None, "init_report": built.report,
+                          "init": spec.to_dict() if spec is not None else None, "init_report": built.report_json(),
                           "init_seconds": built.rounded_seconds,
                           "algorithms": spec.algorithms() if spec is not None else {},
                           "version": __version__, "versions": self.versions()})
@@ -177,9 +177,9 @@ class Session:
                            best_acc=progress.best_acc, best_epoch=progress.best_epoch, best_on=progress.best_on,
                            epochs=len(progress.metrics), wall_seconds=progress.elapsed(self.t_start), params=params,
                            metrics=progress.metrics, out=str(self.run.path) if self.run is not None else None,
-                           key=self.key,
-                           resumed_from=progress.resumed_from, world_size=self.ctx.world, device=self.ctx.device,
-                           init_report=built.report, init_seconds=built.rounded_seconds, versions=self.versions())
+                           key=self.key, resumed_from=progress.resumed_from, world_size=self.ctx.world,
+                           device=self.ctx.device, init_report=built.report_json(),
+                           init_seconds=built.rounded_seconds, versions=self.versions())
 
     def versions(self) -> Dict[str, str]:
         """What this session trains under (:func:`structinit.runtime.software_versions`), found once."""
