@@ -422,20 +422,20 @@ def test_torchruns_rank_0_writes_the_run_whose_lock_the_task_holds(tmp_path, mon
 
 def test_the_structinit_script_installs_the_stop_handler_of_train_and_bench_as_it_starts(monkeypatch):
     from structinit import cli as cli_package
-    from structinit.experiments import task
+    from structinit.experiments import stopping
 
     before = signal.getsignal(signal.SIGTERM)
-    monkeypatch.setattr(task, "_PROCESS_STOPPER", None)
+    monkeypatch.setattr(stopping, "_PROCESS_STOPPER", None)
     assert not cli_package.stop_early(["/usr/bin/structinit", "apply", "x.pt"])
     assert not cli_package.stop_early(["/usr/bin/pytest", "train"])
-    assert signal.getsignal(signal.SIGTERM) == before and task._PROCESS_STOPPER is None
+    assert signal.getsignal(signal.SIGTERM) == before and stopping._PROCESS_STOPPER is None
     try:
         assert cli_package.stop_early(["/venv/bin/structinit", "train", "--epochs", "1"])
-        stopper = task._PROCESS_STOPPER
+        stopper = stopping._PROCESS_STOPPER
         assert stopper is not None and signal.getsignal(signal.SIGTERM) == stopper._on_signal
     finally:
-        if task._PROCESS_STOPPER is not None:
-            task._PROCESS_STOPPER.restore()
+        if stopping._PROCESS_STOPPER is not None:
+            stopping._PROCESS_STOPPER.restore()
     assert signal.getsignal(signal.SIGTERM) == before
 
 

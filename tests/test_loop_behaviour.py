@@ -200,12 +200,12 @@ def test_a_finished_runs_result_comes_from_its_checkpoint_field_by_field(tmp_pat
     and device are the defaults."""
     from types import SimpleNamespace
 
-    from structinit.training.loop import _result_from_checkpoint
+    from structinit.training.result import result_from_checkpoint
 
     metrics = [{"epoch": e, "test_acc": 10.0 * e, "val_acc": 20.0 + e} for e in (1, 2, 3)]
     ck = {"metrics": metrics, "best_acc": 30.0, "best_epoch": 3, "best_on": "val", "elapsed": 12.5,
           "params": {"total": 7}, "epoch": 3}
-    r = _result_from_checkpoint(ck, RunDir(tmp_path / "run"), SimpleNamespace(world=4, device="cuda:1"), "abc")
+    r = result_from_checkpoint(ck, RunDir(tmp_path / "run"), SimpleNamespace(world=4, device="cuda:1"), "abc")
     assert (r.final_acc, r.final_val_acc, r.best_acc, r.best_epoch, r.best_on) == (30.0, 23.0, 30.0, 3, "val")
     assert (r.epochs, r.wall_seconds, r.params, r.metrics, r.resumed_from) == (3, 12.5, {"total": 7}, metrics, 3)
     assert (r.out, r.key, r.world_size, r.device) == (str(tmp_path / "run"), "abc", 4, "cuda:1")

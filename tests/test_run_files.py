@@ -3,13 +3,15 @@ an unstarted run leaves behind (nothing, however deep the folders it made), the 
 left out of the metrics, and the reasons an unreadable or foreign checkpoint gives."""
 
 import argparse
+import os
 
 import pytest
 import torch
 from conftest import says
 
 from structinit.errors import StructinitError, UsageError
-from structinit.training.rundir import RunDir, _unreadable, load_run_weights, load_train_checkpoint
+from structinit.training.run_checkpoint import _unreadable
+from structinit.training.rundir import RunDir, load_run_weights, load_train_checkpoint
 
 
 @pytest.mark.parametrize("name", ["", "   "])
@@ -100,8 +102,12 @@ def test_an_unreadable_checkpoint_says_why_in_one_line(tmp_path):
     folder.mkdir()
     with pytest.raises(StructinitError) as e:
         load_run_weights(folder)
-    assert str(e.value) == f"cannot read checkpoint {folder}: " + (
-        f"IsADirectoryError: [Errno 21] Is a directory: '{folder}'"[:219])
+    assert str(e.value) == f"cannot read checkpoint {folder}: a folder, not a regular file"
+    os.mkfifo(tmp_path / "fifo.pt")  # read through the checked reader: refused, not waited on
+    for load in (load_run_weights, load_train_checkpoint):
+        with pytest.raises(StructinitError) as e:
+            load(tmp_path / "fifo.pt")
+        assert str(e.value) == f"cannot read checkpoint {tmp_path / 'fifo.pt'}: a FIFO (named pipe), not a regular file"
     assert _unreadable(RuntimeError("\n first line\nsecond")) == "RuntimeError: first line"
     assert _unreadable(RuntimeError()) == "RuntimeError"
     assert _unreadable(EOFError()) == "not a torch checkpoint, or truncated"

@@ -324,17 +324,7 @@ def attention_fidelity(model, images, *, offsets: Optional[OffsetsLike] = None, 
 
     from structinit.analysis.quality import attention_quality
 
-    check_choice("padding", padding, PADDINGS)
-    if not isinstance(filter, int) or isinstance(filter, bool) or filter < 1:
-        raise UsageError(f"{param('filter')} must be a positive integer, got {filter!r}")
-    if not hasattr(images, "shape") or len(images.shape) < 2 or int(images.shape[0]) < 1:
-        raise UsageError(f"{param('images')} must be a non-empty batch tensor [B, ...]")
-    if grid is None:
-        pe = getattr(model, "patch_embed", None)
-        if pe is None or getattr(pe, "grid_size", None) is None:
-            raise UsageError(f"give {param('grid')}: the model has no patch_embed.grid_size")
-        grid = tuple(int(s) for s in pe.grid_size)
-    grid = Grid(grid)
+    grid = _checked_grid(model, images, filter, padding, grid)
     if prefix is None:
         prefix = int(getattr(model, "num_prefix_tokens", 0) or 0)
     mods = attention_modules(model)
@@ -344,15 +334,7 @@ def attention_fidelity(model, images, *, offsets: Optional[OffsetsLike] = None, 
         raise UsageError(f"{param('filter')} {filter} is larger than the {grid.describe()} grid")
     offs = _offsets_array(offsets, layers, heads) if offsets is not None else None
     window = torch.from_numpy(window_mask(grid, filter, prefix))
-    cols: Optional[List[Optional[torch.Tensor]]] = None  # per layer: its targets' key columns, None without offsets
-    if offs is not None:
-        cols = []
-        for l in range(layers):
-            if (offs[l] == -9999).any():
-                cols.append(None)
-            else:
-                c = torch.from_numpy(impulse_columns(grid, offs[l], padding))
-                cols.append(torch.where(c >= 0, c + prefix, c))  # key index among all T tokens
+    cols = _target_columns(grid, offs, padding, prefix) if offs is not None else None
 
     sums = {"window": torch.zeros(layers, heads, dtype=torch.float64),
             "hit": torch.zeros(layers, heads, dtype=torch.float64),
@@ -389,6 +371,38 @@ def attention_fidelity(model, images, *, offsets: Optional[OffsetsLike] = None, 
     return Fidelity(grid=grid, prefix=prefix, filter=filter, images=b, window_mass=(sums["window"] / b).numpy(),
                     hit_rate=hit, target_mass=mass, offsets=offs,
                     maps=(maps / b).float().numpy() if maps is not None else None, padding=padding)
+
+
+def _checked_grid(model, images, filter: int, padding: str, grid) -> Grid:
+    """The token grid :func:`attention_fidelity` measures on (``grid``, else the model's
+    ``patch_embed.grid_size``), once its ``filter``, ``padding`` and ``images`` are checked."""
+    check_choice("padding", padding, PADDINGS)
+    if not isinstance(filter, int) or isinstance(filter, bool) or filter < 1:
+        raise UsageError(f"{param('filter')} must be a positive integer, got {filter!r}")
+    if not hasattr(images, "shape") or len(images.shape) < 2 or int(images.shape[0]) < 1:
+        raise UsageError(f"{param('images')} must be a non-empty batch tensor [B, ...]")
+    if grid is None:
+        pe = getattr(model, "patch_embed", None)
+        if pe is None or getattr(pe, "grid_size", None) is None:
+            raise UsageError(f"give {param('grid')}: the model has no patch_embed.grid_size")
+        grid = tuple(int(s) for s in pe.grid_size)
+    return Grid(grid)
+
+
+def _target_columns(grid: Grid, offs, padding: str, prefix: int) -> List[Optional[Any]]:
+    """Per layer, the key column of each head's impulse target among all ``prefix + tokens`` keys
+    (``[heads, tokens]``, -1 where the target falls outside with zero padding); ``None`` for a
+    layer whose offsets are missing (-9999)."""
+    import torch
+
+    cols: List[Optional[Any]] = []
+    for layer_offsets in offs:
+        if (layer_offsets == -9999).any():
+            cols.append(None)
+        else:
+            c = torch.from_numpy(impulse_columns(grid, layer_offsets, padding))
+            cols.append(torch.where(c >= 0, c + prefix, c))  # key index among all T tokens
+    return cols
 
 
 __all__ = ["Fidelity", "attention_fidelity", "init_fidelity", "capture_attention", "attention_modules",

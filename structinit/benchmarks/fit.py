@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -300,7 +301,6 @@ def run_fit_bench(preset: str = "vit-digits", *, dataset: Optional[str] = None,
     every timed init (``{"position_subspace": True}``: the subspace's fit), named in the result."""
     import tempfile
 
-    from structinit.init.initialize import initialize_model
     from structinit.runtime import resolve_device
     from structinit.training.loop import amp_dtype, amp_name
 
@@ -313,39 +313,65 @@ def run_fit_bench(preset: str = "vit-digits", *, dataset: Optional[str] = None,
     model, x = _model_and_inputs(preset, dataset, image_size, in_chans, samples, seed, patch)
     arch = model.structinit_arch
     model, x = model.to(dev), x.to(dev)
-
-    def fresh():
-        return _model_and_inputs(preset, dataset, image_size, in_chans, 1, seed, patch)[0].to(dev)
+    fits = _TimedFits(preset, dataset, image_size, in_chans, patch, samples, seed, steps, dict(init_params or {}), dev)
 
     out: Dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as scratch:
-        cache = cache_dir or scratch
-        solve, step = _time_solve_and_step(model, x, seed, cache, dev, train_steps, train_batch, dtype, say)
+        fits.cache = cache_dir or scratch
+        solve, fits.step = _time_solve_and_step(model, x, seed, fits.cache, dev, train_steps, train_batch, dtype, say)
         plain_path = solve.pop("path")
-
-        def fit(version: int, data) -> Dict[str, Any]:
-            m = fresh()
-            # without data the fit runs on noise of the model's input shape and logs one line saying so
-            rep, total = _timed(lambda: initialize_model(m, "impulse", seed=seed, data=data, data_fit_version=version,
-                                                         cache_dir=cache, data_fit_samples=samples, data_fit=steps,
-                                                         log=lambda line: None, **(init_params or {})), dev)
-            return _fit_row(rep, version, steps, total, step, data is not None and dataset is not None)
-
         rows: List[Dict[str, Any]] = []
         for v in versions:
             say(f"data fit version {v}")
-            rows.append(fit(v, x))
+            rows.append(fits.fit(v, x))
         out["rows"] = rows
         if data_free:
             say("the same fits without data (on noise of the model's input shape)")
-            out["data_free_rows"] = [fit(v, None) for v in versions]
+            out["data_free_rows"] = [fits.fit(v, None) for v in versions]
         if profile_dir is not None:
             out["profile"] = _maybe_profile(rows[0], profile_over, lambda first: _profiled_fit(
-                fresh(), x, version=first["version"], steps=profile_steps, samples=samples, seed=seed,
+                fits.fresh(), x, version=first["version"], steps=profile_steps, samples=samples, seed=seed,
                 plain_path=plain_path, dev=dev, out_dir=Path(profile_dir)), say)
     inputs = dataset or f"noise [{samples}, {in_chans}, {image_size}, {image_size}]"
-    return {"shape": _shape_row(preset, arch, inputs, dev), "train_step_seconds": step, "train_batch": train_batch,
+    return {"shape": _shape_row(preset, arch, inputs, dev), "train_step_seconds": fits.step, "train_batch": train_batch,
             "amp": amp_name(dtype), "solve": solve, "init_params": dict(init_params or {}), **out}
+
+
+@dataclass
+class _TimedFits:
+    """The fits :func:`run_fit_bench` times, each on a fresh model of ``preset`` (as
+    :func:`_model_and_inputs` builds it, on ``dev``): the default impulse init with ``steps`` Adam
+    steps on ``samples`` inputs and ``init_params``, its plain solve read from ``cache``; ``step``
+    (the seconds of one training step) is the unit of each row."""
+
+    preset: str
+    dataset: Optional[str]
+    image_size: int
+    in_chans: int
+    patch: Optional[int]
+    samples: int
+    seed: int
+    steps: int
+    init_params: Dict[str, Any]
+    dev: str
+    cache: Any = None
+    step: float = 0.0
+
+    def fresh(self):
+        """A fresh model of the preset, on the device."""
+        return _model_and_inputs(self.preset, self.dataset, self.image_size, self.in_chans, 1, self.seed,
+                                 self.patch)[0].to(self.dev)
+
+    def fit(self, version: int, data) -> Dict[str, Any]:
+        """The row of one timed init with data fit ``version`` on ``data`` (``None``: the fit runs on
+        noise of the model's input shape and logs one line saying so)."""
+        from structinit.init.initialize import initialize_model
+
+        m = self.fresh()
+        rep, total = _timed(lambda: initialize_model(
+            m, "impulse", seed=self.seed, data=data, data_fit_version=version, cache_dir=self.cache,
+            data_fit_samples=self.samples, data_fit=self.steps, log=lambda line: None, **self.init_params), self.dev)
+        return _fit_row(rep, version, self.steps, total, self.step, data is not None and self.dataset is not None)
 
 
 def _maybe_profile(first: Dict[str, Any], over: float, profile: Callable[[Dict[str, Any]], Dict[str, Any]],

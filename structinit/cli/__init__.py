@@ -13,12 +13,12 @@ import sys
 def stop_early(argv=None) -> bool:
     """When ``argv`` (default ``sys.argv``) is the ``structinit`` program running ``train`` or
     ``bench ...``, install that command's stop handler now
-    (:func:`structinit.experiments.task.install_process_stopper`); whether one was installed."""
+    (:func:`structinit.experiments.stopping.install_process_stopper`); whether one was installed."""
     argv = sys.argv if argv is None else argv
     if not argv or os.path.basename(argv[0]) not in ("structinit", "structinit.exe") \
             or argv[1:2] not in (["bench"], ["train"]):
         return False
-    from structinit.experiments.task import install_process_stopper
+    from structinit.experiments.stopping import install_process_stopper
 
     return install_process_stopper(argv[1:]) is not None
 

@@ -235,9 +235,7 @@ def apply(
     table in its place (kept learnable) unless --set-pe or --fit-pe says otherwise. The result says
     how the attention hits its offsets on those inputs; --verbose shows every setting and tensor.
     """
-    from structinit.apply.checkpoint import apply_checkpoint
     from structinit.apply.options import ApplyOptions
-    from structinit.errors import Notice
     from structinit.geometry.grid import parse_grid
     from structinit.init.registry import parse_assignments
     from structinit.runtime import use_threads
@@ -252,16 +250,26 @@ def apply(
                            grid=parse_grid(grid=grid) if grid is not None else None, set_pe=set_pe, pe_scale=pe_scale,
                            seed=seed, cache_dir=cache_dir, device=device, data=data, samples=samples,
                            data_dir=data_dir, model_name=model_name, config=str(config) if config is not None else None)
-    with Progress(f"apply {method}", enabled=not json_out) as bar:
+    report = _apply_with_progress(ckpt, spec, options, method, shown=not json_out)
+    show(spec, report, dry_run=dry_run, verbose=verbose, json_out=json_out)
+
+
+def _apply_with_progress(ckpt, spec, options, method: str, shown: bool):
+    """:func:`~structinit.apply.checkpoint.apply_checkpoint` behind a progress bar (``shown``: not
+    with ``--json``) whose stage names each step of ``method`` and the data fit's steps; a notice
+    (the fit's estimated time, a wait for another process) is always logged above it."""
+    from structinit.apply.checkpoint import apply_checkpoint
+    from structinit.errors import Notice
+
+    with Progress(f"apply {method}", enabled=shown) as bar:
         def log(message: str) -> None:
             if isinstance(message, Notice):  # the fit's estimated time, a wait for another process: always shown
                 bar.log(message)
             else:
                 bar.stage(f"apply {method}: {message}")
 
-        report = apply_checkpoint(ckpt, spec, options, progress=bar, log=log,
-                                  fit_progress=lambda d, n: bar.update(d, n, f"apply {method}: data fit"))
-    show(spec, report, dry_run=dry_run, verbose=verbose, json_out=json_out)
+        return apply_checkpoint(ckpt, spec, options, progress=bar, log=log,
+                                fit_progress=lambda d, n: bar.update(d, n, f"apply {method}: data fit"))
 
 
 def show(spec: InitSpec, report: dict, *, dry_run: bool, verbose: bool, json_out: bool) -> None:

@@ -282,26 +282,33 @@ def train(
     checkpoint kept: one error line and exit code 143; --resume continues.
     """
     fields = _config_fields(dict(locals()))  # first: the command's parameters alone
-    from structinit.experiments.task import command_stopper
-    from structinit.training.loop import TrainingStopped
-
-    # SIGTERM is a stop request from here on (from the start of the process when it was started as
-    # `structinit train`, whose entry point installed it before loading the command line)
-    stopper = command_stopper(requeue_signal=False)
-    try:
-        if resume and out is not None:
-            fields = _with_run_settings(ctx, fields, out)
-        result = _train_with_progress(fields, threads, stopper.event.is_set)
-    except TrainingStopped as exc:
-        raise _stopped(exc.epochs_done, out) from None
-    finally:
-        stopper.release()  # ignored from now on when this command is the process, else put back
+    result = _train_stoppable(ctx, fields, out, resume, threads)
     if result is None:  # a process of torchrun other than rank 0: it prints nothing
         return
     if json_out:
         emit_json(result.summary())
         return
     typer.echo(result_line(result))
+
+
+def _train_stoppable(ctx: typer.Context, fields: Dict[str, Any], out: Optional[Path], resume: bool,
+                     threads: Optional[int]) -> Optional[TrainResult]:
+    """Train ``fields`` (with ``resume``, the run in ``out``, whose settings it takes) with SIGTERM as a
+    stop request (from the start of the process when it was started as ``structinit train``, whose
+    entry point installed it before loading the command line): a stopped run ends as
+    :func:`_stopped` says. The result as :func:`_train_with_progress` returns it."""
+    from structinit.experiments.task import command_stopper
+    from structinit.training.loop import TrainingStopped
+
+    stopper = command_stopper(requeue_signal=False)
+    try:
+        if resume and out is not None:
+            fields = _with_run_settings(ctx, fields, out)
+        return _train_with_progress(fields, threads, stopper.event.is_set)
+    except TrainingStopped as exc:
+        raise _stopped(exc.epochs_done, out) from None
+    finally:
+        stopper.release()  # ignored from now on when this command is the process, else put back
 
 
 def _stopped(epochs_done: int, out: Optional[Path]) -> typer.Exit:

@@ -20,8 +20,9 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
+from structinit.atomic import read_regular_text
 from structinit.errors import UsageError, param
 from structinit.experiments.gridspec import (
     Axis,
@@ -141,7 +142,7 @@ class Expansion:
     def _manifest_damage(self, path: Path) -> Optional[str]:
         """Why the manifest at ``path`` is not this expansion's record (``None`` when it is)."""
         try:
-            old = Expansion.from_manifest(json.loads(path.read_text()), self.runs_dir)
+            old = Expansion.from_manifest(json.loads(read_regular_text(path)), self.runs_dir)
         except (ValueError, UsageError) as exc:
             return str(exc).splitlines()[0][:200]
         mine = [(c.row, tuple(c.column), c.seed, c.key) for c in self.cells]
@@ -330,7 +331,6 @@ def expand(spec: GridSpec, *, overrides: Union[Iterable[str], Dict[str, Any], No
     total)`` is called as the runs are expanded.
     """
     from structinit.experiments.gridspec import parse_selection, restrict
-    from structinit.training.config import TrainConfig
     from structinit.training.datasets import default_data_dir
 
     if only:
@@ -366,18 +366,9 @@ def expand(spec: GridSpec, *, overrides: Union[Iterable[str], Dict[str, Any], No
             elif data_root is not None:
                 cfg["data_dir"] = str(root)
             _check_cell(spec, cfg, where, long_warmup)
-            for i, seed in enumerate(seed_list):
-                config = TrainConfig(**dict(copy.deepcopy(cfg), seed=seed))
-                key = config.key
-                if i == 0:
-                    if key in first_seed:  # two cells that are one run: the report would show it twice
-                        raise GridError(f"{spec.source}: cells {first_seed[key]} and {where} are the same runs (their "
-                                        "settings differ only in spelling or in defaults); give each cell settings "
-                                        "of its own, or drop one")
-                    first_seed[key] = where
-                config.out = str(runs_dir / key)
-                config.resume = True
-                cells.append(Cell(row.id, tuple(v.id for v in col), seed, key, config))
+            for cell in _seed_runs(spec, cfg, seed_list, row.id, tuple(v.id for v in col), where, runs_dir,
+                                   first_seed):
+                cells.append(cell)
                 done += 1
                 if progress is not None and total >= PROGRESS_FROM and (done % 500 == 0 or done == total):
                     progress(done, total)
@@ -391,6 +382,27 @@ def expand(spec: GridSpec, *, overrides: Union[Iterable[str], Dict[str, Any], No
     return Expansion(spec_seeds, runs_dir, cells, dict(overrides), command, warnings=warnings)
 
 
+def _seed_runs(spec: GridSpec, cfg: Dict[str, Any], seed_list: Sequence[int], row: str, column: Tuple[str, ...],
+               where: str, runs_dir: Path, first_seed: Dict[str, str]) -> Iterator[Cell]:
+    """The runs of one cell (its settings ``cfg``, named ``where`` in errors), one per seed, each
+    in ``runs_dir/<key>`` and resumed when started again. Two cells whose first seeds are the same
+    run are refused (``first_seed``: each cell's first run key, filled in as cells come)."""
+    from structinit.training.config import TrainConfig
+
+    for i, seed in enumerate(seed_list):
+        config = TrainConfig(**dict(copy.deepcopy(cfg), seed=seed))
+        key = config.key
+        if i == 0:
+            if key in first_seed:  # two cells that are one run: the report would show it twice
+                raise GridError(f"{spec.source}: cells {first_seed[key]} and {where} are the same runs (their "
+                                "settings differ only in spelling or in defaults); give each cell settings "
+                                "of its own, or drop one")
+            first_seed[key] = where
+        config.out = str(runs_dir / key)
+        config.resume = True
+        yield Cell(row, column, seed, key, config)
+
+
 def load_manifests(runs_dir: os.PathLike, unreadable: Optional[Dict[Path, str]] = None) -> List[Expansion]:
     """Every grid recorded in ``runs_dir/grids/``, oldest first. An unreadable manifest is an error,
     unless ``unreadable`` is given: then it is left out and recorded there (path -> why)."""
@@ -398,7 +410,7 @@ def load_manifests(runs_dir: os.PathLike, unreadable: Optional[Dict[Path, str]] 
     out = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
-            doc = json.loads(path.read_text())
+            doc = json.loads(read_regular_text(path))
             out.append(Expansion.from_manifest(doc, runs_dir))
         except (OSError, ValueError, UsageError) as exc:
             why = str(exc).splitlines()[0][:200]

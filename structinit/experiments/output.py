@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from structinit.atomic import read_regular_text
 from structinit.errors import StructinitError, UsageError, param
 from structinit.experiments.report import GridReport, cells_csv, markdown, runs_csv
 
@@ -72,7 +73,7 @@ def earlier_report_files(folder: Path) -> List[str]:
     files, or for a report written before it kept one, the figure names of the grids it holds);
     only those that are still there."""
     try:
-        doc = json.loads((folder / "report.json").read_text())
+        doc = json.loads(read_regular_text(folder / "report.json"))
     except (OSError, ValueError):
         return []
     if not isinstance(doc, dict):

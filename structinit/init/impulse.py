@@ -12,16 +12,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from structinit.errors import UsageError, param
 from structinit.fit.settings import FIT_DEFAULTS as _FIT
-from structinit.fit.settings import FitSettings
-from structinit.init.base import InitSpec, InitWarning, register
-from structinit.init.impulse_checks import (
-    check_causal,
-    check_given_artifact,
-    check_impulse_params,
-    check_subspace_layers,
-)
+from structinit.init.base import InitSpec, register
+from structinit.init.impulse_checks import ImpulseRefusals, check_given_artifact, check_impulse_params
+from structinit.init.impulse_fit import ImpulseDataFit
+from structinit.init.impulse_notices import PLAIN_SOLVE_NOTE, ImpulseNotices
 from structinit.init.mimetic import vproj_keys
 from structinit.init.report import FitRecord, InitReport
 from structinit.solver.recipes import (
@@ -30,17 +25,12 @@ from structinit.solver.recipes import (
     DEFAULT_PADDING,
     DEFAULT_PSEUDO_INPUT,
     DEFAULT_RECIPE,
-    recipe_params,
 )
-
-#: What ``apply`` says of a checkpoint written with the plain solve (``data_fit=0``).
-PLAIN_SOLVE_NOTE = (f"{param('data_fit')} 0 writes the plain solve, which real inputs wash out: it trained 12 points "
-                    "below mimetic init at 100 digits (docs/results/digits-datafit)")
 
 
 @register
 @dataclass(frozen=True)
-class ImpulseInit(InitSpec):
+class ImpulseInit(ImpulseDataFit, ImpulseRefusals, ImpulseNotices, InitSpec):
     """Impulse init's parameters.
 
     Solve settings (see :class:`~structinit.solver.config.SolveConfig`): ``filter``, ``recipe``,
@@ -174,23 +164,10 @@ class ImpulseInit(InitSpec):
     def planned(self, slot) -> List[str]:
         return super().planned(slot) + (vproj_keys(slot) if self.mimetic_vproj else [])
 
-    # ---- the data fit
-
-    @property
-    def uses_data(self) -> bool:
-        """Whether :meth:`prepare` fits Q/K to inputs (``data_fit``; without a batch, to noise inputs of
-        the model's input shape; without either, it keeps the plain solve)."""
-        return self.data_fit > 0
-
-    @property
-    def fit_samples(self) -> int:
-        return self.data_fit_samples if self.data_fit else 0
+    # ---- the data fit (its settings: ImpulseDataFit)
 
     def with_fit_samples(self, samples: int) -> "ImpulseInit":
         return dataclasses.replace(self, data_fit_samples=samples) if self.data_fit else self
-
-    def fit_off(self) -> str:
-        return "data_fit is 0" if not self.data_fit else ""
 
     def is_causal(self) -> bool:
         """``causal``: offsets only in the past, solved under a decoder's mask."""
@@ -206,57 +183,7 @@ class ImpulseInit(InitSpec):
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         return dataclasses.replace(self, data_fit=0, **{name: defaults[name] for name in FIT_ONLY_PARAMS})
 
-    def fit_settings(self, subspace=None):
-        """The data fit's :class:`~structinit.fit.settings.FitSettings` from this spec's parameters
-        (``subspace``: the target's :class:`~structinit.init.position_subspace.PositionSubspace`,
-        whose size and gain change what each layer sees)."""
-
-        writes = {"mimetic_vproj": self.mimetic_vproj, "alpha2": self.alpha2, "beta2": self.beta2}
-        if subspace is not None:
-            writes.update(position_dims=subspace.dims, position_gain=round(subspace.gain, 9))
-            if subspace.rest_scale:
-                writes.update(position_rest=subspace.rest_scale)
-        return FitSettings(steps=self.data_fit, mass=self.data_fit_mass, l2=self.data_fit_l2, lr=self.data_fit_lr,
-                           norm=self.data_fit_norm, samples=self.data_fit_samples, version=self.data_fit_version,
-                           batch=self.data_fit_batch, self_weight=self.self_weight,
-                           calibrated_to=self.calibration_mass(),
-                           writes=writes)
-
-    def calibration_mass(self) -> float:
-        """The mean attention on the target token that ``data_fit`` calibrates each head to:
-        ``target_mass``, or the ``fast`` recipe's default."""
-        if self.target_mass is not None:
-            return float(self.target_mass)
-        return float(recipe_params("fast", {})["target_mass"])
-
-    # ---- refusals
-
-    def check_target(self, target) -> None:
-        """A decoder that masks later tokens (GPT-2) needs causal offsets; a model known to attend
-        both ways (BERT) must not get them (they were solved under a mask it does not apply). An
-        artifact given by path or key is checked once it is read (in :meth:`prepare`)."""
-        if self.artifact is None:
-            check_causal(target, self.causal)
-        elif hasattr(self.artifact, "config"):
-            check_causal(target, self.artifact.config.causal)
-        check_subspace_layers(self, target)
-
-    def check_data_target(self, target) -> None:
-        """``data_fit`` on a batch needs a model (it runs the inputs through it) whose q and k are
-        plain linear maps of each layer's input (no q/k norms)."""
-        if not self.data_fit:
-            return
-        from structinit.analysis.capture import projection_module
-
-        model = target.model
-        if model is None:
-            raise UsageError(f"impulse parameter {param('data_fit')} runs real inputs through the model, so it needs "
-                             "a model, not a checkpoint or state dict (apply_checkpoint builds the one a checkpoint "
-                             "describes)")
-        for i in target.layers:
-            why = target.family.qk_not_linear(model, projection_module(model, target.det.slots[i].q.key), i)
-            if why is not None:
-                raise UsageError(f"impulse parameter {param('data_fit')} fits q and k as linear maps; {why}")
+    # ---- refusals (the others: ImpulseRefusals)
 
     def check_shape(self, grid, dim: int, heads: int, depth: int, seed: int = 0, cache_dir=None) -> None:
         """A solve's settings for this shape (refused by :meth:`solve_config`), or the given artifact."""
@@ -264,19 +191,6 @@ class ImpulseInit(InitSpec):
             self.solve_config(grid, dim, heads, depth, seed)
         else:
             check_given_artifact(self.artifact, cache_dir, grid, dim, heads)
-
-    def check_pos_embed(self, target, art=None) -> None:
-        """See :func:`structinit.init.impulse_solve.check_pos_embed`."""
-        from structinit.init.impulse_solve import check_pos_embed
-
-        check_pos_embed(self, target, art)
-
-    def replaces_pos_embed(self, target) -> bool:
-        """A learned position embedding (timm's trunc normal 0.02, ``[1, T, D]``) tells the layers
-        almost nothing of position: unless ``pe_scale``, ``fit_pe`` or ``artifact`` says otherwise,
-        the sin-cos table takes its place (kept learnable; docs/results/stock-models)."""
-        return (self.pe_scale is None and not self.fit_pe and self.artifact is None and target.pos_key is not None
-                and target.pos_embed_kind() == "other" and target.sd[target.pos_key].dim() == 3)
 
     # ---- the solve
 
@@ -341,39 +255,7 @@ class ImpulseInit(InitSpec):
                 report.data_source = shared.inputs.source
         return report
 
-    # ---- what the user is told
+    # ---- what the user is told: ImpulseNotices
 
-    def warnings(self, report: InitReport, target, *, checkpoint: bool = False,
-                 pe_scale: Optional[float] = None) -> List[InitWarning]:
-        """A fit that could not run on a model, a fit on noise inputs (real ones can be given), and a
-        fit that left a layer weakly structured where a remedy was measured to help at its shape
-        (:func:`~structinit.fit.advice.structure_warning`)."""
-        from structinit.fit.advice import structure_warning
-        from structinit.init.impulse_write import noise_notice
 
-        if checkpoint:
-            weak = structure_warning(report.to_dict())
-            return [InitWarning(f"impulse: {weak}", loggable=False)] if weak else []
-        out = []
-        skipped = report.fit.skipped if report.fit is not None else None
-        if skipped and target.model is not None:
-            out.append(InitWarning(f"{self.method} {param('data_fit')} {skipped}", loggable=False))
-        notice = noise_notice(report)
-        if notice:
-            out.append(InitWarning(notice))
-        weak = structure_warning(report.to_dict())
-        if weak:
-            out.append(InitWarning(f"{self.method}: {weak}", warning=True))
-        return out
-
-    def notes(self, report: InitReport) -> List[str]:
-        """That the fit ran on noise inputs (real ones can be given), or that the plain solve was written."""
-        from structinit.init.impulse_write import noise_notice
-
-        return [line for line in (noise_notice(report), None if self.data_fit else PLAIN_SOLVE_NOTE) if line]
-
-    def summary(self, report: InitReport, *, model: Optional[str] = None) -> List[str]:
-        """See :func:`structinit.init.impulse_write.summary`."""
-        from structinit.init.impulse_write import summary
-
-        return summary(self, report, model)
+__all__ = ["ImpulseInit", "PLAIN_SOLVE_NOTE"]

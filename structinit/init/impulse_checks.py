@@ -5,7 +5,7 @@ and layers (:func:`check_artifact`) and its attention mask (:func:`check_causal`
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Optional, Sequence
 
 from structinit.errors import UsageError, param, setting
 from structinit.fit.settings import FIT_VERSIONS
@@ -163,3 +163,58 @@ def check_subspace_params(spec) -> None:
 
 __all__ = ["check_artifact", "check_causal", "check_given_artifact", "check_impulse_params", "check_subspace_layers",
            "check_subspace_params"]
+
+
+class ImpulseRefusals:
+    """Impulse init's refusals of a target (a mixin of :class:`~structinit.init.impulse.ImpulseInit`,
+    which holds the parameters named here): causal offsets where the model's mask asks for them and
+    only there, a data fit only on a model whose q and k are linear maps, the position embedding it
+    solves for."""
+
+    artifact: Optional[Any]
+    causal: bool
+    data_fit: int
+    pe_scale: Optional[float]
+    fit_pe: bool
+
+    def check_target(self, target) -> None:
+        """A decoder that masks later tokens (GPT-2) needs causal offsets; a model known to attend
+        both ways (BERT) must not get them (they were solved under a mask it does not apply). An
+        artifact given by path or key is checked once it is read (in :meth:`prepare`)."""
+        if self.artifact is None:
+            check_causal(target, self.causal)
+        elif hasattr(self.artifact, "config"):
+            check_causal(target, self.artifact.config.causal)
+        check_subspace_layers(self, target)
+
+    def check_data_target(self, target) -> None:
+        """``data_fit`` on a batch needs a model (it runs the inputs through it) whose q and k are
+        plain linear maps of each layer's input (no q/k norms)."""
+        if not self.data_fit:
+            return
+        from structinit.analysis.capture import projection_module
+
+        model = target.model
+        if model is None:
+            raise UsageError(f"impulse parameter {param('data_fit')} runs real inputs through the model, so it needs "
+                             "a model, not a checkpoint or state dict (apply_checkpoint builds the one a checkpoint "
+                             "describes)")
+        for i in target.layers:
+            why = target.family.qk_not_linear(model, projection_module(model, target.det.slots[i].q.key), i)
+            if why is not None:
+                raise UsageError(f"impulse parameter {param('data_fit')} fits q and k as linear maps; {why}")
+
+    def check_pos_embed(self, target, art=None) -> None:
+        """See :func:`structinit.init.impulse_solve.check_pos_embed`."""
+        from structinit.init.impulse_solve import check_pos_embed
+
+        check_pos_embed(self, target, art)
+
+    def replaces_pos_embed(self, target) -> bool:
+        """A learned position embedding (timm's trunc normal 0.02, ``[1, T, D]``) tells the layers
+        almost nothing of position: unless ``pe_scale``, ``fit_pe`` or ``artifact`` says otherwise,
+        the sin-cos table takes its place (kept learnable; docs/results/stock-models)."""
+        return (self.pe_scale is None and not self.fit_pe and self.artifact is None and target.pos_key is not None
+                and target.pos_embed_kind() == "other" and target.sd[target.pos_key].dim() == 3)
+
+    # ---- the solve

@@ -41,7 +41,6 @@ import datetime
 import errno
 import json
 import os
-import threading
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
@@ -55,201 +54,36 @@ from structinit.atomic import (
     write_text,
 )
 from structinit.errors import StructinitError, UsageError, param, path_error
+from structinit.training.run_checkpoint import (
+    CHECKPOINT_FORMAT,
+    checkpoint_info,
+    load_run_weights,
+    load_train_checkpoint,
+)
+from structinit.training.run_lock import LOCK_HELD_ENV, RunBusy, RunLock
 
-CHECKPOINT_FORMAT = "structinit-train/1"
-#: A run folder whose lock the parent process holds for this one (``bench run --nproc N`` starts
-#: ``torchrun``, whose rank 0 writes the run the task has locked): its resolved path.
-LOCK_HELD_ENV = "STRUCTINIT_RUN_LOCK_HELD"
 #: How ``metrics.jsonl``'s epoch-0 line (the init's, written with sorted keys) begins.
 INIT_LINE = b'{"epoch": 0,'
 
 
-class RunBusy(StructinitError):
-    """Another process holds the run folder's lock (it is training or writing the run)."""
-
-    exit_code = 1
-
-
-class _Held:
-    """This process's hold of one run folder's lock: the lock, how many holders, and the folders
-    the first holder created for it (removed again when the last one lets go, if empty)."""
-
-    def __init__(self, lock: Any, created: List[Path], path: Path):
-        self.lock, self.created, self.path, self.count = lock, created, path, 1
-
-
-_HELD: Dict[str, _Held] = {}
-_HELD_GUARD = threading.Lock()
-
-
-class RunDir:
-    """The run directory at ``path`` (it need not exist yet)."""
+class RunFiles:
+    """The files of the run folder ``path``: their names, and every read and write of them (JSON,
+    metrics lines, a grid task's files, checkpoints), each through :mod:`structinit.atomic`."""
 
     CONFIG, METRICS, CHECKPOINT, BEST, FINAL = "config.json", "metrics.jsonl", "checkpoint.pt", "best.pt", "final.json"
     TASK, LOG, HEARTBEAT, LOCK, WHY = "task.json", "log.txt", "heartbeat", ".lock", "why.txt"
     #: The files a run writes as it trains (``config.json`` is its settings, kept when it is set aside).
     RESULTS = (FINAL, CHECKPOINT, BEST, METRICS)
 
-    def __init__(self, path: Union[str, os.PathLike]):
-        if str(path).strip() == "":
-            raise UsageError(f"{param('out')} needs a folder name")
-        self.path = Path(path)
-        _refuse_impossible(self.path)
-        if self.path.exists() and not self.path.is_dir():
-            raise UsageError(f"{param('out')} {self.path} exists and is not a directory")
-        self.created: List[Path] = []  # folders create() made, outermost first
-        self.opened = False  # create() was called and nothing discarded since: the files here are this run's
-        self.config_before: Optional[bytes] = None  # the config.json create() found (a grid's), put back on discard
+    path: Path
 
     def file(self, name: str) -> Path:
         return self.path / name
-
-    @property
-    def state(self) -> str:
-        """``fresh``, ``resumable``, ``finished`` or ``damaged`` (see the module docstring)."""
-        if self.damage() is not None:
-            return "damaged"
-        if self.file(self.FINAL).is_file():
-            return "finished"
-        return "resumable" if self.file(self.CHECKPOINT).is_file() else "fresh"
-
-    def damage(self) -> Optional[str]:
-        """Why the files here are not a sound run (``None`` when they are, or are a run not yet
-        finished): a ``checkpoint.pt`` that cannot be read, or a ``final.json`` that does not parse
-        as a result, belongs to another run than ``config.json``, or has no readable checkpoint of
-        the last epoch beside it. Reads no tensor, runs nothing of the files, needs no torch."""
-        return _damage(self)[0]
-
-    def set_aside(self) -> Optional[Path]:
-        """Move the damaged files (see :meth:`damage`) into a new ``damaged-<time>/`` folder of the
-        run and return it (``None`` when nothing is damaged). A readable checkpoint is kept (the run
-        resumes from it); without one every file the run wrote as it trained goes (it starts
-        afresh). ``config.json`` stays. Call it holding the lock."""
-        why, files = _damage(self)
-        if why is None:
-            return None
-        return self.set_aside_files(files, why)
-
-    def set_aside_files(self, files: List[str], why: str) -> Path:
-        """Move the files ``files`` of the run into a new ``damaged-<time>/`` folder of the run, with
-        ``why.txt`` saying ``why``, and return that folder (nothing is deleted)."""
-        return _move_aside(self, files, why)
-
-    # ---- the lock
-    def lock(self) -> None:
-        """Hold the run's lock (``.lock`` in the folder, created with the folder if need be) until
-        :meth:`unlock`. Reentrant within a process (``bench run``'s task holds it while its own call
-        of :func:`~structinit.training.loop.train` takes it again); a second process gets
-        :class:`RunBusy` at once, naming the folder."""
-        from filelock import FileLock, Timeout
-
-        key = str(self.path.expanduser().resolve())
-        with _HELD_GUARD:
-            held = _HELD.get(key)
-            if held is not None:
-                held.count += 1
-                return
-            if os.environ.get(LOCK_HELD_ENV) == key:  # a parent process holds it for this one
-                _HELD[key] = _Held(None, [], self.path)
-                return
-            missing = [p for p in [self.path, *self.path.parents] if not p.exists()][::-1]
-            try:
-                self.path.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise StructinitError(f"cannot create run folder {self.path}: {exc.strerror or exc}") from None
-            lock = FileLock(str(self.file(self.LOCK)), timeout=0, thread_local=False)
-            try:
-                try:
-                    lock.acquire()
-                except Timeout:
-                    # Where the file system has no flock, filelock holds a soft lock (a file naming its owner), and
-                    # a look that finds its owner dead breaks it but reports the contention (filelock < 4.2.5):
-                    # the second look takes it. A lock a live process holds refuses both.
-                    lock.acquire()
-            except Timeout:
-                _remove_empty(missing)
-                raise RunBusy(f"run folder {self.path} is in use: another process is training or writing it (it "
-                              "holds the folder's .lock); wait for it to finish, or stop it, and run again") from None
-            except OSError as exc:
-                _remove_empty(missing)
-                raise StructinitError(f"cannot lock run folder {self.path}: {exc.strerror or exc}") from None
-            _HELD[key] = _Held(lock, missing, self.path)
-
-    def unlock(self) -> None:
-        """Let go of a hold :meth:`lock` took; the last one removes ``.lock`` (while it still holds
-        it, so no other process can be holding it) and the folders the lock created, if empty."""
-        key = str(self.path.expanduser().resolve())
-        with _HELD_GUARD:
-            held = _HELD.get(key)
-            if held is None:
-                return
-            held.count -= 1
-            if held.count > 0:
-                return
-            del _HELD[key]
-            if held.lock is None:
-                return
-            try:
-                # flock's lock file is empty, removed here while held so that no other process can be holding it;
-                # a soft lock's (no flock on this file system) names its owner, and filelock's release removes it
-                if self.file(self.LOCK).stat().st_size == 0:
-                    self.file(self.LOCK).unlink()
-            except OSError:
-                pass
-            held.lock.release()
-            _remove_empty(held.created)
-
-    def lock_held(self) -> Optional[bool]:
-        """Whether some process holds the run's lock now (this one included): ``False`` when
-        ``.lock`` is missing or nobody holds it (a task killed outright leaves it free), ``None``
-        where that cannot be told (a file system without ``flock``). Creates nothing; the probe is a
-        shared lock held for an instant."""
-        return True if self.locked() else _lock_probe(self.file(self.LOCK))
-
-    def locked(self) -> bool:
-        """Whether this process holds the run's lock."""
-        return str(self.path.expanduser().resolve()) in _HELD
 
     def holds_run(self) -> bool:
         """Whether anything a run writes is here (its config, a checkpoint, metrics or a result):
         a fresh run never replaces such a file, whoever wrote it."""
         return any(self.file(n).exists() for n in (self.CONFIG, self.CHECKPOINT, self.BEST, self.FINAL, self.METRICS))
-
-    def create(self) -> None:
-        missing = [p for p in [self.path, *self.path.parents] if not p.exists()][::-1]
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StructinitError(f"cannot create run folder {self.path}: {exc.strerror or exc}") from None
-        try:
-            self.config_before = read_regular(self.file(self.CONFIG))
-        except OSError:  # none yet, or not a file to put back
-            self.config_before = None
-        self.created, self.opened = missing, True
-
-    def discard_unstarted(self) -> None:
-        """After a failure (or a stop) before the first checkpoint: remove what this run wrote
-        (``config.json``, ``metrics.jsonl``, ``best.pt``) and the folders it created, so no
-        half-made run is left behind. A ``config.json`` that was there before the run wrote its own
-        (a grid's run, which its next task reads) is put back as it was. A folder holding anything
-        else is kept. Done once: what is written here afterwards is not this run's."""
-        if not self.opened or self.file(self.CHECKPOINT).exists():
-            return
-        for name in (self.CONFIG, self.METRICS, self.BEST):
-            try:
-                if name == self.CONFIG and self.config_before is not None:
-                    with atomic_write(self.file(name), "wb") as f:
-                        f.write(self.config_before)
-                else:
-                    self.file(name).unlink()
-            except OSError:  # not there, or not removable: nothing of it to undo
-                pass
-        for folder in reversed(self.created):
-            try:
-                folder.rmdir()  # only if empty
-            except OSError:
-                break
-        self.opened = False
 
     # ---- JSON files
     def _write_text(self, name: str, text: str) -> None:
@@ -392,6 +226,121 @@ class RunDir:
         return load_train_checkpoint(self.file(self.CHECKPOINT), map_location)
 
 
+class RunDir(RunFiles):
+    """The run directory at ``path`` (it need not exist yet): its files (:class:`RunFiles`), its lock
+    (:class:`~structinit.training.run_lock.RunLock`), what counts as finished or damaged, and the
+    setting aside of damaged files."""
+
+    def __init__(self, path: Union[str, os.PathLike]):
+        if str(path).strip() == "":
+            raise UsageError(f"{param('out')} needs a folder name")
+        self.path = Path(path)
+        _refuse_impossible(self.path)
+        if self.path.exists() and not self.path.is_dir():
+            raise UsageError(f"{param('out')} {self.path} exists and is not a directory")
+        self.created: List[Path] = []  # folders create() made, outermost first
+        self.opened = False  # create() was called and nothing discarded since: the files here are this run's
+        self.config_before: Optional[bytes] = None  # the config.json create() found (a grid's), put back on discard
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def state(self) -> str:
+        """``fresh``, ``resumable``, ``finished`` or ``damaged`` (see the module docstring)."""
+        if self.damage() is not None:
+            return "damaged"
+        if self.file(self.FINAL).is_file():
+            return "finished"
+        return "resumable" if self.file(self.CHECKPOINT).is_file() else "fresh"
+
+    def damage(self) -> Optional[str]:
+        """Why the files here are not a sound run (``None`` when they are, or are a run not yet
+        finished): a ``checkpoint.pt`` that cannot be read, or a ``final.json`` that does not parse
+        as a result, belongs to another run than ``config.json``, or has no readable checkpoint of
+        the last epoch beside it. Reads no tensor, runs nothing of the files, needs no torch."""
+        return _damage(self)[0]
+
+    def set_aside(self) -> Optional[Path]:
+        """Move the damaged files (see :meth:`damage`) into a new ``damaged-<time>/`` folder of the
+        run and return it (``None`` when nothing is damaged). A readable checkpoint is kept (the run
+        resumes from it); without one every file the run wrote as it trained goes (it starts
+        afresh). ``config.json`` stays. Call it holding the lock."""
+        why, files = _damage(self)
+        if why is None:
+            return None
+        return self.set_aside_files(files, why)
+
+    def set_aside_files(self, files: List[str], why: str) -> Path:
+        """Move the files ``files`` of the run into a new ``damaged-<time>/`` folder of the run, with
+        ``why.txt`` saying ``why``, and return that folder (nothing is deleted)."""
+        return _move_aside(self, files, why)
+
+    # ---- the lock
+    @property
+    def _lock(self) -> RunLock:
+        return RunLock(self.path, self.file(self.LOCK))
+
+    def lock(self) -> None:
+        """Hold the run's lock (``.lock`` in the folder, created with the folder if need be) until
+        :meth:`unlock`. Reentrant within a process (``bench run``'s task holds it while its own call
+        of :func:`~structinit.training.loop.train` takes it again); a second process gets
+        :class:`RunBusy` at once, naming the folder."""
+        self._lock.acquire()
+
+    def unlock(self) -> None:
+        """Let go of a hold :meth:`lock` took; the last one removes ``.lock`` (while it still holds
+        it, so no other process can be holding it) and the folders the lock created, if empty."""
+        self._lock.release()
+
+    def lock_held(self) -> Optional[bool]:
+        """Whether some process holds the run's lock now (this one included): ``False`` when
+        ``.lock`` is missing or nobody holds it (a task killed outright leaves it free), ``None``
+        where that cannot be told (a file system without ``flock``). Creates nothing; the probe is a
+        shared lock held for an instant."""
+        return self._lock.held_by_anyone()
+
+    def locked(self) -> bool:
+        """Whether this process holds the run's lock."""
+        return self._lock.held_here()
+
+    def create(self) -> None:
+        missing = [p for p in [self.path, *self.path.parents] if not p.exists()][::-1]
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StructinitError(f"cannot create run folder {self.path}: {exc.strerror or exc}") from None
+        try:
+            self.config_before = read_regular(self.file(self.CONFIG))
+        except OSError:  # none yet, or not a file to put back
+            self.config_before = None
+        self.created, self.opened = missing, True
+
+    def discard_unstarted(self) -> None:
+        """After a failure (or a stop) before the first checkpoint: remove what this run wrote
+        (``config.json``, ``metrics.jsonl``, ``best.pt``) and the folders it created, so no
+        half-made run is left behind. A ``config.json`` that was there before the run wrote its own
+        (a grid's run, which its next task reads) is put back as it was. A folder holding anything
+        else is kept. Done once: what is written here afterwards is not this run's."""
+        if not self.opened or self.file(self.CHECKPOINT).exists():
+            return
+        for name in (self.CONFIG, self.METRICS, self.BEST):
+            try:
+                if name == self.CONFIG and self.config_before is not None:
+                    with atomic_write(self.file(name), "wb") as f:
+                        f.write(self.config_before)
+                else:
+                    self.file(name).unlink()
+            except OSError:  # not there, or not removable: nothing of it to undo
+                pass
+        for folder in reversed(self.created):
+            try:
+                folder.rmdir()  # only if empty
+            except OSError:
+                break
+        self.opened = False
+
+
 def _move_aside(run: "RunDir", files: List[str], why: str) -> Path:
     """:meth:`RunDir.set_aside_files`."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -410,29 +359,6 @@ def _move_aside(run: "RunDir", files: List[str], why: str) -> Path:
     return folder
 
 
-def _lock_probe(lock_file: Path) -> Optional[bool]:
-    """Whether some process holds the flock of ``lock_file`` (see :meth:`RunDir.lock_held`)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        return None
-    try:
-        fd = os.open(lock_file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return None
-    finally:
-        os.close(fd)  # closing lets go of the probe's lock
-    return False
-
-
 def _refuse_impossible(path: Path) -> None:
     """A :class:`UsageError` naming ``out`` for a path where no folder can be: a loop of symbolic
     links, or a name too long."""
@@ -441,28 +367,6 @@ def _refuse_impossible(path: Path) -> None:
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENAMETOOLONG):
             raise path_error(exc, param("out")) from None
-
-
-def _remove_empty(folders: List[Path]) -> None:
-    """Remove ``folders`` (outermost first) innermost first, stopping at the first that is not empty."""
-    for folder in reversed(folders):
-        try:
-            folder.rmdir()
-        except OSError:
-            break
-
-
-def checkpoint_info(path: Union[str, os.PathLike]) -> Dict[str, Any]:
-    """A training checkpoint's plain fields (``epoch``, ``key``, ``format``, ...; tensors as
-    stand-ins), read without torch and without running anything in the file. Raises
-    :class:`StructinitError` saying why it cannot be read (empty, not a ``torch.save`` zip, cut
-    short, or a pickle that would run code)."""
-    from structinit.init.checkpoints import pickle_outline
-
-    obj = pickle_outline(path)
-    if not isinstance(obj, dict):
-        raise StructinitError(f"{path} holds a {type(obj).__name__}, not a training checkpoint")
-    return obj
 
 
 def _damage(run: "RunDir"):
@@ -528,60 +432,5 @@ def _damage(run: "RunDir"):
     return why, ([run.FINAL] if ck is not None else present)
 
 
-def _read_torch(path: Union[str, os.PathLike], map_location) -> Any:
-    """``torch.load(path, weights_only=True)``; every failure is one :class:`StructinitError` line."""
-    import torch
-
-    from structinit.init.checkpoints import sniff_format
-
-    try:
-        if sniff_format(path) == "torch":
-            import warnings
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # torch's advice about weights_only; the error below says it all
-                return torch.load(path, map_location=map_location, weights_only=True)
-        why = "not a torch checkpoint, or truncated"  # its first bytes are neither a torch.save zip nor a pickle
-    except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line
-        why = _unreadable(exc, path)
-    raise StructinitError(f"cannot read checkpoint {path}: {why}")
-
-
-def load_train_checkpoint(path: Union[str, os.PathLike], map_location="cpu") -> Dict[str, Any]:
-    """A ``checkpoint.pt`` written by :func:`structinit.train` (read with ``weights_only=True``)."""
-    ck = _read_torch(path, map_location)
-    if not isinstance(ck, dict) or ck.get("format") != CHECKPOINT_FORMAT:
-        raise StructinitError(f"{path} is not a structinit training checkpoint")
-    return ck
-
-
-def load_run_weights(path: Union[str, os.PathLike], map_location="cpu") -> Dict[str, Any]:
-    """The weights a training run wrote: its ``checkpoint.pt`` (the last finished epoch) or
-    ``best.pt`` (the best one), each holding ``state_dict``, ``epoch`` and ``args`` (the run's
-    settings). An unreadable file raises :class:`StructinitError`; a readable one that ``train``
-    did not write, :class:`UsageError` (a foreign checkpoint has no settings to rebuild its model
-    from)."""
-    ck = _read_torch(path, map_location)
-    if not (isinstance(ck, dict) and isinstance(ck.get("args"), dict) and isinstance(ck.get("state_dict"), dict)
-            and "epoch" in ck):
-        raise UsageError(f"{path} is not a checkpoint written by structinit train (checkpoint.pt or best.pt, "
-                         "which hold the run's settings)")
-    return ck
-
-
-def _unreadable(exc: BaseException, path: Union[str, os.PathLike, None] = None) -> str:
-    """Why ``torch.load(weights_only=True)`` failed, in one line (torch's own messages run to a
-    page and suggest ``weights_only=False``, which would run whatever the file holds)."""
-    from structinit.init.checkpoints import code_named, is_cut_short
-
-    msg = str(exc)
-    if path is not None and ("Weights only load failed" in msg or is_cut_short(exc)):
-        code = code_named(path)  # torch may give up before it reaches the code a pickle names
-        if code is not None:
-            return f"refused: unpickling it would run code ({code}); nothing of it was run"
-    if is_cut_short(exc):
-        return "not a torch checkpoint, or truncated"
-    if "Weights only load failed" in msg:
-        return "it needs code beyond tensors and plain containers to unpickle; nothing of it was run"
-    lines = msg.strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
+__all__ = ["RunDir", "RunFiles", "RunBusy", "LOCK_HELD_ENV", "CHECKPOINT_FORMAT", "checkpoint_info",
+           "load_train_checkpoint", "load_run_weights", "INIT_LINE"]
