@@ -15,7 +15,7 @@ from structinit.init.registry import init_spec
 
 #: A value away from the default for each fit-only parameter (valid with a fit).
 AWAY = {"data_fit_mass": 0.8, "data_fit_l2": 0.5, "data_fit_lr": 0.05, "data_fit_norm": 3.0,
-        "data_fit_samples": 64, "data_fit_version": 1, "data_fit_batch": 4, "data_fit_inputs": "noise"}
+        "data_fit_samples": 64, "data_fit_batch": 4, "data_fit_inputs": "noise"}
 
 
 def test_every_fit_only_parameter_has_a_value_here():
@@ -24,8 +24,7 @@ def test_every_fit_only_parameter_has_a_value_here():
 
 @pytest.mark.parametrize("name", FIT_ONLY_PARAMS)
 def test_fit_only_parameter_refused_without_a_fit(name):
-    extra = {"data_fit_version": 2} if name == "data_fit_batch" else {}
-    init_spec("impulse", **{name: AWAY[name]}, **extra)  # accepted with the fit on
+    init_spec("impulse", **{name: AWAY[name]})  # accepted with the fit on
     with pytest.raises(UsageError) as e:
         init_spec("impulse", data_fit=0, **{name: AWAY[name]})
     text = str(e.value)
@@ -40,6 +39,10 @@ def test_without_fit_is_a_spec_that_fits_nothing(name):
     defaults = {f.name: f.default for f in dataclasses.fields(rest)}
     assert all(getattr(rest, n) == defaults[n] for n in FIT_ONLY_PARAMS)
     assert init_spec("impulse", **rest.params()) == rest  # rebuilds: nothing it holds is refused
+
+
+def test_the_fit_version_is_accepted_without_a_fit_as_old_keys_had_it():
+    assert init_spec("impulse", data_fit=0, data_fit_version=1).to_dict() == init_spec("impulse", data_fit=0).to_dict()
 
 
 def test_apply_names_the_flag_of_the_parameter(tmp_path):

@@ -180,8 +180,8 @@ class ImpulseInit(ImpulseDataFit, ImpulseRefusals, ImpulseNotices, InitSpec):
             return self
         from structinit.init.impulse_checks import FIT_ONLY_PARAMS
 
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        return dataclasses.replace(self, data_fit=0, **{name: defaults[name] for name in FIT_ONLY_PARAMS})
+        rest: Dict[str, Any] = {f.name: f.default for f in dataclasses.fields(self) if f.name in FIT_ONLY_PARAMS}
+        return dataclasses.replace(self, data_fit=0, **rest)
 
     # ---- refusals (the others: ImpulseRefusals)
 

@@ -20,8 +20,9 @@ from structinit.solver.recipes import check_recipe, recipe_params
 DATA_FIT_INPUTS = ("data", "noise")
 #: The parameters that tune the data fit only: with ``data_fit=0`` (no fit) each must stay at its
 #: default, since it would change nothing.
+#: (``data_fit_version`` is left out: no key carries it without a fit, and every version fits nothing then.)
 FIT_ONLY_PARAMS = ("data_fit_mass", "data_fit_l2", "data_fit_lr", "data_fit_norm", "data_fit_samples",
-                   "data_fit_version", "data_fit_batch", "data_fit_inputs")
+                   "data_fit_batch", "data_fit_inputs")
 
 
 def check_artifact(artifact, grid: Grid, dim: int, heads: int, layers: Sequence[int]) -> None:
