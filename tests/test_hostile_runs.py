@@ -147,6 +147,28 @@ def test_appending_to_a_fifo_or_a_folder_is_refused_not_waited_on(tmp_path):
     bounded(tmp_path, appends)
 
 
+def test_a_log_that_cannot_be_written_is_said_once_per_folder(tmp_path):
+    from structinit.errors import StructinitWarning
+
+    run = RunDir(tmp_path / "r")
+    run.path.mkdir()
+    os.mkfifo(run.file(run.LOG))
+
+    def logs():
+        with pytest.warns(StructinitWarning) as said:
+            for n in range(3):
+                run.append_log(f"line {n}")
+        lines = [str(w.message) for w in said if issubclass(w.category, StructinitWarning)]
+        assert len(lines) == 1 and str(run.file(run.LOG)) in lines[0] and "FIFO" in lines[0]
+        assert "not kept" in lines[0]
+        plain = RunDir(tmp_path / "p")
+        plain.path.mkdir()
+        plain.append_log("kept")  # a writable log warns nothing
+        assert plain.file(plain.LOG).read_text() == "kept\n"
+
+    bounded(run.path, logs)
+
+
 def test_a_run_folders_readers_refuse_a_fifo(tmp_path):
     run = RunDir(tmp_path / "r")
     run.path.mkdir()

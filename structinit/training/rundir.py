@@ -41,6 +41,7 @@ import datetime
 import errno
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
@@ -53,7 +54,7 @@ from structinit.atomic import (
     touch,
     write_text,
 )
-from structinit.errors import StructinitError, UsageError, param, path_error
+from structinit.errors import StructinitError, StructinitWarning, UsageError, param, path_error
 from structinit.training.run_checkpoint import (
     CHECKPOINT_FORMAT,
     checkpoint_info,
@@ -61,6 +62,9 @@ from structinit.training.run_checkpoint import (
     load_train_checkpoint,
 )
 from structinit.training.run_lock import LOCK_HELD_ENV, RunBusy, RunLock
+
+#: Run folders whose ``log.txt`` could not be written (warned once each).
+_LOG_WARNED: "set[Path]" = set()
 
 #: How ``metrics.jsonl``'s epoch-0 line (the init's, written with sorted keys) begins.
 INIT_LINE = b'{"epoch": 0,'
@@ -183,12 +187,16 @@ class RunFiles:
         return doc if isinstance(doc, dict) else None
 
     def append_log(self, line: str) -> None:
-        """Append one line to ``log.txt`` (a line that cannot be written is dropped: the log must not
-        stop a run)."""
+        """Append one line to ``log.txt``. A line that cannot be written (a full disk, a FIFO or a
+        folder in its place) does not stop the run: the first such line warns, once per folder, that
+        the log is not kept there (its lines are still echoed where the task prints them)."""
         try:
             append_line(self.file(self.LOG), line, sync=False)
-        except OSError:
-            pass
+        except OSError as exc:
+            if self.path not in _LOG_WARNED:
+                _LOG_WARNED.add(self.path)
+                warnings.warn(f"cannot write {self.file(self.LOG)} ({exc.strerror or exc}): this run's log lines "
+                              "are not kept there", StructinitWarning, stacklevel=2)
 
     def last_log_line(self, limit: int = 4096) -> Optional[str]:
         """The last non-empty line of ``log.txt`` (read from its last ``limit`` bytes)."""
