@@ -26,7 +26,8 @@ from structinit.init.registry import BUILTIN_MODULES, INIT_METHODS, fitting_meth
 PACKAGE = Path(__file__).resolve().parents[1] / "structinit"
 #: Cheaper settings for methods whose defaults take long on the tiny model (every check holds for
 #: any settings; a method not named here is checked at its defaults).
-QUICK = {"impulse": {"data_fit": 20, "data_fit_samples": 16}, "impulse-2024": {"recipe_params": {"iters": 200}}}
+QUICK = {"impulse": {"data_fit": 20, "data_fit_samples": 16}, "impulse-2024": {"recipe_params": {"iters": 200}},
+         "mixed": {"lower_params": {"data_fit": 20, "data_fit_samples": 16}}}
 
 
 def tiny_vit(seed=0):
@@ -111,10 +112,10 @@ def test_every_registered_method_keeps_the_interface(method, tmp_path):
 
 
 def test_the_built_in_methods_are_listed_in_one_order_whatever_was_imported_first():
-    assert list(INIT_METHODS)[:7] == ["kaiming", "trunc-normal", "mimetic", "impulse", "impulse-2024", "impulse-2025",
-                                  "conditioned"]
+    assert list(INIT_METHODS)[:8] == ["kaiming", "trunc-normal", "mimetic", "impulse", "impulse-2024", "impulse-2025",
+                                  "conditioned", "mixed"]
     assert [m.__name__.rsplit(".", 1)[1] for m in BUILTIN_MODULES] == ["baselines", "mimetic", "impulse", "authors",
-                                                                        "conditioned"]
+                                                                        "conditioned", "mixed"]
     assert fitting_methods() == "impulse"
 
 
@@ -122,7 +123,8 @@ def test_the_built_in_methods_are_listed_in_one_order_whatever_was_imported_firs
 
 #: The modules of the built-in methods: where a method's name, its spec class and its internals may appear.
 OWN = {"init/baselines.py", "init/mimetic.py", "init/impulse.py", "init/impulse_checks.py", "init/impulse_solve.py",
-       "init/impulse_write.py", "init/position_subspace.py", "init/authors.py", "init/registry.py"}
+       "init/impulse_write.py", "init/position_subspace.py", "init/authors.py", "init/registry.py",
+       "init/mixed.py"}
 METHOD_CLASSES = {cls.__name__ for cls in INIT_METHODS.values()}
 
 
@@ -204,9 +206,9 @@ def first_layer_directions(model, x):
 
 def test_a_method_added_in_its_own_module_passes_every_check(example_method, tmp_path):
     check_method(example_method, tmp_path)
-    assert list(INIT_METHODS)[:7] == ["kaiming", "trunc-normal", "mimetic", "impulse", "impulse-2024", "impulse-2025",
-                                  "conditioned"]
-    assert list(INIT_METHODS)[7:] == ["example-pca"] and fitting_methods() == "impulse / example-pca"
+    assert list(INIT_METHODS)[:8] == ["kaiming", "trunc-normal", "mimetic", "impulse", "impulse-2024", "impulse-2025",
+                                  "conditioned", "mixed"]
+    assert list(INIT_METHODS)[8:] == ["example-pca"] and fitting_methods() == "impulse / example-pca"
 
 
 def test_it_is_fitted_to_the_data_given_and_to_noise_without(example_method):

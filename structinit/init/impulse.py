@@ -232,6 +232,10 @@ class ImpulseInit(InitSpec):
             check_causal(target, self.artifact.config.causal)
         check_subspace_layers(self, target)
 
+    def writes_every_layer(self) -> bool:
+        """With ``position_subspace``: the subspace is kept out of every layer's writes."""
+        return self.position_subspace
+
     def check_data_target(self, target) -> None:
         """``data_fit`` on a batch needs a model (it runs the inputs through it) whose q and k are
         plain linear maps of each layer's input (no q/k norms)."""
