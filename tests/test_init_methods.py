@@ -55,7 +55,7 @@ def timm_attention(model):
 
 def test_registry_names():
     assert list(INIT_METHODS) == ["kaiming", "trunc-normal", "mimetic", "impulse", "impulse-2024", "impulse-2025",
-                                  "conditioned"]
+                                  "conditioned", "mixed"]
 
 
 def test_heads_rows_round_trip_follows_spec_convention():

@@ -14,6 +14,7 @@ from structinit.init.authors import Impulse2024Init, Impulse2025Init
 from structinit.init.base import InitSpec, coerce, parse_value
 from structinit.init.baselines import KaimingInit, TruncNormalInit
 from structinit.init.conditioned import ConditionedInit
+from structinit.init.mixed import MixedInit
 from structinit.init.impulse import ImpulseInit
 from structinit.init.initialize import initialize, initialize_model
 from structinit.init.layouts import detect_layout
@@ -57,11 +58,11 @@ def test_parse_assignments_and_their_errors():
 def test_registry_and_spec_lookup():
     assert INIT_METHODS == {"kaiming": KaimingInit, "trunc-normal": TruncNormalInit, "mimetic": MimeticInit,
                             "impulse": ImpulseInit, "impulse-2024": Impulse2024Init, "impulse-2025": Impulse2025Init,
-                            "conditioned": ConditionedInit}
+                            "conditioned": ConditionedInit, "mixed": MixedInit}
     assert spec_class("mimetic") is MimeticInit
     assert rendered(spec_class, "xavier") == ("unknown init method 'xavier'; <init> takes one of kaiming, "
                                               "trunc-normal, mimetic, impulse, impulse-2024, impulse-2025, "
-                                              "conditioned")
+                                              "conditioned, mixed")
 
 
 def test_init_spec_builds_copies_and_names_unknown_parameters():
