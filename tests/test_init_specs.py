@@ -14,11 +14,11 @@ from structinit.init.authors import Impulse2024Init, Impulse2025Init
 from structinit.init.base import InitSpec, coerce, parse_value
 from structinit.init.baselines import KaimingInit, TruncNormalInit
 from structinit.init.conditioned import ConditionedInit
-from structinit.init.mixed import MixedInit
 from structinit.init.impulse import ImpulseInit
 from structinit.init.initialize import initialize, initialize_model
 from structinit.init.layouts import detect_layout
 from structinit.init.mimetic import MimeticInit
+from structinit.init.mixed import MixedInit
 from structinit.init.registry import (
     INIT_METHODS,
     init_spec,
