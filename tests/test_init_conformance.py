@@ -27,7 +27,8 @@ from structinit.init.report import InitReport, LayerRow
 PACKAGE = Path(__file__).resolve().parents[1] / "structinit"
 #: Cheaper settings for methods whose defaults take long on the tiny model (every check holds for
 #: any settings; a method not named here is checked at its defaults).
-QUICK = {"impulse": {"data_fit": 20, "data_fit_samples": 16}, "impulse-2024": {"recipe_params": {"iters": 200}}}
+QUICK = {"impulse": {"data_fit": 20, "data_fit_samples": 16}, "impulse-2024": {"recipe_params": {"iters": 200}},
+         "mixed": {"lower_params": {"data_fit": 20, "data_fit_samples": 16}}}
 
 
 def tiny_vit(seed=0):
@@ -173,7 +174,7 @@ def test_the_built_in_methods_are_listed_in_one_order_whatever_was_imported_firs
 #: The modules of the built-in methods: where a method's name, its spec class and its internals may appear.
 OWN = {"init/baselines.py", "init/mimetic.py", "init/impulse.py", "init/impulse_checks.py", "init/impulse_solve.py",
        "init/impulse_write.py", "init/impulse_fit.py", "init/impulse_notices.py", "init/position_subspace.py",
-       "init/authors.py", "init/registry.py"}
+       "init/authors.py", "init/registry.py", "init/mixed.py"}
 METHOD_CLASSES = {cls.__name__ for cls in INIT_METHODS.values()}
 
 

@@ -19,6 +19,7 @@ from structinit.init.impulse import ImpulseInit
 from structinit.init.initialize import initialize, initialize_model
 from structinit.init.layouts import detect_layout
 from structinit.init.mimetic import MimeticInit
+from structinit.init.mixed import MixedInit
 from structinit.init.registry import (
     INIT_METHODS,
     init_spec,
@@ -57,7 +58,7 @@ def test_parse_assignments_and_their_errors():
 def test_registry_and_spec_lookup():
     builtin = {"kaiming": KaimingInit, "trunc-normal": TruncNormalInit, "mimetic": MimeticInit,
                "impulse": ImpulseInit, "impulse-2024": Impulse2024Init, "impulse-2025": Impulse2025Init,
-               "conditioned": ConditionedInit}
+               "conditioned": ConditionedInit, "mixed": MixedInit}
     assert all(INIT_METHODS[name] is cls for name, cls in builtin.items())
     assert all(spec_class(name) is cls and cls.method == name for name, cls in INIT_METHODS.items())
     assert says(rendered(spec_class, "xavier"), "'xavier'", "<init>", ", ".join(INIT_METHODS))  # every one, in order

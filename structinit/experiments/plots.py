@@ -42,10 +42,34 @@ def _limits(values: List[float], pad: float = 0.06) -> Optional[Tuple[float, flo
 
 
 def _colors(n: int) -> List:
+    """``n`` distinct colours: tab10's, or tab20's past ten (no two lines of one figure alike up to 20)."""
     from matplotlib import colormaps
 
-    cmap = colormaps["tab10"]
-    return [cmap(i % 10) for i in range(n)]
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+#: Width (inches) of the legend column beside the panels, and height of one of its text lines.
+LEGEND_WIDTH, LEGEND_LINE = 3.6, 0.155
+
+
+def _legend_lines(labels: List[str]) -> float:
+    """The height (inches) a one-column legend of ``labels`` takes (each entry its lines and a gap)."""
+    return sum(LEGEND_LINE * (label.count("\n") + 1) + 0.09 for label in labels) + 0.4
+
+
+def _legend_right(fig, axes) -> None:
+    """One legend for the figure, in a column right of the panels (never over the data)."""
+    handles, labels = [], []
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
+                handles.append(h)
+                labels.append(label)
+    if handles:  # on the first row's last panel, so that the layout keeps it below the figure's title
+        top_right = axes[min(len(axes), PANELS_PER_ROW) - 1]
+        top_right.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, ncols=1,
+                         fontsize=8, frameon=False)
 
 
 def _panels(n: int, width: float, height: float, extra_width: float = 0.0, **share):
@@ -202,7 +226,12 @@ def learning_curve_figure(rep: GridReport):
     others = sorted({c[:k] + c[k + 1:] for c in rep.columns}, key=lambda o: [c[:k] + c[k + 1:] for c in
                                                                              rep.columns].index(o))
     by_cell = _by_cell(rep)
-    fig, axes = _panels(len(others), 6.0, 4.2)
+    labels = [wrap(row_label(rep, row), 40) for row in rep.rows]
+    panel_rows = math.ceil(len(others) / min(len(others), PANELS_PER_ROW))
+    # The legend beside the panels sets the figure's height when it is the taller: the panels then grow
+    # with it rather than shrink under it.
+    height = max(4.2, (_legend_lines(labels) + 1.0) / panel_rows)
+    fig, axes = _panels(len(others), 6.0, height, extra_width=LEGEND_WIDTH)
     colors = _colors(len(rep.rows))
     values: List[float] = []
     for ax, other in zip(axes, others):
@@ -225,7 +254,7 @@ def learning_curve_figure(rep: GridReport):
             xs, means, stds = gapped_line(points)
             if xs:
                 ax.errorbar(xs, means, yerr=stds, color=colors[i], marker="o", markersize=4, capsize=3,
-                            label=wrap(row_label(rep, row), 40))
+                            label=labels[i])
         ax.set_xscale("log")
         sizes = sorted({r.train_images for r in rep.runs if r.train_images})
         if sizes:
@@ -233,7 +262,7 @@ def learning_curve_figure(rep: GridReport):
             ax.set_xticklabels([str(s) for s in sizes])
             ax.minorticks_off()
         ax.set_xlabel("training images (log scale)")
-        ax.set_ylabel("test accuracy after the last epoch (%)")
+        ax.set_ylabel("final-epoch test accuracy (%)")
         if other:
             ax.set_title(wrap(" / ".join(spec.axis(n).value(v).label
                                          for n, v in zip(names[:k] + names[k + 1:], other)), 40), fontsize=10)
@@ -242,8 +271,9 @@ def learning_curve_figure(rep: GridReport):
     for ax in axes:
         if limits:
             ax.set_ylim(*limits)  # one accuracy scale for every panel
-    _legend_below(fig, axes)
-    fig.suptitle(f"{spec.title}\n{_subtitle(rep)}: mean ± std (bars), each seed a dot", fontsize=10)
+    _legend_right(fig, axes)
+    width = int(fig.get_figwidth() * 11)  # characters of the title's font on one line of the figure
+    fig.suptitle(wrap(f"{spec.title}. {_subtitle(rep)}: mean ± std (bars), each seed a dot", width), fontsize=10)
     return fig
 
 

@@ -149,6 +149,7 @@ class InitSpec:
     ``uses_data``             whether :meth:`prepare` fits to a batch of inputs (``data``), with
                               ``fit_samples``/``with_fit_samples`` (how many) and ``fit_off``
     ``check_target``          refuse a target the method cannot write (before any work)
+    ``writes_every_layer``    whether it must write every layer (cannot write a selection)
     ``check_shape``           refuse settings that cannot be solved for a shape (before any work)
     ``check_pos_embed``       refuse a position embedding the method cannot use as it is
     ``replaces_pos_embed``    whether it writes the sin-cos table in place of the target's own
@@ -275,6 +276,11 @@ class InitSpec:
     def check_target(self, target: AttentionTarget) -> None:
         """Raise :class:`UsageError` if the method cannot be applied to ``target`` as it is (called
         before anything is solved or written; the default accepts every target)."""
+
+    def writes_every_layer(self) -> bool:
+        """Whether this init must write every attention layer of a model, whatever layers are
+        selected (what it writes is read by all of them); the default writes the selected ones."""
+        return False
 
     def check_shape(self, grid: Any, dim: int, heads: int, depth: int, seed: int = 0,
                     cache_dir: Union[str, os.PathLike, None] = None) -> None:

@@ -183,6 +183,10 @@ class ImpulseInit(ImpulseDataFit, ImpulseRefusals, ImpulseNotices, InitSpec):
         rest: Dict[str, Any] = {f.name: f.default for f in dataclasses.fields(self) if f.name in FIT_ONLY_PARAMS}
         return dataclasses.replace(self, data_fit=0, **rest)
 
+    def writes_every_layer(self) -> bool:
+        """With ``position_subspace``: the subspace is kept out of every layer's writes."""
+        return self.position_subspace
+
     # ---- refusals (the others: ImpulseRefusals)
 
     def check_shape(self, grid, dim: int, heads: int, depth: int, seed: int = 0, cache_dir=None) -> None:

@@ -9,6 +9,7 @@ points that initialize a model or a state dict with a spec are in :mod:`structin
 ``impulse-2024``          the authors' released 2024 code exactly (:mod:`structinit.init.authors`)
 ``impulse-2025``          the authors' 2025 closed form exactly (:mod:`structinit.init.authors`)
 ``conditioned``           Q/K semi-orthogonal and V the identity per head (:mod:`structinit.init.conditioned`)
+``mixed``                 two methods in one model, split by depth and head (:mod:`structinit.init.mixed`)
 ========================  =========================================================================
 
 Example::
@@ -25,12 +26,12 @@ import dataclasses
 from typing import Any, Dict, Iterable, List, Mapping, Tuple, Type, TypeVar, Union, overload
 
 from structinit.errors import UsageError, param
-from structinit.init import authors, baselines, conditioned, impulse, mimetic
+from structinit.init import authors, baselines, conditioned, impulse, mimetic, mixed
 from structinit.init.base import REGISTERED, InitSpec, parse_value
 
 #: The modules of the built-in methods, in the order the docs and messages list their methods (each
 #: registers its own with :func:`~structinit.init.base.register` when imported).
-BUILTIN_MODULES = (baselines, mimetic, impulse, authors, conditioned)
+BUILTIN_MODULES = (baselines, mimetic, impulse, authors, conditioned, mixed)
 
 
 def _builtins_first() -> None:
