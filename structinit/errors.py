@@ -13,7 +13,7 @@ import errno
 import json
 import os
 import re
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
 _MARK = "\x1f"
 _MARKED = re.compile(_MARK + r"([A-Za-z0-9_.\-]+)" + _MARK)
@@ -32,6 +32,17 @@ def setting(name: str, value: Any) -> str:
     argument from Python (``position_subspace=True``), a flag on the command line
     (``-p position_subspace=true``, ``--data-fit 1000``), a key in a grid file."""
     return f"{_SET}{name}{_SET}{json.dumps(value)}{_SET}"
+
+
+def nest_settings(text: str, name: str, base: Dict[str, Any]) -> str:
+    """``text`` with every marked setting ``key=value`` (:func:`setting`) moved inside the dict
+    parameter ``name``: ``name={**base, key: value}`` (advice of a part that another method's
+    parameter configures, e.g. a mixed init's ``lower_params``)."""
+
+    def nested(m: "re.Match[str]") -> str:
+        return setting(name, {**base, m.group(1): json.loads(m.group(2))})
+
+    return _SETTING.sub(nested, text)
 
 
 class Syntax:

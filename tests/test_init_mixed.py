@@ -222,3 +222,34 @@ def test_a_grid_row_names_it_with_its_parts():
     assert row["init"] == "mixed"
     spec = init_spec(row["init"], **row["init_params"])
     assert spec.split_head == 2 and spec.parts[0].position_subspace and spec.upper == "mimetic"
+
+
+def test_a_parts_advice_is_written_through_its_params_in_each_callers_syntax():
+    """Impulse's weak-structure advice from the lower part names ``lower_params`` (with what it
+    already holds), as Python, the command line and a grid file write it; each form parses back."""
+    import json
+    import shlex
+
+    from structinit.cli.common import CommandSyntax
+    from structinit.errors import StructinitWarning
+    from structinit.experiments import gridspec
+    from structinit.experiments.task import GridSyntax
+    from structinit.init.report import InitReport
+
+    lower = {"method": "impulse", "dim": 192,
+             "data_fit": {"inputs": "noise", "token_values": 768,
+                          "layers": [{"layer": 0, "hit_rate": 0.45}, {"layer": 1, "hit_rate": 0.01}]}}
+    report = InitReport.from_dict({"method": "mixed", "layers": [], "lower": lower, "upper": {"method": "mimetic"}})
+    spec = init_spec("mixed", lower_params={"data_fit": 20})
+    said = [w.text for w in spec.warnings(report, None, checkpoint=True)]
+    assert len(said) == 1 and "for structure try" in said[0]
+    message = StructinitWarning(said[0])
+    python = message.render()
+    assert "try lower_params={'data_fit': 20, 'position_subspace': True} (" in python
+    line = message.render(CommandSyntax(["--init-param"])).split("for structure try ")[1].split(" (")[0]
+    words = shlex.split(line)
+    assert words[0] == "-p" and words[1].split("=", 1)[0] == "lower_params"
+    assert json.loads(words[1].split("=", 1)[1]) == {"data_fit": 20, "position_subspace": True}
+    grid = message.render(GridSyntax()).split("for structure try ")[1].split(" (")[0]
+    assert gridspec.tomllib.loads(grid.replace("init_params.", "", 1)) == {
+        "lower_params": {"data_fit": 20, "position_subspace": True}}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import functools
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -211,8 +212,8 @@ class CommandSyntax(Syntax):
                 return flag if value else off
             return f"{flag} {text}"
         if "--init-param" in self.flags:
-            return f"-p {name}={text}"
-        return f"{name}={text}"
+            return f"-p {shlex.quote(f'{name}={text}')}"
+        return shlex.quote(f"{name}={text}")
 
 
 #: How the running command names a library parameter (its :class:`CommandSyntax`); ``None`` outside one.

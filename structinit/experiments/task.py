@@ -268,6 +268,9 @@ class GridSyntax(Syntax):
     """How a grid file writes a setting of the init: a key of the row's ``init_params`` table."""
 
     def setting(self, name: str, value: Any) -> str:
+        if isinstance(value, dict):  # a TOML inline table of the JSON scalars it holds
+            inner = ", ".join(f"{k} = {json.dumps(v)}" for k, v in value.items())
+            return f"init_params.{name} = {{ {inner} }}"
         return f"init_params.{name} = {json.dumps(value)}"
 
 

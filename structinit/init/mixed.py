@@ -21,10 +21,11 @@ Shapes: ``heads`` ``H`` of ``d = D / H`` rows each in the q and k blocks (see
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from structinit.errors import UsageError, param
+from structinit.errors import UsageError, nest_settings, param
 from structinit.init.base import InitSpec, InitWarning, register
 from structinit.init.report import InitReport
 
@@ -304,8 +305,13 @@ class MixedInit(InitSpec):
     def warnings(self, report: InitReport, target, *, checkpoint: bool = False,
                  pe_scale: Optional[float] = None) -> List[InitWarning]:
         (low, up), (low_report, up_report) = self.parts, self.part_reports(report)
-        return (low.warnings(low_report, target, checkpoint=checkpoint, pe_scale=pe_scale)
-                + up.warnings(up_report, target, checkpoint=checkpoint, pe_scale=pe_scale))
+        said = []
+        for which, part, own, base in (("lower", low, low_report, self.lower_params),
+                                       ("upper", up, up_report, self.upper_params)):
+            for w in part.warnings(own, target, checkpoint=checkpoint, pe_scale=pe_scale):
+                # a part's advice is set through this init's <which>_params
+                said.append(dataclasses.replace(w, text=nest_settings(w.text, f"{which}_params", base)))
+        return said
 
     def notes(self, report: InitReport) -> List[str]:
         (low, up), (low_report, up_report) = self.parts, self.part_reports(report)
