@@ -157,3 +157,44 @@ def test_base_and_causal_are_read_from_the_declarations():
     assert not any(init_spec(name).is_causal() for name in INIT_METHODS if name != "impulse")
     with pytest.raises(UsageError, match="causal"):
         TrainConfig(init="impulse", init_params={"causal": True}, dataset="digits", model="vit-digits").validate()
+
+
+def _solved(**over):
+    """A report's JSON layout with impulse offsets in two layers and its artifact's solve settings."""
+    d = {"method": "impulse", "grid": [4, 4],
+         "layers": [{"layer": 0, "offsets": [[0, 1], [1, 0]]}, {"layer": 1, "offsets": [[-1, 0], [0, -1]]}],
+         "artifact": {"key": "abc123", "config": {"padding": "circular", "causal": True, "filter": 5}}}
+    d.update(over)
+    return d
+
+
+def test_the_structure_is_read_from_the_artifacts_solve_settings_or_the_report_itself():
+    s = InitReport.from_dict(_solved()).structure
+    assert s == StructureRecord(grid=[4, 4], offsets={0: [[0, 1], [1, 0]], 1: [[-1, 0], [0, -1]]},
+                                padding="circular", filter=5, causal=True, artifact="abc123")
+    bare = InitReport.from_dict(_solved(artifact=None)).structure  # impulse-2025: no artifact, no settings given
+    assert (bare.padding, bare.filter, bare.causal, bare.artifact) == ("zero", None, False, None)
+    own = InitReport.from_dict(_solved(artifact=None, padding="reflect", causal=True, filter=3)).structure
+    assert (own.padding, own.filter, own.causal) == ("reflect", 3, True)
+
+
+def test_no_structure_without_offsets_in_every_layer_and_a_grid():
+    partial = _solved(layers=[{"layer": 0, "offsets": [[0, 1], [1, 0]]}, {"layer": 1}])
+    assert InitReport.from_dict(partial).structure is None  # one layer without offsets
+    assert InitReport.from_dict(_solved(grid=None)).structure is None
+    assert InitReport.from_dict(_solved(layers=[])).structure is None
+
+
+def test_reports_are_equal_when_their_layouts_are():
+    a, b = InitReport.from_dict(_solved()), InitReport.from_dict(_solved())
+    assert a == b and a == _solved()  # a report, or the dict code was written against
+    assert a != InitReport.from_dict(_solved(method="impulse-2025"))  # the same structure, another layout
+    plain = InitReport.from_dict({"method": "mimetic", "layers": [{"layer": 0}]})
+    assert plain != InitReport.from_dict({"method": "kaiming", "layers": [{"layer": 0}]})  # neither has structure
+
+
+def test_a_line_of_values_per_layer_and_their_mean():
+    from structinit.init.report import layers_line
+
+    assert layers_line("hit rate", [0.9, None, 0.6]) == "hit rate 0.90 0.60 (mean 0.75)"
+    assert layers_line("hit rate", [None, None]) == ""
