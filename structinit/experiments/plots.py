@@ -58,14 +58,20 @@ def _legend_lines(labels: List[str]) -> float:
     return sum(LEGEND_LINE * (label.count("\n") + 1) + 0.09 for label in labels) + 0.4
 
 
-def _legend_right(fig, axes) -> None:
-    """One legend for the figure, in a column right of the panels (never over the data)."""
+def _handles_labels(axes) -> Tuple[list, List[str]]:
+    """Each label drawn in any of ``axes`` once, with its first handle (what one figure legend shows)."""
     handles, labels = [], []
     for ax in axes:
         for h, label in zip(*ax.get_legend_handles_labels()):
             if label not in labels:
                 handles.append(h)
                 labels.append(label)
+    return handles, labels
+
+
+def _legend_right(fig, axes) -> None:
+    """One legend for the figure, in a column right of the panels (never over the data)."""
+    handles, labels = _handles_labels(axes)
     if handles:  # on the first row's last panel, so that the layout keeps it below the figure's title
         top_right = axes[min(len(axes), PANELS_PER_ROW) - 1]
         top_right.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, ncols=1,
@@ -87,12 +93,7 @@ def _panels(n: int, width: float, height: float, extra_width: float = 0.0, **sha
 
 def _legend_below(fig, axes) -> None:
     """One legend for the figure, below the panels (never over the data)."""
-    handles, labels = [], []
-    for ax in axes:
-        for h, label in zip(*ax.get_legend_handles_labels()):
-            if label not in labels:
-                handles.append(h)
-                labels.append(label)
+    handles, labels = _handles_labels(axes)
     if handles:
         fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4), fontsize=8,
                    frameon=False)
