@@ -8,8 +8,13 @@ One table per hypothesis (see README.md). Run (one torch thread; about an hour o
 
     OMP_NUM_THREADS=1 python docs/results/patch16/structure.py > docs/results/patch16/structure.md
 
-``--only NAME`` runs one section (``hypotheses``, ``depth``, ``models``, ``small``); ``--model NAME``
-runs the model sections on one timm model.
+``--only NAME`` runs one section (``hypotheses``, ``depth``, ``models``, ``small``, ``peers``);
+``--model NAME`` runs the model sections on one timm model; ``--rows A,B`` runs those rows of
+``peers`` only (its labels' first words: mimetic, conditioned, impulse-2025, default, subspace, mixed).
+
+``peers`` (every peer on ViT-T/16 and ViT-S/16, two measures per layer, held out):
+
+    OMP_NUM_THREADS=1 python docs/results/patch16/structure.py --only peers
 """
 
 import argparse
@@ -29,6 +34,7 @@ from structinit.init.initialize import initialize_model  # noqa: E402
 from structinit.init.position_subspace import PositionSubspace  # noqa: E402
 
 ONLY_MODEL = None  # --model
+ONLY_ROWS = None  # --rows
 FIT_PHOTO, CHECK_PHOTO = 1, 0  # flower: what a fit may see; china: held out
 
 
@@ -50,6 +56,80 @@ def run(name, data="none", seed=0, **params):
         report = initialize_model(model, "impulse", data=x, seed=seed, **params)
     seconds = time.perf_counter() - t0
     return held_out_hits(model, report, crops(CHECK_PHOTO, 64, seed=1)), seconds, report
+
+
+def report_offsets(report):
+    """``{layer: offsets [heads, 2]}`` of an init report: an impulse init's every layer, a mixed
+    init's lower part's layers below its ``split_layer``; ``{}`` for an init without offsets."""
+    if report.structure is not None:
+        return {int(k): np.asarray(v) for k, v in report.structure.offsets.items()}
+    if report.get("method") != "mixed":
+        return {}
+    split = report.get("split_layer")
+    return {int(r["layer"]): np.asarray(r["offsets"]) for r in (report.get("lower") or {}).get("layers", [])
+            if "offsets" in r and r["layer"] < split}
+
+
+def run_peer(name, method, seed=0, **params):
+    """Initialize a fresh stock ``name`` with ``method`` (no data) and measure it on the held-out
+    crops: (per-layer hit rate on its offsets, NaN where a layer has none; per-layer share of the
+    attention inside the 3x3 window around each grid query; seconds of the init)."""
+    import tempfile
+
+    from structinit.analysis.fidelity import attention_fidelity
+
+    model = stock(name, seed)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings(), tempfile.TemporaryDirectory() as cache:  # a fresh cache: the whole cost
+        warnings.simplefilter("ignore")
+        os.environ["STRUCTINIT_CACHE"] = cache
+        report = initialize_model(model, method, seed=seed, **params)
+    seconds = time.perf_counter() - t0
+    offsets = report_offsets(report)
+    fid = attention_fidelity(model, crops(CHECK_PHOTO, 64, seed=1), offsets=offsets or None, filter=3,
+                             keep_maps=False)
+    depth_ = fid.window_mass.shape[0]
+    hits = np.array([np.nanmean(fid.hit_rate[i]) if fid.hit_rate is not None and i in offsets else np.nan
+                     for i in range(depth_)])
+    return hits, fid.window_mass.mean(1), seconds
+
+
+PEERS = [
+    ("mimetic", "mimetic", {}),
+    ("conditioned", "conditioned", {}),
+    ("impulse-2025", "impulse-2025", {}),
+    ("subspace: the default with position_subspace=true, no data", "impulse", dict(position_subspace=True)),
+    ("mixed (H1): the default impulse below split_layer = depth/2, mimetic above, no data", "mixed", {}),
+    ("default impulse, no data (fitted on noise)", "impulse", {}),
+]
+
+
+def _cells(values):
+    finite = values[np.isfinite(values)]
+    if not finite.size:
+        return "- | - | " + " | ".join("-" for _ in values)
+    return f"{finite.min():.2f} | {finite.mean():.2f} | " + " | ".join(
+        "-" if not np.isfinite(v) else f"{v:.2f}" for v in values)
+
+
+def peers():
+    """Every peer at init on ViT-T/16 and ViT-S/16 (no data): held-out hit rate on the init's own
+    offsets (where it has them) and the 3x3 window share (every row), per layer."""
+    print("## Every peer at init on ViT-T/16 and ViT-S/16, no data (held out)\n")
+    for name in ("vit_tiny_patch16_224", "vit_small_patch16_224"):
+        if ONLY_MODEL not in (None, name):
+            continue
+        print(f"### `{name}`\n\nhit rate on the init's offsets (min, mean over the layers that have them), "
+              f"then the 3x3 window share; per layer 0-11; init s\n")
+        cols = " | ".join(str(i) for i in range(12))
+        print(f"| init | hit min | hit mean | {cols} | window min | window mean | {cols} | init s |\n"
+              "|---|" + "---|" * 29, flush=True)
+        for label, method, params in PEERS:
+            if ONLY_ROWS and label.split(":")[0].split(" ")[0] not in ONLY_ROWS:
+                continue
+            hits, window, secs = run_peer(name, method, **params)
+            print(f"| {label} | {_cells(hits)} | {_cells(window)} | {secs:.0f} |", flush=True)
+        print()
 
 
 def row(label, hits, seconds=None):
@@ -185,15 +265,17 @@ def models():
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=["hypotheses", "depth", "models", "small"])
+    ap.add_argument("--only", choices=["hypotheses", "depth", "models", "small", "peers"])
+    ap.add_argument("--rows", help="peers: run these rows only (comma-separated first words of their labels)")
     ap.add_argument("--model", help="run the model sections on this timm model only")
     args = ap.parse_args()
     ONLY_MODEL = args.model
+    ONLY_ROWS = args.rows.split(",") if args.rows else None
     torch.set_num_threads(1)
     print("# Structure at 16x16 patches: held-out hit rate per layer\n")
     print("Command: `OMP_NUM_THREADS=1 python docs/results/patch16/structure.py` (init s: seconds of the "
           "init on one CPU thread, beside other jobs). Hit rate: share of grid query rows whose attention's "
           "argmax is the head's impulse offset, averaged over heads and the 64 held-out crops.\n")
-    for part in ("hypotheses", "depth", "models", "small"):
+    for part in ("hypotheses", "depth", "models", "small", "peers"):
         if args.only in (None, part):
             globals()[part]()
