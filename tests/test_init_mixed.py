@@ -12,7 +12,7 @@ from conftest import error_line
 
 from structinit.errors import StructinitWarning, UsageError
 from structinit.init.initialize import initialize, initialize_model
-from structinit.init.registry import init_spec, parse_init
+from structinit.init.registry import INIT_METHODS, init_spec, parse_init
 
 DIM, HEADS, DEPTH = 48, 4, 4
 D = DIM // HEADS
@@ -137,7 +137,11 @@ def test_the_position_subspace_below_is_written_in_every_layer_and_mimetic_above
 def test_bad_parameters_are_refused_by_name(tmp_path):
     assert rendered(init_spec, "mixed", split_layer=0) == "mixed parameter <split_layer> must be positive, got 0"
     assert rendered(init_spec, "mixed", split_head=-1) == "mixed parameter <split_head> must be positive, got -1"
-    assert rendered(init_spec, "mixed", lower="nope").startswith("mixed parameter <lower> must be an init method (")
+    said = rendered(init_spec, "mixed", lower="nope")
+    assert said.startswith("mixed parameter <lower> must be an init method") and "'nope'" in said
+    listed = said.split("(")[1].split(")")[0].split(", ")
+    assert listed == [n for n, c in INIT_METHODS.items() if n != "mixed" and not c.needs_model]  # each one it takes
+    assert "impulse-2024" not in listed
     assert rendered(init_spec, "mixed", upper="mixed") == "mixed parameter <upper> cannot be mixed (it is this method)"
     assert rendered(init_spec, "mixed", lower="impulse-2025") == ("mixed parameter <lower> cannot be impulse-2025 "
                                                                   "(it resets the whole model, not selected layers)")

@@ -51,8 +51,9 @@ def _part_spec(owner: str, which: str, method: str, params: Dict[str, Any]) -> I
     except UsageError:
         from structinit.init.registry import INIT_METHODS
 
-        raise UsageError(f"{owner} parameter {param(which)} must be an init method "
-                         f"({', '.join(n for n in INIT_METHODS if n != owner)}), got {method!r}") from None
+        parts = [n for n, c in INIT_METHODS.items() if n != owner and not c.needs_model]
+        raise UsageError(f"{owner} parameter {param(which)} must be an init method that writes selected layers "
+                         f"({', '.join(parts)}), got {method!r}") from None
     if cls.method == owner or cls.needs_model:
         why = "it is this method" if cls.method == owner else "it resets the whole model, not selected layers"
         raise UsageError(f"{owner} parameter {param(which)} cannot be {method} ({why})")
