@@ -174,7 +174,7 @@ def test_the_built_in_methods_are_listed_in_one_order_whatever_was_imported_firs
 #: The modules of the built-in methods: where a method's name, its spec class and its internals may appear.
 OWN = {"init/baselines.py", "init/mimetic.py", "init/impulse.py", "init/impulse_checks.py", "init/impulse_solve.py",
        "init/impulse_write.py", "init/impulse_fit.py", "init/impulse_notices.py", "init/position_subspace.py",
-       "init/authors.py", "init/registry.py", "init/mixed.py"}
+       "init/content_qk.py", "init/authors.py", "init/registry.py", "init/mixed.py"}
 METHOD_CLASSES = {cls.__name__ for cls in INIT_METHODS.values()}
 
 

@@ -58,6 +58,15 @@ def check_subspace_layers(spec, target) -> None:
                          "embedding every layer reads and keeps each layer's writes out of it, so the layers "
                          f"{param('layers')} leaves out would change too: select every layer, or leave "
                          "position_subspace out")
+    if spec.content_qk != "none":
+        from structinit.init.position_subspace import auto_dims
+
+        head_dim = target.dim // target.heads
+        dims = spec.position_dims or auto_dims(target.dim, target.heads, target.grid.ndim)
+        if dims >= head_dim:
+            raise UsageError(f"impulse parameter {param('content_qk')} fills the columns of each head that the "
+                             f"position part leaves free, and {param('position_dims')} {dims} leaves none of the "
+                             f"head dim {head_dim}: give position_dims below {head_dim}")
 
 
 def check_fit_only(spec) -> None:
@@ -155,6 +164,7 @@ def check_subspace_params(spec) -> None:
         raise UsageError(f"impulse parameter {param('position_subspace')} projects every layer's output projection "
                          f"out of its directions, which {setting('mimetic_vproj', False)} would keep as it is: give "
                          "one of them")
+    check_content_params(spec)
     if spec.position_subspace:
         for other in ("fit_pe", "artifact"):
             if getattr(spec, other):
@@ -162,7 +172,26 @@ def check_subspace_params(spec) -> None:
                                  "other: the subspace writes its own position table and solves for it")
 
 
-__all__ = ["check_artifact", "check_causal", "check_given_artifact", "check_impulse_params", "check_subspace_layers",
+def check_content_params(spec) -> None:
+    """``content_qk`` fills the head columns the position subspace leaves free, and ``content_scale``
+    scales what it writes: each needs the one before it."""
+    from structinit.init.content_qk import CONTENT_QK
+
+    if spec.content_qk not in CONTENT_QK:
+        raise UsageError(f"impulse parameter {param('content_qk')} must be one of {', '.join(CONTENT_QK)}, "
+                         f"got {spec.content_qk!r}")
+    spec.check_positive("content_scale")
+    if spec.content_qk != "none" and not spec.position_subspace:
+        raise UsageError(f"impulse parameter {param('content_qk')} writes Q/K on the directions the position "
+                         "subspace leaves to content, and the subspace is off: give position_subspace=true, or "
+                         "leave content_qk out")
+    if spec.content_scale != 1.0 and spec.content_qk == "none":
+        raise UsageError(f"impulse parameter {param('content_scale')} scales the content Q/K that content_qk writes, "
+                         "and content_qk is none: give content_qk=mimetic or conditioned, or leave content_scale out")
+
+
+__all__ = ["check_artifact", "check_content_params", "check_causal", "check_given_artifact", "check_impulse_params",
+           "check_subspace_layers",
            "check_subspace_params"]
 
 

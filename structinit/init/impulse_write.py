@@ -101,6 +101,35 @@ class ImpulseWriter:
         return read_qk(self.t.sd, slot, self.t.heads)
 
 
+class ContentWriter:
+    """With ``content_qk`` (:mod:`structinit.init.content_qk`): each layer's heads get Q/K on the
+    content directions in the columns the position part leaves free, drawn from
+    ``generator(seed + CONTENT_SEED_OFFSET)`` in layer order; otherwise it writes nothing."""
+
+    def __init__(self, spec, target, subspace: Optional[PositionSubspace], seed: int):
+        from structinit.init.content_qk import CONTENT_SEED_OFFSET
+
+        self.spec, self.t, self.subspace = spec, target, subspace
+        self.gen = generator(seed + CONTENT_SEED_OFFSET)
+        self.columns = 0
+
+    def add(self, slot, rq, rk):
+        """Write layer ``slot``'s Q/K with the content part added; ``(q, k)`` read back ``[H, D, d]``
+        (``rq, rk`` as they were when there is nothing to add)."""
+        if self.spec.content_qk == "none" or self.subspace is None:
+            return rq, rk
+        from structinit.init.content_qk import with_content
+
+        q, k = with_content(rq, rk, self.subspace.basis, self.spec.content_qk, self.spec.content_scale, self.gen)
+        write_qk(self.t.sd, slot, q, k)
+        self.columns = q.shape[-1] - self.subspace.dims
+        return read_qk(self.t.sd, slot, self.t.heads)
+
+    def record(self) -> Dict[str, Any]:
+        """The report's ``content_qk``: the method, its scale and the columns of each head it wrote."""
+        return {"method": self.spec.content_qk, "scale": self.spec.content_scale, "columns": self.columns}
+
+
 def fit_inputs(spec, t, data, seed: int, source: Optional[str]):
     """``(inputs, skipped)``: what the data fit of ``spec`` runs on for target ``t`` (the batch
     ``data``; noise of its shape with ``data_fit_inputs="noise"``; without ``data``, noise of the
@@ -215,10 +244,12 @@ def write(spec, t, prepared: Prepared, seed: int) -> InitReport:
     own = t.own_input()
     writer = ImpulseWriter(spec, t, art, seed, prepared.subspace)
     solved = art.stats.get("layers", [])
+    content = ContentWriter(spec, t, prepared.subspace, seed)
     rows = []
     for slot in t.slots:
         src = 0 if art.depth == 1 else slot.index
         keys, rq, rk = writer.place(slot)
+        rq, rk = content.add(slot, rq, rk)
         cols = impulse_columns(art.config.grid, art.offsets[src], art.config.padding)
         placed = measure(art.layer_input(src), rq, rk, cols, mask)
         if src < len(solved):
@@ -231,7 +262,10 @@ def write(spec, t, prepared: Prepared, seed: int) -> InitReport:
         got = placed if same else measure(own, rq, rk, cols, mask)
         rows.append({"layer": slot.index, "replaced": keys, "offsets": art.offsets[src].tolist(), **got.layer_row(),
                      "solved": {m: float(getattr(placed, m).mean()) for m in ("hit_rate", "target_mass")}})
-    return InitReport.from_dict(report(spec, t, prepared, rows, own is not None))
+    out = report(spec, t, prepared, rows, own is not None)
+    if content.columns:
+        out["content_qk"] = content.record()
+    return InitReport.from_dict(out)
 
 
 def check_placed(spec, layer: int, solved: List[Dict[str, Any]], placed) -> None:

@@ -1,0 +1,98 @@
+"""Q/K on the content directions beside a position subspace: each head's columns split by direction.
+
+With a position subspace (:mod:`structinit.init.position_subspace`) a head's impulse Q/K read only
+the ``k`` directions ``B [D, k]`` that carry the position table, so ``Q_h K_h^T = B M_h B^T`` has rank
+at most ``k``. When ``k`` is below the head dim ``d``, the head has ``r = d - k`` columns to spare:
+``content_qk`` fills them with Q/K that read only the content directions ``U [D, D - k]`` (an
+orthonormal basis of ``C = I - B B^T``), drawn by another method:
+
+- ``mimetic``: per head ``A = alpha Z + beta I`` on the content directions (``Z ~ N(0, I/(D - k))``,
+  ``alpha = beta = 0.7``, mimetic init's defaults), its best rank-``r`` factor by SVD;
+- ``conditioned``: per head two independent Haar semi-orthogonal ``[D - k, r]`` matrices at scale 2
+  (conditioned init's default), read through ``U``.
+
+A head's logits are then ``x B M_h B^T x^T + content_scale * x U A_h U^T x^T``: the position part is
+the impulse solve (or fit) unchanged (it is refactored into ``k`` columns, exact), and the content
+part is zero on the position table, so the attention measured on the position embedding alone is the
+impulse init's. ``content_scale`` multiplies the content part's bilinear form (``Q_c`` and ``K_c``
+each by its square root).
+
+Shapes: ``q, k: [H, D, d]`` (``x @ W`` convention), ``basis [D, k]``; returns ``[H, D, d]`` with
+the position part in columns ``0 .. k-1`` and the content part in ``k .. d-1``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Tuple
+
+if TYPE_CHECKING:
+    import torch
+
+#: What fills a head's spare columns (``none``: nothing, the impulse init as it was).
+CONTENT_QK = ("none", "mimetic", "conditioned")
+#: Mimetic init's Q/K constants and conditioned init's Q/K scale, as those methods default them.
+MIMETIC_ALPHA, MIMETIC_BETA, CONDITIONED_SCALE = 0.7, 0.7, 2.0
+#: Added to the init's seed for the content draws (independent of the V/proj, basis and solve draws).
+CONTENT_SEED_OFFSET = 5
+
+
+def content_basis(basis) -> "torch.Tensor":
+    """``[D, D - k]``: an orthonormal basis of the complement of ``basis [D, k]`` (complete QR)."""
+    import torch
+
+    q, _ = torch.linalg.qr(basis.double(), mode="complete")
+    return q[:, basis.shape[1]:].float()
+
+
+def position_columns(q, k, basis) -> Tuple["torch.Tensor", "torch.Tensor"]:
+    """``q, k: [H, D, d]`` that read only ``basis [D, k]``, refactored into ``k`` columns with the same
+    ``Q_h K_h^T``: ``[H, D, k]`` each (SVD of ``B^T Q_h K_h^T B``)."""
+    import torch
+
+    b = basis.double()
+    m = (b.T @ q.double()) @ (b.T @ k.double()).transpose(-1, -2)  # [H, k, k]
+    u, s, vh = torch.linalg.svd(m)
+    root = s.sqrt().unsqueeze(-2)
+    return (b @ (u * root)).float(), (b @ (vh.transpose(-1, -2) * root)).float()
+
+
+def content_columns(method: str, heads: int, basis, rank: int, scale: float,
+                    gen) -> Tuple["torch.Tensor", "torch.Tensor"]:
+    """``(q_c, k_c)``, each ``[H, D, rank]``, reading only the complement of ``basis [D, k]``, by
+    ``method`` (``mimetic`` or ``conditioned``), their product times ``scale``; drawn from ``gen``."""
+    import torch
+
+    from structinit.init.conditioned import semi_orthogonal
+
+    u = content_basis(basis).double()
+    n = u.shape[1]
+    if method == "mimetic":
+        z = torch.randn(heads, n, n, generator=gen, dtype=torch.float64) / math.sqrt(n)
+        a = MIMETIC_ALPHA * z + MIMETIC_BETA * torch.eye(n, dtype=torch.float64)
+        left, s, right = torch.linalg.svd(a)
+        root = s[:, :rank].sqrt().unsqueeze(-2)
+        qc, kc = left[:, :, :rank] * root, right.transpose(-1, -2)[:, :, :rank] * root
+    elif method == "conditioned":
+        qc = semi_orthogonal(heads, n, rank, CONDITIONED_SCALE, gen).double()
+        kc = semi_orthogonal(heads, n, rank, CONDITIONED_SCALE, gen).double()
+    else:
+        raise ValueError(f"content_qk must be one of {', '.join(CONTENT_QK[1:])}, got {method!r}")
+    root = math.sqrt(scale)
+    return (u @ qc * root).float(), (u @ kc * root).float()
+
+
+def with_content(q, k, basis, method: str, scale: float, gen) -> Tuple["torch.Tensor", "torch.Tensor"]:
+    """Each head of ``q, k: [H, D, d]`` (reading only ``basis [D, k]``, ``k < d``) with its position
+    part in columns ``0 .. k-1`` and ``method``'s content part in ``k .. d-1``: ``[H, D, d]`` each."""
+    import torch
+
+    heads, _, d = q.shape
+    dims = basis.shape[1]
+    qp, kp = position_columns(q, k, basis)
+    qc, kc = content_columns(method, heads, basis, d - dims, scale, gen)
+    return torch.cat([qp, qc], dim=-1), torch.cat([kp, kc], dim=-1)
+
+
+__all__ = ["CONTENT_QK", "CONTENT_SEED_OFFSET", "content_basis", "content_columns", "position_columns",
+           "with_content"]

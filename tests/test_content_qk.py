@@ -1,0 +1,137 @@
+"""H4 of the conditioned-init research: each head split by direction. The impulse Q/K in a position
+subspace keep their logits exactly, and ``content_qk`` adds Q/K that read only the content directions,
+in the head columns the position part leaves free (structinit.init.content_qk)."""
+
+import pytest
+import torch
+from conftest import error_line, says
+
+from structinit.errors import UsageError
+from structinit.init.content_qk import content_basis, content_columns, position_columns, with_content
+from structinit.init.initialize import initialize_model
+from structinit.init.position_subspace import subspace_basis
+from structinit.init.registry import init_spec
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _model(seed=0):
+    """16x16 images in 4x4 patches into dim 32, 4 heads (head dim 8): a 4x4 grid whose tokens' 16
+    values fill half the stream; a 4-direction subspace leaves each head 4 columns."""
+    from structinit.training.models import ModelConfig, build_model
+
+    return build_model(ModelConfig("vit-digits", patch=4, dim=32), num_classes=10, image_size=16, in_chans=1,
+                       seed=seed)
+
+
+def _qk(model, layer):
+    """``(q, k)`` of ``layer``: ``[H, D, d]`` each (timm's fused qkv, ``x @ W`` convention)."""
+    w = model.blocks[layer].attn.qkv.weight.detach()
+    d_model, heads = w.shape[1], model.blocks[layer].attn.num_heads
+    q, k = w[:d_model], w[d_model:2 * d_model]
+    return (q.T.reshape(d_model, heads, -1).permute(1, 0, 2), k.T.reshape(d_model, heads, -1).permute(1, 0, 2))
+
+
+def _init(cache, **params):
+    model = _model()
+    report = initialize_model(model, "impulse", position_subspace=True, position_dims=4, data_fit=0, seed=0,
+                              cache_dir=cache, **params)
+    return model, report
+
+
+def test_the_position_part_is_refactored_into_k_columns_with_the_same_product():
+    basis = subspace_basis(32, 4, 0)
+    gen = torch.Generator().manual_seed(1)
+    q = basis @ torch.randn(3, 4, 8, generator=gen)
+    k = basis @ torch.randn(3, 4, 8, generator=gen)
+    qp, kp = position_columns(q, k, basis)
+    assert qp.shape == (3, 32, 4) and kp.shape == (3, 32, 4)
+    assert torch.allclose(qp @ kp.transpose(-1, -2), q @ k.transpose(-1, -2), atol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["mimetic", "conditioned"])
+def test_the_content_part_reads_only_the_content_directions_at_its_scale(method):
+    basis = subspace_basis(32, 4, 0)
+    u = content_basis(basis)
+    assert u.shape == (32, 28) and torch.allclose(u.T @ u, torch.eye(28), atol=1e-5)
+    assert float((basis.T @ u).abs().max()) < 1e-5
+    one = content_columns(method, 4, basis, 4, 1.0, torch.Generator().manual_seed(2))
+    four = content_columns(method, 4, basis, 4, 4.0, torch.Generator().manual_seed(2))
+    for w in one:
+        assert w.shape == (4, 32, 4) and float((basis.T @ w).abs().max()) < 1e-5  # blind to position
+    assert torch.allclose(four[0] @ four[1].transpose(-1, -2), 4 * one[0] @ one[1].transpose(-1, -2), atol=1e-4)
+    if method == "conditioned":  # semi-orthogonal at conditioned init's scale 2: every singular value 2
+        s = torch.linalg.svdvals(one[0].double())
+        assert torch.allclose(s, torch.full_like(s, 2.0), atol=1e-5)
+    else:  # mimetic: the best rank-4 factor of 0.7 Z + 0.7 I, whose diagonal is about 0.7 on average
+        a = u.T @ (one[0] @ one[1].transpose(-1, -2)) @ u
+        assert 0.05 < float(a.diagonal(dim1=-2, dim2=-1).mean()) < 0.7
+
+
+def test_with_content_keeps_the_position_logits_and_adds_content_ones():
+    basis = subspace_basis(32, 4, 0)
+    gen = torch.Generator().manual_seed(3)
+    q = basis @ torch.randn(4, 4, 8, generator=gen)
+    k = basis @ torch.randn(4, 4, 8, generator=gen)
+    nq, nk = with_content(q, k, basis, "mimetic", 1.0, torch.Generator().manual_seed(4))
+    assert nq.shape == q.shape
+    pos = torch.randn(16, 4, generator=gen) @ basis.T  # tokens in the subspace alone
+    assert torch.allclose(pos @ nq @ (pos @ nk).transpose(-1, -2), pos @ q @ (pos @ k).transpose(-1, -2), atol=1e-3)
+    content = torch.randn(16, 32, generator=gen) @ (torch.eye(32) - basis @ basis.T)
+    assert float((content @ nq @ (content @ nk).transpose(-1, -2)).abs().max()) > 0.1
+    assert float((content @ q @ (content @ k).transpose(-1, -2)).abs().max()) < 1e-4
+
+
+def test_a_model_gets_its_heads_split_and_the_report_says_so(tmp_path):
+    plain, plain_report = _init(tmp_path)
+    split, report = _init(tmp_path, content_qk="mimetic", content_scale=0.5)
+    assert report.extra["content_qk"] == {"method": "mimetic", "scale": 0.5, "columns": 4}
+    assert "content_qk" not in plain_report.extra
+    basis = subspace_basis(32, 4, 0)
+    c = torch.eye(32) - basis @ basis.T
+    for layer in range(4):
+        (q0, k0), (q1, k1) = _qk(plain, layer), _qk(split, layer)
+        # the position part (the subspace block of Q K^T) is the plain init's, to the float
+        assert torch.allclose(basis.T @ q1 @ k1.transpose(-1, -2) @ basis,
+                              basis.T @ q0 @ k0.transpose(-1, -2) @ basis, atol=1e-4)
+        assert float((c @ q0).abs().max()) < 1e-4  # the plain init reads no content
+        assert float((c @ q1 @ k1.transpose(-1, -2) @ c).abs().max()) > 0.01  # the split one does
+    # measured on the position embedding alone, content adds nothing: the same attention
+    assert [r.hit_rate for r in report.layers] == pytest.approx([r.hit_rate for r in plain_report.layers], abs=1e-6)
+
+
+def test_run_keys_of_the_impulse_init_leave_the_new_parameters_out():
+    assert "content_qk" not in init_spec("impulse").to_dict()["params"]
+    assert "content_scale" not in init_spec("impulse", position_subspace=True).to_dict()["params"]
+    params = init_spec("impulse", position_subspace=True, position_dims=4, content_qk="conditioned").to_dict()["params"]
+    assert params["content_qk"] == "conditioned"
+
+
+@pytest.mark.parametrize("params, parts", [
+    ({"content_qk": "mimetic"}, ("content_qk", "subspace", "off", "position_subspace=true")),
+    ({"position_subspace": True, "content_scale": 2.0}, ("content_scale", "content_qk", "none")),
+    ({"position_subspace": True, "content_qk": "random"}, ("content_qk", "mimetic", "conditioned", "'random'")),
+    ({"position_subspace": True, "content_qk": "mimetic", "content_scale": 0.0}, ("content_scale",)),
+])
+def test_content_parameters_that_would_do_nothing_or_cannot_are_refused(params, parts):
+    with pytest.raises(UsageError) as err:
+        init_spec("impulse", **params)
+    says(str(err.value), *parts)
+
+
+def test_a_subspace_as_wide_as_the_head_leaves_no_columns_and_is_refused(tmp_path):
+    with pytest.raises(UsageError) as err:
+        initialize_model(_model(), "impulse", position_subspace=True, position_dims=8, content_qk="mimetic",
+                         data_fit=0, cache_dir=tmp_path)
+    says(str(err.value), "content_qk", "position_dims", "8", "head dim 8", "below 8")
+    with pytest.raises(UsageError) as err:  # the automatic size is the head dim here
+        initialize_model(_model(), "impulse", position_subspace=True, content_qk="mimetic", data_fit=0,
+                         cache_dir=tmp_path)
+    says(str(err.value), "content_qk", "head dim 8")
+
+
+def test_the_train_command_refuses_content_qk_without_the_subspace(cli, tmp_path):
+    r = cli("train", "--model", "vit-digits", "--dataset", "digits", "--init", "impulse", "-p", "content_qk=mimetic",
+            "--epochs", "1", "--out", str(tmp_path / "run"))
+    assert r.returncode == 2 and says(error_line(r.stderr), "content_qk", "position_subspace=true")
+    assert not (tmp_path / "run").exists()
