@@ -100,6 +100,21 @@ def test_a_model_gets_its_heads_split_and_the_report_says_so(tmp_path):
     assert [r.hit_rate for r in report.layers] == pytest.approx([r.hit_rate for r in plain_report.layers], abs=1e-6)
 
 
+@pytest.mark.parametrize("method", ["mimetic", "conditioned"])
+def test_zero_content_keys_keep_the_attention_on_any_input_and_leave_the_queries_to_train(tmp_path, method):
+    plain, _ = _init(tmp_path)
+    split, report = _init(tmp_path, content_qk=method, content_zero_keys=True)
+    assert report.extra["content_qk"]["zero_keys"] is True
+    basis = subspace_basis(32, 4, 0)
+    x = torch.randn(16, 32, generator=torch.Generator().manual_seed(5))  # any input, content and all
+    for layer in range(4):
+        (q0, k0), (q1, k1) = _qk(plain, layer), _qk(split, layer)
+        assert torch.allclose(x @ q1 @ (x @ k1).transpose(-1, -2), x @ q0 @ (x @ k0).transpose(-1, -2), atol=1e-3)
+        assert float(k1[:, :, 4:].abs().max()) == 0.0  # the content keys
+        content_q = q1[:, :, 4:]
+        assert float(content_q.norm()) > 1.0 and float((basis.T @ content_q).abs().max()) < 1e-4
+
+
 def test_run_keys_of_the_impulse_init_leave_the_new_parameters_out():
     assert "content_qk" not in init_spec("impulse").to_dict()["params"]
     assert "content_scale" not in init_spec("impulse", position_subspace=True).to_dict()["params"]
@@ -112,6 +127,7 @@ def test_run_keys_of_the_impulse_init_leave_the_new_parameters_out():
     ({"position_subspace": True, "content_scale": 2.0}, ("content_scale", "content_qk", "none")),
     ({"position_subspace": True, "content_qk": "random"}, ("content_qk", "mimetic", "conditioned", "'random'")),
     ({"position_subspace": True, "content_qk": "mimetic", "content_scale": 0.0}, ("content_scale",)),
+    ({"position_subspace": True, "content_zero_keys": True}, ("content_zero_keys", "content_qk", "none")),
 ])
 def test_content_parameters_that_would_do_nothing_or_cannot_are_refused(params, parts):
     with pytest.raises(UsageError) as err:

@@ -17,6 +17,13 @@ part is zero on the position table, so the attention measured on the position em
 impulse init's. ``content_scale`` multiplies the content part's bilinear form (``Q_c`` and ``K_c``
 each by its square root).
 
+With ``zero_keys`` the content part's keys start at zero (its queries as drawn): the attention at
+init is the position part's exactly, on any input, and the content columns still train from the
+first step (the gradient of ``K_c`` is carried by ``Q_c``; the zero-initialized factor of a
+low-rank adapter works the same way). Small drawn content Q/K instead (a small ``content_scale``)
+keep the attention close to the position part's but leave both factors small, so their gradients
+are small too.
+
 Shapes: ``q, k: [H, D, d]`` (``x @ W`` convention), ``basis [D, k]``; returns ``[H, D, d]`` with
 the position part in columns ``0 .. k-1`` and the content part in ``k .. d-1``.
 """
@@ -57,10 +64,11 @@ def position_columns(q, k, basis) -> Tuple["torch.Tensor", "torch.Tensor"]:
     return (b @ (u * root)).float(), (b @ (vh.transpose(-1, -2) * root)).float()
 
 
-def content_columns(method: str, heads: int, basis, rank: int, scale: float,
-                    gen) -> Tuple["torch.Tensor", "torch.Tensor"]:
+def content_columns(method: str, heads: int, basis, rank: int, scale: float, gen,
+                    zero_keys: bool = False) -> Tuple["torch.Tensor", "torch.Tensor"]:
     """``(q_c, k_c)``, each ``[H, D, rank]``, reading only the complement of ``basis [D, k]``, by
-    ``method`` (``mimetic`` or ``conditioned``), their product times ``scale``; drawn from ``gen``."""
+    ``method`` (``mimetic`` or ``conditioned``), their product times ``scale``; drawn from ``gen``
+    (the same draws with ``zero_keys``, which then sets ``k_c`` to zero)."""
     import torch
 
     from structinit.init.conditioned import semi_orthogonal
@@ -79,10 +87,12 @@ def content_columns(method: str, heads: int, basis, rank: int, scale: float,
     else:
         raise ValueError(f"content_qk must be one of {', '.join(CONTENT_QK[1:])}, got {method!r}")
     root = math.sqrt(scale)
+    kc = torch.zeros_like(kc) if zero_keys else kc
     return (u @ qc * root).float(), (u @ kc * root).float()
 
 
-def with_content(q, k, basis, method: str, scale: float, gen) -> Tuple["torch.Tensor", "torch.Tensor"]:
+def with_content(q, k, basis, method: str, scale: float, gen,
+                 zero_keys: bool = False) -> Tuple["torch.Tensor", "torch.Tensor"]:
     """Each head of ``q, k: [H, D, d]`` (reading only ``basis [D, k]``, ``k < d``) with its position
     part in columns ``0 .. k-1`` and ``method``'s content part in ``k .. d-1``: ``[H, D, d]`` each."""
     import torch
@@ -90,7 +100,7 @@ def with_content(q, k, basis, method: str, scale: float, gen) -> Tuple["torch.Te
     heads, _, d = q.shape
     dims = basis.shape[1]
     qp, kp = position_columns(q, k, basis)
-    qc, kc = content_columns(method, heads, basis, d - dims, scale, gen)
+    qc, kc = content_columns(method, heads, basis, d - dims, scale, gen, zero_keys)
     return torch.cat([qp, qc], dim=-1), torch.cat([kp, kc], dim=-1)
 
 

@@ -119,12 +119,13 @@ class ImpulseInit(ImpulseDataFit, ImpulseRefusals, ImpulseNotices, InitSpec):
     position_rest: bool = False
     content_qk: str = "none"
     content_scale: float = 1.0
+    content_zero_keys: bool = False
 
     #: Parameters added after run keys were in use: left out of :meth:`to_dict` at their defaults.
     optional_defaults = ("data_fit", "data_fit_mass", "data_fit_l2", "data_fit_lr", "data_fit_norm",
                          "data_fit_samples", "self_weight", "data_fit_version", "data_fit_batch", "data_fit_inputs",
                          "pe_factor", "base", "position_subspace", "position_dims", "position_rest",
-                         "content_qk", "content_scale")
+                         "content_qk", "content_scale", "content_zero_keys")
     #: ``data_fit`` was 0 (off) when run keys began to carry it: a key leaves out 0, not the default;
     #: ``data_fit_version`` was 1 before it was a parameter: keys leave out 1, so version 1's runs keep
     #: theirs and version 2 gets keys of its own.

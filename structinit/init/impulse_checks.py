@@ -188,6 +188,10 @@ def check_content_params(spec) -> None:
     if spec.content_scale != 1.0 and spec.content_qk == "none":
         raise UsageError(f"impulse parameter {param('content_scale')} scales the content Q/K that content_qk writes, "
                          "and content_qk is none: give content_qk=mimetic or conditioned, or leave content_scale out")
+    if spec.content_zero_keys and spec.content_qk == "none":
+        raise UsageError(f"impulse parameter {param('content_zero_keys')} zeroes the content keys that content_qk "
+                         "writes, and content_qk is none: give content_qk=mimetic or conditioned, or leave "
+                         "content_zero_keys out")
 
 
 __all__ = ["check_artifact", "check_content_params", "check_causal", "check_given_artifact", "check_impulse_params",

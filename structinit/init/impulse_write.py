@@ -120,14 +120,17 @@ class ContentWriter:
             return rq, rk
         from structinit.init.content_qk import with_content
 
-        q, k = with_content(rq, rk, self.subspace.basis, self.spec.content_qk, self.spec.content_scale, self.gen)
+        spec = self.spec
+        q, k = with_content(rq, rk, self.subspace.basis, spec.content_qk, spec.content_scale, self.gen,
+                            spec.content_zero_keys)
         write_qk(self.t.sd, slot, q, k)
         self.columns = q.shape[-1] - self.subspace.dims
         return read_qk(self.t.sd, slot, self.t.heads)
 
     def record(self) -> Dict[str, Any]:
         """The report's ``content_qk``: the method, its scale and the columns of each head it wrote."""
-        return {"method": self.spec.content_qk, "scale": self.spec.content_scale, "columns": self.columns}
+        return {"method": self.spec.content_qk, "scale": self.spec.content_scale, "columns": self.columns,
+                **({"zero_keys": True} if self.spec.content_zero_keys else {})}
 
 
 def fit_inputs(spec, t, data, seed: int, source: Optional[str]):
