@@ -68,6 +68,40 @@ def test_the_content_part_reads_only_the_content_directions_at_its_scale(method)
         assert 0.05 < float(a.diagonal(dim1=-2, dim2=-1).mean()) < 0.7
 
 
+def test_mimetic_content_is_the_best_rank_r_factor_of_mimetic_inits_target_on_the_content_directions():
+    """Per head ``0.7 Z + 0.7 I`` (``Z ~ N(0, I/n)`` on the ``n`` content directions, drawn first from the
+    generator): the content part's bilinear form, in content coordinates, is its best rank-4 approximation."""
+    import math
+
+    basis = subspace_basis(32, 4, 0)
+    u = content_basis(basis).double()
+    qc, kc = content_columns("mimetic", 4, basis, 4, 1.0, torch.Generator().manual_seed(2))
+    z = torch.randn(4, 28, 28, generator=torch.Generator().manual_seed(2), dtype=torch.float64) / math.sqrt(28)
+    left, s, right = torch.linalg.svd(0.7 * z + 0.7 * torch.eye(28, dtype=torch.float64))
+    best = left[:, :, :4] @ torch.diag_embed(s[:, :4]) @ right[:, :4, :]
+    got = u.T @ (qc.double() @ kc.double().transpose(-1, -2)) @ u
+    assert torch.allclose(got, best, atol=1e-4)
+    # the two factors share the singular values evenly (each S^1/2): Q_c and K_c have equal column norms
+    assert torch.allclose(qc.norm(dim=1), kc.norm(dim=1), atol=1e-4)
+
+
+def test_the_content_draws_come_from_the_generator_given():
+    basis = subspace_basis(32, 4, 0)
+    q = basis @ torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(0))
+    one = with_content(q, q, basis, "conditioned", 1.0, torch.Generator().manual_seed(7))
+    torch.manual_seed(123)  # the global generator, which must not be the one drawn from
+    two = with_content(q, q, basis, "conditioned", 1.0, torch.Generator().manual_seed(7))
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+    other = with_content(q, q, basis, "conditioned", 1.0, torch.Generator().manual_seed(8))
+    assert not torch.equal(one[0], other[0])
+
+
+def test_an_unknown_content_method_is_refused_by_the_function_too():
+    with pytest.raises(ValueError) as err:
+        content_columns("random", 2, subspace_basis(32, 4, 0), 4, 1.0, torch.Generator())
+    says(str(err.value), "content_qk", "mimetic, conditioned", "'random'")
+
+
 def test_with_content_keeps_the_position_logits_and_adds_content_ones():
     basis = subspace_basis(32, 4, 0)
     gen = torch.Generator().manual_seed(3)
