@@ -45,3 +45,37 @@ def test_many_rows_keep_the_panel_readable_and_the_legend_beside_it(drawn):
     assert not overlap(title, box)
     colors = [tuple(line.get_color()) for line in legend.get_lines()]
     assert len(set(colors)) == len(colors)  # no two rows drawn alike
+
+
+def test_the_curves_figure_with_many_rows_keeps_its_panels_and_puts_its_legend_beside_them(drawn):
+    """It put its legend below panels of a fixed height: with 30 rows the layout collapsed (matplotlib
+    gave up on it) and the legend covered the panels. Every committed run of the grid is given an
+    epoch record here (runs.csv holds none; the layout is what is tested, not the numbers)."""
+    import dataclasses
+    import warnings
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from structinit.experiments.plots import curves_figure
+
+    rep, _ = drawn
+    runs = [dataclasses.replace(r, metrics=[{"epoch": e, "test_acc": r.final_acc - 2 * (3 - e)} for e in (1, 2, 3)])
+            if r.final_acc is not None else r for r in rep.runs]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "constrained_layout not applied" is a warning
+        fig = curves_figure(dataclasses.replace(rep, runs=runs))
+        FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    panels = [a for a in fig.axes if a.get_visible()]
+    assert len(panels) == 2
+    legend = panels[-1].get_legend()
+    assert len(legend.get_texts()) >= 25
+    leg = legend.get_window_extent(renderer)
+    title = fig._suptitle.get_window_extent(renderer)
+    for ax in panels:
+        box = ax.get_window_extent(renderer)
+        assert ax.get_position().height >= 0.5 and not overlap(box, leg) and not overlap(box, title)
+        assert not overlap(title, ax.title.get_window_extent(renderer))
+    assert leg.x1 <= fig.bbox.x1 and leg.y1 <= fig.bbox.y1 and not overlap(title, leg)
+    colors = [tuple(line.get_color()) for line in legend.get_lines()]
+    assert len(set(colors)) == len(colors)  # no two rows drawn alike

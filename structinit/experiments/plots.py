@@ -42,11 +42,17 @@ def _limits(values: List[float], pad: float = 0.06) -> Optional[Tuple[float, flo
 
 
 def _colors(n: int) -> List:
-    """``n`` distinct colours: tab10's, or tab20's past ten (no two lines of one figure alike up to 20)."""
+    """``n`` distinct colours: tab10's; tab20's past ten; tab20, tab20b and tab20c's past twenty (60);
+    past that, ``n`` points evenly along turbo (no two lines of one figure alike)."""
     from matplotlib import colormaps
 
-    cmap = colormaps["tab10" if n <= 10 else "tab20"]
-    return [cmap(i % cmap.N) for i in range(n)]
+    if n <= 20:
+        cmap = colormaps["tab10" if n <= 10 else "tab20"]
+        return [cmap(i) for i in range(n)]
+    table = [colormaps[name](i) for name in ("tab20", "tab20b", "tab20c") for i in range(20)]
+    if n <= len(table):
+        return table[:n]
+    return [colormaps["turbo"](i / (n - 1)) for i in range(n)]
 
 
 #: Width (inches) of the legend column beside the panels, and height of one of its text lines.
@@ -287,12 +293,17 @@ def curves_figure(rep: GridReport):
     by_cell = _by_cell(rep)
     if not any(r.metrics for r in rep.runs):
         return None
-    fig, axes = _panels(len(rep.columns), 4.2, 3.4)
-    colors = _colors(len(rep.rows))
+    drawn = [row for row in rep.rows if any(r.final_acc is not None and r.metrics for col in rep.columns
+                                            for r in by_cell.get((row, col), []))]
+    panel_rows = math.ceil(len(rep.columns) / min(len(rep.columns), PANELS_PER_ROW))
+    # As the learning curve's: the legend beside the panels sets the height when it is the taller.
+    height = max(3.4, (_legend_lines([wrap(row_label(rep, row), 40) for row in drawn]) + 1.0) / panel_rows)
+    fig, axes = _panels(len(rep.columns), 4.2, height, extra_width=LEGEND_WIDTH)
+    colors = dict(zip(drawn, _colors(len(drawn))))  # distinct among the rows drawn
     values: List[float] = []
     for ax, col in zip(axes, rep.columns):
         seeds = []
-        for i, row in enumerate(rep.rows):
+        for row in drawn:
             runs = [r for r in by_cell.get((row, col), []) if r.final_acc is not None and r.metrics]
             if not runs:
                 continue
@@ -306,12 +317,12 @@ def curves_figure(rep: GridReport):
             if not epochs:
                 continue
             mean = [sum(per_epoch[e]) / len(per_epoch[e]) for e in epochs]
-            ax.plot(epochs, mean, color=colors[i], marker="." if len(epochs) < 30 else None,
+            ax.plot(epochs, mean, color=colors[row], marker="." if len(epochs) < 30 else None,
                     label=wrap(row_label(rep, row), 40))
             values.extend(v for e in epochs for v in per_epoch[e])
             if len(runs) > 1:
                 ax.fill_between(epochs, [min(per_epoch[e]) for e in epochs], [max(per_epoch[e]) for e in epochs],
-                                color=colors[i], alpha=0.15, linewidth=0)
+                                color=colors[row], alpha=0.15, linewidth=0)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("epoch")
         ax.set_ylabel("test accuracy (%)")
@@ -325,7 +336,7 @@ def curves_figure(rep: GridReport):
     for ax in axes:
         if limits:
             ax.set_ylim(*limits)  # one accuracy scale for every panel
-    _legend_below(fig, axes)
+    _legend_right(fig, axes)
     fig.suptitle(f"{rep.spec.title}\n{rep.name}: test accuracy at every evaluated epoch, mean over seeds "
                  "(band: min to max; in brackets: seeds per method)", fontsize=10)
     return fig
