@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import error_line, says
 
-from structinit.errors import UsageError
+from structinit.errors import StructinitWarning, UsageError
 from structinit.init.content_qk import content_basis, content_columns, position_columns, with_content
 from structinit.init.initialize import initialize_model
 from structinit.init.position_subspace import subspace_basis
@@ -185,3 +185,21 @@ def test_the_train_command_refuses_content_qk_without_the_subspace(cli, tmp_path
             "--epochs", "1", "--out", str(tmp_path / "run"))
     assert r.returncode == 2 and says(error_line(r.stderr), "content_qk", "position_subspace=true")
     assert not (tmp_path / "run").exists()
+
+
+def test_what_the_init_prints_says_its_figures_are_the_position_parts(tmp_path):
+    """The fit's per-layer figures are measured before the content part is written: the summary says
+    so, and that drawn content logits move them on real inputs (zero keys do not)."""
+    drawn = init_spec("impulse", position_subspace=True, position_dims=4, content_qk="conditioned", data_fit=0)
+    _, report = _init(tmp_path, content_qk="conditioned")
+    last = StructinitWarning(drawn.summary(report)[-1]).render()  # as a command renders it (Python's syntax)
+    says(last, "conditioned", "content_scale 1", "4 columns", "position part", "real inputs")
+    zero = init_spec("impulse", position_subspace=True, position_dims=4, content_qk="mimetic", content_zero_keys=True,
+                     data_fit=0)
+    _, report = _init(tmp_path, content_qk="mimetic", content_zero_keys=True)
+    last = StructinitWarning(zero.summary(report)[-1]).render()
+    says(last, "mimetic", "zero keys", "position part")
+    assert "real inputs" not in last
+    _, plain = _init(tmp_path)
+    lines = init_spec("impulse", position_subspace=True, data_fit=0).summary(plain)
+    assert not any("content" in line for line in lines)

@@ -296,6 +296,17 @@ def summary(spec, report: InitReport, model: Optional[str] = None) -> List[str]:
     """What a command prints of an impulse init (:meth:`~structinit.init.base.InitSpec.summary`):
     where Q/K were fitted (through ``model``, words) and the attention on those inputs, per layer;
     else that they are the plain solve (and why), with the attention on the position embedding alone."""
+    lines = _summary(spec, report, model)
+    content = report.extra.get("content_qk")
+    if content:
+        lines.append(f"content Q/K ({content['method']}, {param('content_scale')} {content['scale']:g}"
+                     f"{', zero keys' if content.get('zero_keys') else ''}) written into {content['columns']} columns "
+                     "of each head after the fit: the figures above are the position part's alone"
+                     + ("" if content.get("zero_keys") else ", and on real inputs the content logits move them"))
+    return lines
+
+
+def _summary(spec, report: InitReport, model: Optional[str]) -> List[str]:
     fit = report.fit
     alone = layers_line("hit rate", [row.hit_rate for row in report.layers])
     if fit is not None and fit.layers:

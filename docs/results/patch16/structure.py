@@ -10,7 +10,7 @@ One table per hypothesis (see README.md). Run (one torch thread; about an hour o
 
 ``--only NAME`` runs one section (``hypotheses``, ``depth``, ``models``, ``small``, ``peers``);
 ``--model NAME`` runs the model sections on one timm model; ``--rows A,B`` runs those rows of
-``peers`` only (its labels' first words: mimetic, conditioned, impulse-2025, default, subspace, mixed).
+``peers`` only (its labels' first words: mimetic, conditioned, impulse-2025, default, subspace, mixed, h4).
 
 ``peers`` (every peer on ViT-T/16 and ViT-S/16, two measures per layer, held out):
 
@@ -101,6 +101,8 @@ PEERS = [
     ("subspace: the default with position_subspace=true, no data", "impulse", dict(position_subspace=True)),
     ("mixed (H1): the default impulse below split_layer = depth/2, mimetic above, no data", "mixed", {}),
     ("default impulse, no data (fitted on noise)", "impulse", {}),
+    ("h4: heads split by direction (position_subspace=true, position_dims=16, content_qk=conditioned), no data",
+     "impulse", dict(position_subspace=True, position_dims=16, content_qk="conditioned")),
 ]
 
 
