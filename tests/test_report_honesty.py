@@ -126,13 +126,22 @@ def test_accuracy_panels_share_one_scale_and_the_legend_is_outside_the_data(runs
 
     _, ex = runs
     rep = collect(ex)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     for fig, columns in ((accuracy_figure(rep), 1), (curves_figure(rep), 2)):  # big-batch: every run failed
         panels = [ax for ax in fig.axes if ax.get_visible()]
         assert len(panels) == columns
         limits = {ax.get_xlim() if ax.get_xlabel().startswith("test") else ax.get_ylim()
                   for ax in panels}
         assert len(limits) == 1  # one accuracy scale for every panel
-        assert all(ax.get_legend() is None for ax in panels) and len(fig.legends) == 1  # below, not over the data
+        legends = list(fig.legends) + [ax.get_legend() for ax in panels if ax.get_legend() is not None]
+        assert len(legends) == 1  # one legend for the figure, below or beside the panels, never over the data
+        FigureCanvasAgg(fig).draw()
+        renderer = fig.canvas.get_renderer()
+        box = legends[0].get_window_extent(renderer)
+        for ax in panels:
+            data = ax.get_window_extent(renderer)
+            assert not (box.x0 < data.x1 and data.x0 < box.x1 and box.y0 < data.y1 and data.y0 < box.y1)
     label = "Impulse, the authors' 2024 released code (impulse-2024)"
     assert all(len(line) <= 26 for line in wrap(label).splitlines()) and wrap(label).replace("\n", " ") == label
 

@@ -35,12 +35,19 @@ def launched_by_torchrun() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 
+def planned_world() -> int:
+    """The number of processes this run has: torchrun's ``WORLD_SIZE``, else 1 (known before any
+    process group exists, so a setting the processes cannot share is refused by each of them before
+    one waits on the others)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) if launched_by_torchrun() else 1
+
+
 def setup(device: str = "auto") -> DistContext:
     """Pick the device (``auto``: ``cuda:LOCAL_RANK`` when a GPU is visible, else ``cpu``) and,
     under torchrun with ``WORLD_SIZE > 1``, initialize the default process group."""
     import torch
 
-    world = int(os.environ.get("WORLD_SIZE", "1")) if launched_by_torchrun() else 1
+    world = planned_world()
     rank = int(os.environ.get("RANK", "0")) if world > 1 else 0
     local_rank = int(os.environ.get("LOCAL_RANK", "0")) if world > 1 else 0
     from structinit.runtime import resolve_device

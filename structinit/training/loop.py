@@ -83,12 +83,13 @@ def train(config: TrainConfig, *, on_step: Optional[Callable[[int, int, int], No
     set_threads(config.threads)
     key = config.key
     run = RunDir(config.out) if config.out else None
+    world = dist_.planned_world()
+    if hp["batch_size"] % world:  # before the process group: no process is left waiting for one that quit
+        raise UsageError(f"{param('batch_size')} {hp['batch_size']} (the global batch) is not divisible by "
+                         f"the {world} processes")
     ctx = dist_.setup(config.device)
     locked: Optional[RunDir] = None  # the run folder while this process holds its lock
     try:
-        if hp["batch_size"] % ctx.world:
-            raise UsageError(f"{param('batch_size')} {hp['batch_size']} (the global batch) is not divisible by "
-                             f"the {ctx.world} processes")
         s = Session(config, hp, ctx, run, key, t_start, log if (log and ctx.main) else (lambda msg: None),
                     stop_vote(ctx, stop) if stop is not None else None)
         old, ck = None, None
