@@ -216,6 +216,20 @@ def test_torchrun_two_gloo_processes_match_one(tmp_path):
     assert summary["final_acc"] > 50.0
 
 
+def test_each_process_refuses_a_batch_it_cannot_split_before_any_process_group(tmp_path, monkeypatch):
+    """Each process refuses before the process group is made: under load, a process that refused after
+    joining it left another crashing with a traceback in Gloo's connect. With torchrun's variables set
+    and no rendezvous to reach (no MASTER_ADDR), only a refusal made first can return at all."""
+    for name, value in {"WORLD_SIZE": "3", "RANK": "1", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    out = tmp_path / "run"
+    with pytest.raises(UsageError) as err:
+        train(TrainConfig(epochs=1, out=str(out), **TINY))  # a global batch of 32
+    says(err.value.render(), "batch_size", "32", "not divisible", "3 processes")
+    assert not out.exists()
+
+
 @pytest.mark.slow
 def test_torchrun_refuses_a_global_batch_its_processes_cannot_split(tmp_path):
     out = tmp_path / "ddp"
