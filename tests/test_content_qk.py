@@ -162,6 +162,8 @@ def test_run_keys_of_the_impulse_init_leave_the_new_parameters_out():
     ({"position_subspace": True, "content_qk": "random"}, ("content_qk", "mimetic", "conditioned", "'random'")),
     ({"position_subspace": True, "content_qk": "mimetic", "content_scale": 0.0}, ("content_scale",)),
     ({"position_subspace": True, "content_zero_keys": True}, ("content_zero_keys", "content_qk", "none")),
+    ({"position_subspace": True, "content_qk": "mimetic", "self_weight": 0.3}, ("content_qk", "self_weight",
+                                                                               "exclude each other")),
 ])
 def test_content_parameters_that_would_do_nothing_or_cannot_are_refused(params, parts):
     with pytest.raises(UsageError) as err:

@@ -38,8 +38,6 @@ if TYPE_CHECKING:
 
 #: What fills a head's spare columns (``none``: nothing, the impulse init as it was).
 CONTENT_QK = ("none", "mimetic", "conditioned")
-#: Mimetic init's Q/K constants and conditioned init's Q/K scale, as those methods default them.
-MIMETIC_ALPHA, MIMETIC_BETA, CONDITIONED_SCALE = 0.7, 0.7, 2.0
 #: Added to the init's seed for the content draws (independent of the V/proj, basis and solve draws).
 CONTENT_SEED_OFFSET = 5
 
@@ -71,19 +69,16 @@ def content_columns(method: str, heads: int, basis, rank: int, scale: float, gen
     (the same draws with ``zero_keys``, which then sets ``k_c`` to zero)."""
     import torch
 
-    from structinit.init.conditioned import semi_orthogonal
+    from structinit.init.conditioned import ConditionedInit, semi_orthogonal
+    from structinit.init.mimetic import MimeticInit, mimetic_factors
 
     u = content_basis(basis).double()
     n = u.shape[1]
-    if method == "mimetic":
-        z = torch.randn(heads, n, n, generator=gen, dtype=torch.float64) / math.sqrt(n)
-        a = MIMETIC_ALPHA * z + MIMETIC_BETA * torch.eye(n, dtype=torch.float64)
-        left, s, right = torch.linalg.svd(a)
-        root = s[:, :rank].sqrt().unsqueeze(-2)
-        qc, kc = left[:, :, :rank] * root, right.transpose(-1, -2)[:, :, :rank] * root
-    elif method == "conditioned":
-        qc = semi_orthogonal(heads, n, rank, CONDITIONED_SCALE, gen).double()
-        kc = semi_orthogonal(heads, n, rank, CONDITIONED_SCALE, gen).double()
+    if method == "mimetic":  # at mimetic init's own constants
+        qc, kc, _ = mimetic_factors(n, heads, rank, MimeticInit.alpha1, MimeticInit.beta1, gen)
+    elif method == "conditioned":  # at conditioned init's own Q/K scale
+        qc = semi_orthogonal(heads, n, rank, ConditionedInit.qk_scale, gen).double()
+        kc = semi_orthogonal(heads, n, rank, ConditionedInit.qk_scale, gen).double()
     else:
         raise ValueError(f"content_qk must be one of {', '.join(CONTENT_QK[1:])}, got {method!r}")
     root = math.sqrt(scale)

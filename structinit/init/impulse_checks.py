@@ -58,15 +58,21 @@ def check_subspace_layers(spec, target) -> None:
                          "embedding every layer reads and keeps each layer's writes out of it, so the layers "
                          f"{param('layers')} leaves out would change too: select every layer, or leave "
                          "position_subspace out")
-    if spec.content_qk != "none":
-        from structinit.init.position_subspace import auto_dims
 
-        head_dim = target.dim // target.heads
-        dims = spec.position_dims or auto_dims(target.dim, target.heads, target.grid.ndim)
-        if dims >= head_dim:
-            raise UsageError(f"impulse parameter {param('content_qk')} fills the columns of each head that the "
-                             f"position part leaves free, and {param('position_dims')} {dims} leaves none of the "
-                             f"head dim {head_dim}: give position_dims below {head_dim}")
+
+def check_content_target(spec, target) -> None:
+    """``content_qk`` fills the head columns the position subspace leaves free: refused where the
+    subspace (``position_dims``, or its automatic size) is as wide as the target's heads."""
+    if spec.content_qk == "none":
+        return
+    from structinit.init.position_subspace import auto_dims
+
+    head_dim = target.dim // target.heads
+    dims = spec.position_dims or auto_dims(target.dim, target.heads, target.grid.ndim)
+    if dims >= head_dim:
+        raise UsageError(f"impulse parameter {param('content_qk')} fills the columns of each head that the "
+                         f"position part leaves free, and {param('position_dims')} {dims} leaves none of the "
+                         f"head dim {head_dim}: give position_dims below {head_dim}")
 
 
 def check_fit_only(spec) -> None:
@@ -188,15 +194,18 @@ def check_content_params(spec) -> None:
     if spec.content_scale != 1.0 and spec.content_qk == "none":
         raise UsageError(f"impulse parameter {param('content_scale')} scales the content Q/K that content_qk writes, "
                          "and content_qk is none: give content_qk=mimetic or conditioned, or leave content_scale out")
+    if spec.content_qk != "none" and spec.self_weight:
+        raise UsageError(f"impulse parameters {param('content_qk')} and {param('self_weight')} exclude each other: "
+                         "the self term's identity would be mixed into every head's columns, content ones "
+                         "included; leave one of them out")
     if spec.content_zero_keys and spec.content_qk == "none":
         raise UsageError(f"impulse parameter {param('content_zero_keys')} zeroes the content keys that content_qk "
                          "writes, and content_qk is none: give content_qk=mimetic or conditioned, or leave "
                          "content_zero_keys out")
 
 
-__all__ = ["check_artifact", "check_content_params", "check_causal", "check_given_artifact", "check_impulse_params",
-           "check_subspace_layers",
-           "check_subspace_params"]
+__all__ = ["check_artifact", "check_causal", "check_content_params", "check_content_target", "check_given_artifact",
+           "check_impulse_params", "check_subspace_layers", "check_subspace_params"]
 
 
 class ImpulseRefusals:
@@ -220,6 +229,7 @@ class ImpulseRefusals:
         elif hasattr(self.artifact, "config"):
             check_causal(target, self.artifact.config.causal)
         check_subspace_layers(self, target)
+        check_content_target(self, target)
 
     def check_data_target(self, target) -> None:
         """``data_fit`` on a batch needs a model (it runs the inputs through it) whose q and k are

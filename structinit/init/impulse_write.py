@@ -111,12 +111,13 @@ class ContentWriter:
 
         self.spec, self.t, self.subspace = spec, target, subspace
         self.gen = generator(seed + CONTENT_SEED_OFFSET)
-        self.columns = 0
+        #: Whether there is anything to write (``content_qk`` needs the subspace, which validation checks).
+        self.on = spec.content_qk != "none" and subspace is not None
 
     def add(self, slot, rq, rk):
         """Write layer ``slot``'s Q/K with the content part added; ``(q, k)`` read back ``[H, D, d]``
         (``rq, rk`` as they were when there is nothing to add)."""
-        if self.spec.content_qk == "none" or self.subspace is None:
+        if not self.on or self.subspace is None:
             return rq, rk
         from structinit.init.content_qk import with_content
 
@@ -124,12 +125,13 @@ class ContentWriter:
         q, k = with_content(rq, rk, self.subspace.basis, spec.content_qk, spec.content_scale, self.gen,
                             spec.content_zero_keys)
         write_qk(self.t.sd, slot, q, k)
-        self.columns = q.shape[-1] - self.subspace.dims
         return read_qk(self.t.sd, slot, self.t.heads)
 
     def record(self) -> Dict[str, Any]:
         """The report's ``content_qk``: the method, its scale and the columns of each head it wrote."""
-        return {"method": self.spec.content_qk, "scale": self.spec.content_scale, "columns": self.columns,
+        assert self.subspace is not None
+        columns = self.t.dim // self.t.heads - self.subspace.dims
+        return {"method": self.spec.content_qk, "scale": self.spec.content_scale, "columns": columns,
                 **({"zero_keys": True} if self.spec.content_zero_keys else {})}
 
 
@@ -266,7 +268,7 @@ def write(spec, t, prepared: Prepared, seed: int) -> InitReport:
         rows.append({"layer": slot.index, "replaced": keys, "offsets": art.offsets[src].tolist(), **got.layer_row(),
                      "solved": {m: float(getattr(placed, m).mean()) for m in ("hit_rate", "target_mass")}})
     out = report(spec, t, prepared, rows, own is not None)
-    if content.columns:
+    if content.on:
         out["content_qk"] = content.record()
     return InitReport.from_dict(out)
 

@@ -17,21 +17,27 @@ from structinit.init.baselines import BASES, apply_base, generator
 from structinit.init.report import InitReport
 
 
-def mimetic_qk(dim: int, heads: int, alpha: float, beta: float, gen):
-    """Per head ``A_h = alpha Z + beta I`` (``Z ~ N(0, I/D)``, fresh per head), factored by reduced
-    SVD ``A = U S V^T``: ``Q_h = U[:, :d] S[:d]^1/2``, ``K_h = V[:, :d] S[:d]^1/2``.
+def mimetic_factors(dim: int, heads: int, rank: int, alpha: float, beta: float, gen):
+    """Per head ``A_h = alpha Z + beta I`` (``Z ~ N(0, I/dim)``, fresh per head), its best rank-``rank``
+    factor by SVD ``A = U S V^T``: ``Q_h = U[:, :rank] S[:rank]^1/2``, ``K_h = V[:, :rank] S[:rank]^1/2``.
 
-    Returns ``(q, k, a)``: ``q, k: [H, D, d]`` and the targets ``a: [H, D, D]``.
+    Returns float64 ``(q, k, a)``: ``q, k: [H, dim, rank]`` and the targets ``a: [H, dim, dim]``.
     """
     import torch
 
-    d = dim // heads
     z = torch.randn(heads, dim, dim, generator=gen, dtype=torch.float64) / math.sqrt(dim)
     a = alpha * z + beta * torch.eye(dim, dtype=torch.float64)
     u, s, vh = torch.linalg.svd(a)
-    root = s[:, :d].sqrt().unsqueeze(-2)
-    q = u[:, :, :d] * root
-    k = vh.transpose(-1, -2)[:, :, :d] * root
+    root = s[:, :rank].sqrt().unsqueeze(-2)
+    return u[:, :, :rank] * root, vh.transpose(-1, -2)[:, :, :rank] * root, a
+
+
+def mimetic_qk(dim: int, heads: int, alpha: float, beta: float, gen):
+    """Mimetic init's Q/K: :func:`mimetic_factors` at the head dim ``d = D / H``.
+
+    Returns float32 ``(q, k, a)``: ``q, k: [H, D, d]`` and the targets ``a: [H, D, D]``.
+    """
+    q, k, a = mimetic_factors(dim, heads, dim // heads, alpha, beta, gen)
     return q.float(), k.float(), a.float()
 
 
