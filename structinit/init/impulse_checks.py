@@ -189,19 +189,20 @@ def check_content_params(spec) -> None:
     spec.check_positive("content_scale")
     if spec.content_qk != "none" and not spec.position_subspace:
         raise UsageError(f"impulse parameter {param('content_qk')} writes Q/K on the directions the position "
-                         "subspace leaves to content, and the subspace is off: give position_subspace=true, or "
-                         "leave content_qk out")
+                         "subspace leaves to content, and the subspace is off: give "
+                         f"{setting('position_subspace', True)}, or leave content_qk out")
     if spec.content_scale != 1.0 and spec.content_qk == "none":
         raise UsageError(f"impulse parameter {param('content_scale')} scales the content Q/K that content_qk writes, "
-                         "and content_qk is none: give content_qk=mimetic or conditioned, or leave content_scale out")
+                         f"and content_qk is none: give {setting('content_qk', 'mimetic')} or "
+                         f"{setting('content_qk', 'conditioned')}, or leave content_scale out")
     if spec.content_qk != "none" and spec.self_weight:
         raise UsageError(f"impulse parameters {param('content_qk')} and {param('self_weight')} exclude each other: "
                          "the self term's identity would be mixed into every head's columns, content ones "
                          "included; leave one of them out")
     if spec.content_zero_keys and spec.content_qk == "none":
         raise UsageError(f"impulse parameter {param('content_zero_keys')} zeroes the content keys that content_qk "
-                         "writes, and content_qk is none: give content_qk=mimetic or conditioned, or leave "
-                         "content_zero_keys out")
+                         f"writes, and content_qk is none: give {setting('content_qk', 'mimetic')} or "
+                         f"{setting('content_qk', 'conditioned')}, or leave content_zero_keys out")
 
 
 __all__ = ["check_artifact", "check_causal", "check_content_params", "check_content_target", "check_given_artifact",
