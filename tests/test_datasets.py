@@ -105,7 +105,7 @@ def test_batch_augment_is_per_image():
     assert 0 < int(same.sum()) < 32  # some images flipped, some not
     cropped = random_crop(x, 2)
     assert cropped.shape == x.shape and len({c.numpy().tobytes() for c in cropped}) > 5
-    for kind in ("randaugment", "crop-flip", "flip", "none"):
+    for kind in ("randaugment", "crop-flip", "flip", "shift", "none"):
         y = BatchAugment(kind)(x)
         assert y.shape == x.shape and y.dtype == torch.uint8
     assert torch.equal(BatchAugment("none")(x), x)
@@ -115,7 +115,44 @@ def test_batch_augment_is_per_image():
     assert n.dtype == torch.float32 and np.isclose(float(n[0, 0, 0, 0]), -2.0)
 
 
+def test_shift_moves_each_image_up_to_two_pixels_and_never_flips():
+    """``shift`` is the plain loop's augmentation: each image a copy of itself moved by at most
+    SHIFT_PIXELS rows and columns (zeros come in), never mirrored, and the shifts vary."""
+    torch.manual_seed(1)
+    base = torch.randint(1, 256, (1, 1, 8, 8), dtype=torch.uint8)
+    x = base.repeat(64, 1, 1, 1)
+    y = BatchAugment("shift", flip=True)(x)
+    assert y.shape == x.shape and y.dtype == torch.uint8
+    padded = torch.nn.functional.pad(base[0, 0], (4, 4, 4, 4))
+    moves = set()
+    for img in y[:, 0]:
+        found = [(dy, dx) for dy in range(-4, 5) for dx in range(-4, 5)
+                 if torch.equal(img, padded[4 + dy:12 + dy, 4 + dx:12 + dx])]
+        assert len(found) == 1, "every image is its original moved, not mirrored"
+        moves.add(found[0])
+    assert max(max(abs(dy), abs(dx)) for dy, dx in moves) == 2
+    assert len(moves) > 10  # of the 25 shifts, most are drawn in 64 images
+
+
 def test_cli_bad_data_dir_is_one_error_line(cli, tmp_path):
     r = cli("train", "--model", "vit-t", "--dataset", "cifar10", "--data-dir", tmp_path / "none", "--epochs", "1")
     assert r.returncode == 2
     assert error_line(r.stderr).startswith("error: cifar10: expected")
+
+
+def test_augment_help_default_names_every_dataset_with_its_own_kind():
+    """``train --help``'s default for ``--augment`` is read from the datasets: every dataset whose
+    augmentation is not the common one is named beside its kind (fashion-mnist: crop-flip)."""
+    from structinit.cli.train import augment_default
+    from structinit.training.datasets import DATASETS
+
+    text = augment_default()
+    common, *others = text.split("; ")
+    named = {}
+    for part in others:
+        kind, names = part.split(" on ")
+        for n in names.split(", "):
+            named[n] = kind
+    for name, info in DATASETS.items():
+        assert named.get(name, common) == info.augment, name
+    assert named["fashion-mnist"] == "crop-flip" and common == "randaugment"

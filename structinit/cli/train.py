@@ -24,6 +24,7 @@ from structinit.cli.common import (
     option,
     seed_option,
 )
+from structinit.training.augment import AUGMENTS, SHIFT_PIXELS
 from structinit.training.config import TRAIN_BASE, TrainConfig
 from structinit.training.datasets import DATASETS
 from structinit.training.models import FILTERS, SEQUENCE_PRESETS
@@ -176,6 +177,18 @@ def recipe_default(name: str) -> str:
     return "; ".join(parts)
 
 
+def augment_default() -> str:
+    """The help's default of ``--augment``, read from the datasets: the most common kind, then each
+    other kind with its datasets, e.g. ``"randaugment; none on digits, synthetic"``."""
+    from collections import Counter
+
+    kinds: Dict[str, List[str]] = {}
+    for name, info in DATASETS.items():
+        kinds.setdefault(info.augment, []).append(name)
+    common = Counter({k: len(v) for k, v in kinds.items()}).most_common(1)[0][0]
+    return "; ".join([common] + [f"{k} on {', '.join(v)}" for k, v in kinds.items() if k != common])
+
+
 DropPathOpt = Annotated[float, option("--drop-path", help="Stochastic depth rate.")]
 
 EpochsOpt = Annotated[Optional[int], option("--epochs", help="Epochs.", show_default=recipe_default("epochs"))]
@@ -201,8 +214,9 @@ GradClipOpt = Annotated[Optional[float], option("--grad-clip", help="Gradient no
 LabelSmoothingOpt = Annotated[Optional[float], option("--label-smoothing", help="Label smoothing.",
     show_default=recipe_default("label_smoothing"))]
 
-AugmentOpt = Annotated[Optional[str], option("--augment", help="randaugment, crop-flip, flip or none.",
-    show_default="randaugment; none on digits")]
+AugmentOpt = Annotated[Optional[str], option("--augment", help=f"{', '.join(AUGMENTS[:-1])} or {AUGMENTS[-1]} "
+    f"(shift: up to {SHIFT_PIXELS} pixels each way, no flip).",
+    show_default=augment_default())]
 
 RandaugNOpt = Annotated[Optional[int], option("--randaug-n", help="RandAugment ops per image.",
     show_default=recipe_default("randaug_n"))]

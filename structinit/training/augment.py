@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-AUGMENTS = ("randaugment", "crop-flip", "flip", "none")
+AUGMENTS = ("randaugment", "crop-flip", "flip", "shift", "none")
+#: ``shift``: how far an image moves in each direction (pixels).
+SHIFT_PIXELS = 2
 RANDAUGMENT_CHUNK = 8
 
 
@@ -44,7 +46,9 @@ class BatchAugment:
     """``augment(uint8 [B, C, H, W]) -> uint8 [B, C, H, W]`` per ``kind``:
 
     ``randaugment``: horizontal flip (when ``flip``) then RandAugment(``num_ops``, ``magnitude``);
-    ``crop-flip``: 4-pixel zero-pad random crop then flip; ``flip``: flip only; ``none``: identity.
+    ``crop-flip``: 4-pixel zero-pad random crop then flip; ``flip``: flip only; ``shift``: a random
+    shift of up to :data:`SHIFT_PIXELS` in each direction (zero-pad random crop), never a flip,
+    whatever ``flip`` says; ``none``: identity.
     Randomness comes from torch's global generator (saved in checkpoints).
     """
 
@@ -66,6 +70,8 @@ class BatchAugment:
 
         if self.kind == "none":
             return x
+        if self.kind == "shift":
+            return random_crop(x, SHIFT_PIXELS)
         if self.kind == "crop-flip":
             x = random_crop(x, 4)
         if self.flip:

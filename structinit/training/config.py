@@ -82,7 +82,7 @@ class TrainConfig:
     ``model``: the :class:`~structinit.training.models.ModelConfig` (a preset and its overrides).
     ``init``: the :class:`~structinit.init.base.InitSpec` of the attention init (``None``: the
     model's own init, timm's trunc normal for ViTs). Data: ``dataset``, ``data_dir``, ``download``,
-    ``image_size`` (imagefolder), ``augment`` (``randaugment``, ``crop-flip``, ``flip``, ``none``),
+    ``image_size`` (imagefolder), ``augment`` (``randaugment``, ``crop-flip``, ``flip``, ``shift``, ``none``),
     ``train_size`` (a stratified subset of the training split, drawn with ``data_seed``, default
     ``seed``), ``val_size`` (training images held out for validation, stratified, the same for every
     seed), ``shuffle_seq`` (sequence datasets: one fixed permutation of the positions, MNIST-1D's
