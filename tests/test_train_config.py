@@ -58,7 +58,7 @@ def test_hparams_take_defaults_then_dataset_then_model_family_then_fields():
     (dict(min_lr=0.1, lr=0.01), "min_lr 0.1 is above lr 0.01"),
     (dict(label_smoothing=1.0), r"label_smoothing must be in \[0, 1\), got 1.0"),
     (dict(label_smoothing=-0.1), r"label_smoothing must be in \[0, 1\), got -0.1"),
-    (dict(augment="mixup"), "unknown augment 'mixup'; choose one of randaugment, crop-flip, flip, none"),
+    (dict(augment="mixup"), "unknown augment 'mixup'; choose one of randaugment, crop-flip, flip, shift, none"),
 ])
 def test_hyperparameters_that_cannot_train_are_refused_by_name(kwargs, message):
     with pytest.raises(UsageError, match=message):
