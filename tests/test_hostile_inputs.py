@@ -108,6 +108,7 @@ def test_a_setting_given_twice_is_refused_by_train_too(cli, tmp_path):
 
 @pytest.mark.parametrize("params, want", [
     ({"position_rest": True}, ("position_rest", "position subspace", "off", "position_subspace=true")),
+    ({"position_keep_norms": True}, ("position_keep_norms", "position subspace", "off", "position_subspace=True")),
     ({"mimetic_vproj": False, "alpha2": 0.5}, ("alpha2", "V/proj", "mimetic_vproj=false", "mimetic_vproj=true")),
 ])
 def test_a_parameter_that_would_do_nothing_is_refused(params, want):
@@ -123,9 +124,10 @@ def test_a_parameter_that_would_do_nothing_is_refused(params, want):
     init_spec("impulse", mimetic_vproj=False)
 
 
-def test_position_rest_without_the_subspace_is_refused_by_apply(cli, made, tmp_path):
-    r = cli("apply", made / "plain.pt", "--heads", HEADS, "-p", "position_rest=true", "--out", tmp_path / "o.pt")
-    assert says(refused(r), "error: ", "position_rest", "position subspace", "off", "position_subspace=true")
+@pytest.mark.parametrize("name", ["position_rest", "position_keep_norms"])
+def test_a_subspace_parameter_without_the_subspace_is_refused_by_apply(cli, made, tmp_path, name):
+    r = cli("apply", made / "plain.pt", "--heads", HEADS, "-p", f"{name}=true", "--out", tmp_path / "o.pt")
+    assert says(refused(r), "error: ", name, "position subspace", "off", "position_subspace=true")
     assert not (tmp_path / "o.pt").exists()
 
 

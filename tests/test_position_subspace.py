@@ -166,6 +166,8 @@ def test_its_size_is_a_parameter_and_its_keys_are_new():
     (dict(position_dims=16), "position_dims sizes the position subspace, which is off"),
     (dict(position_subspace=True, fit_pe=True), "position_subspace and fit_pe exclude each other"),
     (dict(position_subspace=True, position_dims=-4), "position_dims must be non-negative"),
+    (dict(position_keep_norms=True), "position_keep_norms rescales the tensors the position subspace projects, "
+                                     "and the subspace is off"),
 ])
 def test_settings_that_cannot_go_together_are_refused(params, words):
     from structinit.init.registry import init_spec
@@ -287,6 +289,45 @@ def test_every_tensor_layout_is_projected_out_of_the_subspace_and_keeps_the_rest
     conv1d = {"c_proj": torch.randn(5, 12, generator=g)}
     ps._project(conv1d, ["c_proj"], transposed=True)
     assert float((conv1d["c_proj"] @ b).abs().max()) < 1e-5
+
+
+def test_keep_norms_scales_each_projected_tensor_back_to_its_own_norm_and_stays_out_of_b():
+    """``position_keep_norms``: each projected tensor is the plain projection times its norm before
+    over its norm after (per tensor), still empty in ``B``; the report, the run key and the data
+    fit's key say so, and only the projected tensors differ from the plain subspace."""
+    from structinit.init.registry import init_spec
+
+    plain, kept = big_patch_vit(), big_patch_vit()
+    before = {k: v.clone() for k, v in plain.state_dict().items()}
+    rep_plain = initialize_model(plain, "impulse", position_subspace=True, data_fit=0)
+    rep_kept = initialize_model(kept, "impulse", position_subspace=True, position_keep_norms=True, data_fit=0)
+    assert rep_kept["position_subspace"]["keep_norms"] is True
+    assert "keep_norms" not in rep_plain["position_subspace"]
+    projected = rep_kept["position_subspace"]["projected"]
+    assert projected == rep_plain["position_subspace"]["projected"] and "patch_embed.proj.weight" in projected
+    b = subspace_basis(DIM, rep_kept["position_subspace"]["dims"], seed=0)
+    sp, sk = plain.state_dict(), kept.state_dict()
+    only_projected = ["patch_embed.proj.weight", "cls_token"] + [f"blocks.{i}.mlp.fc2.weight" for i in range(DEPTH)]
+    for key in projected:
+        if float(sp[key].norm()) == 0:  # a zero bias stays zero
+            assert float(sk[key].norm()) == 0, key
+            continue
+        ratio = float(sk[key].norm() / sp[key].norm())
+        assert ratio > 1.0 + 1e-4, key  # the projection took some of each tensor's norm, given back
+        assert torch.allclose(sk[key], sp[key] * ratio, atol=1e-5), key  # the same direction
+        if key in only_projected:  # nothing but the projection wrote it: its norm before the init
+            assert float(sk[key].norm()) == pytest.approx(float(before[key].norm()), rel=1e-5), key
+        flat = sk[key].reshape(-1, DIM) if sk[key].dim() == 3 else sk[key].reshape(DIM, -1).T
+        assert float((flat @ b).abs().max()) < 1e-5, key
+    for key in sp:
+        if key not in projected:
+            assert torch.allclose(sp[key], sk[key]), key  # Q/K, V, the table: as the plain subspace writes them
+    on = init_spec("impulse", position_subspace=True, position_keep_norms=True)
+    off = init_spec("impulse", position_subspace=True)
+    assert "position_keep_norms" not in off.to_dict()["params"]
+    assert on.to_dict()["params"]["position_keep_norms"] is True and on.canonical_json() != off.canonical_json()
+    assert on.fit_settings(object.__new__(type("S", (), {"dims": 12, "gain": 2.0, "rest_scale": 0.0,
+                                                            "keep_norms": True}))).writes["position_keep_norms"]
 
 
 def test_the_table_with_its_rest_holds_the_k_dim_table_in_b_and_the_full_table_outside():

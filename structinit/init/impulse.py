@@ -117,6 +117,7 @@ class ImpulseInit(ImpulseDataFit, ImpulseRefusals, ImpulseNotices, InitSpec):
     position_subspace: bool = False
     position_dims: int = 0
     position_rest: bool = False
+    position_keep_norms: bool = False
     content_qk: str = "none"
     content_scale: float = 1.0
     content_zero_keys: bool = False
@@ -125,6 +126,7 @@ class ImpulseInit(ImpulseDataFit, ImpulseRefusals, ImpulseNotices, InitSpec):
     optional_defaults = ("data_fit", "data_fit_mass", "data_fit_l2", "data_fit_lr", "data_fit_norm",
                          "data_fit_samples", "self_weight", "data_fit_version", "data_fit_batch", "data_fit_inputs",
                          "pe_factor", "base", "position_subspace", "position_dims", "position_rest",
+                         "position_keep_norms",
                          "content_qk", "content_scale", "content_zero_keys")
     #: ``data_fit`` was 0 (off) when run keys began to carry it: a key leaves out 0, not the default;
     #: ``data_fit_version`` was 1 before it was a parameter: keys leave out 1, so version 1's runs keep

@@ -166,6 +166,10 @@ def check_subspace_params(spec) -> None:
     if spec.position_rest and not spec.position_subspace:
         raise UsageError(f"impulse parameter {param('position_rest')} changes the position subspace, which is off: "
                          "give position_subspace=true, or leave position_rest out")
+    if spec.position_keep_norms and not spec.position_subspace:
+        raise UsageError(f"impulse parameter {param('position_keep_norms')} rescales the tensors the position "
+                         f"subspace projects, and the subspace is off: give {setting('position_subspace', True)}, "
+                         "or leave position_keep_norms out")
     if spec.position_subspace and not spec.mimetic_vproj:
         raise UsageError(f"impulse parameter {param('position_subspace')} projects every layer's output projection "
                          f"out of its directions, which {setting('mimetic_vproj', False)} would keep as it is: give "

@@ -52,6 +52,8 @@ class ImpulseDataFit:
             writes.update(position_dims=subspace.dims, position_gain=round(subspace.gain, 9))
             if subspace.rest_scale:
                 writes.update(position_rest=subspace.rest_scale)
+            if subspace.keep_norms:
+                writes.update(position_keep_norms=True)
         return FitSettings(steps=self.data_fit, mass=self.data_fit_mass, l2=self.data_fit_l2, lr=self.data_fit_lr,
                            norm=self.data_fit_norm, samples=self.data_fit_samples, version=self.data_fit_version,
                            batch=self.data_fit_batch, self_weight=self.self_weight,

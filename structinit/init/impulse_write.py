@@ -209,7 +209,8 @@ def prepare(spec, t, *, seed: int = 0, cache_dir=None, device: str = "cpu", arti
     inputs, skipped = fit_inputs(spec, t, data, seed, source) if not given_fit else (None, None)
     subspace = None
     if spec.position_subspace:
-        subspace = PositionSubspace.for_target(t, spec.position_dims, spec.pe_scale, seed, spec.position_rest)
+        subspace = PositionSubspace.for_target(t, spec.position_dims, spec.pe_scale, seed, spec.position_rest,
+                                                spec.position_keep_norms)
         pe_written, pe_scale = subspace.write_table(t), spec.pe_scale
         subspace.project_embedding(t)
     else:

@@ -92,10 +92,14 @@ class PositionSubspace:
     #: Also write the full ``D``-dim sin-cos table (times ``rest_scale``) projected onto ``C``: the model keeps
     #: the whole position code there (a frozen table stays frozen), and Q/K at init still read ``B`` alone.
     rest_scale: float = 0.0
+    #: Scale each projected tensor back to the Frobenius norm it had before the projection (which
+    #: takes about ``k / D`` of a random weight's energy): the control that tells the subspace's
+    #: directions apart from its smaller writes.
+    keep_norms: bool = False
 
     @classmethod
     def for_target(cls, t, dims: int, pe_scale: Optional[float], seed: int,
-                   rest: bool = False) -> "PositionSubspace":
+                   rest: bool = False, keep_norms: bool = False) -> "PositionSubspace":
         """The subspace of ``dims`` (0: :func:`auto_dims`) for target ``t``, with ``gain = pe_scale
         (default 1) * sqrt(D / dims)``. Refuses a target whose layout does not name the tensors that
         write its stream, or that has no position embedding."""
@@ -108,7 +112,8 @@ class PositionSubspace:
         k = dims or auto_dims(t.dim, t.heads, ndim)
         check_dims(k, t.dim, ndim)
         scale = 1.0 if pe_scale is None else float(pe_scale)
-        return cls(k, scale * math.sqrt(t.dim / k), subspace_basis(t.dim, k, seed), rest_scale=scale if rest else 0.0)
+        return cls(k, scale * math.sqrt(t.dim / k), subspace_basis(t.dim, k, seed), rest_scale=scale if rest else 0.0,
+                   keep_norms=keep_norms)
 
     def complement(self) -> "torch.Tensor":
         """``C = I - B B^T`` ``[D, D]``."""
@@ -177,13 +182,17 @@ class PositionSubspace:
                     out = x @ c
                 else:  # [D, ...] or a bias [D]
                     out = (c @ x.reshape(x.shape[0], -1)).reshape(x.shape)
+                if self.keep_norms and float(out.norm()) > 0:
+                    out = out * (x.norm() / out.norm())
                 w.copy_(out.to(device=w.device, dtype=w.dtype))
             if key not in self.projected:
                 self.projected.append(key)
 
     def record(self) -> Dict[str, Any]:
-        """The report's ``position_subspace``: dims, gain and the tensors projected."""
-        return {"dims": self.dims, "gain": round(self.gain, 6), "projected": list(self.projected)}
+        """The report's ``position_subspace``: dims, gain, the tensors projected, and ``keep_norms``
+        when they were scaled back to their norms."""
+        return {"dims": self.dims, "gain": round(self.gain, 6), "projected": list(self.projected),
+                **({"keep_norms": True} if self.keep_norms else {})}
 
 
 __all__ = ["PositionSubspace", "auto_dims", "check_dims", "subspace_basis", "BASIS_SEED_OFFSET"]
