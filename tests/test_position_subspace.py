@@ -180,7 +180,7 @@ def test_settings_that_cannot_go_together_are_refused(params, words):
 def test_a_size_the_stream_cannot_take_is_refused_naming_it(dims):
     with pytest.raises(UsageError) as err:
         initialize_model(big_patch_vit(), "impulse", position_subspace=True, position_dims=dims, **FIT)
-    assert says(str(err.value), "position_dims", "positive multiple of 4", "dim 48", f"got {dims}")
+    assert says(str(err.value), "parameter position_dims must", "positive multiple of 4", "dim 48", f"got {dims}")
 
 
 def test_a_layout_whose_writers_are_unknown_is_refused():
@@ -188,7 +188,7 @@ def test_a_layout_whose_writers_are_unknown_is_refused():
     sd = {f"layer.{k}": v for k, v in mha.state_dict().items()}
     with pytest.raises(UsageError) as err:
         initialize(sd, "impulse", grid=(4, 4), heads=2, position_subspace=True)
-    assert says(str(err.value), "position_subspace", "position embedding", "stream writers")
+    assert says(str(err.value), "parameter position_subspace needs", "position embedding", "stream writers")
 
 
 def test_a_hugging_face_vit_gets_its_own_writers_projected(photo_crops):
@@ -402,7 +402,7 @@ def test_a_model_without_a_position_embedding_or_a_writer_is_refused():
     del sd["blocks.1.mlp.fc2.weight"]
     with pytest.raises(StructinitError) as err:
         initialize(sd, "impulse", grid=(4, 4), heads=HEADS, position_subspace=True)
-    assert says(str(err.value), "position_subspace", "layer 1", "blocks.1.mlp.fc2.weight", "residual stream")
+    assert says(str(err.value), "parameter position_subspace: layer 1", "blocks.1.mlp.fc2.weight", "residual stream")
 
 
 def test_an_image_grid_takes_the_images_step_and_the_rest_is_off_unless_asked():
@@ -414,5 +414,6 @@ def test_an_image_grid_takes_the_images_step_and_the_rest_is_off_unless_asked():
     report = initialize_model(big_patch_vit(dim=24, heads=4), "impulse", position_subspace=True, data_fit=5)
     assert report["position_subspace"]["dims"] == 4
     t = AttentionTarget(sequence_model(), None, None, None, need_grid=True)
-    assert PositionSubspace.for_target(t, 0, None, seed=0).rest_scale == 0.0
+    plain = PositionSubspace.for_target(t, 0, None, seed=0)
+    assert plain.rest_scale == 0.0 and plain.keep_norms is False  # neither unless asked for
     assert PositionSubspace.for_target(t, 0, 2.0, seed=0, rest=True).rest_scale == 2.0
