@@ -66,6 +66,7 @@ def test_the_warning_fires_only_where_a_measured_remedy_helps():
     first, then = said.split("for structure try ")[1].split("; then ")
     assert first.startswith("position_subspace=True (0.96-1.00 per layer held out") and "docs/results/patch16" in first
     assert "-0.72 ± 0.36 points against mimetic" in first  # its measured cost, beside its gain
+    assert "+0.52 ± 0.22 with flips alone" in first  # and where the cost is the recipe's crops
     assert then.startswith("real inputs (data) (mean 0.18 -> 0.36")
     # what the fit used already is not advised again; nothing left, nothing said
     on_data = StructinitWarning(structure_warning(_report(768, 192, 0.5, inputs="data"))).render(text)

@@ -24,12 +24,16 @@ ROWS = [
     ("h4-conditioned-s0.5", "h4-conditioned-s0.5", "H4 conditioned", 0.5),
     ("h4-conditioned-s1", "h4-conditioned-s1", "H4 conditioned", 1.0),
     ("h4-conditioned-zk", "h4-conditioned-zk", "H4 conditioned, zero keys", None),
+    ("k4-noise", "impulse-subspace-k4-noise", "subspace, 4 directions, no data", None),
+    ("h6-conditioned-m0.6", "h6-conditioned-m0.6", "H6: H4 conditioned x1, target mass 0.6", None),
+    ("h6-conditioned-m0.9", "h6-conditioned-m0.9", "H6: H4 conditioned x1, target mass 0.9", None),
 ]
 
 
 #: Where a row's label sits (points from its marker), where the default would overlap another.
-OFFSETS = {"h4-mimetic-s1": (8, 6), "h4-conditioned-s0.5": (-118, 4), "h4-conditioned-zk": (8, 8),
-           "k4": (8, -12), "h4-mimetic-s0.3": (-98, -3), "h4-conditioned-s0.1": (8, -12)}
+OFFSETS = {"h4-mimetic-s1": (8, 6), "h4-conditioned-s0.5": (-118, 4), "h4-conditioned-zk": (8, 16),
+           "k4": (8, -14), "k4-noise": (8, 1), "h6-conditioned-m0.6": (8, -16),
+           "h4-mimetic-s0.3": (-98, -3), "h4-conditioned-s0.1": (8, -12)}
 
 
 def lowest_layer(path):
@@ -82,7 +86,7 @@ def main(runs_csv, structure_txt, out_png):
     ax.axvline(0.9, color="tab:blue", lw=0.8, ls=":", label="every layer at 0.9 (the floor)")
     ax.set_xlabel("lowest layer's held-out hit rate at init (mean of seeds 0-4, 256 test images)")
     ax.set_ylabel("validation accuracy minus mimetic (points, ± s.e.)")
-    ax.set_title("Structure at init against accuracy: the stand-in at 2,000 images\n"
+    ax.set_title("Structure at init against accuracy: the stand-in at 2,000 images, crops and flips\n"
                  "(squares: H4 with mimetic content; circles: conditioned content; diamonds: other inits)")
     sm = plt.cm.ScalarMappable(norm=norm, cmap=cmap)
     fig.colorbar(sm, ax=ax, label="content_scale of the split heads (H4)")
