@@ -175,6 +175,9 @@ def hypotheses():
             ("x4", dict(pe_scale=4.0)),
         ]),
         ("A position subspace of k dimensions (table energy of the full table x1: gain sqrt(D/k); no data)", [
+            ("k = 4 (the size that wins on the Fashion-MNIST stand-in's 4x4 grid)",
+             dict(position_subspace=True, position_dims=4)),
+            ("k = 8", dict(position_subspace=True, position_dims=8)),
             ("k = 16", dict(position_subspace=True, position_dims=16)),
             ("k = 32", dict(position_subspace=True, position_dims=32)),
             ("k = 48 (the default size: min(head dim, D/4))", dict(position_subspace=True)),
