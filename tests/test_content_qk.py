@@ -205,3 +205,71 @@ def test_what_the_init_prints_says_its_figures_are_the_position_parts(tmp_path):
     _, plain = _init(tmp_path)
     lines = init_spec("impulse", position_subspace=True, data_fit=0).summary(plain)
     assert not any("content" in line for line in lines)
+
+
+def _value(model, layer):
+    """``(W_V, b_V)`` of ``layer`` as stored (``[D, D]`` nn.Linear rows, ``[D]``; timm's fused qkv)."""
+    attn = model.blocks[layer].attn
+    d_model = attn.qkv.weight.shape[1]
+    bias = attn.qkv.bias
+    return (attn.qkv.weight.detach()[2 * d_model:].clone(),
+            bias.detach()[2 * d_model:].clone() if bias is not None else None)
+
+
+@pytest.mark.parametrize("subspace", [False, True])
+def test_value_init_conditioned_writes_conditioned_inits_v_and_leaves_the_rest_as_the_mimetic_v_would(
+        tmp_path, subspace):
+    """H4 as the issue states it: conditioned init's V (the identity per head, bias zero) beside the
+    impulse Q/K; the output projection stays at the base (projected out of the subspace when on),
+    and Q/K are the same as with the mimetic V/proj."""
+    params = dict(position_subspace=True, position_dims=4, content_qk="conditioned") if subspace else {}
+    base = _model()
+    with torch.no_grad():  # a V bias to zero, so that the test sees the write
+        for block in base.blocks:
+            block.attn.qkv.bias.fill_(0.5)
+    model, mimetic = _model(), _model()
+    model.load_state_dict(base.state_dict())
+    mimetic.load_state_dict(base.state_dict())
+    report = initialize_model(model, "impulse", value_init="conditioned", data_fit=0, seed=0, cache_dir=tmp_path,
+                              **params)
+    initialize_model(mimetic, "impulse", data_fit=0, seed=0, cache_dir=tmp_path, **params)
+    basis = subspace_basis(32, 4, 0) if subspace else None
+    for layer in range(len(model.blocks)):
+        w_v, b_v = _value(model, layer)
+        assert torch.equal(w_v, torch.eye(32)) and torch.equal(b_v, torch.zeros(32))
+        assert not torch.equal(_value(mimetic, layer)[0], torch.eye(32))
+        for a, b in zip(_qk(model, layer), _qk(mimetic, layer)):
+            assert torch.allclose(a, b, atol=1e-6)
+        proj = model.blocks[layer].attn.proj.weight.detach()
+        own = base.blocks[layer].attn.proj.weight.detach()
+        if basis is None:
+            assert torch.equal(proj, own)  # left at the base
+        else:  # the base's projection with its component in the subspace taken out
+            assert float((basis.T @ proj).abs().max()) < 1e-5
+            assert torch.allclose(proj, own - basis @ (basis.T @ own), atol=1e-5)
+    out = report.to_dict()
+    assert out["value_init"] == "conditioned"
+    assert "value_init" not in initialize_model(_model(), "impulse", data_fit=0, cache_dir=tmp_path).to_dict()
+    assert any(k.startswith("blocks.0.attn.qkv.bias") for k in out["layers"][0]["replaced"])
+    spec = init_spec("impulse", value_init="conditioned", **params)
+    assert spec.to_dict()["params"]["value_init"] == "conditioned"
+    assert "value_init" not in init_spec("impulse", **params).to_dict()["params"]
+
+
+@pytest.mark.parametrize("params, parts", [
+    ({"value_init": "identity"}, ("value_init", "'identity'", "mimetic", "conditioned")),
+    ({"value_init": "conditioned", "mimetic_vproj": False}, ("value_init", "mimetic_vproj=False")),
+    ({"value_init": "conditioned", "beta2": 0.2}, ("beta2", "value_init='conditioned'", "leave them out")),
+    ({"mimetic_vproj": False, "alpha2": 0.2}, ("alpha2", "mimetic_vproj=false", "leave them out")),
+])
+def test_value_parameters_that_would_do_nothing_are_refused(params, parts):
+    with pytest.raises(UsageError) as err:
+        init_spec("impulse", **params)
+    says(err.value.render(), *parts)
+
+
+def test_the_train_command_refuses_value_init_without_the_v_it_replaces(cli, tmp_path):
+    r = cli("train", "--model", "vit-digits", "--dataset", "digits", "--init", "impulse", "-p",
+            "value_init=conditioned", "-p", "mimetic_vproj=false", "--epochs", "1", "--out", str(tmp_path / "run"))
+    assert r.returncode == 2 and says(error_line(r.stderr), "value_init", "-p mimetic_vproj=false")
+    assert not (tmp_path / "run").exists()

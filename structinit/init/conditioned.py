@@ -43,6 +43,22 @@ def semi_orthogonal(heads: int, dim: int, head_dim: int, scale: float, gen):
     return (q * signs.unsqueeze(-2) * scale).float()
 
 
+def write_identity_value(sd, slot, dim: int, scale: float = 1.0) -> List[str]:
+    """Write layer ``slot``'s value weight as conditioned init does: ``scale`` times the rectangular
+    identity on each head's own coordinates (the whole ``[D, D]`` value weight ``scale * I``), its
+    bias zeroed where it has one. Returns the labels of the parts written."""
+    import torch
+
+    from structinit.init.inject import label, write_part
+
+    write_part(sd, slot.v, scale * torch.eye(slot.v.stop - slot.v.start, dim))
+    keys = [label(slot.v)]
+    if slot.v_bias is not None:
+        write_part(sd, slot.v_bias, torch.zeros(slot.v_bias.stop - slot.v_bias.start))
+        keys.append(label(slot.v_bias))
+    return keys
+
+
 def head_condition_numbers(w) -> List[float]:
     """The condition number (largest over smallest singular value) of each head's ``[D, d]`` block
     of ``w: [H, D, d]``."""
@@ -93,7 +109,7 @@ class ConditionedInit(InitSpec):
     def write(self, target, prepared=None, *, seed: int = 0, cache_dir=None, device: str = "cpu") -> InitReport:
         import torch
 
-        from structinit.init.inject import label, read_part, read_qk, write_part, write_qk
+        from structinit.init.inject import read_part, read_qk, write_qk
 
         t = target
         reset = apply_base(t, self.base, seed, self.method)
@@ -103,13 +119,8 @@ class ConditionedInit(InitSpec):
         for slot in t.slots:
             q = semi_orthogonal(t.heads, t.dim, head_dim, self.qk_scale, gen)
             k = semi_orthogonal(t.heads, t.dim, head_dim, self.qk_scale, gen)
-            keys = write_qk(t.sd, slot, q, k)
+            keys = write_qk(t.sd, slot, q, k) + write_identity_value(t.sd, slot, t.dim, self.v_scale)
             identity = self.v_scale * torch.eye(slot.v.stop - slot.v.start, t.dim)
-            write_part(t.sd, slot.v, identity)
-            keys.append(label(slot.v))
-            if slot.v_bias is not None:
-                write_part(t.sd, slot.v_bias, torch.zeros(slot.v_bias.stop - slot.v_bias.start))
-                keys.append(label(slot.v_bias))
             rq, rk = read_qk(t.sd, slot, t.heads)
             rows.append({"layer": slot.index, "replaced": keys,
                          "qk_condition": max(head_condition_numbers(rq) + head_condition_numbers(rk)),

@@ -39,8 +39,10 @@ class ImpulseInit(ImpulseDataFit, ImpulseRefusals, ImpulseNotices, InitSpec):
     ``offset_order``, ``padding``, ``causal`` (sequences: offsets only in the past, for a decoder's
     causal mask), ``pseudo_input``, ``pseudo_input_rest``; or ``artifact`` (a path or cache key) to
     use a solved one. ``mimetic_vproj`` (default on) also sets V/proj as mimetic init does
-    (``alpha2``, ``beta2``). ``pe_scale`` (models only) writes the sin-cos position embedding times
-    it (a learned embedding stays learnable, starting from the table). ``fit_pe`` solves Q/K for
+    (``alpha2``, ``beta2``); ``value_init="conditioned"`` sets V as conditioned init does instead
+    (the rectangular identity per head, its bias zeroed) and leaves the output projection at
+    ``base``. ``pe_scale`` (models only) writes the sin-cos position embedding times it (a learned
+    embedding stays learnable, starting from the table). ``fit_pe`` solves Q/K for
     the position embedding the model or checkpoint has (LayerNorm'd, prefix-token rows dropped; a
     learned one, say) instead of the sin-cos table. ``tolerance``: the largest difference between
     the solver's and the written weights' hit rate or target mass before the write is reported as
@@ -82,7 +84,8 @@ class ImpulseInit(ImpulseDataFit, ImpulseRefusals, ImpulseNotices, InitSpec):
     method = "impulse"
     reports_offsets = True
     fits_data = True
-    writes = "Q/K rows and biases; V and output projection (mimetic_vproj); pos_embed (pe_scale)"
+    writes = ("Q/K rows and biases; V and output projection (mimetic_vproj; V and its bias alone with "
+              "value_init=conditioned); pos_embed (pe_scale)")
     needs_grid = True
     filter: int = DEFAULT_FILTER
     recipe: str = DEFAULT_RECIPE
@@ -121,13 +124,14 @@ class ImpulseInit(ImpulseDataFit, ImpulseRefusals, ImpulseNotices, InitSpec):
     content_qk: str = "none"
     content_scale: float = 1.0
     content_zero_keys: bool = False
+    value_init: str = "mimetic"
 
     #: Parameters added after run keys were in use: left out of :meth:`to_dict` at their defaults.
     optional_defaults = ("data_fit", "data_fit_mass", "data_fit_l2", "data_fit_lr", "data_fit_norm",
                          "data_fit_samples", "self_weight", "data_fit_version", "data_fit_batch", "data_fit_inputs",
                          "pe_factor", "base", "position_subspace", "position_dims", "position_rest",
                          "position_keep_norms",
-                         "content_qk", "content_scale", "content_zero_keys")
+                         "content_qk", "content_scale", "content_zero_keys", "value_init")
     #: ``data_fit`` was 0 (off) when run keys began to carry it: a key leaves out 0, not the default;
     #: ``data_fit_version`` was 1 before it was a parameter: keys leave out 1, so version 1's runs keep
     #: theirs and version 2 gets keys of its own.
@@ -168,7 +172,13 @@ class ImpulseInit(ImpulseDataFit, ImpulseRefusals, ImpulseNotices, InitSpec):
         return out
 
     def planned(self, slot) -> List[str]:
-        return super().planned(slot) + (vproj_keys(slot) if self.mimetic_vproj else [])
+        if not self.mimetic_vproj:
+            return super().planned(slot)
+        if self.value_init == "conditioned":
+            from structinit.init.inject import label
+
+            return super().planned(slot) + [label(p) for p in (slot.v, slot.v_bias) if p is not None]
+        return super().planned(slot) + vproj_keys(slot)
 
     # ---- the data fit (its settings: ImpulseDataFit)
 

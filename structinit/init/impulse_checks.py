@@ -124,13 +124,7 @@ def check_impulse_params(spec) -> None:
     if spec.data_fit_batch and spec.data_fit_version == 1:
         raise UsageError(f"impulse parameter {param('data_fit_batch')} sets the images of a version-2 fit step, "
                          "and version 1 steps on the whole batch: leave it out")
-    if not spec.mimetic_vproj:
-        defaults = {f.name: f.default for f in dataclasses.fields(spec)}
-        unused = [name for name in ("alpha2", "beta2") if getattr(spec, name) != defaults[name]]
-        if unused:
-            raise UsageError(f"impulse parameter {', '.join(param(n) for n in unused)} "
-                             f"{'sets' if len(unused) == 1 else 'set'} the mimetic V/proj, which mimetic_vproj=false "
-                             "keeps as it is: give mimetic_vproj=true, or leave them out")
+    check_value_params(spec)
     check_choice("base", spec.base, BASES)
     check_subspace_params(spec)
     check_recipe(spec.recipe)
@@ -154,6 +148,30 @@ def check_impulse_params(spec) -> None:
         if not any(k.startswith("pe") for k in (spec.pseudo_input, spec.pseudo_input_rest) if k):
             raise UsageError(f"impulse parameter {param('fit_pe')} needs a 'pe' {param('pseudo_input')}, got "
                              f"{spec.pseudo_input!r}")
+
+
+#: What ``value_init`` may name: mimetic init's V/proj, or conditioned init's V (the identity per head).
+VALUE_INITS = ("mimetic", "conditioned")
+
+
+def check_value_params(spec) -> None:
+    """``alpha2``/``beta2`` tune the mimetic V/proj, which ``mimetic_vproj=false`` and
+    ``value_init=conditioned`` do not write; ``value_init`` replaces what ``mimetic_vproj`` writes,
+    so it needs it on."""
+    check_choice("value_init", spec.value_init, VALUE_INITS)
+    if not spec.mimetic_vproj and spec.value_init != "mimetic":
+        raise UsageError(f"impulse parameter {param('value_init')} sets V in place of the mimetic V/proj, which "
+                         f"{setting('mimetic_vproj', False)} keeps as it is: give one of them")
+    defaults = {f.name: f.default for f in dataclasses.fields(spec)}
+    unused = [name for name in ("alpha2", "beta2") if getattr(spec, name) != defaults[name]]
+    if unused and not spec.mimetic_vproj:
+        raise UsageError(f"impulse parameter {', '.join(param(n) for n in unused)} "
+                         f"{'sets' if len(unused) == 1 else 'set'} the mimetic V/proj, which mimetic_vproj=false "
+                         "keeps as it is: give mimetic_vproj=true, or leave them out")
+    if unused and spec.value_init != "mimetic":
+        raise UsageError(f"impulse parameter {', '.join(param(n) for n in unused)} "
+                         f"{'sets' if len(unused) == 1 else 'set'} the mimetic V/proj, which "
+                         f"{setting('value_init', 'conditioned')} does not write: leave them out")
 
 
 def check_subspace_params(spec) -> None:

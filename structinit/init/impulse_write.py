@@ -22,6 +22,7 @@ from structinit.errors import StructinitError, UsageError, param
 from structinit.fit.inputs import FitInputs, data_inputs, noise_inputs
 from structinit.geometry.targets import causal_mask, impulse_columns
 from structinit.init.baselines import apply_base, generator
+from structinit.init.conditioned import write_identity_value
 from structinit.init.impulse_checks import check_artifact, check_causal
 from structinit.init.inject import read_qk, write_qk, write_vproj
 from structinit.init.mimetic import mimetic_v_proj
@@ -75,14 +76,17 @@ class ImpulseWriter:
         self.reads = subspace.basis if subspace is not None else None
 
     def place(self, slot):
-        """Write ``artifact``'s Q/K of layer ``slot`` (and mimetic V/proj): ``(keys written, q, k)``
+        """Write ``artifact``'s Q/K of layer ``slot`` (and mimetic V/proj, or conditioned init's V with
+        ``value_init="conditioned"``): ``(keys written, q, k)``
         with ``q, k`` read back ``[H, D, d]``."""
         import torch
 
         art, t = self.artifact, self.t
         src = 0 if art.depth == 1 else slot.index
         keys = write_qk(t.sd, slot, torch.from_numpy(art.q[src]), torch.from_numpy(art.k[src]))
-        if self.spec.mimetic_vproj:
+        if self.spec.mimetic_vproj and self.spec.value_init == "conditioned":
+            keys += write_identity_value(t.sd, slot, t.dim)
+        elif self.spec.mimetic_vproj:
             w_v, w_p, _ = mimetic_v_proj(t.dim, self.spec.alpha2, self.spec.beta2, self.gen)
             keys += write_vproj(t.sd, slot, w_v, w_p)
         if self.subspace is not None:
@@ -361,7 +365,9 @@ def report(spec, t, prepared: Prepared, rows, own: bool) -> Dict[str, Any]:
                           "cached": prepared.cached, "config": plain.config.to_dict()} if not given_fit else
                          {"key": plain.fit["identity"]["plain"], "path": None, "cached": None,
                           "config": plain.config.to_dict()}),
-            "mimetic_vproj": spec.mimetic_vproj, "pe_scale": spec.pe_scale, "fit_pe": spec.fit_pe,
+            "mimetic_vproj": spec.mimetic_vproj,
+            **({"value_init": spec.value_init} if spec.value_init != "mimetic" else {}),
+            "pe_scale": spec.pe_scale, "fit_pe": spec.fit_pe,
             "pos_embed_written": prepared.pos_embed_written,
             **({"position_subspace": prepared.subspace.record()} if prepared.subspace is not None else {}),
             "self_weight": spec.self_weight, "data_fit": fit_record(spec, prepared),
