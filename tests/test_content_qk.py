@@ -257,15 +257,26 @@ def test_value_init_conditioned_writes_conditioned_inits_v_and_leaves_the_rest_a
 
 
 @pytest.mark.parametrize("params, parts", [
-    ({"value_init": "identity"}, ("value_init", "'identity'", "mimetic", "conditioned")),
-    ({"value_init": "conditioned", "mimetic_vproj": False}, ("value_init", "mimetic_vproj=False")),
-    ({"value_init": "conditioned", "beta2": 0.2}, ("beta2", "value_init='conditioned'", "leave them out")),
-    ({"mimetic_vproj": False, "alpha2": 0.2}, ("alpha2", "mimetic_vproj=false", "leave them out")),
+    ({"value_init": "identity"}, ("unknown value_init", "'identity'", "mimetic", "conditioned")),
+    ({"value_init": "conditioned", "mimetic_vproj": False}, ("parameter value_init sets V", "mimetic_vproj=False")),
+    ({"value_init": "conditioned", "beta2": 0.2}, ("parameter beta2 sets the mimetic V/proj",
+                                                   "which value_init='conditioned' does not write", "leave them out")),
+    ({"value_init": "conditioned", "alpha2": 0.2, "beta2": 0.2}, ("parameter alpha2, beta2 set the mimetic V/proj",
+                                                                  "value_init='conditioned' does not write")),
+    ({"mimetic_vproj": False, "alpha2": 0.2}, ("parameter alpha2 sets the mimetic V/proj",
+                                               "which mimetic_vproj=False keeps as it is",
+                                               "give mimetic_vproj=True, or leave them out")),
+    ({"mimetic_vproj": False, "alpha2": 0.2, "beta2": 0.2}, ("parameter alpha2, beta2 set the mimetic V/proj",)),
 ])
 def test_value_parameters_that_would_do_nothing_are_refused(params, parts):
     with pytest.raises(UsageError) as err:
         init_spec("impulse", **params)
     says(err.value.render(), *parts)
+
+
+def test_the_mimetic_v_proj_takes_its_own_parameters():
+    spec = init_spec("impulse", alpha2=0.3, beta2=0.2)
+    assert (spec.alpha2, spec.beta2, spec.value_init) == (0.3, 0.2, "mimetic")
 
 
 def test_the_train_command_refuses_value_init_without_the_v_it_replaces(cli, tmp_path):

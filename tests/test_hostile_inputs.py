@@ -109,7 +109,7 @@ def test_a_setting_given_twice_is_refused_by_train_too(cli, tmp_path):
 @pytest.mark.parametrize("params, want", [
     ({"position_rest": True}, ("position_rest", "position subspace", "off", "position_subspace=true")),
     ({"position_keep_norms": True}, ("position_keep_norms", "position subspace", "off", "position_subspace=True")),
-    ({"mimetic_vproj": False, "alpha2": 0.5}, ("alpha2", "V/proj", "mimetic_vproj=false", "mimetic_vproj=true")),
+    ({"mimetic_vproj": False, "alpha2": 0.5}, ("alpha2", "V/proj", "mimetic_vproj=False", "mimetic_vproj=True")),
 ])
 def test_a_parameter_that_would_do_nothing_is_refused(params, want):
     """Case 8: ``position_rest`` without the subspace is refused as its sibling ``position_dims`` is;

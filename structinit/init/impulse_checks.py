@@ -164,14 +164,14 @@ def check_value_params(spec) -> None:
                          f"{setting('mimetic_vproj', False)} keeps as it is: give one of them")
     defaults = {f.name: f.default for f in dataclasses.fields(spec)}
     unused = [name for name in ("alpha2", "beta2") if getattr(spec, name) != defaults[name]]
-    if unused and not spec.mimetic_vproj:
-        raise UsageError(f"impulse parameter {', '.join(param(n) for n in unused)} "
-                         f"{'sets' if len(unused) == 1 else 'set'} the mimetic V/proj, which mimetic_vproj=false "
-                         "keeps as it is: give mimetic_vproj=true, or leave them out")
-    if unused and spec.value_init != "mimetic":
-        raise UsageError(f"impulse parameter {', '.join(param(n) for n in unused)} "
-                         f"{'sets' if len(unused) == 1 else 'set'} the mimetic V/proj, which "
-                         f"{setting('value_init', 'conditioned')} does not write: leave them out")
+    if not unused or (spec.mimetic_vproj and spec.value_init == "mimetic"):
+        return
+    what = f"impulse parameter {', '.join(param(n) for n in unused)} {'sets' if len(unused) == 1 else 'set'} the " \
+           "mimetic V/proj, which"
+    if not spec.mimetic_vproj:
+        raise UsageError(f"{what} {setting('mimetic_vproj', False)} keeps as it is: give "
+                         f"{setting('mimetic_vproj', True)}, or leave them out")
+    raise UsageError(f"{what} {setting('value_init', 'conditioned')} does not write: leave them out")
 
 
 def check_subspace_params(spec) -> None:
