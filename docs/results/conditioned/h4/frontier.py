@@ -27,6 +27,8 @@ ROWS = [
     ("k4-noise", "impulse-subspace-k4-noise", "subspace, 4 directions, no data", None),
     ("h6-conditioned-m0.6", "h6-conditioned-m0.6", "H6: H4 conditioned x1, target mass 0.6", None),
     ("h6-conditioned-m0.9", "h6-conditioned-m0.9", "H6: H4 conditioned x1, target mass 0.9", None),
+    ("h4-conditioned-v", "h4-conditioned-v", "H4 conditioned x1, conditioned V", None),
+    ("h6-conditioned-m0.9-v", "h6-conditioned-m0.9-v", "H6, conditioned V", None),
 ]
 
 
