@@ -43,20 +43,26 @@ def semi_orthogonal(heads: int, dim: int, head_dim: int, scale: float, gen):
     return (q * signs.unsqueeze(-2) * scale).float()
 
 
+def value_keys(slot) -> List[str]:
+    """The labels of the parts :func:`write_identity_value` writes in layer ``slot``: its value
+    weight, and its value bias where it has one."""
+    from structinit.init.inject import label
+
+    return [label(p) for p in (slot.v, slot.v_bias) if p is not None]
+
+
 def write_identity_value(sd, slot, dim: int, scale: float = 1.0) -> List[str]:
     """Write layer ``slot``'s value weight as conditioned init does: ``scale`` times the rectangular
     identity on each head's own coordinates (the whole ``[D, D]`` value weight ``scale * I``), its
     bias zeroed where it has one. Returns the labels of the parts written."""
     import torch
 
-    from structinit.init.inject import label, write_part
+    from structinit.init.inject import write_part
 
     write_part(sd, slot.v, scale * torch.eye(slot.v.stop - slot.v.start, dim))
-    keys = [label(slot.v)]
     if slot.v_bias is not None:
         write_part(sd, slot.v_bias, torch.zeros(slot.v_bias.stop - slot.v_bias.start))
-        keys.append(label(slot.v_bias))
-    return keys
+    return value_keys(slot)
 
 
 def head_condition_numbers(w) -> List[float]:
@@ -94,9 +100,7 @@ class ConditionedInit(InitSpec):
         self.check_positive("qk_scale", "v_scale")
 
     def planned(self, slot) -> List[str]:
-        from structinit.init.inject import label
-
-        return super().planned(slot) + [label(p) for p in (slot.v, slot.v_bias) if p is not None]
+        return super().planned(slot) + value_keys(slot)
 
     def check_target(self, target) -> None:
         from structinit.errors import UsageError

@@ -175,9 +175,9 @@ class ImpulseInit(ImpulseDataFit, ImpulseRefusals, ImpulseNotices, InitSpec):
         if not self.mimetic_vproj:
             return super().planned(slot)
         if self.value_init == "conditioned":
-            from structinit.init.inject import label
+            from structinit.init.conditioned import value_keys
 
-            return super().planned(slot) + [label(p) for p in (slot.v, slot.v_bias) if p is not None]
+            return super().planned(slot) + value_keys(slot)
         return super().planned(slot) + vproj_keys(slot)
 
     # ---- the data fit (its settings: ImpulseDataFit)
