@@ -193,9 +193,13 @@ def test_planned_rows_of_each_method():
     assert KaimingInit().planned(slot) == qk and TruncNormalInit().planned(slot) == qk
     assert MimeticInit().planned(slot) == qk + vproj and MimeticInit(vproj=False).planned(slot) == qk
     assert ImpulseInit().planned(slot) == qk + vproj and ImpulseInit(mimetic_vproj=False).planned(slot) == qk
+    value = ["blocks.0.attn.qkv.weight[64:96]", "blocks.0.attn.qkv.bias[64:96]"]  # V and its bias; proj left alone
+    assert ConditionedInit().planned(slot) == qk + value
+    assert ImpulseInit(value_init="conditioned").planned(slot) == qk + value
     mha = torch.nn.MultiheadAttention(16, 2, bias=False)
     s = detect_layout(mha.state_dict()).slots[0]
     assert ImpulseInit(mimetic_vproj=False).planned(s) == ["in_proj_weight[0:16]", "in_proj_weight[16:32]"]
+    assert ConditionedInit().planned(s) == ["in_proj_weight[0:16]", "in_proj_weight[16:32]", "in_proj_weight[32:48]"]
     with pytest.raises(NotImplementedError):
         InitSpec().apply(None)
 
