@@ -226,7 +226,8 @@ def apply(
 ):
     """Initialize the attention of a checkpoint (impulse, mimetic, ...) and write a new file.
 
-    What the method writes changes (Q/K; V/proj for mimetic and impulse; the position table; with
+    What the method writes changes (Q/K; V/proj for mimetic and impulse, V alone for conditioned
+    and for impulse with -p value_init=conditioned; the position table; with
     -p position_subspace=true the patch embedding, class token and output projections too) and the
     result names every changed tensor, read from the tensors; all else is written back as loaded.
     The impulse init is fitted through the model the checkpoint describes (a structinit train run,
